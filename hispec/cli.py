@@ -1,0 +1,175 @@
+"""python -m hispec: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .decoding import METHODS, DecodeConfig
+from .errors import HiSpecError
+
+EPILOG = """examples:
+  python -m hispec generate --prompt "Explain speculative decoding in one sentence."
+  python -m hispec generate --method autoregressive,layerskip,hispec --prompt "Write a haiku." --max-new-tokens 64
+  python -m hispec generate --prompts prompts.jsonl --json > results.jsonl
+  python -m hispec generate --model facebook/layerskip-llama3.2-1B --draft-layer 4 --verify-layer 8
+
+Token colours: green = drafted and accepted by the full model, bold yellow = written by the
+intermediate verifier, cyan = written by the full model itself; with --show-rejected, struck-through
+magenta/red = rejected by the verifier/full model.
+"""
+
+
+def _positive_or_none(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hispec", description="HiSpec: hierarchical speculative "
+                                     "decoding with early-exit models.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    gen = sub.add_parser("generate", help="generate text with one or more methods, token states coloured",
+                         description="Generate text; each token is coloured by the stage that decided it.",
+                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gen.add_argument("--model", default="default",
+                     help="'default' (embedded SmolLM2-135M-Instruct, offline), a Hugging Face id, or a local folder")
+    gen.add_argument("--method", default="hispec",
+                     help=f"one method or a comma-separated list, run side by side: {', '.join(METHODS)} "
+                          "(default: hispec)")
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompts", metavar="FILE.jsonl",
+                     help="many prompts, one JSON object per line: {\"prompt\": ..., \"id\": ..., \"chat\": true}")
+    gen.add_argument("--max-new-tokens", type=_positive_or_none, default=128, help="token budget (default 128)")
+    gen.add_argument("--draft-layer", type=_positive_or_none, default=None,
+                     help="hispec: draft exit d (default L/8); layerskip: its single exit (default L/4)")
+    gen.add_argument("--verify-layer", type=_positive_or_none, default=None,
+                     help="hispec: intermediate verifier exit v, d < v < L (default L/4)")
+    gen.add_argument("--draft-len", type=_positive_or_none, default=None,
+                     help="tokens drafted per block (default: 2 for hispec, the verify threshold for layerskip)")
+    gen.add_argument("--verify-threshold", type=_positive_or_none, default=4,
+                     help="hispec: tentative tokens that trigger full verification (default 4)")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="stop once the output contains TEXT (repeatable)")
+    gen.add_argument("--raw", action="store_true", help="feed the prompt as plain text, not through the chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per line and per (prompt, method)")
+    gen.add_argument("--show-rejected", action="store_true", help="also print rejected drafts, struck through")
+    gen.add_argument("--no-color", action="store_true", help="plain text, no ANSI colours")
+    gen.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N")
+    gen.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
+    gen.add_argument("--device-map", default=None, help="accelerate device map, e.g. 'auto' to spread a model over GPUs/CPU")
+    return parser
+
+
+def read_prompts(path: str) -> list[dict]:
+    prompts = []
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise HiSpecError(f"cannot read prompts file '{path}': {exc.strerror}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise HiSpecError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise HiSpecError(f"{path}:{n}: each line must be an object with a string 'prompt'")
+        prompts.append({"id": str(obj.get("id", n)), "prompt": obj["prompt"], "chat": bool(obj.get("chat", True))})
+    if not prompts:
+        raise HiSpecError(f"{path} holds no prompts")
+    return prompts
+
+
+def parse_methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    for m in methods:
+        if m not in METHODS:
+            raise HiSpecError(f"unknown method '{m}'; choose from {', '.join(METHODS)}")
+    if not methods:
+        raise HiSpecError(f"no method given; choose from {', '.join(METHODS)}")
+    return methods
+
+
+def cmd_generate(args) -> int:
+    from .loading import load_model
+    from .runner import run
+    from .terminal import legend, render
+    from .text import Detokenizer
+
+    methods = parse_methods(args.method)
+    if args.prompts:
+        prompts = read_prompts(args.prompts)
+    else:
+        prompts = [{"id": "0", "prompt": args.prompt, "chat": not args.raw}]
+    if args.raw:
+        for p in prompts:
+            p["chat"] = False
+    configs = {m: DecodeConfig(method=m, draft_layer=args.draft_layer, verify_layer=args.verify_layer,
+                               draft_len=args.draft_len, verify_threshold=args.verify_threshold,
+                               max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
+               for m in methods}
+    for config in configs.values():  # bad numbers fail before the model loads
+        config.validate()
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                    progress=lambda msg: print(msg, file=sys.stderr))
+    configs = {m: c.resolve(lm.ee.num_layers) for m, c in configs.items()}
+    detok = Detokenizer(lm.tokenizer)
+    color = not args.no_color and sys.stdout.isatty()
+    for p in prompts:
+        if not p["prompt"].strip():
+            raise HiSpecError(f"prompt {p['id']} is empty: give some text")
+        ids = lm.encode(p["prompt"], chat=p["chat"])
+        results = []
+        for method in methods:
+            result = run(lm.ee, ids, configs[method], eos_ids=lm.eos_ids, detok=detok)
+            results.append(result)
+            if args.json:
+                print(json.dumps(result.record(p["id"])), flush=True)
+            else:
+                print(f"\n== prompt {p['id']} · {method} ==")
+                print(render(result.trace, color=color, show_rejected=args.show_rejected))
+                print(stats_table(result))
+        if not args.json and len(results) > 1:
+            print(compare_table(results))
+    if not args.json:
+        print("\nlegend: " + legend(color=color, show_rejected=args.show_rejected), file=sys.stderr)
+    return 0
+
+
+def stats_table(result) -> str:
+    s = result.stats
+    acc = ", ".join(f"{k} {v:.0%}" for k, v in s["acceptance"].items() if v is not None) or "n/a"
+    work = s["layer_tokens"]
+    per_pass = f"{s['tokens_per_full_pass']:.2f}" if s["tokens_per_full_pass"] else "n/a"
+    return (f"-- {s['new_tokens']} tokens in {s['wall_s']:.2f} s = {s['tokens_per_s']:.2f} tok/s · "
+            f"acceptance: {acc} · full-model passes {s['full_passes']} ({per_pass} tokens each) · "
+            f"layer-token work useful {work['useful']} / wasted {work['wasted']} · stop: {s['finish_reason']}")
+
+
+def compare_table(results) -> str:
+    base = results[0]
+    lines = [f"\n{'method':<16}{'tok/s':>9}{'vs ' + base.method:>22}  same output as {base.method}"]
+    for r in results:
+        ratio = r.stats["tokens_per_s"] / base.stats["tokens_per_s"] if base.stats["tokens_per_s"] else 0.0
+        lines.append(f"{r.method:<16}{r.stats['tokens_per_s']:>9.2f}{ratio:>21.2f}x  "
+                     f"{'yes' if r.token_ids == base.token_ids else 'NO'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return {"generate": cmd_generate}[args.command](args)
+    except HiSpecError as exc:
+        print(f"hispec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hispec: interrupted", file=sys.stderr)
+        return 130

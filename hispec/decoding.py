@@ -1,0 +1,326 @@
+"""The three decoders on one machinery, each a stream of events.
+
+- autoregressive: the full model, one token at a time;
+- layerskip: single-exit self-speculation, draft at exit E, verify with layers [E, L);
+- hispec: draft at exit d, tentatively verify at exit v, verify with the full model once
+  `verify_threshold` tokens are tentative (Hierarchical Speculative Decoding).
+
+All three run on a StageStack, so KV caches and hidden states of a shallower stage are reused
+by the deeper one. Greedy (argmax) selection throughout: the output equals the target's greedy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Iterable, Iterator
+
+from .early_exit import EarlyExitModel
+from .errors import ConfigError
+from .events import DoneEvent, Event, PassEvent, RoundEvent, TokenEvent, TokenState
+from .stack import StageStack
+from .text import Detokenizer
+
+METHODS = ("autoregressive", "layerskip", "hispec")
+S = TokenState
+
+
+def default_draft_layer(num_layers: int) -> int:
+    return max(1, round(num_layers / 8))
+
+
+def default_verify_layer(num_layers: int) -> int:
+    return max(default_draft_layer(num_layers) + 1, round(num_layers / 4))
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Settings of one generation. None means: the default for the method and model depth."""
+
+    method: str = "hispec"
+    draft_layer: int | None = None  # hispec: draft exit d (default L/8); layerskip: exit E (default L/4)
+    verify_layer: int | None = None  # hispec only: intermediate verifier exit v (default L/4)
+    draft_len: int | None = None  # tokens drafted per block (hispec 2, layerskip verify_threshold)
+    verify_threshold: int = 4  # hispec: tentative tokens that trigger the full model
+    max_new_tokens: int = 128
+    stop_strings: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """Check every value that does not depend on the model."""
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method '{self.method}'; choose from {', '.join(METHODS)}")
+        for name in ("draft_layer", "verify_layer", "draft_len", "verify_threshold", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(f"{name} must be a whole number (got {value!r})")
+        if self.max_new_tokens < 0:
+            raise ConfigError(f"max_new_tokens must be 0 or more (got {self.max_new_tokens})")
+        if self.verify_threshold < 1:
+            raise ConfigError(f"verify_threshold must be at least 1 (got {self.verify_threshold})")
+        if self.draft_len is not None and self.draft_len < 1:
+            raise ConfigError(f"draft_len must be at least 1 (got {self.draft_len})")
+
+    def resolve(self, num_layers: int) -> DecodeConfig:
+        """Fill the defaults for a model of `num_layers` layers and check every value."""
+        self.validate()
+        L = num_layers
+        if self.method == "autoregressive":
+            return replace(self, draft_layer=None, verify_layer=None, draft_len=None)
+        if self.method == "layerskip":
+            exit_layer = self.draft_layer if self.draft_layer is not None else default_verify_layer(L)
+            _check_layers(L, exit_layer)
+            return replace(self, draft_layer=exit_layer, verify_layer=None,
+                           draft_len=self.draft_len or self.verify_threshold)
+        d = self.draft_layer if self.draft_layer is not None else default_draft_layer(L)
+        v = self.verify_layer if self.verify_layer is not None else max(d + 1, default_verify_layer(L))
+        _check_layers(L, d, v)
+        return replace(self, draft_layer=d, verify_layer=v, draft_len=self.draft_len or 2)
+
+
+def _check_layers(num_layers: int, *exits: int) -> None:
+    names = ("draft layer", "verify layer")
+    for name, layer in zip(names, exits):
+        if not 0 < layer < num_layers:
+            raise ConfigError(
+                f"{name} {layer} is impossible: this model has {num_layers} layers, "
+                f"so exits must satisfy 0 < draft layer < verify layer < {num_layers}"
+            )
+    if len(exits) == 2 and exits[0] >= exits[1]:
+        raise ConfigError(
+            f"draft layer {exits[0]} must be below verify layer {exits[1]} "
+            f"(0 < draft layer < verify layer < {num_layers})"
+        )
+
+
+class Decoder:
+    """One generation: `events()` runs it and yields what happens, token by token."""
+
+    def __init__(
+        self,
+        ee: EarlyExitModel,
+        prompt_ids: list[int],
+        config: DecodeConfig,
+        eos_ids: Iterable[int] = (),
+        detok: Detokenizer | None = None,
+        stop: threading.Event | None = None,
+    ):
+        self.config = config.resolve(ee.num_layers)
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty: give at least one token of text")
+        if len(prompt_ids) + self.config.max_new_tokens > ee.context_limit:
+            raise ConfigError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({self.config.max_new_tokens}) "
+                f"exceeds the model's context of {ee.context_limit} tokens"
+            )
+        self.ee, self.prompt_ids = ee, list(prompt_ids)
+        self.eos = frozenset(eos_ids)
+        self.detok = detok or Detokenizer()
+        self._stop = stop or threading.Event()
+        self.stack: StageStack | None = None
+        self.committed = 0  # positions [0, committed) are final (prompt included)
+        self.round = 0
+        self.finish_reason: str | None = None
+        self._out: list[Event] = []
+        self._texts: dict[int, tuple[str, str]] = {}  # serial -> (text, origin)
+        self._text = ""  # committed text, for stop strings
+
+    # ---- the three methods -------------------------------------------------------------
+    def events(self) -> Iterator[Event]:
+        self._t0 = time.perf_counter()
+        run = {"autoregressive": self._autoregressive, "layerskip": self._layerskip, "hispec": self._hispec}
+        if self.config.max_new_tokens == 0:
+            self.finish_reason = "max_new_tokens"
+        else:
+            yield from run[self.config.method]()
+            yield from self._drain()
+        yield self._done()
+
+    def _autoregressive(self) -> Iterator[Event]:
+        stack = self._start((0, self.ee.num_layers), ("target",))
+        yield from self._prefill()
+        while not self._finished():
+            self.round += 1
+            _, h = stack.run_to(1, len(stack))
+            self._write(self._predict(h[:, -1:], self.ee.num_layers)[0], "target")
+            yield from self._end_round()
+
+    def _layerskip(self) -> Iterator[Event]:
+        cfg, L = self.config, self.ee.num_layers
+        self._start((0, cfg.draft_layer, L), ("draft", "target"))
+        yield from self._prefill()
+        while not self._finished():
+            self.round += 1
+            # 1. Draft draft_len tokens at exit E.
+            yield from self._draft(1, min(cfg.draft_len, self._room()))
+            # 2. Verify them with layers [E, L) from their saved exit hidden states.
+            if not self._finished():
+                self._verify_with_target()
+            yield from self._end_round()
+
+    def _hispec(self) -> Iterator[Event]:
+        cfg, L = self.config, self.ee.num_layers
+        stack = self._start((0, cfg.draft_layer, cfg.verify_layer, L), ("draft", "verify", "target"))
+        yield from self._prefill()
+        while not self._finished():
+            self.round += 1
+            # 1. Draft up to draft_len tokens at exit d.
+            first = len(stack)
+            yield from self._draft(1, min(cfg.draft_len, self._room()))
+            if self._finished():
+                break
+            # 2. Intermediate verification at exit v: layers [d, v) on the drafts' saved states.
+            if len(stack) > first:
+                _, h = stack.run_to(2, len(stack) - 1)
+                preds = self._predict(h[:, first - len(stack) :], cfg.verify_layer)
+                self._judge_at_verifier(first, preds)
+            # 3. Full verification once enough tentative tokens piled up or the sequence must end.
+            tentative = stack.tokens[self.committed :]
+            if (len(tentative) >= cfg.verify_threshold or self._room() == 0
+                    or any(t in self.eos for t in tentative)):
+                self._verify_with_target()
+            yield from self._end_round()
+
+    # ---- stages ------------------------------------------------------------------------
+    def _draft(self, level: int, n: int) -> Iterator[Event]:
+        exit_layer = self.stack.boundaries[level]
+        for _ in range(n):
+            _, h = self.stack.run_to(level, len(self.stack))
+            token = self._predict(h[:, -1:], exit_layer)[0]
+            self._place(token, S.DRAFTED, "draft")
+            yield from self._drain()
+            if token in self.eos or self._stop.is_set():
+                break
+
+    def _judge_at_verifier(self, first: int, preds: list[int]) -> None:
+        """Tentatively accept the drafts matching the verifier; replace the first mismatch."""
+        block = self.stack.tokens[first:]
+        n_ok = _matching_prefix(block, preds)
+        for pos in range(first, first + n_ok):
+            self._mark(pos, S.TENTATIVE, "verify")
+        if n_ok < len(block):
+            self._reject_from(first + n_ok, S.VERIFY_REJECTED, "verify")
+            self._place(preds[n_ok], S.VERIFY_WROTE, "verify")
+
+    def _verify_with_target(self) -> None:
+        """Run the rest of the model on every pending token; commit the matching prefix,
+        then the target's own token (a correction, or the bonus when all matched)."""
+        stack, first = self.stack, self.committed
+        pending = stack.tokens[first:]
+        # The bonus token needs the newest token run through every layer (its first time).
+        want_bonus = self._room() > 0 and pending[-1] not in self.eos
+        end = len(stack) if want_bonus else len(stack) - 1
+        _, h = stack.run_to(len(stack.boundaries) - 1, end)
+        preds = self._predict(h[:, first - 1 - end :], self.ee.num_layers)
+        n_ok = _matching_prefix(pending, preds)
+        for pos in range(first, first + n_ok):
+            if self._commit(pos, S.ACCEPTED):
+                self._reject_from(pos + 1, S.DISCARDED, "target")
+                return
+        if n_ok < len(pending):
+            self._reject_from(first + n_ok, S.TARGET_REJECTED, "target")
+        self._write(preds[n_ok], "target")
+
+    # ---- bookkeeping -------------------------------------------------------------------
+    def _start(self, boundaries, names) -> StageStack:
+        capacity = len(self.prompt_ids) + self.config.max_new_tokens + 2
+        self.stack = StageStack(self.ee, boundaries, names, capacity)
+        return self.stack
+
+    def _prefill(self) -> Iterator[Event]:
+        for token in self.prompt_ids:
+            self.stack.append(token)
+        self.committed = len(self.prompt_ids)
+        _, h = self.stack.run_to(len(self.stack.boundaries) - 1, len(self.prompt_ids))
+        self._write(self._predict(h[:, -1:], self.ee.num_layers)[0], "target")
+        yield from self._drain(stage="prefill")
+
+    def _predict(self, hidden, layer: int) -> list[int]:
+        return self.ee.exit_logits(hidden, layer).argmax(-1)[0].tolist()
+
+    def _room(self) -> int:
+        return self.config.max_new_tokens - (len(self.stack) - len(self.prompt_ids))
+
+    def _finished(self) -> bool:
+        if self.finish_reason is None and self._stop.is_set():
+            self.finish_reason = "stopped"
+        return self.finish_reason is not None
+
+    def _place(self, token: int, state: TokenState, origin: str) -> None:
+        pos = len(self.stack)
+        text = self.detok.piece(self.stack.tokens, token)
+        serial = self.stack.append(token)
+        self._texts[serial] = (text, origin)
+        self._emit(pos, state, origin)
+
+    def _write(self, token: int, stage: str) -> None:
+        """A token written by a verifier itself (the target's is committed at once)."""
+        self._place(token, S.TARGET_WROTE, stage)
+        self._check_finish(len(self.stack) - 1)
+
+    def _commit(self, pos: int, state: TokenState) -> bool:
+        self._mark(pos, state, "target")
+        return self._check_finish(pos)
+
+    def _check_finish(self, pos: int) -> bool:
+        self.committed = pos + 1
+        token = self.stack.tokens[pos]
+        self._text += self._texts[self.stack.serials[pos]][0]
+        if token in self.eos:
+            self.finish_reason = "eos"
+        elif self.committed - len(self.prompt_ids) >= self.config.max_new_tokens:
+            self.finish_reason = "max_new_tokens"
+        elif any(s in self._text[-(len(s) + 64) :] for s in self.config.stop_strings):
+            self.finish_reason = "stop_string"
+        return self.finish_reason is not None
+
+    def _mark(self, pos: int, state: TokenState, stage: str) -> None:
+        self._emit(pos, state, stage)
+
+    def _reject_from(self, pos: int, state: TokenState, stage: str) -> None:
+        for p in range(pos, len(self.stack)):
+            self._emit(p, state, stage)
+        self.stack.truncate(pos)
+
+    def _emit(self, pos: int, state: TokenState, stage: str) -> None:
+        serial = self.stack.serials[pos]
+        text, origin = self._texts[serial]
+        self._out.append(TokenEvent(state, serial, pos - len(self.prompt_ids), self.stack.tokens[pos], text,
+                                    origin, stage, self.round, time.perf_counter() - self._t0))
+
+    def _drain(self, stage: str | None = None) -> Iterator[Event]:
+        for p in self.stack.passes:
+            yield PassEvent(stage or p.stage, p.start, p.end, p.serials, p.seconds, self.round)
+        self.stack.passes.clear()
+        yield from self._out
+        self._out.clear()
+
+    def _end_round(self) -> Iterator[Event]:
+        yield from self._drain()
+        yield RoundEvent(self.round, self.committed - len(self.prompt_ids),
+                         len(self.stack) - self.committed, tuple(self.stack.cache_lengths()),
+                         time.perf_counter() - self._t0)
+
+    def _done(self) -> DoneEvent:
+        new = self.stack.tokens[len(self.prompt_ids) : self.committed] if self.stack else []
+        settings = {k: v for k, v in asdict(self.config).items() if k != "stop_strings"}
+        settings.update(num_layers=self.ee.num_layers, dtype=str(self.ee.dtype).replace("torch.", ""),
+                        device=str(self.ee.device))
+        self.stack = None  # free the caches now, not when the consumer lets go
+        return DoneEvent(self.finish_reason or "stopped", tuple(new),
+                         self.detok.decode(new, skip_special_tokens=True), len(self.prompt_ids),
+                         time.perf_counter() - self._t0, settings)
+
+
+def _matching_prefix(tokens: list[int], preds: list[int]) -> int:
+    n = 0
+    for token, pred in zip(tokens, preds):
+        if token != pred:
+            break
+        n += 1
+    return n
+
+
+def decode(ee: EarlyExitModel, prompt_ids: list[int], config: DecodeConfig, **kwargs) -> Iterator[Event]:
+    """Convenience: the event stream of one generation."""
+    return Decoder(ee, prompt_ids, config, **kwargs).events()

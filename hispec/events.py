@@ -1,0 +1,85 @@
+"""The engine's event vocabulary: one stream feeds the UI, the CLI and the benchmarks.
+
+A token's life (see DESIGN.md):
+
+    drafted -> tentative (accepted by the intermediate verifier) | verify_rejected
+    tentative -> accepted (by the target, committed) | target_rejected
+    verify_wrote: the verifier's own token replacing a rejected draft (then tentative)
+    target_wrote: the target's own token (correction, bonus, or an autoregressive step)
+    discarded: dropped because generation ended inside a block (stop string)
+
+``origin`` says which stage wrote the token: "draft", "verify" or "target".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class TokenState(str, Enum):
+    DRAFTED = "drafted"
+    TENTATIVE = "tentative"
+    VERIFY_REJECTED = "verify_rejected"
+    VERIFY_WROTE = "verify_wrote"
+    ACCEPTED = "accepted"
+    TARGET_REJECTED = "target_rejected"
+    TARGET_WROTE = "target_wrote"
+    DISCARDED = "discarded"
+
+
+COMMITTED_STATES = (TokenState.ACCEPTED, TokenState.TARGET_WROTE)
+REJECTED_STATES = (TokenState.VERIFY_REJECTED, TokenState.TARGET_REJECTED, TokenState.DISCARDED)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    state: TokenState
+    serial: int  # unique per token instance (a re-drafted position gets a new serial)
+    index: int  # position among generated tokens, 0 = first new token
+    token_id: int
+    text: str
+    origin: str  # stage that wrote the token
+    stage: str  # stage that decided this state
+    round: int
+    t: float  # seconds since the start of generation
+
+
+@dataclass(frozen=True)
+class PassEvent:
+    """One stage ran layers [start, end) over some tokens (prefill included)."""
+
+    stage: str
+    start: int
+    end: int
+    serials: tuple[int, ...]
+    seconds: float
+    round: int
+
+    @property
+    def layer_tokens(self) -> int:
+        return (self.end - self.start) * len(self.serials)
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """End of a round: the state of the caches and buffers after it."""
+
+    round: int
+    committed: int
+    tentative: int
+    cache_lengths: tuple[int, ...]
+    t: float
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    reason: str  # max_new_tokens | eos | stop_string | stopped
+    token_ids: tuple[int, ...]
+    text: str
+    prompt_len: int
+    t: float
+    settings: dict = field(default_factory=dict)
+
+
+Event = TokenEvent | PassEvent | RoundEvent | DoneEvent

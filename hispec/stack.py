@@ -1,0 +1,112 @@
+"""One sequence's hidden states and KV caches, split into stages at exit boundaries.
+
+Boundaries are layer depths, e.g. ``(0, d, v, L)`` for HiSpec: stage 1 runs layers [0, d),
+stage 2 [d, v), stage 3 [v, L). ``frontier[i]`` counts the positions whose hidden state at
+``boundaries[i]`` exists; every layer of stage i holds exactly that many positions in its
+KV cache. Frontiers never increase with depth (draft layers know the most tokens).
+
+``run_to(i, end)`` brings boundary i up to position `end`, running each stage only on the
+positions it has not seen, from the hidden states saved at the boundary below: no layer is
+ever run twice for the same token. ``truncate(n)`` drops positions >= n everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .early_exit import EarlyExitModel
+
+
+@dataclass
+class StagePass:
+    """What one stage ran: layers [start, end) over the tokens with these serials."""
+
+    stage: str
+    start: int
+    end: int
+    positions: tuple[int, int]
+    serials: tuple[int, ...]
+    seconds: float
+
+
+class StageStack:
+    def __init__(self, ee: EarlyExitModel, boundaries: tuple[int, ...], names: tuple[str, ...], capacity: int):
+        if boundaries[0] != 0 or boundaries[-1] != ee.num_layers or len(names) != len(boundaries) - 1:
+            raise ValueError(f"bad stage boundaries {boundaries}")
+        self.ee = ee
+        self.boundaries = boundaries
+        self.names = names
+        self.cache = ee.new_cache(capacity)
+        self.tokens: list[int] = []
+        self.serials: list[int] = []  # a unique id per token ever placed, for work accounting
+        self._next_serial = 0
+        self.frontier = [0] * len(boundaries)
+        # hidden[i]: saved hidden states at boundary i for positions [frontier[i+1], frontier[i])
+        self._hidden: list[torch.Tensor | None] = [None] * len(boundaries)
+        self.passes: list[StagePass] = []  # drained by the decoder into events
+
+    def append(self, token: int) -> int:
+        self.tokens.append(token)
+        self.serials.append(self._next_serial)
+        self._next_serial += 1
+        return self.serials[-1]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def run_to(self, level: int, end: int) -> tuple[int, torch.Tensor | None]:
+        """Compute hidden states at boundary `level` for positions up to `end` (exclusive).
+
+        Returns (first position, hidden states) of what was newly computed at that boundary.
+        """
+        start_pos, top = self.frontier[level], None
+        for i in range(1, level + 1):
+            lo = self.frontier[i]
+            if lo >= end:
+                continue
+            hidden = self._take_input(i - 1, lo, end)
+            t0 = time.perf_counter()
+            hidden = self.ee.run_layers(hidden, self.boundaries[i - 1], self.boundaries[i], self.cache)
+            self.passes.append(
+                StagePass(self.names[i - 1], self.boundaries[i - 1], self.boundaries[i], (lo, end),
+                          tuple(self.serials[lo:end]), time.perf_counter() - t0)
+            )
+            self.frontier[i] = end
+            if i == level:
+                top = hidden
+            if i < len(self.boundaries) - 1:
+                saved = self._hidden[i]
+                self._hidden[i] = hidden if saved is None else torch.cat([saved, hidden], dim=1)
+        return start_pos, top
+
+    def _take_input(self, i: int, lo: int, end: int) -> torch.Tensor:
+        """Hidden states at boundary i for positions [lo, end); they are consumed."""
+        if i == 0:
+            return self.ee.embed(self.tokens[lo:end])
+        if self.frontier[i] < end:
+            raise RuntimeError(f"boundary {self.boundaries[i]} holds {self.frontier[i]} positions, {end} needed")
+        saved = self._hidden[i]
+        first = self.frontier[i + 1]  # == lo: saved states start where the next stage stopped
+        rest = saved[:, end - first :]
+        self._hidden[i] = rest if rest.shape[1] else None
+        return saved[:, lo - first : end - first]
+
+    def truncate(self, length: int) -> None:
+        """Forget every position >= length in tokens, hidden states and all KV caches."""
+        del self.tokens[length:]
+        del self.serials[length:]
+        for i in range(1, len(self.boundaries)):
+            if self.frontier[i] > length:
+                self.frontier[i] = length
+                for layer in range(self.boundaries[i - 1], self.boundaries[i]):
+                    self.cache.crop(layer, length)
+            saved = self._hidden[i] if i < len(self.boundaries) - 1 else None
+            if saved is not None:
+                keep = length - self.frontier[i + 1]
+                self._hidden[i] = saved[:, :keep] if keep > 0 else None
+
+    def cache_lengths(self) -> list[int]:
+        return list(self.cache.lengths)

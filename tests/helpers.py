@@ -1,0 +1,78 @@
+"""Tiny random models and tokenizers built inside the tests (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
+
+from hispec.early_exit import EarlyExitModel
+
+VOCAB = 100
+EOS = 2
+_ARCH = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+}
+
+
+def tiny_model(arch: str = "llama", layers: int = 8, seed: int = 0, vocab: int = VOCAB, **overrides):
+    config_cls, model_cls = _ARCH[arch]
+    kwargs = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  initializer_range=0.3, eos_token_id=EOS, bos_token_id=1, pad_token_id=0,
+                  tie_word_embeddings=False)
+    if arch == "qwen3":
+        kwargs["head_dim"] = 16
+    kwargs.update(overrides)
+    torch.manual_seed(seed)
+    return model_cls(config_cls(**kwargs)).eval()
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return out[0, len(prompt):].tolist()
+
+
+def identity_layer_model(layers: int = 6, seed: int = 0):
+    """Every decoder layer adds zero to the residual stream, so every exit equals the final
+    head and the next token depends only on the current one: a fully predictable target."""
+    model = tiny_model("llama", layers=layers, seed=seed)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[0].normal_(0, 0.3)  # the pad row is zero: no ties
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return model
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer of 99 tokens with a small chat template."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for c in [chr(i) for i in range(32, 127)] + ["\n"]:
+        vocab[c] = len(vocab)
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(".|\n"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                  pad_token="<unk>")
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
+    return tok
+
+
+def save_tiny_folder(path, arch: str = "llama", layers: int = 8):
+    """A local model folder (config, safetensors, tokenizer) as a user would point --model at."""
+    model = tiny_model(arch, layers=layers)
+    model.generation_config.eos_token_id = EOS
+    model.save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return path
+
+
+def ee_of(model) -> EarlyExitModel:
+    return EarlyExitModel(model)

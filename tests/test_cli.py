@@ -1,0 +1,82 @@
+"""The CLI contract on a local model folder (tiny random model, character tokenizer)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import save_tiny_folder
+
+from hispec.cli import main
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return str(save_tiny_folder(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def test_json_lines_contract(folder, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hello", "id": "a"}\n\n{"prompt": "raw text", "chat": false}\n')
+    code = main(["generate", "--model", folder, "--method", "autoregressive,layerskip,hispec",
+                 "--prompts", str(prompts), "--max-new-tokens", "12", "--json",
+                 "--draft-layer", "2", "--verify-layer", "5"])
+    assert code == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["id"], r["method"]) for r in records] == [
+        ("a", "autoregressive"), ("a", "layerskip"), ("a", "hispec"),
+        ("3", "autoregressive"), ("3", "layerskip"), ("3", "hispec")]
+    for r in records:
+        assert set(r) >= {"id", "method", "prompt_token_ids", "token_ids", "text", "settings", "stats"}
+        assert len(r["token_ids"]) == r["stats"]["new_tokens"] <= 12
+        assert {"new_tokens", "wall_s", "tokens_per_s", "acceptance"} <= set(r["stats"])
+        assert r["settings"]["dtype"] == "float32" and r["settings"]["device"] == "cpu"
+    by = {(r["id"], r["method"]): r for r in records}
+    assert set(by["a", "hispec"]["stats"]["acceptance"]) == {"draft->verify", "verify->target"}
+    assert set(by["a", "layerskip"]["stats"]["acceptance"]) == {"draft->target"}
+    assert by["a", "hispec"]["settings"]["draft_layer"] == 2 and by["a", "hispec"]["settings"]["verify_layer"] == 5
+    for pid in ("a", "3"):
+        assert by[pid, "hispec"]["token_ids"] == by[pid, "autoregressive"]["token_ids"] == by[pid, "layerskip"]["token_ids"]
+    # chat prompts go through the chat template; raw ones do not
+    assert by["a", "hispec"]["prompt_token_ids"] != by["3", "hispec"]["prompt_token_ids"]
+    assert len(by["3", "hispec"]["prompt_token_ids"]) == len("raw text")
+
+
+def test_text_output_and_comparison(folder, capsys):
+    code = main(["generate", "--model", folder, "--method", "autoregressive,hispec", "--prompt", "hi",
+                 "--max-new-tokens", "8", "--show-rejected", "--no-color"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "== prompt 0 · hispec ==" in out and "tok/s" in out
+    assert "same output as autoregressive" in out and "NO" not in out.split("same output as")[-1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "beam"], "unknown method 'beam'"),
+    (["--draft-len", "0"], "draft_len must be at least 1"),
+    (["--max-new-tokens", "-3"], "max_new_tokens must be 0 or more"),
+    (["--draft-layer", "6", "--verify-layer", "3"], "draft layer 6 must be below verify layer 3"),
+    (["--max-new-tokens", "100000"], "exceeds the model's context"),
+    (["--prompt", "   "], "is empty"),
+])
+def test_cli_errors_are_messages_not_tracebacks(folder, capsys, argv, message):
+    base = ["generate", "--model", folder, "--prompt", "hi"]
+    code = main(base + argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_bad_prompts_file(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
+    assert main(["generate", "--prompts", str(bad)]) == 2
+    assert "bad.jsonl:2: each line must be an object with a string 'prompt'" in capsys.readouterr().err
+
+
+def test_help_explains_options():
+    out = subprocess.run([sys.executable, "-m", "hispec", "generate", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for option in ("--draft-layer", "--verify-layer", "--draft-len", "--verify-threshold", "--raw", "--json",
+                   "--prompts", "--max-new-tokens"):
+        assert option in out.stdout

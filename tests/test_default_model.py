@@ -1,0 +1,48 @@
+"""The embedded default model (SmolLM2-135M-Instruct from the packaged GGUF), offline."""
+
+import pytest
+import torch
+
+from hispec.decoding import DecodeConfig
+from hispec.loading import load_model
+from hispec.runner import run
+from hispec.text import Detokenizer
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = {
+    "chat": "What should I pack for a weekend hiking trip?",
+    "code": "Write a Python function that checks whether a number is prime.",
+    "math": "A baker has 24 muffins and sells 3 boxes of 4 muffins. How many muffins are left?",
+}
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_model("default", device="cpu")
+
+
+def test_default_model_shape(lm):
+    assert lm.ee.num_layers == 30 and lm.ee.config.hidden_size == 576
+    assert lm.dtype == "float32" and 2 in lm.eos_ids
+    assert lm.model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("kind", PROMPTS)
+def test_every_method_equals_generate(lm, kind):
+    ids = lm.encode(PROMPTS[kind])
+    ref = lm.model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                            attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+    detok = Detokenizer(lm.tokenizer)
+    for config in (DecodeConfig("autoregressive", max_new_tokens=32), DecodeConfig("layerskip", max_new_tokens=32),
+                   DecodeConfig("hispec", max_new_tokens=32),
+                   DecodeConfig("hispec", draft_layer=8, verify_layer=20, draft_len=3, verify_threshold=3,
+                                max_new_tokens=32)):
+        r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=detok)
+        assert r.token_ids == ref, config
+        assert r.text == lm.tokenizer.decode(ref, skip_special_tokens=True)
+
+
+def test_cache_is_reused(lm):
+    again = load_model("default", device="cpu")
+    assert again.source == lm.source and again.load_s < 15
