@@ -104,6 +104,7 @@ class Decoder:
         eos_ids: Iterable[int] = (),
         detok: Detokenizer | None = None,
         stop: threading.Event | None = None,
+        judge: SyntheticAcceptance | None = None,
     ):
         self.config = config.resolve(ee.num_layers)
         if not prompt_ids:
@@ -117,6 +118,7 @@ class Decoder:
         self.eos = frozenset(eos_ids)
         self.detok = detok or Detokenizer()
         self._stop = stop or threading.Event()
+        self._judge = judge  # timing-only acceptance decisions; None = the real comparison
         self.stack: StageStack | None = None
         self.committed = 0  # positions [0, committed) are final (prompt included)
         self.round = 0
@@ -195,7 +197,7 @@ class Decoder:
     def _judge_at_verifier(self, first: int, preds: list[int]) -> None:
         """Tentatively accept the drafts matching the verifier; replace the first mismatch."""
         block = self.stack.tokens[first:]
-        n_ok = _matching_prefix(block, preds)
+        n_ok = self._accepted("verify", block, preds)
         for pos in range(first, first + n_ok):
             self._mark(pos, S.TENTATIVE, "verify")
         if n_ok < len(block):
@@ -212,7 +214,7 @@ class Decoder:
         end = len(stack) if want_bonus else len(stack) - 1
         _, h = stack.run_to(len(stack.boundaries) - 1, end)
         preds = self._predict(h[:, first - 1 - end :], self.ee.num_layers)
-        n_ok = _matching_prefix(pending, preds)
+        n_ok = self._accepted("target", pending, preds)
         for pos in range(first, first + n_ok):
             if self._commit(pos, S.ACCEPTED):
                 self._reject_from(pos + 1, S.DISCARDED, "target")
@@ -234,6 +236,11 @@ class Decoder:
         _, h = self.stack.run_to(len(self.stack.boundaries) - 1, len(self.prompt_ids))
         self._write(self._predict(h[:, -1:], self.ee.num_layers)[0], "target")
         yield from self._drain(stage="prefill")
+
+    def _accepted(self, stage: str, tokens: list[int], preds: list[int]) -> int:
+        if self._judge is not None:
+            return self._judge(stage, len(tokens))
+        return _matching_prefix(tokens, preds)
 
     def _predict(self, hidden, layer: int) -> list[int]:
         return self.ee.exit_logits(hidden, layer).argmax(-1)[0].tolist()
@@ -304,12 +311,37 @@ class Decoder:
     def _done(self) -> DoneEvent:
         new = self.stack.tokens[len(self.prompt_ids) : self.committed] if self.stack else []
         settings = {k: v for k, v in asdict(self.config).items() if k != "stop_strings"}
+        if self._judge is not None:
+            settings["timing_only"] = self._judge.describe()
         settings.update(num_layers=self.ee.num_layers, dtype=str(self.ee.dtype).replace("torch.", ""),
                         device=str(self.ee.device))
         self.stack = None  # free the caches now, not when the consumer lets go
         return DoneEvent(self.finish_reason or "stopped", tuple(new),
                          self.detok.decode(new, skip_special_tokens=True), len(self.prompt_ids),
                          time.perf_counter() - self._t0, settings)
+
+
+class SyntheticAcceptance:
+    """TIMING ONLY. Accept each pending token with a fixed probability per stage, whatever the
+    model predicted, so that timings show what the hierarchy saves at a given acceptance rate on
+    real step costs (all passes, heads and syncs still run). The text it produces is NOT the
+    target model's output: never show it to users. Used by scripts/gpu_check.py only.
+    """
+
+    def __init__(self, verify: float, target: float, seed: int = 0):
+        import random
+
+        self.rates = {"verify": verify, "target": target}
+        self._rng = random.Random(seed)
+
+    def __call__(self, stage: str, n: int) -> int:
+        accepted = 0
+        while accepted < n and self._rng.random() < self.rates[stage]:
+            accepted += 1
+        return accepted
+
+    def describe(self) -> str:
+        return f"synthetic acceptance {self.rates} (timing only, output is not the model's)"
 
 
 def _matching_prefix(tokens: list[int], preds: list[int]) -> int:

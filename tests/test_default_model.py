@@ -1,5 +1,7 @@
 """The embedded default model (SmolLM2-135M-Instruct from the packaged GGUF), offline."""
 
+import os
+
 import pytest
 import torch
 
@@ -19,7 +21,10 @@ PROMPTS = {
 
 @pytest.fixture(scope="module")
 def lm():
-    return load_model("default", device="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    yield load_model("default", device="cpu")
+    torch.set_num_threads(threads)
 
 
 def test_default_model_shape(lm):

@@ -1,0 +1,254 @@
+"""GPU check: exactness in float32 on CUDA, bfloat16 mismatch rate, and timings of the three
+methods on models built from configs (no downloads), written to one JSON report.
+
+    python scripts/gpu_check.py --out gpu_check.json            # on a CUDA machine, a few minutes
+    python scripts/gpu_check.py --device cpu --quick --out x.json  # smoke run anywhere
+
+Timings use models with random weights in the shapes of LayerSkip Llama3.2-1B and Llama2-7B.
+Random weights never agree across exits, so the acceptance decisions of those timing runs come
+from hispec.decoding.SyntheticAcceptance: a clearly labelled TIMING-ONLY mode whose text is not the
+model's. The figures show what the hierarchy saves at a given acceptance on real step costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hispec.decoding import DecodeConfig, SyntheticAcceptance  # noqa: E402
+from hispec.early_exit import EarlyExitModel  # noqa: E402
+from hispec.runner import run  # noqa: E402
+
+SHAPES = {
+    # LayerSkip Llama3.2-1B / Llama2-7B shapes (random weights)
+    "llama3.2-1B": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=4096,
+                        rope_theta=500000.0, tie_word_embeddings=True,
+                        rope_scaling={"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0,
+                                      "low_freq_factor": 1.0, "original_max_position_embeddings": 8192}),
+    "llama2-7B": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
+    # for --quick smoke runs
+    "small": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=1024, max_position_embeddings=1024),
+}
+RATES = [(0.9, 0.9), (0.8, 0.7), (0.6, 0.5)]  # (draft->verify, verify->target) per token
+
+
+def build(shape: str | dict, dtype, device, seed=0, std=None):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    kw = dict(SHAPES[shape]) if isinstance(shape, str) else dict(shape)
+    arch = kw.pop("arch", "llama")
+    if std is not None:
+        kw["initializer_range"] = std
+    torch.manual_seed(seed)
+    cfg_cls, model_cls = (Qwen3Config, Qwen3ForCausalLM) if arch == "qwen3" else (LlamaConfig, LlamaForCausalLM)
+    with torch.device(device):
+        model = model_cls(cfg_cls(**kw, bos_token_id=1, eos_token_id=2, pad_token_id=0)).to(dtype).eval()
+    return model
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def hf_greedy(model, prompt, n, device):
+    x = torch.tensor([prompt], device=device)
+    out = model.generate(x, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+                         attention_mask=torch.ones_like(x))
+    return out[0, len(prompt):].tolist()
+
+
+SETTINGS = [DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=2, draft_len=3),
+            DecodeConfig("hispec"), DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3,
+                                                 verify_threshold=2)]
+
+
+def exactness(device, quick):
+    """float32 on the device: every method's greedy ids equal transformers' generate()."""
+    from dataclasses import replace
+
+    results = []
+    archs = [dict(arch="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=100, max_position_embeddings=256),
+             dict(arch="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=100, max_position_embeddings=256)]
+    if not quick:
+        archs.append(dict(arch="llama", hidden_size=512, intermediate_size=1024, num_hidden_layers=12,
+                          num_attention_heads=8, num_key_value_heads=4, vocab_size=4096, max_position_embeddings=512))
+    for spec in archs:
+        model = build(spec, torch.float32, device, std=0.3 if spec["vocab_size"] <= 100 else 0.05)
+        ee = EarlyExitModel(model)
+        for seed in range(2 if quick else 4):
+            g = torch.Generator().manual_seed(seed)
+            prompt = torch.randint(3, spec["vocab_size"], (7 + 5 * seed,), generator=g).tolist()
+            ref = hf_greedy(model, prompt, 40, device)
+            for config in SETTINGS:
+                r = run(ee, prompt, replace(config, max_new_tokens=40))
+                results.append({"arch": spec["arch"], "hidden": spec["hidden_size"], "seed": seed,
+                                "method": config.method, "equal": r.token_ids == ref})
+        del model, ee
+    return {"dtype": "float32", "runs": len(results), "all_equal": all(r["equal"] for r in results),
+            "failures": [r for r in results if not r["equal"]]}
+
+
+def bf16_mismatch(device, quick):
+    """bfloat16: how often a speculative output differs from our autoregressive output."""
+    spec = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=12, num_attention_heads=8,
+                num_key_value_heads=4, vocab_size=4096, max_position_embeddings=512)
+    model = build(spec, torch.bfloat16, device, std=0.05)
+    ee = EarlyExitModel(model)
+    n_prompts = 4 if quick else 16
+    out = {"model": "random 12-layer llama (hidden 512, vocab 4096), bf16", "prompts": n_prompts, "methods": {}}
+    refs = []
+    for seed in range(n_prompts):
+        g = torch.Generator().manual_seed(100 + seed)
+        prompt = torch.randint(3, 4096, (16,), generator=g).tolist()
+        refs.append((prompt, run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=64)).token_ids))
+    for config in SETTINGS[1:]:
+        diff, first = 0, []
+        for prompt, ref in refs:
+            ids = run(ee, prompt, DecodeConfig(config.method, config.draft_layer, config.verify_layer,
+                                               config.draft_len, config.verify_threshold, 64)).token_ids
+            if ids != ref:
+                diff += 1
+                first.append(next(i for i, (a, b) in enumerate(zip(ids, ref)) if a != b))
+        key = f"{config.method}(d={config.draft_layer},v={config.verify_layer})"
+        out["methods"][key] = {"differs": diff, "rate": diff / n_prompts, "first_divergence": first}
+    return out
+
+
+def step_costs(ee, d, v, device, reps):
+    """Milliseconds of one pass: draft (layers [0,d) + exit head, 1 token), intermediate [d,v)
+    and remaining [v,L) and full [0,L) over k tokens, with a 128-token context."""
+    L, hidden = ee.num_layers, ee.config.hidden_size
+    out = {}
+
+    def timed(fn):
+        times = []
+        for i in range(reps + 2):
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            if i >= 2:
+                times.append((time.perf_counter() - t0) * 1000)
+        return round(statistics.median(times), 3)
+
+    for k in (1, 2, 4, 8):
+        x = torch.randn(1, k, hidden, device=device, dtype=ee.dtype)
+        ctx = torch.randn(1, 128, hidden, device=device, dtype=ee.dtype)
+
+        def segment(a, b, head=None):
+            cache = ee.new_cache(160)
+            ee.run_layers(ctx, 0, L, cache)  # fill the context once
+            def go():
+                for layer in range(L):
+                    cache.crop(layer, 128)
+                h = ee.run_layers(x, a, b, cache)
+                if head is not None:
+                    ee.exit_logits(h[:, -1:], head).argmax(-1)
+            return go
+
+        out[k] = {"draft_pass_d": timed(segment(0, d, head=d)), "verify_pass_d_to_v": timed(segment(d, v)),
+                  "rest_pass_v_to_L": timed(segment(v, L)), "full_pass_0_to_L": timed(segment(0, L)),
+                  "final_head": timed(lambda: ee.exit_logits(x, L))}
+    return out
+
+
+def timings(shape, device, dtype, quick):
+    model = build(shape, dtype, device, std=0.02)
+    ee = EarlyExitModel(model)
+    L = ee.num_layers
+    d, v = max(1, round(L / 8)), max(2, round(L / 4))
+    n_new = 32 if quick else 128
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, model.config.vocab_size, (128,), generator=g).tolist()
+    report = {"shape": shape, "layers": L, "dtype": str(dtype).replace("torch.", ""), "draft_layer": d,
+              "verify_layer": v, "new_tokens": n_new, "step_ms": step_costs(ee, d, v, device, 3 if quick else 10)}
+    # warm-up, then alternate methods so noise hits all alike
+    run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=8))
+    ar = []
+    for _ in range(1 if quick else 2):
+        sync(device)
+        ar.append(run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=n_new)).stats["tokens_per_s"])
+    report["autoregressive_tokens_per_s"] = max(ar)
+    sync(device)
+    t = time.perf_counter()
+    hf_greedy(model, prompt, n_new, device)
+    sync(device)
+    report["hf_generate_tokens_per_s"] = n_new / (time.perf_counter() - t)
+    report["synthetic"] = []
+    for p_dv, p_vt in RATES:
+        row = {"p_draft_verify": p_dv, "p_verify_target": p_vt}
+        ls = run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new),
+                 judge=SyntheticAcceptance(1.0, p_vt, seed=1))
+        hs = run(ee, prompt, DecodeConfig("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
+                                          max_new_tokens=n_new), judge=SyntheticAcceptance(p_dv, p_vt, seed=1))
+        row.update(layerskip_tokens_per_s=ls.stats["tokens_per_s"], hispec_tokens_per_s=hs.stats["tokens_per_s"],
+                   layerskip_vs_ar=ls.stats["tokens_per_s"] / report["autoregressive_tokens_per_s"],
+                   hispec_vs_ar=hs.stats["tokens_per_s"] / report["autoregressive_tokens_per_s"],
+                   hispec_vs_layerskip=hs.stats["tokens_per_s"] / ls.stats["tokens_per_s"],
+                   hispec_tokens_per_full_pass=hs.stats["tokens_per_full_pass"],
+                   layerskip_tokens_per_full_pass=ls.stats["tokens_per_full_pass"],
+                   timing_only=hs.settings.get("timing_only"))
+        report["synthetic"].append(row)
+    del model, ee
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", default="gpu_check.json")
+    parser.add_argument("--quick", action="store_true", help="small shapes and counts (smoke test)")
+    parser.add_argument("--shapes", default=None, help="comma-separated shapes to time (default: 1B and 7B)")
+    args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device; use --device cpu for a smoke run", file=sys.stderr)
+        return 2
+    import transformers
+
+    report = {"env": {"torch": torch.__version__, "transformers": transformers.__version__,
+                      "python": platform.python_version(), "device": args.device,
+                      "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None,
+                      "tf32_matmul": torch.backends.cuda.matmul.allow_tf32}}
+    path = Path(args.out)
+
+    def save():
+        path.write_text(json.dumps(report, indent=1))
+
+    t0 = time.time()
+    for name, fn in (("exactness_fp32", lambda: exactness(args.device, args.quick)),
+                     ("bf16_mismatch", lambda: bf16_mismatch(args.device, args.quick))):
+        report[name] = fn()
+        print(f"[{time.time() - t0:6.1f}s] {name}: {json.dumps(report[name])[:400]}", flush=True)
+        save()
+    shapes = args.shapes.split(",") if args.shapes else (["small"] if args.quick else ["llama3.2-1B", "llama2-7B"])
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    report["timings"] = []
+    for shape in shapes:
+        report["timings"].append(timings(shape, args.device, dtype, args.quick))
+        print(f"[{time.time() - t0:6.1f}s] timings {shape}: {json.dumps(report['timings'][-1])[:600]}", flush=True)
+        save()
+    report["seconds"] = round(time.time() - t0, 1)
+    save()
+    print(f"gpu_check: wrote {path} in {report['seconds']} s; fp32 exact: {report['exactness_fp32']['all_equal']}")
+    return 0 if report["exactness_fp32"]["all_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The app's page in headless Chromium: generate, coloured tokens, charts, legend, an error.
+
+Needs Debian's chromium and the playwright package (never `playwright install`: no network);
+skipped cleanly without them. The app is the same tiny-model app as test_app_integration's.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium")
+if CHROMIUM is None:
+    pytest.skip("no chromium on PATH", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+from test_app_integration import serve_tiny_app  # noqa: E402
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+WAIT_MS = 30_000
+LEGEND_WORDS = ("drafted", "tentative", "rejected by verifier", "rejected by full model", "full model's token")
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    with serve_tiny_app() as (url, _lm):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    # not "networkidle": Gradio keeps connections open
+    page.goto(app_url, wait_until="domcontentloaded")
+    page.wait_for_selector("#hs-tokens")
+    yield page
+    context.close()
+
+
+def wait_for_status(page, text: str) -> None:
+    page.wait_for_function("(text) => (document.querySelector('#hs-status')?.innerText || '').includes(text)",
+                           arg=text)
+
+
+def test_generate_in_the_browser(page, tmp_path):
+    page.get_by_label("Prompt").fill("Hey")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_selector("#hs-tokens .hs-tok")
+    wait_for_status(page, "Done")
+    assert page.locator("#hs-tokens .hs-tok").count() > 10
+    # coloured: the spans carry a state class that the stylesheet paints
+    background = page.locator("#hs-tokens .hs-tok").first.evaluate("el => getComputedStyle(el).backgroundColor")
+    assert background not in ("", "rgba(0, 0, 0, 0)", "transparent"), background
+    # the acceptance chart was drawn by Plotly, with at least one line
+    page.wait_for_selector("#hs-acc-plot .js-plotly-plot svg.main-svg")
+    page.wait_for_selector("#hs-acc-plot .scatterlayer .trace path.js-line")
+    page.wait_for_selector("#hs-work-plot .js-plotly-plot .barlayer .trace")
+    legend = page.inner_text("#hs-legend")
+    for word in LEGEND_WORDS:
+        assert word in legend, (word, legend)
+    assert "new tokens" in page.inner_text("#hs-stats")
+    shot = tmp_path / "app.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.is_file() and shot.stat().st_size > 20_000
+
+
+def test_empty_prompt_shows_the_error_in_the_status(page):
+    page.get_by_label("Prompt").fill("")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_status(page, "The prompt is empty")
+    assert page.locator("#hs-status .hs-msg-error").count() == 1
+    # and the page still generates afterwards
+    page.get_by_label("Prompt").fill("xyz")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_status(page, "Done")
+    assert page.locator("#hs-tokens .hs-tok").count() > 10

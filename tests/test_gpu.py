@@ -1,0 +1,34 @@
+"""CUDA checks; skipped cleanly on machines without a GPU (CI runs on CPU)."""
+
+import pytest
+import torch
+from helpers import tiny_model
+
+from hispec.decoding import DecodeConfig
+from hispec.early_exit import EarlyExitModel
+from hispec.runner import run
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_float32_on_cuda_equals_generate(arch):
+    model = tiny_model(arch, seed=5).cuda()
+    ee = EarlyExitModel(model)
+    prompt = [5, 17, 33, 2, 9, 41]
+    x = torch.tensor([prompt], device="cuda")
+    ref = model.generate(x, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0,
+                         attention_mask=torch.ones_like(x))[0, len(prompt):].tolist()
+    for config in (DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=3),
+                   DecodeConfig("hispec", draft_layer=2, verify_layer=5)):
+        from dataclasses import replace
+
+        assert run(ee, prompt, replace(config, max_new_tokens=32)).token_ids == ref
+    assert ee.device.type == "cuda"
+
+
+def test_bfloat16_runs_on_cuda():
+    model = tiny_model("llama", seed=5).cuda().to(torch.bfloat16)
+    ee = EarlyExitModel(model)
+    r = run(ee, [5, 6, 7], DecodeConfig("hispec", max_new_tokens=24))
+    assert len(r.token_ids) == 24 and r.settings["dtype"] == "bfloat16" and r.settings["device"].startswith("cuda")
