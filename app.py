@@ -64,10 +64,16 @@ class App:
         self._stops: dict[str, threading.Event] = {}
 
     # ---- per-visitor stop -----------------------------------------------------------------
-    def _new_stop(self, request: gr.Request | None) -> threading.Event:
+    def _new_stop(self, request: gr.Request | None) -> tuple[str, threading.Event]:
+        """A fresh Stop flag for this visitor (Stop ends the visitor's newest run)."""
         key = getattr(request, "session_hash", None) or "anonymous"
         self._stops[key] = threading.Event()
-        return self._stops[key]
+        return key, self._stops[key]
+
+    def _forget_stop(self, key: str, stop: threading.Event) -> None:
+        stop.set()  # the request is over (or the visitor left): a worker still running must end too
+        if self._stops.get(key) is stop:
+            del self._stops[key]
 
     def stop(self, request: gr.Request | None = None) -> str:
         key = getattr(request, "session_hash", None) or "anonymous"
@@ -77,31 +83,34 @@ class App:
 
     # ---- handlers (plain values in, components out) ------------------------------------
     def generate(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, request: gr.Request = None):
-        stop = self._new_stop(request)
+        key, stop = self._new_stop(request)
         try:
             config = handlers.make_config(method, d, v, n_d, n_i, max_new)
+            for snap in _generation_gpu(self.registry, model_name, prompt, config, bool(chat), stop):
+                yield self._views(snap)
         except HiSpecError as exc:
             yield self._views({"error": str(exc)})
-            return
-        for snap in _generation_gpu(self.registry, model_name, prompt, config, bool(chat), stop):
-            yield self._views(snap)
+        finally:
+            self._forget_stop(key, stop)
 
     def compare(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, baselines,
                 request: gr.Request = None):
-        stop = self._new_stop(request)
+        key, stop = self._new_stop(request)
         try:
             config = handlers.make_config(method, d, v, n_d, n_i, max_new)
+            for snap in _compare_gpu(self.registry, model_name, prompt, config, bool(chat), list(baselines or []),
+                                     stop):
+                if snap.get("error"):
+                    yield render.message_html(snap["error"]), gr.skip(), gr.skip()
+                elif "rows" in snap:
+                    yield (render.message_html(snap["status"], "info"), compare_table(snap["rows"]),
+                           charts.compare_figure(snap["rows"]))
+                else:
+                    yield render.message_html(snap["status"], "info"), gr.skip(), gr.skip()
         except HiSpecError as exc:
             yield render.message_html(str(exc)), gr.skip(), gr.skip()
-            return
-        for snap in _compare_gpu(self.registry, model_name, prompt, config, bool(chat), list(baselines or []), stop):
-            if snap.get("error"):
-                yield render.message_html(snap["error"]), gr.skip(), gr.skip()
-            elif "rows" in snap:
-                yield (render.message_html(snap["status"], "info"), compare_table(snap["rows"]),
-                       charts.compare_figure(snap["rows"]))
-            else:
-                yield render.message_html(snap["status"], "info"), gr.skip(), gr.skip()
+        finally:
+            self._forget_stop(key, stop)
 
     def load(self, model_name):
         try:
@@ -115,14 +124,15 @@ class App:
 
     def _views(self, snap: dict):
         if snap.get("error"):
-            return (render.message_html(snap["error"]),) + (gr.skip(),) * 6
+            return (render.message_html(snap["error"]),) + (gr.skip(),) * 7
         status = render.message_html(snap["status"], "info")
         if "stats" not in snap:
-            return (status,) + (gr.skip(),) * 6
+            return (status,) + (gr.skip(),) * 7
         figures = ((charts.acceptance_figure(snap["history"]), charts.speed_figure(snap["history"]),
                     charts.work_figure(snap["stats"]["layer_tokens"])) if snap.get("charts", True)
                    else (gr.skip(),) * 3)
-        return (status, snap["html"], snap["legend"], stats_html(snap["stats"])) + figures
+        final = snap["text"] if snap["done"] else gr.skip()
+        return (status, snap["html"], snap["legend"], final, stats_html(snap["stats"])) + figures
 
     # ---- page -------------------------------------------------------------------------------
     def build(self) -> gr.Blocks:
@@ -147,6 +157,8 @@ class App:
                     tokens = gr.HTML(render.tokens_html(_empty_trace()), elem_id="hs-tokens")
                     show_rejected = gr.Checkbox(True, label="Show rejected tokens (struck through)")
                     legend = gr.HTML(render.legend_html(), elem_id="hs-legend")
+                    final = gr.Textbox(label="Output (committed text only)", lines=3, interactive=False,
+                                       elem_id="hs-final")
                     stats = gr.HTML("", elem_id="hs-stats")
                 with gr.Column(scale=2):
                     with gr.Row():
@@ -184,9 +196,9 @@ class App:
 
             settings = [prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new, chat]
             gen_event = generate_btn.click(self.generate, settings,
-                                           [status, tokens, legend, stats, acc_plot, speed_plot, work_plot],
+                                           [status, tokens, legend, final, stats, acc_plot, speed_plot, work_plot],
                                            concurrency_limit=4, concurrency_id="model", api_name="generate")
-            prompt.submit(self.generate, settings, [status, tokens, legend, stats, acc_plot, speed_plot, work_plot],
+            prompt.submit(self.generate, settings, [status, tokens, legend, final, stats, acc_plot, speed_plot, work_plot],
                           concurrency_limit=4, concurrency_id="model", api_name=False)
             compare_btn.click(self.compare, settings + [baselines], [compare_status, compare_out, compare_plot],
                               concurrency_limit=4, concurrency_id="model", api_name="compare")

@@ -132,7 +132,7 @@ def plain(message_html: str) -> str:
 
 
 def assert_matches_engine(out, lm, prompt, settings=HISPEC, max_new=40):
-    status, tokens, legend, stats = out[:4]
+    status, tokens, legend, final, stats = out[:5]
     result, config = expected(lm, prompt, settings, max_new)
     assert "Done" in plain(status), status
     assert 'class="hs-tok ' in tokens
@@ -141,6 +141,7 @@ def assert_matches_engine(out, lm, prompt, settings=HISPEC, max_new=40):
     assert tokens == render.tokens_html(result.trace, config.draft_layer, config.verify_layer)
     assert legend == render.legend_html(result.trace.counts())
     assert new_tokens(stats) == len(result.token_ids)
+    assert final == result.text
 
 
 # ---- (a) one generation -------------------------------------------------------------------------
@@ -155,14 +156,14 @@ def test_generate_api_order(client):
 def test_generate_colours_tokens_and_matches_the_engine(served, client):
     _, lm = served
     out = generate(client, PROMPT, max_new=40)
-    assert len(out) == 7
+    assert len(out) == 8
     assert plain(out[0]).startswith("Done: max new tokens"), out[0]
     classes = {cls for cls, _ in spans(out[1])}
     assert "hs-target-wrote" in classes  # the random model's exits disagree: corrections by the full model
     assert not classes & {"hs-drafted", "hs-tentative"}, "nothing may stay pending once done"
     assert_matches_engine(out, lm, PROMPT, max_new=40)
     assert len([cls for cls, _ in spans(out[1]) if cls not in REJECTED]) == 40
-    acc, speed, work = out[4:]
+    acc, speed, work = out[5:]
     assert all(isinstance(fig, dict) and fig.get("type") == "plotly" for fig in (acc, speed, work))
 
 
@@ -200,11 +201,11 @@ def test_stop_ends_the_visitors_generation(served, client):
         final = job.result(timeout=10)
         elapsed = time.monotonic() - t0
     assert "stopped" in plain(final[0]).lower(), final[0]
-    assert new_tokens(final[3]) < budget
+    assert new_tokens(final[4]) < budget
     assert elapsed < 5, f"stop took {elapsed:.1f} s"
     # what was written before the stop is the start of the unstopped greedy text (which ends at EOS)
     unstopped, _ = expected(lm, LONG_PROMPT, max_new=budget)
-    assert new_tokens(final[3]) < len(unstopped.token_ids)
+    assert new_tokens(final[4]) < len(unstopped.token_ids)
     written = committed_text(final[1])
     assert written and lm.tokenizer.decode(unstopped.token_ids).startswith(written), written
     # the model is free again, and a stop does not leak into the visitor's next generation
