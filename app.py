@@ -82,10 +82,11 @@ class App:
         return render.message_html("Stopping…", "info")
 
     # ---- handlers (plain values in, components out) ------------------------------------
-    def generate(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, request: gr.Request = None):
+    def generate(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, temperature=0.0, top_k=0,
+                 top_p=1.0, seed=-1, request: gr.Request = None):
         key, stop = self._new_stop(request)
         try:
-            config = handlers.make_config(method, d, v, n_d, n_i, max_new)
+            config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed)
             for snap in _generation_gpu(self.registry, model_name, prompt, config, bool(chat), stop):
                 yield self._views(snap)
         except HiSpecError as exc:
@@ -93,17 +94,18 @@ class App:
         finally:
             self._forget_stop(key, stop)
 
-    def compare(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, baselines,
-                request: gr.Request = None):
+    def compare(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, temperature, top_k, top_p, seed,
+                baselines, request: gr.Request = None):
         key, stop = self._new_stop(request)
         try:
-            config = handlers.make_config(method, d, v, n_d, n_i, max_new)
+            config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed)
             for snap in _compare_gpu(self.registry, model_name, prompt, config, bool(chat), list(baselines or []),
                                      stop):
                 if snap.get("error"):
                     yield render.message_html(snap["error"]), gr.skip(), gr.skip()
                 elif "rows" in snap:
-                    yield (render.message_html(snap["status"], "info"), compare_table(snap["rows"]),
+                    yield (render.message_html(snap["status"], "info"),
+                           compare_table(snap["rows"], sampling=snap.get("sampling", False)),
                            charts.compare_figure(snap["rows"]))
                 else:
                     yield render.message_html(snap["status"], "info"), gr.skip(), gr.skip()
@@ -179,6 +181,13 @@ class App:
                     max_new = gr.Slider(1, handlers.MAX_NEW_TOKENS, value=min(96, handlers.MAX_NEW_TOKENS), step=1,
                                         label="Max new tokens")
                     chat = gr.Checkbox(True, label="Use the chat template")
+                    with gr.Accordion("Sampling (temperature 0 = greedy, exact)", open=False):
+                        temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature",
+                                                info="> 0 samples; every stage then uses speculative sampling, "
+                                                     "so the output is distributed exactly as the full model's")
+                        top_k = gr.Number(0, precision=0, minimum=0, label="Top-k (0 = off)")
+                        top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p (1 = off)")
+                        seed = gr.Number(-1, precision=0, minimum=-1, label="Seed (-1 = random)")
                     depth = gr.HTML(render.depth_html(L, default_draft_layer(L), default_verify_layer(L), "hispec"))
                     baselines = gr.CheckboxGroup(["Autoregressive", "LayerSkip (single exit)"], value=["Autoregressive"],
                                                  label="Baselines for Compare")
@@ -194,7 +203,8 @@ class App:
                 gr.Markdown(HOW_IT_WORKS)
                 gr.HTML(render.legend_html())
 
-            settings = [prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new, chat]
+            settings = [prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new, chat,
+                        temperature, top_k, top_p, seed]
             gen_event = generate_btn.click(self.generate, settings,
                                            [status, tokens, legend, final, stats, acc_plot, speed_plot, work_plot],
                                            concurrency_limit=4, concurrency_id="model", api_name="generate")
@@ -255,7 +265,8 @@ def stats_html(s: dict) -> str:
     return f'<table class="hs-stats">{body}</table>'
 
 
-def compare_table(rows: list[dict]) -> str:
+def compare_table(rows: list[dict], sampling: bool = False) -> str:
+    """Speeds side by side; under greedy decoding, whether each output equals the reference."""
     ref = next((r for r in rows if r["method"] == "autoregressive"), rows[0])
     head = ("<tr><th>method</th><th>tokens</th><th>tokens / s</th>"
             + "".join(f"<th>speedup vs {html.escape(r['method'])}</th>" for r in rows)
@@ -265,7 +276,8 @@ def compare_table(rows: list[dict]) -> str:
         ratios = "".join(
             f"<td>{r['tokens_per_s'] / o['tokens_per_s']:.2f}×</td>" if o["tokens_per_s"] else "<td>–</td>"
             for o in rows)
-        same = "✓ same tokens" if r["token_ids"] == ref["token_ids"] else "✗ DIFFERENT"
+        same = ("n/a: sampled (same distribution, not the same text)" if sampling
+                else "✓ same tokens" if r["token_ids"] == ref["token_ids"] else "✗ DIFFERENT")
         body.append(f"<tr><td>{html.escape(r['method'])}</td><td>{r['new_tokens']}</td>"
                     f"<td>{r['tokens_per_s']:.2f}</td>{ratios}<td>{same}</td></tr>")
     return f'<table class="hs-stats hs-compare">{head}{"".join(body)}</table>'

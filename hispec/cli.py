@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tokens drafted per block (default: 2 for hispec, the verify threshold for layerskip)")
     gen.add_argument("--verify-threshold", type=_positive_or_none, default=4,
                      help="hispec: tentative tokens that trigger full verification (default 4)")
+    gen.add_argument("--temperature", type=float, default=0.0,
+                     help="0 = greedy, exactly the model's own greedy output (default); > 0 samples, and the "
+                          "speculative methods stay lossless (speculative sampling at every stage)")
+    gen.add_argument("--top-k", type=_positive_or_none, default=0, help="sample from the k most likely tokens (0 = off)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (1 = off)")
+    gen.add_argument("--seed", type=_positive_or_none, default=None, help="seed for reproducible sampling")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop once the output contains TEXT (repeatable)")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as plain text, not through the chat template")
@@ -112,7 +118,8 @@ def cmd_generate(args) -> int:
             p["chat"] = False
     configs = {m: DecodeConfig(method=m, draft_layer=args.draft_layer, verify_layer=args.verify_layer,
                                draft_len=args.draft_len, verify_threshold=args.verify_threshold,
-                               max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop))
+                               max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),
+                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
                for m in methods}
     for config in configs.values():  # bad numbers fail before the model loads
         config.validate()

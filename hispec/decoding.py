@@ -11,6 +11,7 @@ by the deeper one. Greedy (argmax) selection throughout: the output equals the t
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -19,6 +20,7 @@ from typing import Iterable, Iterator
 from .early_exit import EarlyExitModel
 from .errors import ConfigError
 from .events import DoneEvent, Event, PassEvent, RoundEvent, TokenEvent, TokenState
+from .sampling import SamplingParams, Selector
 from .stack import StageStack
 from .text import Detokenizer
 
@@ -45,6 +47,10 @@ class DecodeConfig:
     verify_threshold: int = 4  # hispec: tentative tokens that trigger the full model
     max_new_tokens: int = 128
     stop_strings: tuple[str, ...] = ()
+    temperature: float = 0.0  # 0 = greedy (exactly the target's greedy output)
+    top_k: int = 0  # 0 = no top-k
+    top_p: float = 1.0  # 1 = no top-p
+    seed: int | None = None  # for reproducible sampling
 
     def validate(self) -> None:
         """Check every value that does not depend on the model."""
@@ -60,6 +66,14 @@ class DecodeConfig:
             raise ConfigError(f"verify_threshold must be at least 1 (got {self.verify_threshold})")
         if self.draft_len is not None and self.draft_len < 1:
             raise ConfigError(f"draft_len must be at least 1 (got {self.draft_len})")
+        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature < math.inf:
+            raise ConfigError(f"temperature must be 0 (greedy) or a positive number (got {self.temperature!r})")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ConfigError(f"top_k must be 0 (off) or a positive whole number (got {self.top_k!r})")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p!r})")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+            raise ConfigError(f"seed must be a whole number >= 0 (got {self.seed!r})")
 
     def resolve(self, num_layers: int) -> DecodeConfig:
         """Fill the defaults for a model of `num_layers` layers and check every value."""
@@ -119,6 +133,9 @@ class Decoder:
         self.detok = detok or Detokenizer()
         self._stop = stop or threading.Event()
         self._judge = judge  # timing-only acceptance decisions; None = the real comparison
+        cfg = self.config
+        self.selector = Selector(SamplingParams(float(cfg.temperature), cfg.top_k, float(cfg.top_p)), cfg.seed)
+        self._proposal: dict[int, object] = {}  # serial -> distribution the token was drawn from (sampling)
         self.stack: StageStack | None = None
         self.committed = 0  # positions [0, committed) are final (prompt included)
         self.round = 0
@@ -135,6 +152,8 @@ class Decoder:
             self.finish_reason = "max_new_tokens"
         else:
             yield from run[self.config.method]()
+            if len(self.stack) > self.committed:  # stopped mid-round: pending tokens are never committed
+                self._reject_from(self.committed, S.DISCARDED, "stop")
             yield from self._drain()
         yield self._done()
 
@@ -144,7 +163,7 @@ class Decoder:
         while not self._finished():
             self.round += 1
             _, h = stack.run_to(1, len(stack))
-            self._write(self._predict(h[:, -1:], self.ee.num_layers)[0], "target")
+            self._write(self.selector.propose(self._logits(h[0, -1], self.ee.num_layers))[0], "target")
             yield from self._end_round()
 
     def _layerskip(self) -> Iterator[Event]:
@@ -174,8 +193,7 @@ class Decoder:
             # 2. Intermediate verification at exit v: layers [d, v) on the drafts' saved states.
             if len(stack) > first:
                 _, h = stack.run_to(2, len(stack) - 1)
-                preds = self._predict(h[:, first - len(stack) :], cfg.verify_layer)
-                self._judge_at_verifier(first, preds)
+                self._judge_at_verifier(first, self._logits(h[0, first - len(stack) :], cfg.verify_layer))
             # 3. Full verification once enough tentative tokens piled up or the sequence must end.
             tentative = stack.tokens[self.committed :]
             if (len(tentative) >= cfg.verify_threshold or self._room() == 0
@@ -188,21 +206,21 @@ class Decoder:
         exit_layer = self.stack.boundaries[level]
         for _ in range(n):
             _, h = self.stack.run_to(level, len(self.stack))
-            token = self._predict(h[:, -1:], exit_layer)[0]
-            self._place(token, S.DRAFTED, "draft")
+            token, q = self.selector.propose(self._logits(h[0, -1], exit_layer))
+            self._place(token, S.DRAFTED, "draft", q)
             yield from self._drain()
             if token in self.eos or self._stop.is_set():
                 break
 
-    def _judge_at_verifier(self, first: int, preds: list[int]) -> None:
-        """Tentatively accept the drafts matching the verifier; replace the first mismatch."""
-        block = self.stack.tokens[first:]
-        n_ok = self._accepted("verify", block, preds)
+    def _judge_at_verifier(self, first: int, logits) -> None:
+        """Tentatively accept the drafts the verifier agrees with; replace the first rejected one."""
+        n_ok, token, dist, dists = self._judge_block("verify", first, logits)
         for pos in range(first, first + n_ok):
+            self._proposal[self.stack.serials[pos]] = dists[pos - first]  # now drawn, in effect, from p_verify
             self._mark(pos, S.TENTATIVE, "verify")
-        if n_ok < len(block):
+        if n_ok < len(dists):
             self._reject_from(first + n_ok, S.VERIFY_REJECTED, "verify")
-            self._place(preds[n_ok], S.VERIFY_WROTE, "verify")
+            self._place(token, S.VERIFY_WROTE, "verify", dist)
 
     def _verify_with_target(self) -> None:
         """Run the rest of the model on every pending token; commit the matching prefix,
@@ -213,15 +231,14 @@ class Decoder:
         want_bonus = self._room() > 0 and pending[-1] not in self.eos
         end = len(stack) if want_bonus else len(stack) - 1
         _, h = stack.run_to(len(stack.boundaries) - 1, end)
-        preds = self._predict(h[:, first - 1 - end :], self.ee.num_layers)
-        n_ok = self._accepted("target", pending, preds)
+        n_ok, token, _, _ = self._judge_block("target", first, self._logits(h[0, first - 1 - end :], self.ee.num_layers))
         for pos in range(first, first + n_ok):
             if self._commit(pos, S.ACCEPTED):
                 self._reject_from(pos + 1, S.DISCARDED, "target")
                 return
         if n_ok < len(pending):
             self._reject_from(first + n_ok, S.TARGET_REJECTED, "target")
-        self._write(preds[n_ok], "target")
+        self._write(token, "target")
 
     # ---- bookkeeping -------------------------------------------------------------------
     def _start(self, boundaries, names) -> StageStack:
@@ -234,16 +251,22 @@ class Decoder:
             self.stack.append(token)
         self.committed = len(self.prompt_ids)
         _, h = self.stack.run_to(len(self.stack.boundaries) - 1, len(self.prompt_ids))
-        self._write(self._predict(h[:, -1:], self.ee.num_layers)[0], "target")
+        self._write(self.selector.propose(self._logits(h[0, -1], self.ee.num_layers))[0], "target")
         yield from self._drain(stage="prefill")
 
-    def _accepted(self, stage: str, tokens: list[int], preds: list[int]) -> int:
-        if self._judge is not None:
-            return self._judge(stage, len(tokens))
-        return _matching_prefix(tokens, preds)
+    def _judge_block(self, stage: str, first: int, logits):
+        """The stage's verdict on the pending tokens from `first` on: (accepted count, the
+        stage's own next token, its distribution, the stage's distribution per row)."""
+        tokens = self.stack.tokens[first:]
+        proposals = [self._proposal.get(s) for s in self.stack.serials[first:]]
+        n_ok, token, dist, dists = self.selector.judge(tokens, proposals, logits)
+        if self._judge is not None:  # timing only: the verdict comes from a fixed acceptance rate
+            n_ok = self._judge(stage, len(tokens))
+            token = int(logits[n_ok].argmax()) if n_ok < len(logits) else None
+        return n_ok, token, dist, dists
 
-    def _predict(self, hidden, layer: int) -> list[int]:
-        return self.ee.exit_logits(hidden, layer).argmax(-1)[0].tolist()
+    def _logits(self, hidden, layer: int):
+        return self.ee.exit_logits(hidden, layer)
 
     def _room(self) -> int:
         return self.config.max_new_tokens - (len(self.stack) - len(self.prompt_ids))
@@ -253,11 +276,13 @@ class Decoder:
             self.finish_reason = "stopped"
         return self.finish_reason is not None
 
-    def _place(self, token: int, state: TokenState, origin: str) -> None:
+    def _place(self, token: int, state: TokenState, origin: str, dist=None) -> None:
         pos = len(self.stack)
         text = self.detok.piece(self.stack.tokens, token)
         serial = self.stack.append(token)
         self._texts[serial] = (text, origin)
+        if dist is not None:
+            self._proposal[serial] = dist
         self._emit(pos, state, origin)
 
     def _write(self, token: int, stage: str) -> None:
@@ -342,15 +367,6 @@ class SyntheticAcceptance:
 
     def describe(self) -> str:
         return f"synthetic acceptance {self.rates} (timing only, output is not the model's)"
-
-
-def _matching_prefix(tokens: list[int], preds: list[int]) -> int:
-    n = 0
-    for token, pred in zip(tokens, preds):
-        if token != pred:
-            break
-        n += 1
-    return n
 
 
 def decode(ee: EarlyExitModel, prompt_ids: list[int], config: DecodeConfig, **kwargs) -> Iterator[Event]:

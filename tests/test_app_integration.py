@@ -96,12 +96,15 @@ def client(served):
     return Client(served[0], verbose=False)
 
 
+GREEDY = (0.0, 0, 1.0, -1)  # temperature, top-k, top-p, seed
+
+
 def call(client: Client, *args, api_name: str, timeout: float = TIMEOUT_S):
     return client.submit(*args, api_name=api_name).result(timeout=timeout)
 
 
 def generate(client: Client, prompt: str, settings=HISPEC, max_new: int = 40, model: str = MODEL, chat=True):
-    return call(client, prompt, model, *settings, max_new, chat, api_name="/generate")
+    return call(client, prompt, model, *settings, max_new, chat, *GREEDY, api_name="/generate")
 
 
 def expected(lm: LoadedModel, prompt: str, settings=HISPEC, max_new: int = 40, chat=True):
@@ -150,7 +153,8 @@ def test_generate_api_order(client):
     params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
     labels = [p["label"] for p in params]
     assert labels == ["Prompt", "Model", "Method", "Draft layer d", "Verify layer v", "draft_len",
-                      "verify_threshold", "Max new tokens", "Use the chat template"], labels
+                      "verify_threshold", "Max new tokens", "Use the chat template", "Temperature",
+                      "Top-k (0 = off)", "Top-p (1 = off)", "Seed (-1 = random)"], labels
 
 
 def test_generate_colours_tokens_and_matches_the_engine(served, client):
@@ -169,7 +173,7 @@ def test_generate_colours_tokens_and_matches_the_engine(served, client):
 
 # ---- (b) compare ------------------------------------------------------------------------------------
 def test_compare_finds_identical_tokens(client):
-    status, table, figure = call(client, PROMPT, MODEL, *HISPEC, 40, True,
+    status, table, figure = call(client, PROMPT, MODEL, *HISPEC, 40, True, *GREEDY,
                                  ["Autoregressive", "LayerSkip (single exit)"], api_name="/compare")
     assert "Comparison done" in plain(status), status
     rows = re.findall(r"<tr><td>(hispec|autoregressive|layerskip)</td><td>(\d+)</td>.*?</tr>", table)
@@ -187,7 +191,7 @@ def test_stop_ends_the_visitors_generation(served, client):
     if handlers.MAX_NEW_TOKENS < budget:
         pytest.skip(f"HISPEC_MAX_NEW_TOKENS={handlers.MAX_NEW_TOKENS} is below this test's budget")
     with slow_full_model(lm, 0.03):  # unstopped, this takes 230 x 30 ms = 7 s at least
-        job = client.submit(LONG_PROMPT, MODEL, *HISPEC, budget, True, api_name="/generate")
+        job = client.submit(LONG_PROMPT, MODEL, *HISPEC, budget, True, *GREEDY, api_name="/generate")
         deadline = time.monotonic() + 30
         while not any(isinstance(o, (list, tuple)) and "hs-tok" in (o[1] or "") for o in job.outputs()):
             assert not job.done(), f"finished before it could be stopped: {job.outputs()[-1:]}"
@@ -216,7 +220,7 @@ def test_stop_of_another_visitor_does_not_stop_mine(served):
     _, lm = served
     mine, other = Client(served[0], verbose=False), Client(served[0], verbose=False)
     with slow_full_model(lm, 0.005):
-        job = mine.submit(PROMPT, MODEL, *HISPEC, 60, True, api_name="/generate")
+        job = mine.submit(PROMPT, MODEL, *HISPEC, 60, True, *GREEDY, api_name="/generate")
         time.sleep(0.3)
         call(other, api_name="/stop")
         out = job.result(timeout=TIMEOUT_S)
@@ -228,8 +232,8 @@ def test_concurrent_visitors_get_their_own_outputs(served):
     url, lm = served
     a, b = Client(url, verbose=False), Client(url, verbose=False)
     with slow_full_model(lm, 0.005):  # long enough that the two generations overlap
-        jobs = [(PROMPT, a.submit(PROMPT, MODEL, *HISPEC, 50, True, api_name="/generate")),
-                (OTHER_PROMPT, b.submit(OTHER_PROMPT, MODEL, *HISPEC, 50, True, api_name="/generate"))]
+        jobs = [(PROMPT, a.submit(PROMPT, MODEL, *HISPEC, 50, True, *GREEDY, api_name="/generate")),
+                (OTHER_PROMPT, b.submit(OTHER_PROMPT, MODEL, *HISPEC, 50, True, *GREEDY, api_name="/generate"))]
         outs = [(prompt, job.result(timeout=TIMEOUT_S)) for prompt, job in jobs]
     assert committed_text(outs[0][1][1]) != committed_text(outs[1][1][1])
     for prompt, out in outs:
@@ -278,8 +282,8 @@ def test_max_new_tokens_over_the_limit_is_refused(served, client):
 
 
 def test_compare_rejects_bad_input_in_its_status(client):
-    status, *_ = call(client, "", MODEL, *HISPEC, 20, True, ["Autoregressive"], api_name="/compare")
+    status, *_ = call(client, "", MODEL, *HISPEC, 20, True, *GREEDY, ["Autoregressive"], api_name="/compare")
     assert "prompt is empty" in plain(status)
-    status, *_ = call(client, PROMPT, MODEL, "Autoregressive", 1, 2, 2, 4, 20, True, ["Autoregressive"],
+    status, *_ = call(client, PROMPT, MODEL, "Autoregressive", 1, 2, 2, 4, 20, True, *GREEDY, ["Autoregressive"],
                       api_name="/compare")
     assert "at least one baseline" in plain(status)

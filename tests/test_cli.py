@@ -80,3 +80,15 @@ def test_help_explains_options():
     for option in ("--draft-layer", "--verify-layer", "--draft-len", "--verify-threshold", "--raw", "--json",
                    "--prompts", "--max-new-tokens"):
         assert option in out.stdout
+
+
+def test_sampling_flags_are_seeded_and_checked(folder, capsys):
+    argv = ["generate", "--model", folder, "--prompt", "hi", "--max-new-tokens", "10", "--json",
+            "--method", "hispec", "--draft-layer", "2", "--verify-layer", "5",
+            "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "3"]
+    assert main(argv) == 0 and main(argv) == 0
+    first, second = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert first["token_ids"] == second["token_ids"]
+    assert first["settings"]["temperature"] == 0.9 and first["settings"]["seed"] == 3
+    assert main(["generate", "--model", folder, "--prompt", "hi", "--top-p", "0"]) == 2
+    assert "top_p must be in (0, 1]" in capsys.readouterr().err

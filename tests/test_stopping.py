@@ -93,3 +93,21 @@ def test_context_limit_is_checked_before_running(tiny_llama):
         run(ee_of(tiny_llama), [5] * 250, DecodeConfig("hispec", max_new_tokens=7))
     r = run(ee_of(tiny_llama), [5] * 250, DecodeConfig("hispec", max_new_tokens=6))
     assert len(r.token_ids) == 6
+
+
+def test_stop_discards_pending_tokens(tiny_llama):
+    """Drafts and tentative tokens pending when Stop lands end up discarded, never shown as live."""
+    stop = threading.Event()
+    events = []
+
+    def on_event(ev):
+        events.append(ev)
+        if isinstance(ev, TokenEvent) and ev.state is TokenState.DRAFTED and ev.index >= 6:
+            stop.set()  # lands in the middle of a draft block
+
+    config = DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=8, max_new_tokens=60)
+    r = run(ee_of(tiny_llama), [5, 6, 7], config, on_event=on_event, stop=stop)
+    final = {t.serial: t.state for t in r.trace}
+    assert not {TokenState.DRAFTED, TokenState.TENTATIVE, TokenState.VERIFY_WROTE} & set(final.values())
+    assert TokenState.DISCARDED in final.values()
+    assert r.token_ids == hf_greedy(tiny_llama, [5, 6, 7], 60)[: len(r.token_ids)]

@@ -8,6 +8,7 @@ import os
 import queue
 import threading
 import time
+from dataclasses import replace
 from typing import Iterator
 
 from hispec.decoding import DecodeConfig, Decoder
@@ -29,7 +30,7 @@ WAIT_STEP_S = 0.5
 
 
 def make_config(method_label: str, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
-                limit: int = MAX_NEW_TOKENS) -> DecodeConfig:
+                temperature=0.0, top_k=0, top_p=1.0, seed=None, limit: int = MAX_NEW_TOKENS) -> DecodeConfig:
     """A DecodeConfig from UI values, with errors a visitor can read."""
     if method_label not in METHODS:
         raise HiSpecError(f"unknown method '{method_label}'; choose from {', '.join(METHODS)}")
@@ -45,9 +46,16 @@ def make_config(method_label: str, draft_layer, verify_layer, draft_len, verify_
         values[name] = int(number)
     if values["max new tokens"] > limit:
         raise HiSpecError(f"max new tokens {values['max new tokens']} is over this app's limit of {limit}")
+    try:
+        temperature, top_p = float(temperature), float(top_p)
+        top_k = int(top_k or 0)
+        seed = None if seed in (None, "", -1) else int(seed)
+    except (TypeError, ValueError):
+        raise HiSpecError("temperature and top-p must be numbers, top-k and seed whole numbers") from None
     method = METHODS[method_label]
     config = DecodeConfig(method, values["draft layer"], values["verify layer"] if method == "hispec" else None,
-                          values["draft length"], values["verify threshold"], values["max new tokens"])
+                          values["draft length"], values["verify threshold"], values["max new tokens"],
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     config.validate()
     return config
 
@@ -124,12 +132,16 @@ def _in_background(decoder: Decoder, lock: threading.Lock, throttle_s: float) ->
     threading.Thread(target=work, name="hispec-generation", daemon=True).start()
     finished = False
     while not finished:
-        batch, deadline = [], time.perf_counter() + throttle_s
+        batch, deadline = [], None
         while not finished:
-            try:
-                item = events.get(timeout=max(0.0, deadline - time.perf_counter()))
-            except queue.Empty:
-                break
+            if deadline is None:  # block for the first event of a batch: no busy waiting
+                item = events.get()
+                deadline = time.perf_counter() + throttle_s
+            else:
+                try:
+                    item = events.get(timeout=max(0.0, deadline - time.perf_counter()))
+                except queue.Empty:
+                    break
             if item is _END:
                 finished = True
             elif isinstance(item, BaseException):
@@ -172,9 +184,8 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
         return
     try:
         lm = registry.get(model_name)
-        configs = [DecodeConfig(m, config.draft_layer, config.verify_layer if m == "hispec" else None,
-                                config.draft_len, config.verify_threshold, config.max_new_tokens
-                                ).resolve(lm.ee.num_layers) for m in methods]
+        configs = [replace(config, method=m, verify_layer=config.verify_layer if m == "hispec" else None
+                           ).resolve(lm.ee.num_layers) for m in methods]
         ids = lm.encode(prompt, chat=chat)
     except HiSpecError as exc:
         yield _error(str(exc))
@@ -193,7 +204,7 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
             rows.append({"method": c.method, "tokens_per_s": r.stats["tokens_per_s"], "new_tokens": len(r.token_ids),
                          "wall_s": r.stats["wall_s"], "token_ids": r.token_ids, "text": r.text,
                          "acceptance": r.stats["acceptance"], "finish_reason": r.stats["finish_reason"]})
-        yield {"rows": rows, "done": True, "status": "Comparison done." if len(rows) == len(configs) else "Stopped."}
+        yield {"rows": rows, "done": True, "sampling": config.temperature > 0, "status": "Comparison done." if len(rows) == len(configs) else "Stopped."}
     except Exception as exc:
         log.exception("comparison failed")
         yield _error(f"Comparison failed ({type(exc).__name__}: {exc}). The app is still running; try again.")

@@ -1,0 +1,90 @@
+"""Token selection: greedy, or sampling that stays lossless through every verification stage.
+
+Speculative sampling (Leviathan et al., Chen et al.) at each stage: a pending token x, drawn
+from a proposal distribution r, is accepted with probability min(1, p(x) / r(x)), where p is the
+judging stage's distribution; on rejection the stage samples from the normalised residual
+max(0, p - r). Tokens leaving a stage are then distributed exactly as p. In HiSpec the verifier
+judges drafts (r = q_draft, p = p_verify) and the target judges tentative tokens
+(r = p_verify, p = p_target), so the output is distributed exactly as sampling from the target.
+Both sides of every comparison use the same warped (temperature, top-k, top-p) distributions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities after temperature, top-k and top-p, row by row (float32, on the CPU)."""
+    logits = logits.float().cpu() / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if params.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cumulative - sorted_logits.softmax(-1) >= params.top_p  # keeps the token crossing top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), -math.inf)
+    return logits.softmax(-1)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The distribution to resample from after a rejection: normalised max(0, p - q)."""
+    r = (p - q).clamp(min=0)
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+class Selector:
+    """Chooses tokens for one generation: argmax when greedy, else seeded sampling."""
+
+    def __init__(self, params: SamplingParams, seed: int | None = None):
+        self.params = params
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    def _draw(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def propose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """A token from one row of logits, with the distribution it was drawn from."""
+        if self.params.greedy:
+            return int(logits.argmax(-1)), None
+        probs = warp(logits, self.params)
+        return self._draw(probs), probs
+
+    def judge(self, tokens: list[int], proposals: list, logits: torch.Tensor):
+        """Judge pending tokens against a stage's logits (one row per token, plus one more row
+        when a bonus token is possible). Returns (accepted count, next token or None,
+        its distribution, the stage's distributions per row)."""
+        if self.params.greedy:
+            preds = logits.argmax(-1).tolist()
+            n_ok = 0
+            while n_ok < len(tokens) and tokens[n_ok] == preds[n_ok]:
+                n_ok += 1
+            return n_ok, (preds[n_ok] if n_ok < len(preds) else None), None, [None] * len(preds)
+        probs = warp(logits, self.params)
+        for i, (x, q) in enumerate(zip(tokens, proposals)):
+            u = float(torch.rand((), generator=self.generator))
+            if u * float(q[x]) >= float(probs[i, x]):  # reject with probability 1 - min(1, p/q)
+                return i, self._draw(residual(probs[i], q)), probs[i], list(probs)
+        if len(probs) > len(tokens):
+            return len(tokens), self._draw(probs[len(tokens)]), probs[len(tokens)], list(probs)
+        return len(tokens), None, None, list(probs)
