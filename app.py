@@ -23,13 +23,11 @@ import gradio as gr
 
 from hispec.decoding import default_draft_layer, default_verify_layer
 from hispec.errors import HiSpecError
+from hispec.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.service import ModelRegistry
 from ui import charts, handlers, render
 
 ASSETS = Path(__file__).parent / "assets"
-ON_SPACES = bool(os.environ.get("SPACE_ID"))
-LAYERSKIP_CHECKPOINT = "facebook/layerskip-llama3.2-1B"
-QUEUE_SIZE = int(os.environ.get("HISPEC_QUEUE_SIZE", "16"))
 log = logging.getLogger("hispec.app")
 
 HOW_IT_WORKS = """
@@ -60,13 +58,16 @@ class App:
     def __init__(self, registry: ModelRegistry, model_name: str, model_choices: list[str]):
         self.registry = registry
         self.model_name = model_name
-        self.model_choices = model_choices
+        self.limits = registry.limits
+        allowed = self.limits.allowed_models
+        self.model_choices = model_choices if allowed is None else [m for m in model_choices if m in allowed]
+        self.guard = handlers.Guard(self.limits)
         self._stops: dict[str, threading.Event] = {}
 
     # ---- per-visitor stop -----------------------------------------------------------------
     def _new_stop(self, request: gr.Request | None) -> tuple[str, threading.Event]:
         """A fresh Stop flag for this visitor (Stop ends the visitor's newest run)."""
-        key = getattr(request, "session_hash", None) or "anonymous"
+        key = _visitor(request)
         self._stops[key] = threading.Event()
         return key, self._stops[key]
 
@@ -76,7 +77,7 @@ class App:
             del self._stops[key]
 
     def stop(self, request: gr.Request | None = None) -> str:
-        key = getattr(request, "session_hash", None) or "anonymous"
+        key = _visitor(request)
         if key in self._stops:
             self._stops[key].set()
         return render.message_html("Stopping…", "info")
@@ -86,8 +87,9 @@ class App:
                  top_p=1.0, seed=-1, request: gr.Request = None):
         key, stop = self._new_stop(request)
         try:
-            config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed)
-            for snap in _generation_gpu(self.registry, model_name, prompt, config, bool(chat), stop):
+            config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed,
+                                          limit=self.limits.max_new_tokens)
+            for snap in _generation_gpu(self.registry, model_name, prompt, config, bool(chat), stop, self.guard, key):
                 yield self._views(snap)
         except HiSpecError as exc:
             yield self._views({"error": str(exc)})
@@ -98,9 +100,10 @@ class App:
                 baselines, request: gr.Request = None):
         key, stop = self._new_stop(request)
         try:
-            config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed)
+            config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed,
+                                          limit=self.limits.max_new_tokens)
             for snap in _compare_gpu(self.registry, model_name, prompt, config, bool(chat), list(baselines or []),
-                                     stop):
+                                     stop, self.guard, key):
                 if snap.get("error"):
                     yield render.message_html(snap["error"]), gr.skip(), gr.skip()
                 elif "rows" in snap:
@@ -165,7 +168,7 @@ class App:
                 with gr.Column(scale=2):
                     with gr.Row():
                         model = gr.Dropdown(self.model_choices, value=self.model_name, label="Model",
-                                            allow_custom_value=not ON_SPACES, scale=3,
+                                            allow_custom_value=self.limits.allowed_models is None, scale=3,
                                             info="'default' is the embedded SmolLM2-135M; or a Hugging Face id / folder")
                         load_btn = gr.Button("Load", scale=1)
                     info = gr.Markdown(model_info(self.model_name, lm))
@@ -178,8 +181,8 @@ class App:
                                           info="tokens drafted per block")
                     verify_threshold = gr.Slider(1, 16, value=4, step=1, label="verify_threshold",
                                                  info="tentative tokens that trigger the full model")
-                    max_new = gr.Slider(1, handlers.MAX_NEW_TOKENS, value=min(96, handlers.MAX_NEW_TOKENS), step=1,
-                                        label="Max new tokens")
+                    max_new = gr.Slider(1, self.limits.max_new_tokens, value=min(96, self.limits.max_new_tokens),
+                                        step=1, label="Max new tokens")
                     chat = gr.Checkbox(True, label="Use the chat template")
                     with gr.Accordion("Sampling (temperature 0 = greedy, exact)", open=False):
                         temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature",
@@ -199,6 +202,7 @@ class App:
                 compare_status = gr.HTML("")
                 compare_out = gr.HTML("", elem_id="hs-compare")
                 compare_plot = gr.Plot(label="Comparison")
+            gr.Markdown(self.limits.describe(), elem_id="hs-limits")
             with gr.Accordion("How it works", open=False):
                 gr.Markdown(HOW_IT_WORKS)
                 gr.HTML(render.legend_html())
@@ -235,14 +239,21 @@ def _empty_trace():
     return Trace()
 
 
+def _visitor(request: gr.Request | None) -> str:
+    """Who is asking: the Gradio session (one per browser tab or API client)."""
+    return getattr(request, "session_hash", None) or "anonymous"
+
+
 @gpu(120)
-def _generation_gpu(registry, model_name, prompt, config, chat, stop):
-    yield from handlers.generation_stream(registry, model_name, prompt, config, chat, stop)
+def _generation_gpu(registry, model_name, prompt, config, chat, stop, guard, visitor):
+    yield from handlers.generation_stream(registry, model_name, prompt, config, chat, stop, guard=guard,
+                                          visitor=visitor)
 
 
 @gpu(240)
-def _compare_gpu(registry, model_name, prompt, config, chat, baselines, stop):
-    yield from handlers.compare_stream(registry, model_name, prompt, config, chat, baselines, stop)
+def _compare_gpu(registry, model_name, prompt, config, chat, baselines, stop, guard, visitor):
+    yield from handlers.compare_stream(registry, model_name, prompt, config, chat, baselines, stop, guard=guard,
+                                       visitor=visitor)
 
 
 def model_info(name: str, lm) -> str:
@@ -298,14 +309,15 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     choices = default_model_choices()
     model_name = os.environ.get("HISPEC_MODEL", choices[0])
-    registry = ModelRegistry(device=os.environ.get("HISPEC_DEVICE", "auto"))
+    limits = Limits.from_env()
+    registry = ModelRegistry(device=os.environ.get("HISPEC_DEVICE", "auto"), limits=limits)
     print(f"HiSpec: loading {model_name}…", file=sys.stderr, flush=True)
     try:
         registry.get(model_name, progress=lambda msg: print(f"HiSpec: {msg}", file=sys.stderr, flush=True))
     except HiSpecError as exc:
         sys.exit(f"HiSpec: {exc}")
     demo = App(registry, model_name, choices).build()
-    demo.queue(max_size=QUEUE_SIZE).launch(**launch_kwargs())
+    demo.queue(max_size=limits.queue_size).launch(**launch_kwargs())
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from typing import Callable
 import torch
 
 from .early_exit import SUPPORTED_ARCHITECTURES, EarlyExitModel
-from .errors import ModelLoadError
+from .errors import ConfigError, ModelLoadError
+from .limits import check_fits
 
 DEFAULT_MODEL = "default"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,6 +56,11 @@ class LoadedModel:
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of a prompt; chat prompts go through the model's chat template if it has one."""
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError("the prompt contains characters that are not valid Unicode text "
+                              "(unpaired surrogates); remove them") from None
         if chat and getattr(self.tokenizer, "chat_template", None):
             ids = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
@@ -171,6 +177,8 @@ def load_model(
             f"model '{name}' is a '{getattr(config, 'model_type', '?')}' model; "
             f"the engine supports {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    if not device_map:  # refuse what cannot fit before any weight is read or downloaded
+        check_fits(name, estimate_bytes(config, torch_dtype), device)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=False, attn_implementation="sdpa")
     if device_map:
         kwargs["device_map"] = device_map
@@ -185,6 +193,19 @@ def load_model(
     load_s = time.perf_counter() - t0
     _say(progress, f"Loaded {name} ({ee.num_layers} layers) in {load_s:.1f} s")
     return LoadedModel(name, model, tokenizer, ee, device, str(torch_dtype).replace("torch.", ""), load_s, source)
+
+
+def estimate_bytes(config, dtype: torch.dtype) -> int:
+    """Weight bytes of a decoder-only model from its config (embeddings, attention, MLP, head)."""
+    h = config.hidden_size
+    layers = config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    inter = getattr(config, "intermediate_size", 4 * h)
+    per_layer = h * head_dim * (2 * heads + 2 * kv) + 3 * h * inter
+    embeddings = config.vocab_size * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    return (layers * per_layer + embeddings) * torch.empty((), dtype=dtype).element_size()
 
 
 def _explain_load_failure(name: str, exc: Exception) -> str:

@@ -10,13 +10,15 @@ from collections import OrderedDict
 from typing import Callable
 
 from .errors import ModelLoadError
+from .limits import Limits
 from .loading import LoadedModel, load_model
 
 
 class ModelRegistry:
     def __init__(self, device: str = "auto", dtype: str = "auto", max_loaded: int = 2,
-                 loader: Callable[..., LoadedModel] = load_model):
+                 loader: Callable[..., LoadedModel] = load_model, limits: Limits | None = None):
         self.device, self.dtype, self.max_loaded = device, dtype, max_loaded
+        self.limits = limits or Limits()
         self._loader = loader
         self._models: OrderedDict[str, LoadedModel] = OrderedDict()
         self._gen_locks: dict[str, threading.Lock] = {}
@@ -39,6 +41,7 @@ class ModelRegistry:
             if name in self._models:
                 self._models.move_to_end(name)
                 return self._models[name]
+            self.limits.check_model(name)  # before anything could be downloaded
             lm = self._loader(name, device=self.device, dtype=self.dtype, progress=progress)
             while len(self._models) >= self.max_loaded:
                 evicted, _ = self._models.popitem(last=False)

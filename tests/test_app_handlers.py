@@ -7,7 +7,6 @@ import threading
 import pytest
 from helpers import EOS, char_tokenizer, tiny_model
 
-from hispec.decoding import DecodeConfig
 from hispec.early_exit import EarlyExitModel
 from hispec.errors import HiSpecError
 from hispec.events import TokenEvent

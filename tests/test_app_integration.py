@@ -23,6 +23,7 @@ import helpers  # noqa: E402
 from hispec.early_exit import EarlyExitModel  # noqa: E402
 from hispec.loading import LoadedModel  # noqa: E402
 from hispec.runner import run  # noqa: E402
+from hispec.limits import Limits
 from hispec.service import ModelRegistry  # noqa: E402
 from hispec.text import Detokenizer  # noqa: E402
 from ui import handlers, render  # noqa: E402
@@ -52,7 +53,7 @@ def tiny_loaded_model() -> LoadedModel:
 
 
 @contextlib.contextmanager
-def serve_tiny_app():
+def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None):
     """The app's page on the tiny model, served on a free loopback port; yields (url, LoadedModel).
 
     Torch runs single-threaded meanwhile: the generation runs in a worker thread of the server,
@@ -61,13 +62,13 @@ def serve_tiny_app():
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    lm = tiny_loaded_model()
-    registry = ModelRegistry(device="cpu")
+    lm = lm or tiny_loaded_model()
+    registry = ModelRegistry(device="cpu", limits=limits or Limits(rate_per_minute=0))
     registry.add(MODEL, lm)
     demo = app.App(registry, MODEL, [MODEL]).build()
     port = free_port()
     try:
-        demo.queue(max_size=16).launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port,
+        demo.queue(max_size=registry.limits.queue_size).launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port,
                                        quiet=True, **app.launch_kwargs())
         yield f"http://127.0.0.1:{port}/", lm
     finally:

@@ -4,7 +4,7 @@ from collections import defaultdict
 
 import pytest
 import torch
-from helpers import ee_of, tiny_model
+from helpers import ee_of
 
 from hispec.cache import LayerKVCache
 from hispec.decoding import DecodeConfig, Decoder

@@ -4,7 +4,6 @@ run under ZeroGPU's decorator; app.py turns the dicts into components and figure
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -14,6 +13,7 @@ from typing import Iterator
 from hispec.decoding import DecodeConfig, Decoder
 from hispec.errors import HiSpecError
 from hispec.events import DoneEvent
+from hispec.limits import Limits, RateLimiter
 from hispec.metrics import StatsCollector
 from hispec.runner import run
 from hispec.service import ModelRegistry
@@ -25,7 +25,7 @@ from .render import legend_html, tokens_html
 log = logging.getLogger("hispec.app")
 
 METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Autoregressive": "autoregressive"}
-MAX_NEW_TOKENS = int(os.environ.get("HISPEC_MAX_NEW_TOKENS", "512"))
+MAX_NEW_TOKENS = Limits.from_env().max_new_tokens
 WAIT_STEP_S = 0.5
 
 
@@ -64,6 +64,33 @@ def _error(message: str) -> dict:
     return {"error": message, "done": True}
 
 
+class Guard:
+    """The server's limits for one request: rate limit, prompt size, wall time."""
+
+    def __init__(self, limits: Limits, rate: RateLimiter | None = None):
+        self.limits = limits
+        self.rate = rate or RateLimiter(limits.rate_per_minute)
+
+    def admit(self, visitor: str, prompt_tokens: int, max_new_tokens: int) -> None:
+        self.limits.check_request(prompt_tokens, max_new_tokens)
+        self.rate.check(visitor)
+
+    def timer(self, stop: threading.Event) -> tuple[threading.Timer, threading.Event]:
+        """Sets `stop` once the request has run for the allowed wall time."""
+        expired = threading.Event()
+
+        def fire():
+            expired.set()
+            stop.set()
+
+        timer = threading.Timer(self.limits.max_seconds, fire)
+        timer.daemon = True
+        return timer, expired
+
+
+OPEN = Guard(Limits(max_prompt_tokens=10**9, max_new_tokens=10**9, max_seconds=10**9, rate_per_minute=0))
+
+
 def _acquire(lock: threading.Lock, stop: threading.Event):
     """Wait for the model, telling the visitor why; gives up (returns False) on Stop."""
     while not lock.acquire(timeout=WAIT_STEP_S):
@@ -74,7 +101,8 @@ def _acquire(lock: threading.Lock, stop: threading.Event):
 
 
 def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, config: DecodeConfig, chat: bool,
-                      stop: threading.Event, throttle_s: float = 0.3, charts_every_s: float = 1.0) -> Iterator[dict]:
+                      stop: threading.Event, throttle_s: float = 0.3, charts_every_s: float = 1.0,
+                      guard: Guard = OPEN, visitor: str = "local") -> Iterator[dict]:
     """Snapshots of one generation: coloured tokens, stats, history rows, status.
     `charts` in a snapshot says whether to redraw the charts (at most every `charts_every_s`)."""
     if not isinstance(prompt, str) or not prompt.strip():
@@ -86,15 +114,22 @@ def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, con
         lm = registry.get(model_name)
         config = config.resolve(lm.ee.num_layers)
         ids = lm.encode(prompt, chat=chat)
+        guard.admit(visitor, len(ids), config.max_new_tokens)
         decoder = Decoder(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
     except HiSpecError as exc:
         yield _error(str(exc))
+        return
+    except Exception as exc:  # e.g. a tokenizer choking on odd input: a message, never a crash
+        log.exception("could not prepare a generation")
+        yield _error(f"Could not prepare this request ({type(exc).__name__}: {exc}).")
         return
     lock = registry.generation_lock(model_name)
     if not (yield from _acquire(lock, stop)):
         yield _error("Stopped before the generation started.")
         return
     stats, trace, done, charted = StatsCollector(config.method), Trace(), None, 0.0
+    timer, expired = guard.timer(stop)
+    timer.start()
     try:
         for batch in _in_background(decoder, lock, throttle_s):
             for ev in batch:
@@ -102,6 +137,8 @@ def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, con
                 trace.add(ev)
                 done = ev if isinstance(ev, DoneEvent) else done
             snap = _snapshot(stats, trace, config, done, lm)
+            if done is not None and expired.is_set():
+                snap["status"] = f"Stopped at this server's time limit of {guard.limits.max_seconds:g} s per request."
             snap["charts"] = done is not None or time.perf_counter() - charted >= charts_every_s
             charted = time.perf_counter() if snap["charts"] else charted
             yield snap
@@ -109,6 +146,7 @@ def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, con
         log.exception("generation failed")
         yield _error(f"Generation failed ({type(exc).__name__}: {exc}). The app is still running; try again.")
     finally:
+        timer.cancel()
         if done is None:  # the visitor went away or it failed: end the worker's generation
             stop.set()
 
@@ -173,7 +211,8 @@ def _snapshot(stats: StatsCollector, trace: Trace, config: DecodeConfig, done: D
 
 
 def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config: DecodeConfig, chat: bool,
-                   baselines: list[str], stop: threading.Event) -> Iterator[dict]:
+                   baselines: list[str], stop: threading.Event, guard: Guard = OPEN,
+                   visitor: str = "local") -> Iterator[dict]:
     """Run the chosen method and each baseline on the same prompt, one after the other."""
     if not isinstance(prompt, str) or not prompt.strip():
         yield _error("The prompt is empty: type something or pick an example.")
@@ -187,13 +226,20 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
         configs = [replace(config, method=m, verify_layer=config.verify_layer if m == "hispec" else None
                            ).resolve(lm.ee.num_layers) for m in methods]
         ids = lm.encode(prompt, chat=chat)
+        guard.admit(visitor, len(ids), config.max_new_tokens)
     except HiSpecError as exc:
         yield _error(str(exc))
+        return
+    except Exception as exc:
+        log.exception("could not prepare a comparison")
+        yield _error(f"Could not prepare this request ({type(exc).__name__}: {exc}).")
         return
     lock = registry.generation_lock(model_name)
     if not (yield from _acquire(lock, stop)):
         yield _error("Stopped before the comparison started.")
         return
+    timer, expired = guard.timer(stop)
+    timer.start()
     try:
         rows = []
         for c in configs:
@@ -204,9 +250,13 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
             rows.append({"method": c.method, "tokens_per_s": r.stats["tokens_per_s"], "new_tokens": len(r.token_ids),
                          "wall_s": r.stats["wall_s"], "token_ids": r.token_ids, "text": r.text,
                          "acceptance": r.stats["acceptance"], "finish_reason": r.stats["finish_reason"]})
-        yield {"rows": rows, "done": True, "sampling": config.temperature > 0, "status": "Comparison done." if len(rows) == len(configs) else "Stopped."}
+        status = ("Comparison done." if len(rows) == len(configs) and not stop.is_set()
+                  else f"Stopped at this server's time limit of {guard.limits.max_seconds:g} s per request."
+                  if expired.is_set() else "Stopped.")
+        yield {"rows": rows, "done": True, "sampling": config.temperature > 0, "status": status}
     except Exception as exc:
         log.exception("comparison failed")
         yield _error(f"Comparison failed ({type(exc).__name__}: {exc}). The app is still running; try again.")
     finally:
+        timer.cancel()
         lock.release()
