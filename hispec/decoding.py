@@ -217,8 +217,8 @@ class Decoder:
         n_ok, token, dist, dists = self._judge_block("verify", first, logits)
         for pos in range(first, first + n_ok):
             self._proposal[self.stack.serials[pos]] = dists[pos - first]  # now drawn, in effect, from p_verify
-            self._mark(pos, S.TENTATIVE, "verify")
-        if n_ok < len(dists):
+            self._emit(pos, S.TENTATIVE, "verify")
+        if first + n_ok < len(self.stack):
             self._reject_from(first + n_ok, S.VERIFY_REJECTED, "verify")
             self._place(token, S.VERIFY_WROTE, "verify", dist)
 
@@ -231,7 +231,8 @@ class Decoder:
         want_bonus = self._room() > 0 and pending[-1] not in self.eos
         end = len(stack) if want_bonus else len(stack) - 1
         _, h = stack.run_to(len(stack.boundaries) - 1, end)
-        n_ok, token, _, _ = self._judge_block("target", first, self._logits(h[0, first - 1 - end :], self.ee.num_layers))
+        logits = self._logits(h[0, first - 1 - end :], self.ee.num_layers)  # rows for pending (+ bonus)
+        n_ok, token, _, _ = self._judge_block("target", first, logits)
         for pos in range(first, first + n_ok):
             if self._commit(pos, S.ACCEPTED):
                 self._reject_from(pos + 1, S.DISCARDED, "target")
@@ -291,7 +292,7 @@ class Decoder:
         self._check_finish(len(self.stack) - 1)
 
     def _commit(self, pos: int, state: TokenState) -> bool:
-        self._mark(pos, state, "target")
+        self._emit(pos, state, "target")
         return self._check_finish(pos)
 
     def _check_finish(self, pos: int) -> bool:
@@ -305,9 +306,6 @@ class Decoder:
         elif any(s in self._text[-(len(s) + 64) :] for s in self.config.stop_strings):
             self.finish_reason = "stop_string"
         return self.finish_reason is not None
-
-    def _mark(self, pos: int, state: TokenState, stage: str) -> None:
-        self._emit(pos, state, stage)
 
     def _reject_from(self, pos: int, state: TokenState, stage: str) -> None:
         for p in range(pos, len(self.stack)):

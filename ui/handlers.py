@@ -100,6 +100,24 @@ def _acquire(lock: threading.Lock, stop: threading.Event):
     return True
 
 
+def _admitted(prepare, registry: ModelRegistry, model_name: str, stop: threading.Event, what: str):
+    """Run `prepare()` (any error becomes a message), then wait for the model. Returns what
+    `prepare` returned, with the model's generation lock held; None if the request ends here."""
+    try:
+        prepared = prepare()
+    except HiSpecError as exc:
+        yield _error(str(exc))
+        return None
+    except Exception as exc:  # e.g. a tokenizer choking on odd input: a message, never a crash
+        log.exception("could not prepare a %s", what)
+        yield _error(f"Could not prepare this request ({type(exc).__name__}: {exc}).")
+        return None
+    if not (yield from _acquire(registry.generation_lock(model_name), stop)):
+        yield _error(f"Stopped before the {what} started.")
+        return None
+    return prepared
+
+
 def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, config: DecodeConfig, chat: bool,
                       stop: threading.Event, throttle_s: float = 0.3, charts_every_s: float = 1.0,
                       guard: Guard = OPEN, visitor: str = "local") -> Iterator[dict]:
@@ -108,25 +126,22 @@ def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, con
     if not isinstance(prompt, str) or not prompt.strip():
         yield _error("The prompt is empty: type something or pick an example.")
         return
-    try:
-        if model_name not in registry.loaded():
-            yield {"status": f"Loading model {model_name}… (the first start of the default model converts it, ~20 s)"}
+    if isinstance(model_name, str) and model_name.strip() and model_name.strip() not in registry.loaded():
+        yield {"status": f"Loading model {model_name}… (the first start of the default model converts it, ~20 s)"}
+
+    def prepare():
         lm = registry.get(model_name)
-        config = config.resolve(lm.ee.num_layers)
+        resolved = config.resolve(lm.ee.num_layers)
         ids = lm.encode(prompt, chat=chat)
-        guard.admit(visitor, len(ids), config.max_new_tokens)
-        decoder = Decoder(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
-    except HiSpecError as exc:
-        yield _error(str(exc))
+        guard.admit(visitor, len(ids), resolved.max_new_tokens)
+        return lm, resolved, Decoder(lm.ee, ids, resolved, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer),
+                                     stop=stop)
+
+    prepared = yield from _admitted(prepare, registry, model_name, stop, "generation")
+    if prepared is None:
         return
-    except Exception as exc:  # e.g. a tokenizer choking on odd input: a message, never a crash
-        log.exception("could not prepare a generation")
-        yield _error(f"Could not prepare this request ({type(exc).__name__}: {exc}).")
-        return
+    lm, config, decoder = prepared
     lock = registry.generation_lock(model_name)
-    if not (yield from _acquire(lock, stop)):
-        yield _error("Stopped before the generation started.")
-        return
     stats, trace, done, charted = StatsCollector(config.method), Trace(), None, 0.0
     timer, expired = guard.timer(stop)
     timer.start()
@@ -221,23 +236,19 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
     if len(methods) < 2:
         yield _error("Pick at least one baseline that differs from the chosen method.")
         return
-    try:
+    def prepare():
         lm = registry.get(model_name)
         configs = [replace(config, method=m, verify_layer=config.verify_layer if m == "hispec" else None
                            ).resolve(lm.ee.num_layers) for m in methods]
         ids = lm.encode(prompt, chat=chat)
         guard.admit(visitor, len(ids), config.max_new_tokens)
-    except HiSpecError as exc:
-        yield _error(str(exc))
+        return lm, configs, ids
+
+    prepared = yield from _admitted(prepare, registry, model_name, stop, "comparison")
+    if prepared is None:
         return
-    except Exception as exc:
-        log.exception("could not prepare a comparison")
-        yield _error(f"Could not prepare this request ({type(exc).__name__}: {exc}).")
-        return
+    lm, configs, ids = prepared
     lock = registry.generation_lock(model_name)
-    if not (yield from _acquire(lock, stop)):
-        yield _error("Stopped before the comparison started.")
-        return
     timer, expired = guard.timer(stop)
     timer.start()
     try:
