@@ -162,7 +162,7 @@ class Decoder:
         yield from self._prefill()
         while not self._finished():
             self.round += 1
-            _, h = stack.run_to(1, len(stack))
+            h = stack.run_to(1, len(stack))
             self._write(self.selector.propose(self._logits(h[0, -1], self.ee.num_layers))[0], "target")
             yield from self._end_round()
 
@@ -192,7 +192,7 @@ class Decoder:
                 break
             # 2. Intermediate verification at exit v: layers [d, v) on the drafts' saved states.
             if len(stack) > first:
-                _, h = stack.run_to(2, len(stack) - 1)
+                h = stack.run_to(2, len(stack) - 1)
                 self._judge_at_verifier(first, self._logits(h[0, first - len(stack) :], cfg.verify_layer))
             # 3. Full verification once enough tentative tokens piled up or the sequence must end.
             tentative = stack.tokens[self.committed :]
@@ -205,7 +205,7 @@ class Decoder:
     def _draft(self, level: int, n: int) -> Iterator[Event]:
         exit_layer = self.stack.boundaries[level]
         for _ in range(n):
-            _, h = self.stack.run_to(level, len(self.stack))
+            h = self.stack.run_to(level, len(self.stack))
             token, q = self.selector.propose(self._logits(h[0, -1], exit_layer))
             self._place(token, S.DRAFTED, "draft", q)
             yield from self._drain()
@@ -230,7 +230,7 @@ class Decoder:
         # The bonus token needs the newest token run through every layer (its first time).
         want_bonus = self._room() > 0 and pending[-1] not in self.eos
         end = len(stack) if want_bonus else len(stack) - 1
-        _, h = stack.run_to(len(stack.boundaries) - 1, end)
+        h = stack.run_to(len(stack.boundaries) - 1, end)
         logits = self._logits(h[0, first - 1 - end :], self.ee.num_layers)  # rows for pending (+ bonus)
         n_ok, token, _, _ = self._judge_block("target", first, logits)
         for pos in range(first, first + n_ok):
@@ -251,7 +251,7 @@ class Decoder:
         for token in self.prompt_ids:
             self.stack.append(token)
         self.committed = len(self.prompt_ids)
-        _, h = self.stack.run_to(len(self.stack.boundaries) - 1, len(self.prompt_ids))
+        h = self.stack.run_to(len(self.stack.boundaries) - 1, len(self.prompt_ids))
         self._write(self.selector.propose(self._logits(h[0, -1], self.ee.num_layers))[0], "target")
         yield from self._drain(stage="prefill")
 

@@ -89,7 +89,7 @@ class StatsCollector:
                 "tokens_per_s": ev.committed / ev.t if ev.t > 0 else 0.0, **self.acceptance()}
 
     def summary(self) -> dict:
-        decode_passes = max(self.full_passes, 0)
+        decode_passes = self.full_passes
         after_first = max(self.new_tokens - 1, 0)
         return {
             "method": self.method,

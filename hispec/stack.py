@@ -57,12 +57,13 @@ class StageStack:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def run_to(self, level: int, end: int) -> tuple[int, torch.Tensor | None]:
+    def run_to(self, level: int, end: int) -> torch.Tensor | None:
         """Compute hidden states at boundary `level` for positions up to `end` (exclusive).
 
-        Returns (first position, hidden states) of what was newly computed at that boundary.
+        Returns the newly computed hidden states at that boundary, for positions from its
+        previous frontier up to `end` (None if there was nothing to compute).
         """
-        start_pos, top = self.frontier[level], None
+        top = None
         for i in range(1, level + 1):
             lo = self.frontier[i]
             if lo >= end:
@@ -80,7 +81,7 @@ class StageStack:
             if i < len(self.boundaries) - 1:
                 saved = self._hidden[i]
                 self._hidden[i] = hidden if saved is None else torch.cat([saved, hidden], dim=1)
-        return start_pos, top
+        return top
 
     def _take_input(self, i: int, lo: int, end: int) -> torch.Tensor:
         """Hidden states at boundary i for positions [lo, end); they are consumed."""

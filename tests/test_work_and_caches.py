@@ -66,10 +66,10 @@ def test_stage_stack_split_equals_one_full_pass(tiny_llama):
     for t in tokens:
         full.append(t)
         split.append(t)
-    _, h_full = full.run_to(1, 8)
+    h_full = full.run_to(1, 8)
     split.run_to(1, 6)  # the draft stage runs ahead
     split.run_to(2, 3)
-    _, h3 = split.run_to(3, 8)
+    h3 = split.run_to(3, 8)
     assert split.frontier == [0, 8, 8, 8]
     # chunking changes fp32 rounding only (hidden values reach ~100 in this model)
     torch.testing.assert_close(h3, h_full, rtol=1e-4, atol=2e-3)
@@ -88,7 +88,7 @@ def test_truncate_cuts_each_stage_back_to_what_it_holds(tiny_llama):
     assert stack.cache_lengths() == [9, 9, 7, 7, 7, 4, 4, 4]
     stack.truncate(6)
     assert stack.cache_lengths() == [6, 6, 6, 6, 6, 4, 4, 4]
-    _, h = stack.run_to(3, 6)  # resumes from the saved hidden states at layer 5
+    h = stack.run_to(3, 6)  # resumes from the saved hidden states at layer 5
     assert h.shape[1] == 2 and stack.cache_lengths() == [6] * 8
 
 
