@@ -25,6 +25,7 @@ from hispec.decoding import default_draft_layer, default_verify_layer
 from hispec.errors import HiSpecError
 from hispec.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.service import ModelRegistry
+from hispec.trace import Trace
 from ui import charts, handlers, render
 
 ASSETS = Path(__file__).parent / "assets"
@@ -159,7 +160,7 @@ class App:
                         stop_btn = gr.Button("Stop", variant="stop")
                         compare_btn = gr.Button("Compare with baseline")
                     status = gr.HTML(render.message_html("Ready.", "info"), elem_id="hs-status")
-                    tokens = gr.HTML(render.tokens_html(_empty_trace()), elem_id="hs-tokens")
+                    tokens = gr.HTML(render.tokens_html(Trace()), elem_id="hs-tokens")
                     show_rejected = gr.Checkbox(True, label="Show rejected tokens (struck through)")
                     legend = gr.HTML(render.legend_html(), elem_id="hs-legend")
                     final = gr.Textbox(label="Output (committed text only)", lines=3, interactive=False,
@@ -209,11 +210,10 @@ class App:
 
             settings = [prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new, chat,
                         temperature, top_k, top_p, seed]
-            gen_event = generate_btn.click(self.generate, settings,
-                                           [status, tokens, legend, final, stats, acc_plot, speed_plot, work_plot],
-                                           concurrency_limit=4, concurrency_id="model", api_name="generate")
-            prompt.submit(self.generate, settings, [status, tokens, legend, final, stats, acc_plot, speed_plot, work_plot],
-                          concurrency_limit=4, concurrency_id="model", api_name=False)
+            views = [status, tokens, legend, final, stats, acc_plot, speed_plot, work_plot]  # order of _views
+            generate_btn.click(self.generate, settings, views, concurrency_limit=4, concurrency_id="model",
+                               api_name="generate")
+            prompt.submit(self.generate, settings, views, concurrency_limit=4, concurrency_id="model", api_name=False)
             compare_btn.click(self.compare, settings + [baselines], [compare_status, compare_out, compare_plot],
                               concurrency_limit=4, concurrency_id="model", api_name="compare")
             stop_btn.click(self.stop, None, [status], concurrency_limit=None, api_name="stop")
@@ -225,18 +225,11 @@ class App:
             show_rejected.change(None, [show_rejected], None, api_name=False, queue=False,
                                  js="(show) => { document.querySelector('#hs-tokens')"
                                     ".classList.toggle('hs-hide-rejected', !show); return []; }")
-            del gen_event
         return demo
 
 
 def _depth(L, d, v, method_label):
     return render.depth_html(int(L), int(d), int(v), handlers.METHODS.get(method_label, "hispec"))
-
-
-def _empty_trace():
-    from hispec.trace import Trace
-
-    return Trace()
 
 
 def _visitor(request: gr.Request | None) -> str:

@@ -1,6 +1,7 @@
 """Safe to host in public: limits with readable messages, allowed models, inert model text,
 failure isolation, load, and property-based checks of input validation."""
 
+import math
 import re
 import sys
 import threading
@@ -170,10 +171,11 @@ def test_terminal_output_is_inert():
 
 # ---- property-based validation ------------------------------------------------------------------------
 numbers = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_infinity=True), st.none(),
-                    st.text(max_size=5), st.booleans())
+                    st.text(max_size=5), st.booleans(),
+                    st.sampled_from([math.inf, -math.inf, math.nan, 1e300, -0.0, 2.5, "inf", "nan", "3", " 4 "]))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(["HiSpec", "LayerSkip (single exit)", "Autoregressive", "nope", ""]),
        numbers, numbers, numbers, numbers, numbers, numbers, numbers, numbers, numbers)
 def test_make_config_never_crashes(method, d, v, nd, ni, mx, t, k, p, seed):

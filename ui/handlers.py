@@ -4,6 +4,7 @@ run under ZeroGPU's decorator; app.py turns the dicts into components and figure
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -34,30 +35,39 @@ def make_config(method_label: str, draft_layer, verify_layer, draft_len, verify_
     """A DecodeConfig from UI values, with errors a visitor can read."""
     if method_label not in METHODS:
         raise HiSpecError(f"unknown method '{method_label}'; choose from {', '.join(METHODS)}")
-    values = {}
-    for name, value in (("draft layer", draft_layer), ("verify layer", verify_layer), ("draft length", draft_len),
-                        ("verify threshold", verify_threshold), ("max new tokens", max_new_tokens)):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise HiSpecError(f"{name} must be a whole number (got {value!r})") from None
-        if number != int(number):
-            raise HiSpecError(f"{name} must be a whole number (got {value!r})")
-        values[name] = int(number)
-    if values["max new tokens"] > limit:
-        raise HiSpecError(f"max new tokens {values['max new tokens']} is over this app's limit of {limit}")
-    try:
-        temperature, top_p = float(temperature), float(top_p)
-        top_k = int(top_k or 0)
-        seed = None if seed in (None, "", -1) else int(seed)
-    except (TypeError, ValueError):
-        raise HiSpecError("temperature and top-p must be numbers, top-k and seed whole numbers") from None
+    d, v, n_d, n_i, n_new = (_whole(name, value) for name, value in (
+        ("draft layer", draft_layer), ("verify layer", verify_layer), ("draft length", draft_len),
+        ("verify threshold", verify_threshold), ("max new tokens", max_new_tokens)))
+    if n_new > limit:
+        raise HiSpecError(f"max new tokens {n_new} is over this app's limit of {limit}")
+    temperature, top_p = _number("temperature", temperature), _number("top-p", top_p)
+    top_k = _whole("top-k", top_k or 0)
+    seed = None if seed in (None, "", -1) else _whole("seed", seed)
     method = METHODS[method_label]
-    config = DecodeConfig(method, values["draft layer"], values["verify layer"] if method == "hispec" else None,
-                          values["draft length"], values["verify threshold"], values["max new tokens"],
+    config = DecodeConfig(method, d, v if method == "hispec" else None, n_d, n_i, n_new,
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     config.validate()
     return config
+
+
+def _number(name: str, value) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise HiSpecError(f"{name} must be a number (got {value!r})") from None
+    if not math.isfinite(number) or isinstance(value, bool):
+        raise HiSpecError(f"{name} must be a finite number (got {value!r})")
+    return number
+
+
+def _whole(name: str, value) -> int:
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number != int(number):
+        raise HiSpecError(f"{name} must be a whole number (got {value!r})")
+    return int(number)
 
 
 def _error(message: str) -> dict:
