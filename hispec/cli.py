@@ -21,7 +21,7 @@ magenta/red = rejected by the verifier/full model.
 """
 
 
-def _positive_or_none(text: str) -> int:
+def _whole_number(text: str) -> int:
     try:
         return int(text)
     except ValueError:
@@ -44,21 +44,21 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompts", metavar="FILE.jsonl",
                      help="many prompts, one JSON object per line: {\"prompt\": ..., \"id\": ..., \"chat\": true}")
-    gen.add_argument("--max-new-tokens", type=_positive_or_none, default=128, help="token budget (default 128)")
-    gen.add_argument("--draft-layer", type=_positive_or_none, default=None,
+    gen.add_argument("--max-new-tokens", type=_whole_number, default=128, help="token budget (default 128)")
+    gen.add_argument("--draft-layer", type=_whole_number, default=None,
                      help="hispec: draft exit d (default L/8); layerskip: its single exit (default L/4)")
-    gen.add_argument("--verify-layer", type=_positive_or_none, default=None,
+    gen.add_argument("--verify-layer", type=_whole_number, default=None,
                      help="hispec: intermediate verifier exit v, d < v < L (default L/4)")
-    gen.add_argument("--draft-len", type=_positive_or_none, default=None,
+    gen.add_argument("--draft-len", type=_whole_number, default=None,
                      help="tokens drafted per block (default: 2 for hispec, the verify threshold for layerskip)")
-    gen.add_argument("--verify-threshold", type=_positive_or_none, default=4,
+    gen.add_argument("--verify-threshold", type=_whole_number, default=4,
                      help="hispec: tentative tokens that trigger full verification (default 4)")
     gen.add_argument("--temperature", type=float, default=0.0,
                      help="0 = greedy, exactly the model's own greedy output (default); > 0 samples, and the "
                           "speculative methods stay lossless (speculative sampling at every stage)")
-    gen.add_argument("--top-k", type=_positive_or_none, default=0, help="sample from the k most likely tokens (0 = off)")
+    gen.add_argument("--top-k", type=_whole_number, default=0, help="sample from the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (1 = off)")
-    gen.add_argument("--seed", type=_positive_or_none, default=None, help="seed for reproducible sampling")
+    gen.add_argument("--seed", type=_whole_number, default=None, help="seed for reproducible sampling")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop once the output contains TEXT (repeatable)")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as plain text, not through the chat template")
@@ -109,13 +109,9 @@ def cmd_generate(args) -> int:
     from .text import Detokenizer
 
     methods = parse_methods(args.method)
-    if args.prompts:
-        prompts = read_prompts(args.prompts)
-    else:
-        prompts = [{"id": "0", "prompt": args.prompt, "chat": not args.raw}]
-    if args.raw:
-        for p in prompts:
-            p["chat"] = False
+    prompts = read_prompts(args.prompts) if args.prompts else [{"id": "0", "prompt": args.prompt, "chat": True}]
+    for p in prompts:
+        p["chat"] = p["chat"] and not args.raw
     configs = {m: DecodeConfig(method=m, draft_layer=args.draft_layer, verify_layer=args.verify_layer,
                                draft_len=args.draft_len, verify_threshold=args.verify_threshold,
                                max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),

@@ -177,8 +177,12 @@ def load_model(
             f"model '{name}' is a '{getattr(config, 'model_type', '?')}' model; "
             f"the engine supports {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    size = estimate_bytes(config, torch_dtype)
+    if not device_map and device.startswith("cuda") and size * 1.2 > torch.cuda.mem_get_info()[0]:
+        device_map = "auto"  # larger than one GPU: accelerate spreads it over the GPUs (and the CPU)
+        _say(progress, f"{name} needs ~{size / 2**30:.1f} GiB, more than one GPU has free: using device_map='auto'")
     if not device_map:  # refuse what cannot fit before any weight is read or downloaded
-        check_fits(name, estimate_bytes(config, torch_dtype), device)
+        check_fits(name, size, device)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=False, attn_implementation="sdpa")
     if device_map:
         kwargs["device_map"] = device_map
