@@ -64,6 +64,7 @@ class App:
         self.model_choices = model_choices if allowed is None else [m for m in model_choices if m in allowed]
         self.guard = handlers.Guard(self.limits)
         self._stops: dict[str, threading.Event] = {}
+        _APPS[id(self)] = self
 
     # ---- per-visitor stop -----------------------------------------------------------------
     def _new_stop(self, request: gr.Request | None) -> tuple[str, threading.Event]:
@@ -90,7 +91,7 @@ class App:
         try:
             config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed,
                                           limit=self.limits.max_new_tokens)
-            for snap in _generation_gpu(self.registry, model_name, prompt, config, bool(chat), stop, self.guard, key):
+            for snap in _generation_gpu(id(self), model_name, prompt, config, bool(chat), key):
                 yield self._views(snap)
         except HiSpecError as exc:
             yield self._views({"error": str(exc)})
@@ -103,8 +104,7 @@ class App:
         try:
             config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed,
                                           limit=self.limits.max_new_tokens)
-            for snap in _compare_gpu(self.registry, model_name, prompt, config, bool(chat), list(baselines or []),
-                                     stop, self.guard, key):
+            for snap in _compare_gpu(id(self), model_name, prompt, config, bool(chat), list(baselines or []), key):
                 if snap.get("error"):
                     yield render.message_html(snap["error"]), gr.skip(), gr.skip()
                 elif "rows" in snap:
@@ -237,16 +237,24 @@ def _visitor(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "anonymous"
 
 
+# Under ZeroGPU these run in a GPU worker: they take and yield plain values only (ids, strings,
+# a frozen dataclass, dicts) and find the app's shared objects by id. (Stop cannot reach a
+# forked worker there; the wall-time limit still ends the request.)
+_APPS: dict[int, App] = {}
+
+
 @gpu(120)
-def _generation_gpu(registry, model_name, prompt, config, chat, stop, guard, visitor):
-    yield from handlers.generation_stream(registry, model_name, prompt, config, chat, stop, guard=guard,
-                                          visitor=visitor)
+def _generation_gpu(app_id, model_name, prompt, config, chat, visitor):
+    app = _APPS[app_id]
+    yield from handlers.generation_stream(app.registry, model_name, prompt, config, chat, app._stops[visitor],
+                                          guard=app.guard, visitor=visitor)
 
 
 @gpu(240)
-def _compare_gpu(registry, model_name, prompt, config, chat, baselines, stop, guard, visitor):
-    yield from handlers.compare_stream(registry, model_name, prompt, config, chat, baselines, stop, guard=guard,
-                                       visitor=visitor)
+def _compare_gpu(app_id, model_name, prompt, config, chat, baselines, visitor):
+    app = _APPS[app_id]
+    yield from handlers.compare_stream(app.registry, model_name, prompt, config, chat, baselines,
+                                       app._stops[visitor], guard=app.guard, visitor=visitor)
 
 
 def model_info(name: str, lm) -> str:
