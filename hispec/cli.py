@@ -93,7 +93,42 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
     bench.add_argument("--device", default="auto")
     bench.add_argument("--dtype", default="auto")
+    prof = sub.add_parser("profile", help="step costs: lean path vs transformers' stock forward, 1-16 new tokens",
+                          description="Time one full-model step and one draft-range call for 1, 2, 4, 8 and 16 "
+                                      "new tokens after a fixed context, on the engine's path (lean) and on "
+                                      "transformers' stock forward, plus the exit heads, all in one process; "
+                                      "derive the acceptance rate self-speculation needs to break even.",
+                          epilog="example:\n  python -m hispec profile --json > profile.json\n\n"
+                                 "JSON keys: full_step_ms and hf_full_step_ms (new tokens -> ms), "
+                                 "stock_layers_full_step_ms, draft_range_ms, stock_draft_range_ms, heads_ms, "
+                                 "break_even_acceptance, lean_8_vs_stock_1.",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    prof.add_argument("--model", default="default", help="'default', a Hugging Face id or a local folder")
+    prof.add_argument("--context", type=_whole_number, default=128, help="tokens already in the cache (default 128)")
+    prof.add_argument("--repeats", type=_whole_number, default=20, help="timed calls per figure; medians (default 20)")
+    prof.add_argument("--stock", action="store_true", help="make the engine use transformers' stock layers")
+    prof.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    prof.add_argument("--device", default="auto")
+    prof.add_argument("--dtype", default="auto")
     return parser
+
+
+def cmd_profile(args) -> int:
+    from .loading import load_model
+    from .profile import format_table, profile
+
+    if args.context < 1 or args.repeats < 1:
+        raise HiSpecError("--context and --repeats must be at least 1")
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    if args.stock:
+        lm.ee.set_lean(False)
+    if args.context + 16 > lm.ee.context_limit:
+        raise HiSpecError(f"--context {args.context} + 16 new tokens exceeds the model's context of "
+                          f"{lm.ee.context_limit} tokens")
+    result = profile(lm, context=args.context, repeats=args.repeats,
+                     progress=lambda m: print(f"profiling {m}", file=sys.stderr, flush=True))
+    print(json.dumps(result, indent=1) if args.json else format_table(result))
+    return 0
 
 
 BENCH_EPILOG = """examples:
@@ -220,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "profile": cmd_profile}[args.command](args)
     except HiSpecError as exc:
         print(f"hispec: error: {exc}", file=sys.stderr)
         return 2

@@ -10,12 +10,14 @@ after ``e`` layers -> exit head -> logits. The default exit head is the final no
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 from torch import nn
 
 from .cache import LayerKVCache
 from .errors import ConfigError, ModelLoadError
+from .lean import LeanPath
 
 # Architectures whose decoder layers follow the Llama layout (pre-norm, rotary, KV cache
 # updated through ``cache.update``) and which the engine has been tested on.
@@ -28,15 +30,18 @@ class FinalHead(nn.Module):
     def __init__(self, norm: nn.Module, lm_head: nn.Module):
         super().__init__()
         self.norm, self.lm_head = norm, lm_head
+        self.lean: LeanPath | None = None  # set when the engine runs the lean path
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lean is not None:
+            return self.lean.logits(hidden, self.norm)
         return self.lm_head(self.norm(hidden))
 
 
 class EarlyExitModel:
     """A causal LM seen as a stack of layers with an exit head at any depth."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, lean: bool | None = None):
         config = model.config
         model_type = getattr(config, "model_type", "?")
         if model_type not in SUPPORTED_ARCHITECTURES:
@@ -59,6 +64,21 @@ class EarlyExitModel:
         params = inspect.signature(self.layers[0].forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._eager = config._attn_implementation == "eager"
+        # The lean path (hispec/lean.py) runs layer ranges; the stock path calls transformers'
+        # layers. lean=None: lean unless HISPEC_LEAN=0 or the model needs the stock path.
+        self.lean: LeanPath | None = None
+        self.stock_reason = LeanPath.support(model)
+        if lean is None:
+            lean = os.environ.get("HISPEC_LEAN", "1") != "0"
+        if lean and self.stock_reason is None:
+            self.set_lean(True)
+
+    def set_lean(self, on: bool) -> None:
+        """Switch between the lean path and transformers' stock layers (same cache, same results)."""
+        if on and self.stock_reason is not None:
+            raise ConfigError(f"the lean path cannot run this model: {self.stock_reason}")
+        self.lean = LeanPath(self) if on else None
+        self.final_head.lean = self.lean
 
     @staticmethod
     def _context_limit(config) -> int:
@@ -105,6 +125,8 @@ class EarlyExitModel:
         """Run layers [start, end) on `hidden` (new positions following each layer's cache)."""
         if start >= end:
             return hidden
+        if self.lean is not None:
+            return self.lean.run_layers(hidden, start, end, cache)
         past = cache.lengths[start]
         q_len = hidden.shape[1]
         positions = torch.arange(past, past + q_len, device=hidden.device)[None]
@@ -141,3 +163,4 @@ class EarlyExitModel:
                     f"exit layer {layer} is impossible: this model has {self.num_layers} layers, "
                     f"so an early exit must be between 1 and {self.num_layers - 1}"
                 )
+

@@ -1,0 +1,189 @@
+"""Micro-benchmark of the step costs speculative decoding depends on (`python -m hispec profile`).
+
+All figures come from one process, one context, measured alternately: for 1, 2, 4, 8 and 16 new
+tokens after a prompt of `context` tokens,
+- the full-model step (embedding, every layer, final head on every new row) on the path the
+  engine uses (lean, see hispec/lean.py) and on transformers' stock forward (`model(...)` with a
+  DynamicCache), the latter being what `generate()` pays per token;
+- one layer-range call (the draft stage [0, d)) on the lean path and on the stock layers;
+- the exit heads (final head, trained heads) on one row.
+
+From them it derives the acceptance rate a single-exit self-speculation needs to break even
+(speedup 1) on each path, under the usual model where each draft token is accepted
+independently with probability a.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from .decoding import default_draft_layer, default_verify_layer
+
+COUNTS = (1, 2, 4, 8, 16)
+FILLER = ("Speculative decoding drafts a few tokens cheaply and checks them with the full model in one "
+          "pass, keeping only what the full model would have written itself. ")
+
+
+def _median_ms(fn: Callable[[], None], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _context_ids(lm, context: int) -> list[int]:
+    ids = lm.tokenizer.encode(FILLER * (context // 8 + 2)) if lm.tokenizer is not None else []
+    ids = [i % lm.ee.config.vocab_size for i in ids] or list(range(3, 3 + context))
+    while len(ids) < context:
+        ids += ids
+    return ids[:context]
+
+
+class _Probe:
+    """A prefilled context on our cache and on a transformers DynamicCache, rolled back after
+    every timed call so each call sees the same past."""
+
+    def __init__(self, lm, context_ids: list[int]):
+        from transformers import DynamicCache
+
+        self.ee, self.model = lm.ee, lm.model
+        self.ctx = len(context_ids)
+        self.cache = self.ee.new_cache(self.ctx + 32)
+        self.hidden = None
+        with torch.inference_mode():
+            h = self.ee.embed(context_ids)
+            self.ee.run_layers(h, 0, self.ee.num_layers, self.cache)
+            self.hf_cache = DynamicCache(config=self.model.config)
+            ids = torch.tensor([context_ids], device=self.ee.device)
+            self.model(input_ids=ids, past_key_values=self.hf_cache, use_cache=True)
+
+    def _rollback(self):
+        for layer in range(self.ee.num_layers):
+            self.cache.crop(layer, self.ctx)
+
+    def lean_full(self, new: list[int]) -> None:
+        ee = self.ee
+        h = ee.run_layers(ee.embed(new), 0, ee.num_layers, self.cache)
+        ee.exit_logits(h, ee.num_layers)
+        self._rollback()
+
+    def range_call(self, new: list[int], end: int) -> None:
+        ee = self.ee
+        ee.run_layers(ee.embed(new), 0, end, self.cache)
+        for layer in range(end):
+            self.cache.crop(layer, self.ctx)
+
+    def hf_full(self, new: list[int]) -> None:
+        ids = torch.tensor([new], device=self.ee.device)
+        self.model(input_ids=ids, past_key_values=self.hf_cache, use_cache=True)
+        self.hf_cache.crop(-len(new))  # transformers 5: a negative count of tokens to drop
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def break_even(draft_ms: float, verify_ms: dict[int, float], step_ms: float, draft_len: int) -> float | None:
+    """Acceptance a at which self-speculation with `draft_len` drafts per round matches plain
+    decoding: tokens per round (1 - a^(k+1)) / (1 - a) equal round cost / step cost."""
+    k = draft_len
+    cost = (k * draft_ms + verify_ms[k]) / step_ms  # a round in units of one plain step
+    lo, hi = 0.0, 1.0
+    if (k + 1) < cost:
+        return None  # even perfect acceptance loses
+    for _ in range(60):
+        a = (lo + hi) / 2
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        lo, hi = (a, hi) if tokens < cost else (lo, a)
+    return round((lo + hi) / 2, 4)
+
+
+def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=None) -> dict:
+    """Step costs in milliseconds (medians) on the lean and stock paths; see the module doc."""
+    ee = lm.ee
+    L = ee.num_layers
+    d, e = default_draft_layer(L), default_verify_layer(L)
+    lean_on = ee.lean is not None
+    ids = _context_ids(lm, context + max(counts))
+    probe = _Probe(lm, ids[:context])
+    device = ee.device
+    out = {"model": lm.name, "num_layers": L, "context": context, "repeats": repeats,
+           "device": str(device), "dtype": str(ee.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
+           "lean": lean_on, "lean_packed": bool(lean_on and ee.lean.packed), "stock_reason": ee.stock_reason,
+           "full_step_ms": {}, "hf_full_step_ms": {}, "stock_layers_full_step_ms": {},
+           "draft_range_ms": {}, "stock_draft_range_ms": {}, "draft_range": [0, d], "heads_ms": {}}
+
+    def timed(fn):
+        def run():
+            fn()
+            _sync(device)
+        for _ in range(3):  # warm-up: allocator, packing caches, first-call work
+            run()
+        return _median_ms(run, repeats)
+
+    for n in counts:
+        new = ids[context : context + n]
+        if progress:
+            progress(f"{n} new token(s)")
+        # Alternate paths inside each count so drift in machine speed hits both alike.
+        out["hf_full_step_ms"][n] = timed(lambda: probe.hf_full(new))
+        if lean_on:
+            out["full_step_ms"][n] = timed(lambda: probe.lean_full(new))
+            out["draft_range_ms"][n] = timed(lambda: probe.range_call(new, d))
+        saved, ee.lean, ee.final_head.lean = ee.lean, None, None
+        try:
+            out["stock_layers_full_step_ms"][n] = timed(lambda: probe.lean_full(new))
+            out["stock_draft_range_ms"][n] = timed(lambda: probe.range_call(new, d))
+        finally:
+            ee.lean, ee.final_head.lean = saved, saved
+        if not lean_on:  # the engine runs the stock layers: that is its path
+            out["full_step_ms"][n] = out["stock_layers_full_step_ms"][n]
+            out["draft_range_ms"][n] = out["stock_draft_range_ms"][n]
+
+    hidden = torch.randn(1, 1, ee.config.hidden_size, dtype=ee.dtype, device=device)
+    out["heads_ms"]["final"] = timed(lambda: ee.exit_logits(hidden, L))
+    for layer in sorted(ee.exit_heads):
+        out["heads_ms"][f"exit {layer}"] = timed(lambda: ee.exit_logits(hidden, layer))
+
+    # Single-exit self-speculation at exit e with 4 drafts: draft = layers [0, e) + exit head,
+    # verification = layers [e, L) over 4 tokens + final head; approximated from measured parts.
+    k = 4
+    for tag, full, rng in (("lean", "full_step_ms", "draft_range_ms"), ("stock", "hf_full_step_ms", None)):
+        step = out[full]
+        per_layer_1 = (out["draft_range_ms" if tag == "lean" else "stock_draft_range_ms"][1]) / d
+        draft_ms = per_layer_1 * e + out["heads_ms"]["final"]
+        verify = {k: step[k] * (L - e) / L + out["heads_ms"]["final"]}
+        out.setdefault("break_even_acceptance", {})[tag] = break_even(draft_ms, verify, step[1], k)
+    out["break_even_model"] = (f"layerskip at exit {e} with draft_len {k}, each draft accepted independently; "
+                               "draft and verification costs scaled from the measured steps")
+    out["lean_8_vs_stock_1"] = (round(out["full_step_ms"][8] / out["hf_full_step_ms"][1], 3)
+                                if 8 in out["full_step_ms"] and 1 in out["hf_full_step_ms"] else None)
+    return out
+
+
+def format_table(r: dict) -> str:
+    lines = [f"model {r['model']} · {r['num_layers']} layers · {r['device']} {r['dtype']} · {r['threads']} threads "
+             f"· context {r['context']} · median of {r['repeats']}",
+             f"engine path: {'lean' + (' (oneDNN-packed weights)' if r['lean_packed'] else '') if r['lean'] else 'stock'}"
+             + (f" (stock because {r['stock_reason']})" if r["stock_reason"] else ""), "",
+             f"{'new tokens':>10} {'full step':>11} {'hf forward':>11} {'stock layers':>13} "
+             f"{'draft [0,' + str(r['draft_range'][1]) + ')':>14} {'stock draft':>12}"]
+    for n in r["hf_full_step_ms"]:
+        lines.append(f"{n:>10} {r['full_step_ms'][n]:>9.1f}ms {r['hf_full_step_ms'][n]:>9.1f}ms "
+                     f"{r['stock_layers_full_step_ms'][n]:>11.1f}ms {r['draft_range_ms'][n]:>12.2f}ms "
+                     f"{r['stock_draft_range_ms'][n]:>10.2f}ms")
+    lines.append("")
+    lines.append("exit heads (1 row): " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["heads_ms"].items()))
+    if r.get("lean_8_vs_stock_1"):
+        lines.append(f"8-token step on the engine's path / stock 1-token step: {r['lean_8_vs_stock_1']:.2f}x")
+    be = r["break_even_acceptance"]
+    lines.append("break-even acceptance (" + r["break_even_model"] + "): "
+                 + ", ".join(f"{k} {v:.0%}" if v is not None else f"{k} unreachable" for k, v in be.items()))
+    return "\n".join(lines)
