@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Iterator
 
+import torch
+
 from .early_exit import EarlyExitModel
 from .errors import ConfigError
 from .events import DoneEvent, Event, PassEvent, RoundEvent, TokenEvent, TokenState
@@ -119,6 +121,7 @@ class Decoder:
         detok: Detokenizer | None = None,
         stop: threading.Event | None = None,
         judge: SyntheticAcceptance | None = None,
+        defer_sync: bool | None = None,
     ):
         self.config = config.resolve(ee.num_layers)
         if not prompt_ids:
@@ -134,6 +137,12 @@ class Decoder:
         self._stop = stop or threading.Event()
         self._judge = judge  # timing-only acceptance decisions; None = the real comparison
         cfg = self.config
+        # Greedy drafts stay on the device until their block is complete (None: on accelerators).
+        if defer_sync is None:
+            defer_sync = ee.device.type != "cpu"
+        self._defer_sync = defer_sync and cfg.temperature == 0
+        self._unsynced = None  # (first position, device tensors) of drafts not yet on the host
+        self.syncs = 0  # device-to-host transfers of decisions (drafts, verdicts, target tokens)
         self.selector = Selector(SamplingParams(float(cfg.temperature), cfg.top_k, float(cfg.top_p)), cfg.seed)
         self._proposal: dict[int, object] = {}  # serial -> distribution the token was drawn from (sampling)
         self.stack: StageStack | None = None
@@ -152,6 +161,8 @@ class Decoder:
             self.finish_reason = "max_new_tokens"
         else:
             yield from run[self.config.method]()
+            if self._unsynced is not None:  # stopped while drafts were on the device
+                self._sync_drafts()
             if len(self.stack) > self.committed:  # stopped mid-round: pending tokens are never committed
                 self._reject_from(self.committed, S.DISCARDED, "stop")
             yield from self._drain()
@@ -164,6 +175,7 @@ class Decoder:
             self.round += 1
             h = stack.run_to(1, len(stack))
             self._write(self.selector.propose(self._logits(h[0, -1], self.ee.num_layers))[0], "target")
+            self.syncs += 1
             yield from self._end_round()
 
     def _layerskip(self) -> Iterator[Event]:
@@ -203,14 +215,53 @@ class Decoder:
 
     # ---- stages ------------------------------------------------------------------------
     def _draft(self, level: int, n: int) -> Iterator[Event]:
+        if self._defer_sync:
+            yield from self._draft_on_device(level, n)
+            return
         exit_layer = self.stack.boundaries[level]
         for _ in range(n):
             h = self.stack.run_to(level, len(self.stack))
             token, q = self.selector.propose(self._logits(h[0, -1], exit_layer))
+            self.syncs += 1
             self._place(token, S.DRAFTED, "draft", q)
             yield from self._drain()
             if token in self.eos or self._stop.is_set():
                 break
+
+    def _draft_on_device(self, level: int, n: int) -> Iterator[Event]:
+        """Greedy drafting on an accelerator without host-device syncs: each draft token stays on
+        the device and feeds the next draft step directly. The block reaches the host together
+        with the next verdict (`_sync_drafts`). (Deviation from a token-by-token loop: an EOS
+        drafted mid-block is found only then, and the drafts after it are discarded.)"""
+        stack, exit_layer = self.stack, self.stack.boundaries[level]
+        if n == 0:
+            return
+        self._unsynced = (len(stack), [])
+        for _ in range(n):
+            h = stack.run_to(level, len(stack))
+            token = self._logits(h[0, -1:], exit_layer).argmax(-1)
+            stack.append(token)
+            self._unsynced[1].append(token)
+            if self._stop.is_set():
+                break
+        yield from self._drain()
+
+    def _sync_drafts(self, preds=None) -> list[int] | None:
+        """Bring the device-held drafts (and a verifier's predictions `preds`, rows predicting
+        positions from the verifier's first one on) to the host in one transfer; place the
+        drafts' events, cut after a drafted EOS, and return the predictions still relevant."""
+        first, drafted = self._unsynced
+        self._unsynced = None
+        values = torch.cat(drafted + ([preds] if preds is not None else [])).tolist()
+        self.syncs += 1
+        tokens, preds = values[: len(drafted)], values[len(drafted) :]
+        self.stack.resolve(first, tokens)
+        for i in range(len(tokens)):
+            self._record(first + i, S.DRAFTED, "draft")
+        cut = next((i for i, t in enumerate(tokens) if t in self.eos), None)
+        if cut is not None and cut + 1 < len(tokens):
+            self._reject_from(first + cut + 1, S.DISCARDED, "draft")
+        return preds
 
     def _judge_at_verifier(self, first: int, logits) -> None:
         """Tentatively accept the drafts the verifier agrees with; replace the first rejected one."""
@@ -226,9 +277,10 @@ class Decoder:
         """Run the rest of the model on every pending token; commit the matching prefix,
         then the target's own token (a correction, or the bonus when all matched)."""
         stack, first = self.stack, self.committed
-        pending = stack.tokens[first:]
+        last = stack.tokens[-1]
         # The bonus token needs the newest token run through every layer (its first time).
-        want_bonus = self._room() > 0 and pending[-1] not in self.eos
+        # (A draft still on the device is assumed not EOS; if it is, the extra row goes unused.)
+        want_bonus = self._room() > 0 and (isinstance(last, torch.Tensor) or last not in self.eos)
         end = len(stack) if want_bonus else len(stack) - 1
         h = stack.run_to(len(stack.boundaries) - 1, end)
         logits = self._logits(h[0, first - 1 - end :], self.ee.num_layers)  # rows for pending (+ bonus)
@@ -237,7 +289,7 @@ class Decoder:
             if self._commit(pos, S.ACCEPTED):
                 self._reject_from(pos + 1, S.DISCARDED, "target")
                 return
-        if n_ok < len(pending):
+        if first + n_ok < len(stack):
             self._reject_from(first + n_ok, S.TARGET_REJECTED, "target")
         self._write(token, "target")
 
@@ -253,17 +305,27 @@ class Decoder:
         self.committed = len(self.prompt_ids)
         h = self.stack.run_to(len(self.stack.boundaries) - 1, len(self.prompt_ids))
         self._write(self.selector.propose(self._logits(h[0, -1], self.ee.num_layers))[0], "target")
+        self.syncs += 1
         yield from self._drain(stage="prefill")
 
     def _judge_block(self, stage: str, first: int, logits):
         """The stage's verdict on the pending tokens from `first` on: (accepted count, the
         stage's own next token, its distribution, the stage's distribution per row)."""
+        preds = None
+        if self._unsynced is not None:  # drafts still on the device: they travel with this verdict
+            preds = self._sync_drafts(logits.argmax(-1))
+            # Row j predicts position first + j; after a cut at a drafted EOS fewer rows matter.
+            keep = len(self.stack) - first + 1
+            preds, logits = preds[:keep], logits[:keep]
+        else:
+            self.syncs += 1  # the verdict: one transfer per verification decision
         tokens = self.stack.tokens[first:]
         proposals = [self._proposal.get(s) for s in self.stack.serials[first:]]
-        n_ok, token, dist, dists = self.selector.judge(tokens, proposals, logits)
+        n_ok, token, dist, dists = self.selector.judge(tokens, proposals, logits, preds)
         if self._judge is not None:  # timing only: the verdict comes from a fixed acceptance rate
             n_ok = self._judge(stage, len(tokens))
-            token = int(logits[n_ok].argmax()) if n_ok < len(logits) else None
+            row = preds if preds is not None else logits.argmax(-1).tolist()
+            token = row[n_ok] if n_ok < len(row) else None
         return n_ok, token, dist, dists
 
     def _logits(self, hidden, layer: int):
@@ -278,10 +340,13 @@ class Decoder:
         return self.finish_reason is not None
 
     def _place(self, token: int, state: TokenState, origin: str, dist=None) -> None:
-        pos = len(self.stack)
-        text = self.detok.piece(self.stack.tokens, token)
-        serial = self.stack.append(token)
-        self._texts[serial] = (text, origin)
+        self.stack.append(token)
+        self._record(len(self.stack) - 1, state, origin, dist)
+
+    def _record(self, pos: int, state: TokenState, origin: str, dist=None) -> None:
+        """Text and proposal of the token placed at `pos`, and its first event."""
+        serial = self.stack.serials[pos]
+        self._texts[serial] = (self.detok.piece(self.stack.tokens[:pos], self.stack.tokens[pos]), origin)
         if dist is not None:
             self._proposal[serial] = dist
         self._emit(pos, state, origin)
@@ -341,7 +406,7 @@ class Decoder:
         self.stack = None  # free the caches now, not when the consumer lets go
         return DoneEvent(self.finish_reason or "stopped", tuple(new),
                          self.detok.decode(new, skip_special_tokens=True), len(self.prompt_ids),
-                         time.perf_counter() - self._t0, settings)
+                         time.perf_counter() - self._t0, settings, host_syncs=self.syncs)
 
 
 class SyntheticAcceptance:

@@ -80,6 +80,7 @@ class DoneEvent:
     prompt_len: int
     t: float
     settings: dict = field(default_factory=dict)
+    host_syncs: int = 0  # device-to-host transfers of decisions over the whole generation
 
 
 Event = TokenEvent | PassEvent | RoundEvent | DoneEvent

@@ -56,15 +56,33 @@ class Projection:
 
 
 def _fused(linears: list[nn.Linear], pack: bool) -> Projection:
-    """One projection computing several linears at once (outputs concatenated)."""
-    weight = torch.cat([m.weight.detach() for m in linears]) if len(linears) > 1 else linears[0].weight
+    """One projection computing several linears at once (outputs concatenated).
+
+    Unpacked (GPU, large models), the modules' own weights become views into the fused tensor,
+    so fusing costs no memory and transformers' stock layers keep working on the same storage.
+    """
+    weight = linears[0].weight.detach()
+    if len(linears) > 1:
+        weight = torch.cat([m.weight.detach() for m in linears])
+        if not pack:
+            _share(linears, weight, "weight")
     if all(m.bias is None for m in linears):
         bias = None
     else:
         bias = torch.cat([m.bias.detach() if m.bias is not None else torch.zeros(m.out_features, dtype=weight.dtype,
                                                                                   device=weight.device)
                           for m in linears])
+        if not pack and all(m.bias is not None for m in linears):
+            _share(linears, bias, "bias")
     return Projection(weight, bias, pack)
+
+
+def _share(linears: list[nn.Linear], fused: torch.Tensor, name: str) -> None:
+    start = 0
+    for m in linears:
+        param = getattr(m, name)
+        param.data = fused[start : start + param.shape[0]]
+        start += param.shape[0]
 
 
 def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:

@@ -29,6 +29,7 @@ class StatsCollector:
         self.t = 0.0
         self.rounds = 0
         self.finish_reason = None
+        self.host_syncs = 0
         self.history: list[dict] = []  # one row per round, for live charts
 
     def add(self, ev: Event) -> None:
@@ -46,7 +47,7 @@ class StatsCollector:
             self.rounds, self.t = ev.round, ev.t
             self.history.append(self._row(ev))
         elif isinstance(ev, DoneEvent):
-            self.t, self.finish_reason = ev.t, ev.reason
+            self.t, self.finish_reason, self.host_syncs = ev.t, ev.reason, ev.host_syncs
 
     def _add_token(self, ev: TokenEvent) -> None:
         self.t = max(self.t, ev.t)
@@ -104,4 +105,5 @@ class StatsCollector:
             "rounds": self.rounds,
             "layer_tokens": self.work(),
             "finish_reason": self.finish_reason,
+            "host_syncs": self.host_syncs,
         }

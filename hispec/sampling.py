@@ -70,12 +70,13 @@ class Selector:
         probs = warp(logits, self.params)
         return self._draw(probs), probs
 
-    def judge(self, tokens: list[int], proposals: list, logits: torch.Tensor):
+    def judge(self, tokens: list[int], proposals: list, logits: torch.Tensor, preds: list[int] | None = None):
         """Judge pending tokens against a stage's logits (one row per token, plus one more row
         when a bonus token is possible). Returns (accepted count, next token or None,
-        its distribution, the stage's distributions per row)."""
+        its distribution, the stage's distributions per row). Greedy: `preds`, the rows'
+        argmax already on the host, saves the transfer."""
         if self.params.greedy:
-            preds = logits.argmax(-1).tolist()
+            preds = logits.argmax(-1).tolist() if preds is None else preds
             n_ok = 0
             while n_ok < len(tokens) and tokens[n_ok] == preds[n_ok]:
                 n_ok += 1

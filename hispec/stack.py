@@ -48,11 +48,16 @@ class StageStack:
         self._hidden: list[torch.Tensor | None] = [None] * len(boundaries)
         self.passes: list[StagePass] = []  # drained by the decoder into events
 
-    def append(self, token: int) -> int:
+    def append(self, token: int | torch.Tensor) -> int:
+        """Place a token (an int, or a one-element device tensor until `resolve`); its serial."""
         self.tokens.append(token)
         self.serials.append(self._next_serial)
         self._next_serial += 1
         return self.serials[-1]
+
+    def resolve(self, first: int, tokens: list[int]) -> None:
+        """Replace device-tensor tokens from position `first` on by their host values."""
+        self.tokens[first : first + len(tokens)] = tokens
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -86,7 +91,14 @@ class StageStack:
     def _take_input(self, i: int, lo: int, end: int) -> torch.Tensor:
         """Hidden states at boundary i for positions [lo, end); they are consumed."""
         if i == 0:
-            return self.ee.embed(self.tokens[lo:end])
+            tokens = self.tokens[lo:end]
+            if all(isinstance(t, int) for t in tokens):
+                return self.ee.embed(tokens)
+            # Drafts still on the device (see Decoder._draft_on_device): embed without a sync.
+            device = self.ee.device
+            ids = torch.cat([t.view(1) if isinstance(t, torch.Tensor) else torch.tensor([t], device=device)
+                             for t in tokens])
+            return self.ee.embed_tokens(ids[None])
         if self.frontier[i] < end:
             raise RuntimeError(f"boundary {self.boundaries[i]} holds {self.frontier[i]} positions, {end} needed")
         saved = self._hidden[i]

@@ -123,3 +123,18 @@ def test_profile_command_table_and_errors(tmp_path, capsys):
     assert "engine path: stock" in text and "hf forward" in text
     assert main(["profile", "--model", str(folder), "--context", "250"]) == 2
     assert "exceeds the model's context of 256 tokens" in capsys.readouterr().err
+
+
+def test_unpacked_fusion_shares_the_weights_memory():
+    """Without packing (GPU, large models) fused q/k/v and gate/up are the modules' own storage."""
+    model = tiny_model("llama", seed=2)
+    ref = hf_greedy(model, [3, 9], 12)
+    ee = EarlyExitModel(model, lean=False)
+    ee.lean = LeanPath(ee, pack=False)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    q, k, v = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
+    assert k.data_ptr() == q.data_ptr() + q.numel() * q.element_size()
+    assert v.data_ptr() == k.data_ptr() + k.numel() * k.element_size()
+    assert mlp.up_proj.weight.data_ptr() == mlp.gate_proj.weight.data_ptr() + mlp.gate_proj.weight.numel() * 4
+    assert ee.lean.layers[0].qkv.weight.data_ptr() == q.data_ptr()
+    assert hf_greedy(model, [3, 9], 12) == ref  # transformers' own forward is unchanged
