@@ -176,7 +176,8 @@ def timings(shape, device, dtype, quick):
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, model.config.vocab_size, (128,), generator=g).tolist()
     report = {"shape": shape, "layers": L, "dtype": str(dtype).replace("torch.", ""), "draft_layer": d,
-              "verify_layer": v, "new_tokens": n_new, "step_ms": step_costs(ee, d, v, device, 3 if quick else 10)}
+              "verify_layer": v, "new_tokens": n_new, "step_ms": step_costs(ee, d, v, device, 3 if quick else 10),
+              "engine_path": "lean" if ee.lean is not None else f"stock ({ee.stock_reason})"}
     # warm-up, then alternate methods so noise hits all alike
     run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=8))
     ar = []
@@ -202,7 +203,11 @@ def timings(shape, device, dtype, quick):
                    hispec_vs_layerskip=hs.stats["tokens_per_s"] / ls.stats["tokens_per_s"],
                    hispec_tokens_per_full_pass=hs.stats["tokens_per_full_pass"],
                    layerskip_tokens_per_full_pass=ls.stats["tokens_per_full_pass"],
-                   timing_only=hs.settings.get("timing_only"))
+                   timing_only=hs.settings.get("timing_only"),
+                   # host-device transfers: one per verification decision (drafts travel with it)
+                   layerskip_syncs_per_round=ls.stats["host_syncs"] / max(ls.stats["rounds"], 1),
+                   hispec_syncs_per_round=hs.stats["host_syncs"] / max(hs.stats["rounds"], 1),
+                   hispec_full_passes_per_round=hs.stats["full_passes"] / max(hs.stats["rounds"], 1))
         report["synthetic"].append(row)
     del model, ee
     if device.startswith("cuda"):
