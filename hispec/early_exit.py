@@ -164,3 +164,11 @@ class EarlyExitModel:
                     f"so an early exit must be between 1 and {self.num_layers - 1}"
                 )
 
+    # Trained exit heads (hispec/exit_heads.py): the manifest of the heads attached, if any.
+    exit_info: dict | None = None
+
+    def attach_exit_heads(self, heads: dict[int, nn.Module], info: dict | None = None) -> None:
+        """Use these trained exit heads by layer (replacing any attached before); `info` describes them."""
+        self.check_layers(*heads)
+        self.exit_heads = dict(heads)
+        self.exit_info = info

@@ -1,0 +1,47 @@
+"""HTML view of a model's exits: trained exit heads and their measured agreement, or raw exits."""
+
+from __future__ import annotations
+
+import html
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def exits_html(info: dict | None) -> str:
+    """`info`: the manifest of the attached exit heads (EarlyExitModel.exit_info), or None."""
+    if not info:
+        return ('<div class="hs-exits"><b>Exits:</b> raw (final norm + LM head at every depth); no trained exit '
+                'heads for this model. Train some with <code>python -m hispec train-exits</code>.</div>')
+    pair = info.get("default_layers") or {}
+    suggested = (f"; suggested exits: draft {int(pair['draft'])}, verify {int(pair['verify'])}"
+                 if pair.get("draft") and pair.get("verify") else "")
+    if not info.get("layers"):  # e.g. a model fine-tuned to exit early: its own head at every depth
+        how = " (the model's weights were trained for early exits)" if info.get("kind") else ""
+        return (f'<div class="hs-exits"><b>Exits:</b> final norm + LM head at every depth{html.escape(how)}'
+                f"{html.escape(suggested)}.</div>")
+    ev = info.get("evaluation") or {}
+    agreement = ev.get("agreement") or {}
+    layers = [int(x) for x in info.get("layers") or []]
+    vocab = (info.get("vocab") or {}).get("size")
+    head = (info.get("head") or {}).get("description") or "trained head"
+    rows = "".join(
+        f"<tr><td>{layer}</td><td>{_pct((agreement.get(str(layer)) or {}).get('raw'))}</td>"
+        f"<td>{_pct((agreement.get(str(layer)) or {}).get('trained'))}</td></tr>"
+        for layer in layers)
+    notes = [f"head: {html.escape(str(head))}"]
+    if vocab:
+        notes.append(f"exits score the {int(vocab):,} most frequent tokens"
+                     + (f" (they cover {ev['subset_coverage']:.0%} of the full model's tokens)"
+                        if ev.get("subset_coverage") is not None else ""))
+    pair = ev.get("draft_vs_verify")
+    if pair:
+        notes.append(f"draft {pair['draft']} vs verify {pair['verify']} agree {_pct(pair.get('trained'))} "
+                     f"(raw {_pct(pair.get('raw'))})")
+    if ev.get("tokens"):
+        notes.append(f"measured on {ev['tokens']:,} held-out tokens")
+    notes = "".join(f"<li>{n}</li>" for n in notes)
+    return ('<div class="hs-exits"><b>Trained exit heads</b> (top-1 agreement with the full model)'
+            '<table class="hs-stats"><tr><th>exit layer</th><th>raw exit</th><th>trained</th></tr>'
+            f"{rows}</table><ul>{notes}</ul></div>")
