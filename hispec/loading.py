@@ -25,6 +25,7 @@ from .errors import ConfigError, ModelLoadError
 from .limits import check_fits
 
 DEFAULT_MODEL = "default"
+DEFAULT_EE_MODEL = "default-ee"  # the default model with its shipped early-exit adapter (assets/default-ee)
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MARKER = "hispec-cache.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -151,8 +152,12 @@ def load_model(
     dtype: str = "auto",
     device_map: str | None = None,
     progress: Progress | None = None,
+    exits: str | None = None,
 ) -> LoadedModel:
-    """Load a model by one name, ready for the engine. Never runs remote code."""
+    """Load a model by one name, ready for the engine. Never runs remote code.
+
+    `exits`: trained exit heads (hispec/exit_heads.py): None finds matching ones automatically
+    (the user's cache, then assets/exits/), a folder loads those, 'none' keeps the raw exits."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(name, str) or not name.strip():
@@ -161,7 +166,12 @@ def load_model(
     t0 = time.perf_counter()
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    if name == DEFAULT_MODEL:
+    adapter = None
+    if name == DEFAULT_EE_MODEL:  # the default model + the shipped early-exit LoRA adapter, merged below
+        from .lora import shipped_adapter
+
+        adapter = shipped_adapter()  # a clear error before any weight is read when it is not shipped
+    if name in (DEFAULT_MODEL, DEFAULT_EE_MODEL):
         source = str(default_model_folder(progress))
     elif Path(name).expanduser().is_dir():
         source = str(Path(name).expanduser())
@@ -183,7 +193,8 @@ def load_model(
         _say(progress, f"{name} needs ~{size / 2**30:.1f} GiB, more than one GPU has free: using device_map='auto'")
     if not device_map:  # refuse what cannot fit before any weight is read or downloaded
         check_fits(name, size, device)
-    kwargs = dict(dtype=torch_dtype, trust_remote_code=False, attn_implementation="sdpa")
+    # an adapter merges in float32 (W + scale * B @ A), then the model takes the dtype asked for
+    kwargs = dict(dtype=torch.float32 if adapter else torch_dtype, trust_remote_code=False, attn_implementation="sdpa")
     if device_map:
         kwargs["device_map"] = device_map
     try:
@@ -191,9 +202,22 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except Exception as exc:
         raise ModelLoadError(_explain_load_failure(name, exc)) from exc
+    if adapter:
+        from .lora import merge_adapter
+
+        merge_adapter(model, *adapter)
+        model.to(torch_dtype)
     if not device_map:
         model.to(device)
     ee = EarlyExitModel(model)
+    from .exit_heads import find_and_attach  # trained exit heads, refused if made for another model
+
+    if adapter and exits is None:  # its exits are trained into the model: heads of the original do not apply
+        from .lora import exit_defaults
+
+        ee.attach_exit_heads({}, exit_defaults(adapter[0], ee.num_layers))
+    else:
+        find_and_attach(ee, name, source, exits, progress)
     load_s = time.perf_counter() - t0
     _say(progress, f"Loaded {name} ({ee.num_layers} layers) in {load_s:.1f} s")
     return LoadedModel(name, model, tokenizer, ee, device, str(torch_dtype).replace("torch.", ""), load_s, source)
