@@ -43,10 +43,11 @@ class DecodeConfig:
     """Settings of one generation. None means: the default for the method and model depth."""
 
     method: str = "hispec"
+    # None: the model's recommended setting (from its trained exits' manifest), else the default.
     draft_layer: int | None = None  # hispec: draft exit d (default L/8); layerskip: exit E (default L/4)
     verify_layer: int | None = None  # hispec only: intermediate verifier exit v (default L/4)
     draft_len: int | None = None  # tokens drafted per block (hispec 2, layerskip verify_threshold)
-    verify_threshold: int = 4  # hispec: tentative tokens that trigger the full model
+    verify_threshold: int | None = None  # hispec: tentative tokens that trigger the full model (default 4)
     max_new_tokens: int = 128
     stop_strings: tuple[str, ...] = ()
     temperature: float = 0.0  # 0 = greedy (exactly the target's greedy output)
@@ -64,7 +65,7 @@ class DecodeConfig:
                 raise ConfigError(f"{name} must be a whole number (got {value!r})")
         if self.max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be 0 or more (got {self.max_new_tokens})")
-        if self.verify_threshold < 1:
+        if self.verify_threshold is not None and self.verify_threshold < 1:
             raise ConfigError(f"verify_threshold must be at least 1 (got {self.verify_threshold})")
         if self.draft_len is not None and self.draft_len < 1:
             raise ConfigError(f"draft_len must be at least 1 (got {self.draft_len})")
@@ -77,21 +78,45 @@ class DecodeConfig:
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
             raise ConfigError(f"seed must be a whole number >= 0 (got {self.seed!r})")
 
-    def resolve(self, num_layers: int) -> DecodeConfig:
-        """Fill the defaults for a model of `num_layers` layers and check every value."""
+    def resolve(self, num_layers: int, recommended: dict | None = None) -> DecodeConfig:
+        """Fill the defaults for a model of `num_layers` layers and check every value.
+        `recommended`: the model's own settings (see `recommended_settings`), used for what is None."""
         self.validate()
-        L = num_layers
+        L, rec = num_layers, recommended or {}
+        threshold = self.verify_threshold or rec.get("verify_threshold") or 4
         if self.method == "autoregressive":
-            return replace(self, draft_layer=None, verify_layer=None, draft_len=None)
+            return replace(self, draft_layer=None, verify_layer=None, draft_len=None, verify_threshold=threshold)
         if self.method == "layerskip":
-            exit_layer = self.draft_layer if self.draft_layer is not None else default_verify_layer(L)
+            exit_layer = _first(self.draft_layer, rec.get("layerskip_exit"), default_verify_layer(L))
             _check_layers(L, exit_layer)
-            return replace(self, draft_layer=exit_layer, verify_layer=None,
-                           draft_len=self.draft_len or self.verify_threshold)
-        d = self.draft_layer if self.draft_layer is not None else default_draft_layer(L)
-        v = self.verify_layer if self.verify_layer is not None else max(d + 1, default_verify_layer(L))
+            draft_len = _first(self.draft_len, rec.get("layerskip_draft_len"), self.verify_threshold, 4)
+            return replace(self, draft_layer=exit_layer, verify_layer=None, draft_len=draft_len,
+                           verify_threshold=threshold)
+        d = _first(self.draft_layer, rec.get("draft"), default_draft_layer(L))
+        v = self.verify_layer
+        if v is None:
+            v = rec["verify"] if self.draft_layer is None and "verify" in rec else max(d + 1, default_verify_layer(L))
         _check_layers(L, d, v)
-        return replace(self, draft_layer=d, verify_layer=v, draft_len=self.draft_len or 2)
+        return replace(self, draft_layer=d, verify_layer=v, draft_len=_first(self.draft_len, rec.get("draft_len"), 2),
+                       verify_threshold=threshold)
+
+
+def _first(*values):
+    return next(v for v in values if v is not None)
+
+
+def recommended_settings(ee: EarlyExitModel) -> dict:
+    """Settings recommended by the model's trained exits (their manifest's `default_layers`:
+    draft, verify, draft_len, verify_threshold, layerskip_exit, layerskip_draft_len), where valid."""
+    info = getattr(ee, "exit_info", None) or {}
+    rec = {k: v for k, v in (info.get("default_layers") or {}).items()
+           if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+    L = ee.num_layers
+    if not (0 < rec.get("draft", 0) < rec.get("verify", 0) < L):
+        rec.pop("draft", None), rec.pop("verify", None)
+    if not 0 < rec.get("layerskip_exit", 1) < L:
+        rec.pop("layerskip_exit")
+    return rec
 
 
 def _check_layers(num_layers: int, *exits: int) -> None:
@@ -123,7 +148,7 @@ class Decoder:
         judge: SyntheticAcceptance | None = None,
         defer_sync: bool | None = None,
     ):
-        self.config = config.resolve(ee.num_layers)
+        self.config = config.resolve(ee.num_layers, recommended_settings(ee))
         if not prompt_ids:
             raise ConfigError("the prompt is empty: give at least one token of text")
         if len(prompt_ids) + self.config.max_new_tokens > ee.context_limit:

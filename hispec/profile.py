@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .decoding import default_draft_layer, default_verify_layer
+from .decoding import DecodeConfig, default_draft_layer, recommended_settings
 
 COUNTS = (1, 2, 4, 8, 16)
 FILLER = ("Speculative decoding drafts a few tokens cheaply and checks them with the full model in one "
@@ -109,7 +109,10 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
     """Step costs in milliseconds (medians) on the lean and stock paths; see the module doc."""
     ee = lm.ee
     L = ee.num_layers
-    d, e = default_draft_layer(L), default_verify_layer(L)
+    d = default_draft_layer(L)
+    # the single-exit self-speculation the engine would run: its recommended exit and draft_len
+    single = DecodeConfig("layerskip").resolve(L, recommended_settings(ee))
+    e, k = single.draft_layer, single.draft_len
     lean_on = ee.lean is not None
     ids = _context_ids(lm, context + max(counts))
     probe = _Probe(lm, ids[:context])
@@ -152,17 +155,19 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
     for layer in sorted(ee.exit_heads):
         out["heads_ms"][f"exit {layer}"] = timed(lambda: ee.exit_logits(hidden, layer))
 
-    # Single-exit self-speculation at exit e with 4 drafts: draft = layers [0, e) + exit head,
-    # verification = layers [e, L) over 4 tokens + final head; approximated from measured parts.
-    k = 4
-    for tag, full, rng in (("lean", "full_step_ms", "draft_range_ms"), ("stock", "hf_full_step_ms", None)):
+    # Single-exit self-speculation at exit e with k drafts: draft = layers [0, e) + its exit head,
+    # verification = layers [e, L) over k tokens + final head; approximated from measured parts.
+    head_e = out["heads_ms"].get(f"exit {e}", out["heads_ms"]["final"])
+    near = min(out["full_step_ms"], key=lambda n: abs(n - k))  # the measured count closest to k
+    for tag, full in (("lean", "full_step_ms"), ("stock", "hf_full_step_ms")):
         step = out[full]
         per_layer_1 = (out["draft_range_ms" if tag == "lean" else "stock_draft_range_ms"][1]) / d
-        draft_ms = per_layer_1 * e + out["heads_ms"]["final"]
-        verify = {k: step[k] * (L - e) / L + out["heads_ms"]["final"]}
+        draft_ms = per_layer_1 * e + head_e
+        verify = {k: step[near] * (L - e) / L + out["heads_ms"]["final"]}
         out.setdefault("break_even_acceptance", {})[tag] = break_even(draft_ms, verify, step[1], k)
     out["break_even_model"] = (f"layerskip at exit {e} with draft_len {k}, each draft accepted independently; "
-                               "draft and verification costs scaled from the measured steps")
+                               "draft and verification costs scaled from the measured steps, each path "
+                               "against its own one-token step")
     out["lean_8_vs_stock_1"] = (round(out["full_step_ms"][8] / out["hf_full_step_ms"][1], 3)
                                 if 8 in out["full_step_ms"] and 1 in out["hf_full_step_ms"] else None)
     return out

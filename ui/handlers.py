@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from typing import Iterator
 
-from hispec.decoding import DecodeConfig, Decoder
+from hispec.decoding import DecodeConfig, Decoder, recommended_settings
 from hispec.errors import HiSpecError
 from hispec.events import DoneEvent
 from hispec.limits import Limits, RateLimiter
@@ -141,7 +141,7 @@ def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, con
 
     def prepare():
         lm = registry.get(model_name)
-        resolved = config.resolve(lm.ee.num_layers)
+        resolved = config.resolve(lm.ee.num_layers, recommended_settings(lm.ee))
         ids = lm.encode(prompt, chat=chat)
         guard.admit(visitor, len(ids), resolved.max_new_tokens)
         return lm, resolved, Decoder(lm.ee, ids, resolved, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer),
@@ -249,7 +249,7 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
     def prepare():
         lm = registry.get(model_name)
         configs = [replace(config, method=m, verify_layer=config.verify_layer if m == "hispec" else None
-                           ).resolve(lm.ee.num_layers) for m in methods]
+                           ).resolve(lm.ee.num_layers, recommended_settings(lm.ee)) for m in methods]
         ids = lm.encode(prompt, chat=chat)
         guard.admit(visitor, len(ids), config.max_new_tokens)
         return lm, configs, ids
