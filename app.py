@@ -17,16 +17,17 @@ import logging
 import os
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
 
-from hispec.decoding import default_draft_layer, default_verify_layer
+from hispec.decoding import DecodeConfig, recommended_settings
 from hispec.errors import HiSpecError
 from hispec.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.service import ModelRegistry
 from hispec.trace import Trace
-from ui import charts, handlers, render
+from ui import bench_tab, charts, exits, handlers, render
 
 ASSETS = Path(__file__).parent / "assets"
 log = logging.getLogger("hispec.app")
@@ -122,11 +123,12 @@ class App:
         try:
             lm = self.registry.get(model_name)
         except HiSpecError as exc:
-            return (render.message_html(str(exc)), gr.skip(), gr.skip(), gr.skip(), gr.skip())
-        L = lm.ee.num_layers
+            return (render.message_html(str(exc)), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        L, preset = lm.ee.num_layers, model_defaults(lm)
         return (render.message_html(f"Loaded {model_name}.", "info"), model_info(model_name, lm),
-                gr.update(maximum=L - 1, value=default_draft_layer(L)),
-                gr.update(maximum=L - 1, value=default_verify_layer(L)), L)
+                gr.update(maximum=L - 1, value=preset.draft_layer),
+                gr.update(maximum=L - 1, value=preset.verify_layer), L,
+                gr.update(value=preset.draft_len), gr.update(value=preset.verify_threshold))
 
     def _views(self, snap: dict):
         if snap.get("error"):
@@ -143,70 +145,75 @@ class App:
     # ---- page -------------------------------------------------------------------------------
     def build(self) -> gr.Blocks:
         lm = self.registry.get(self.model_name)
-        L = lm.ee.num_layers
+        L, preset = lm.ee.num_layers, model_defaults(lm)
         examples = json.loads((ASSETS / "examples.json").read_text())
         with gr.Blocks(title="HiSpec: hierarchical speculative decoding") as demo:
             gr.Markdown("# HiSpec — hierarchical speculative decoding, token by token\n"
                         "A shallow exit drafts, an intermediate exit weeds out bad drafts early, the full model "
                         "verifies what survived. Every token is coloured by what happened to it.")
-            num_layers = gr.State(L)
-            with gr.Row():
-                with gr.Column(scale=3):
-                    prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below")
-                    gr.Examples([[e["prompt"]] for e in examples], inputs=[prompt],
-                                example_labels=[e["kind"] for e in examples], label="Examples")
+            with gr.Tabs():
+                with gr.Tab("Demo"):
+                    num_layers = gr.State(L)
                     with gr.Row():
-                        generate_btn = gr.Button("Generate", variant="primary")
-                        stop_btn = gr.Button("Stop", variant="stop")
-                        compare_btn = gr.Button("Compare with baseline")
-                    status = gr.HTML(render.message_html("Ready.", "info"), elem_id="hs-status")
-                    tokens = gr.HTML(render.tokens_html(Trace()), elem_id="hs-tokens")
-                    show_rejected = gr.Checkbox(True, label="Show rejected tokens (struck through)")
-                    legend = gr.HTML(render.legend_html(), elem_id="hs-legend")
-                    final = gr.Textbox(label="Output (committed text only)", lines=3, interactive=False,
-                                       elem_id="hs-final")
-                    stats = gr.HTML("", elem_id="hs-stats")
-                with gr.Column(scale=2):
+                        with gr.Column(scale=3):
+                            prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below")
+                            gr.Examples([[e["prompt"]] for e in examples], inputs=[prompt],
+                                        example_labels=[e["kind"] for e in examples], label="Examples")
+                            with gr.Row():
+                                generate_btn = gr.Button("Generate", variant="primary")
+                                stop_btn = gr.Button("Stop", variant="stop")
+                                compare_btn = gr.Button("Compare with baseline")
+                            status = gr.HTML(render.message_html("Ready.", "info"), elem_id="hs-status")
+                            tokens = gr.HTML(render.tokens_html(Trace()), elem_id="hs-tokens")
+                            show_rejected = gr.Checkbox(True, label="Show rejected tokens (struck through)")
+                            legend = gr.HTML(render.legend_html(), elem_id="hs-legend")
+                            final = gr.Textbox(label="Output (committed text only)", lines=3, interactive=False,
+                                               elem_id="hs-final")
+                            stats = gr.HTML("", elem_id="hs-stats")
+                        with gr.Column(scale=2):
+                            with gr.Row():
+                                model = gr.Dropdown(self.model_choices, value=self.model_name, label="Model",
+                                                    allow_custom_value=self.limits.allowed_models is None, scale=3,
+                                                    info="'default' is the embedded SmolLM2-135M; or a Hugging Face id / folder")
+                                load_btn = gr.Button("Load", scale=1)
+                            info = gr.Markdown(model_info(self.model_name, lm))
+                            method = gr.Radio(list(handlers.METHODS), value="HiSpec", label="Method")
+                            draft_layer = gr.Slider(1, L - 1, value=preset.draft_layer, step=1, label="Draft layer d",
+                                                    info="exit that drafts (LayerSkip: its single exit)")
+                            verify_layer = gr.Slider(1, L - 1, value=preset.verify_layer, step=1,
+                                                     label="Verify layer v", info="intermediate verifier exit, d < v < L")
+                            draft_len = gr.Slider(1, 8, value=preset.draft_len, step=1, label="draft_len",
+                                                  info="tokens drafted per block")
+                            verify_threshold = gr.Slider(1, 16, value=preset.verify_threshold, step=1, label="verify_threshold",
+                                                         info="tentative tokens that trigger the full model")
+                            max_new = gr.Slider(1, self.limits.max_new_tokens, value=min(96, self.limits.max_new_tokens),
+                                                step=1, label="Max new tokens")
+                            chat = gr.Checkbox(True, label="Use the chat template")
+                            with gr.Accordion("Sampling (temperature 0 = greedy, exact)", open=False):
+                                temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature",
+                                                        info="> 0 samples; every stage then uses speculative sampling, "
+                                                             "so the output is distributed exactly as the full model's")
+                                top_k = gr.Number(0, precision=0, minimum=0, label="Top-k (0 = off)")
+                                top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p (1 = off)")
+                                seed = gr.Number(-1, precision=0, minimum=-1, label="Seed (-1 = random)")
+                            depth = gr.HTML(render.depth_html(L, preset.draft_layer, preset.verify_layer, "hispec"))
+                            baselines = gr.CheckboxGroup(["Autoregressive", "LayerSkip (single exit)"], value=["Autoregressive"],
+                                                         label="Baselines for Compare")
                     with gr.Row():
-                        model = gr.Dropdown(self.model_choices, value=self.model_name, label="Model",
-                                            allow_custom_value=self.limits.allowed_models is None, scale=3,
-                                            info="'default' is the embedded SmolLM2-135M; or a Hugging Face id / folder")
-                        load_btn = gr.Button("Load", scale=1)
-                    info = gr.Markdown(model_info(self.model_name, lm))
-                    method = gr.Radio(list(handlers.METHODS), value="HiSpec", label="Method")
-                    draft_layer = gr.Slider(1, L - 1, value=default_draft_layer(L), step=1, label="Draft layer d",
-                                            info="exit that drafts (LayerSkip: its single exit)")
-                    verify_layer = gr.Slider(1, L - 1, value=default_verify_layer(L), step=1,
-                                             label="Verify layer v", info="intermediate verifier exit, d < v < L")
-                    draft_len = gr.Slider(1, 8, value=2, step=1, label="draft_len",
-                                          info="tokens drafted per block")
-                    verify_threshold = gr.Slider(1, 16, value=4, step=1, label="verify_threshold",
-                                                 info="tentative tokens that trigger the full model")
-                    max_new = gr.Slider(1, self.limits.max_new_tokens, value=min(96, self.limits.max_new_tokens),
-                                        step=1, label="Max new tokens")
-                    chat = gr.Checkbox(True, label="Use the chat template")
-                    with gr.Accordion("Sampling (temperature 0 = greedy, exact)", open=False):
-                        temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature",
-                                                info="> 0 samples; every stage then uses speculative sampling, "
-                                                     "so the output is distributed exactly as the full model's")
-                        top_k = gr.Number(0, precision=0, minimum=0, label="Top-k (0 = off)")
-                        top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p (1 = off)")
-                        seed = gr.Number(-1, precision=0, minimum=-1, label="Seed (-1 = random)")
-                    depth = gr.HTML(render.depth_html(L, default_draft_layer(L), default_verify_layer(L), "hispec"))
-                    baselines = gr.CheckboxGroup(["Autoregressive", "LayerSkip (single exit)"], value=["Autoregressive"],
-                                                 label="Baselines for Compare")
-            with gr.Row():
-                acc_plot = gr.Plot(label="Acceptance", elem_id="hs-acc-plot")
-                speed_plot = gr.Plot(label="Speed", elem_id="hs-speed-plot")
-                work_plot = gr.Plot(label="Work", elem_id="hs-work-plot")
-            with gr.Accordion("Compare with a baseline", open=True):
-                compare_status = gr.HTML("")
-                compare_out = gr.HTML("", elem_id="hs-compare")
-                compare_plot = gr.Plot(label="Comparison")
-            gr.Markdown(self.limits.describe(), elem_id="hs-limits")
-            with gr.Accordion("How it works", open=False):
-                gr.Markdown(HOW_IT_WORKS)
-                gr.HTML(render.legend_html())
+                        acc_plot = gr.Plot(label="Acceptance", elem_id="hs-acc-plot")
+                        speed_plot = gr.Plot(label="Speed", elem_id="hs-speed-plot")
+                        work_plot = gr.Plot(label="Work", elem_id="hs-work-plot")
+                    with gr.Accordion("Compare with a baseline", open=True):
+                        compare_status = gr.HTML("")
+                        compare_out = gr.HTML("", elem_id="hs-compare")
+                        compare_plot = gr.Plot(label="Comparison")
+                    gr.Markdown(self.limits.describe(), elem_id="hs-limits")
+                    with gr.Accordion("How it works", open=False):
+                        gr.Markdown(HOW_IT_WORKS)
+                        gr.HTML(render.legend_html())
+                with gr.Tab("Benchmark"):  # a saved report, and a small live run on the model chosen above
+                    self.bench = bench_tab.BenchTab(self.registry, self.guard, stream=partial(_bench_gpu, id(self)))
+                    self.bench.build(model)
 
             settings = [prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new, chat,
                         temperature, top_k, top_p, seed]
@@ -217,7 +224,8 @@ class App:
             compare_btn.click(self.compare, settings + [baselines], [compare_status, compare_out, compare_plot],
                               concurrency_limit=4, concurrency_id="model", api_name="compare")
             stop_btn.click(self.stop, None, [status], concurrency_limit=None, api_name="stop")
-            load_btn.click(self.load, [model], [status, info, draft_layer, verify_layer, num_layers],
+            load_btn.click(self.load, [model],
+                           [status, info, draft_layer, verify_layer, num_layers, draft_len, verify_threshold],
                            concurrency_limit=1, api_name="load_model")
             for control in (method, draft_layer, verify_layer, num_layers):
                 control.change(_depth, [num_layers, draft_layer, verify_layer, method], [depth], api_name=False,
@@ -250,6 +258,13 @@ def _generation_gpu(app_id, model_name, prompt, config, chat, visitor):
                                           guard=app.guard, visitor=visitor)
 
 
+@gpu(300)
+def _bench_gpu(app_id, model_name, set_name, count, methods, max_new_tokens, visitor):
+    app = _APPS[app_id]
+    yield from bench_tab.bench_stream(app.registry, model_name, set_name, count, methods, max_new_tokens,
+                                      app.bench.stops[visitor], guard=app.guard, visitor=visitor)
+
+
 @gpu(240)
 def _compare_gpu(app_id, model_name, prompt, config, chat, baselines, visitor):
     app = _APPS[app_id]
@@ -257,9 +272,14 @@ def _compare_gpu(app_id, model_name, prompt, config, chat, baselines, visitor):
                                        app._stops[visitor], guard=app.guard, visitor=visitor)
 
 
+def model_defaults(lm) -> DecodeConfig:
+    """HiSpec's settings for this model: its trained exits' recommendation, else L/8, L/4, 2, 4."""
+    return DecodeConfig("hispec").resolve(lm.ee.num_layers, recommended_settings(lm.ee))
+
+
 def model_info(name: str, lm) -> str:
     return (f"**{html.escape(name)}** · {lm.ee.num_layers} layers · {lm.device} · {lm.dtype} · "
-            f"loaded in {lm.load_s:.1f} s")
+            f"loaded in {lm.load_s:.1f} s\n\n" + exits.exits_html(getattr(lm.ee, "exit_info", None)))
 
 
 def stats_html(s: dict) -> str:

