@@ -15,7 +15,8 @@ arithmetic of a Llama-family decoder layer directly on the model's own weights:
 
 It covers the layouts in ``SUPPORTED_ARCHITECTURES`` (Llama, Mistral, Qwen2 with q/k/v bias,
 Qwen3 with per-head q/k norms). Anything else the lean path cannot reproduce exactly
-(accelerate offload hooks, dynamic rope scaling, quantised weights) keeps the stock path:
+(accelerate offload hooks, forward hooks on the layers, dynamic rope scaling, quantised weights)
+keeps the stock path; hooks added after the engine wraps the model are not called on the lean path:
 ``LeanPath.support(model)`` says why.
 """
 
@@ -134,6 +135,8 @@ class LeanPath:
         """None if the lean path reproduces this model's layers; otherwise the reason it cannot."""
         if any(hasattr(m, "_hf_hook") for m in model.modules()):
             return "layers are dispatched by accelerate hooks (device_map/offload)"
+        if any(m._forward_hooks or m._forward_pre_hooks for m in model.model.layers.modules()):
+            return "its layers have forward hooks, which the lean path would not call"
         rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
         if "dynamic" in str(rope_type) or "longrope" in str(rope_type):
             return f"rope type '{rope_type}' changes with the sequence length"

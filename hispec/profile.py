@@ -156,9 +156,10 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
         out["heads_ms"][f"exit {layer}"] = timed(lambda: ee.exit_logits(hidden, layer))
 
     # Single-exit self-speculation at exit e with k drafts: draft = layers [0, e) + its exit head,
-    # verification = layers [e, L) over k tokens + final head; approximated from measured parts.
+    # verification = layers [e, L) over k + 1 tokens (the drafts and the token before them, which
+    # has only been through the draft layers) + final head; approximated from measured parts.
     head_e = out["heads_ms"].get(f"exit {e}", out["heads_ms"]["final"])
-    near = min(out["full_step_ms"], key=lambda n: abs(n - k))  # the measured count closest to k
+    near = min(out["full_step_ms"], key=lambda n: abs(n - (k + 1)))  # the measured count closest to k + 1
     for tag, full in (("lean", "full_step_ms"), ("stock", "hf_full_step_ms")):
         step = out[full]
         per_layer_1 = (out["draft_range_ms" if tag == "lean" else "stock_draft_range_ms"][1]) / d

@@ -138,3 +138,13 @@ def test_unpacked_fusion_shares_the_weights_memory():
     assert mlp.up_proj.weight.data_ptr() == mlp.gate_proj.weight.data_ptr() + mlp.gate_proj.weight.numel() * 4
     assert ee.lean.layers[0].qkv.weight.data_ptr() == q.data_ptr()
     assert hf_greedy(model, [3, 9], 12) == ref  # transformers' own forward is unchanged
+
+
+def test_layers_with_forward_hooks_keep_the_stock_path():
+    model = tiny_model("llama")
+    calls = []
+    model.model.layers[3].register_forward_pre_hook(lambda *a: calls.append(1))
+    ee = EarlyExitModel(model)
+    assert ee.lean is None and "forward hooks" in ee.stock_reason
+    run(ee, [4, 5], DecodeConfig("autoregressive", max_new_tokens=3))
+    assert calls, "the stock path calls the model's own layers, hooks included"

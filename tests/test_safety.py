@@ -74,13 +74,18 @@ def test_rate_limiter_window():
     limiter.check("x", now=60.5)  # the first one left the window
 
 
-def test_wall_time_limit(lm):
+def test_wall_time_limit(lm, monkeypatch):
+    import time
+
     reg = registry_with(lm, max_seconds=0.3)
-    handle = lm.model.model.layers[-1].register_forward_pre_hook(lambda *a: __import__("time").sleep(0.05))
-    try:
-        out = stream(reg, max_new=200)
-    finally:
-        handle.remove()
+    run_layers = lm.ee.run_layers
+
+    def slow(*args, **kwargs):  # a slow model: every layer-range call takes 50 ms more
+        time.sleep(0.05)
+        return run_layers(*args, **kwargs)
+
+    monkeypatch.setattr(lm.ee, "run_layers", slow)
+    out = stream(reg, max_new=200)
     assert out[-1]["status"] == "Stopped at this server's time limit of 0.3 s per request."
     assert out[-1]["stats"]["finish_reason"] == "stopped" and out[-1]["stats"]["new_tokens"] < 200
     assert not reg.generation_lock("tiny").locked()

@@ -111,7 +111,7 @@ def _resample_from_p(p, q):  # the classic bug: ignore what was already accepted
     return p
 
 
-def _top_prediction_matching(self, tokens, proposals, logits):
+def _top_prediction_matching(self, tokens, proposals, logits, preds=None):
     """Top-prediction matching under sampling (what the paper's verifier does): accept a pending
     token iff it is the stage's argmax, else sample the stage's own token. Not lossless."""
     probs = sampling.warp(logits, self.params)
