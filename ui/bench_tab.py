@@ -40,8 +40,9 @@ DEFAULT_METHODS = ["autoregressive", "layerskip", "hispec"]
 PLOTS = 4  # chart slots of the saved report (a sweep draws two per grid)
 LIVE_PLOTS = 3
 METHOD_HELP = ("autoregressive: the full model, token by token (the reference) · hf_generate: transformers' "
-               "generate() · hf_early_exit: generate(assistant_early_exit=L/4) · layerskip: single exit at L/4 · "
-               "hispec: draft at L/8, verify at L/4, then the full model")
+               "generate() · hf_early_exit: generate(assistant_early_exit=E) with layerskip's exit E · layerskip: "
+               "single exit E · hispec: draft exit, verify exit, then the full model. Exits and lengths are the "
+               "model's defaults: its trained exits' recommendation, else E = L/4, d = L/8, v = L/4")
 
 
 # ---- saved reports ---------------------------------------------------------------------------
