@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--dtype", default="auto")
     tx = sub.add_parser("train-exits", help="train exit heads by self-distillation and evaluate them held out",
                         description="Train a small head per exit layer (norm + residual linear map in front of the "
-                                    "model's own LM head) to predict the full model's next token, on the full "
+                                    "model's own LM head, optionally after one attention block with its own KV "
+                                    "cache: --head attention) to predict the full model's next token, on the full "
                                     "model's own greedy continuations of a prompt set; the model's weights never "
                                     "change. Reports held-out top-1 agreement before/after and saves the heads "
                                     "with a manifest; the engine then loads them for this model.",
@@ -153,10 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
     tx.add_argument("--vocab", type=_whole_number, default=4096,
                     help="exits score only the K most frequent tokens of the model's own outputs (default 4096; "
                          "0 = full vocabulary); the full model always uses the full vocabulary")
+    tx.add_argument("--head", choices=("linear", "attention"), default="linear",
+                    help="linear: norm + residual map (default); attention: one attention block over the exit's "
+                         "earlier positions first, with its own KV cache (better agreement, about 1.8 MB more "
+                         "per head on the default model)")
     tx.add_argument("--rank", type=_whole_number, default=0, help="rank of the residual map (0 = full, default)")
     tx.add_argument("--steps", type=_whole_number, default=2000, help="training steps (2000)")
-    tx.add_argument("--batch-size", type=_whole_number, default=256, help="tokens per training step (256)")
+    tx.add_argument("--batch-size", type=_whole_number, default=256,
+                    help="tokens per training step (256); attention heads take whole sequences up to about this many")
     tx.add_argument("--lr", type=float, default=4e-3, help="AdamW learning rate, cosine decay (4e-3)")
+    tx.add_argument("--attention-lr", type=float, default=1e-3,
+                    help="learning rate of an attention head's attention block (1e-3)")
     tx.add_argument("--gen-batch", type=_whole_number, default=16, help="prompts per teacher generation batch (16)")
     tx.add_argument("--seed", type=_whole_number, default=0)
     tx.add_argument("--save-layers", default=None,
@@ -167,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "finds heads for this model automatically)")
     tx.add_argument("--data", metavar="FILE.pt", default=None,
                     help="teacher-data cache: reused when it matches the prompts and settings, else written")
+    tx.add_argument("--forced-text", type=_whole_number, default=0, metavar="N",
+                    help="also train on N ShareGPT exchanges (question + reply, never used as prompts) run "
+                         "teacher-forced through the full model: cheap extra data, no generation (default 0)")
+    tx.add_argument("--forced-max-tokens", type=_whole_number, default=512,
+                    help="cut each teacher-forced exchange to this many tokens (512)")
     tx.add_argument("--generated-only", action="store_true",
                     help="train on the positions the full model wrote only, not also on the prompts' positions")
     tx.add_argument("--threads", type=_whole_number, default=0, help="torch CPU threads (0 = torch's default)")

@@ -6,6 +6,17 @@ An exit head at layer ``e`` maps the raw hidden state after ``e`` decoder layers
     y = z + B(A(z)) + b   (low rank)    or   z + W z + b   (full rank)   # zero-initialised
     logits = lm_head(y)                 # the model's shared LM head, never changed
 
+An *attention* head first lets each position look back at the earlier positions' states at
+the same exit, through one attention block with its own KV cache (an adapter in the spirit of
+Kangaroo's; initialised from the attention of the model's next layer, e + 1):
+
+    h' = h + o(Attention(q, k, v of RMSNorm(h)))        # causal, rotary like the model's
+    logits = the linear head above, on h'
+
+Its cache grows and is cut back with the exit's layers (see StageStack): the stack runs the
+attention step on every position as it reaches the exit, so `forward`/`features` take the
+attended states, and `attend` is the step itself.
+
 Untrained (W = 0, b = 0) it is exactly the raw exit (final norm + LM head). With a reduced
 vocabulary the head scores only K token ids through a precomputed, contiguous slice of the LM
 head weight, and returns full-vocabulary logits that are -inf outside the subset, so the
@@ -41,13 +52,81 @@ ASSETS_EXITS = Path(__file__).resolve().parent.parent / "assets" / "exits"
 SAVE_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+class ExitAttention(nn.Module):
+    """One causal self-attention block over an exit's hidden states (float32, own KV cache).
+    `source`: a decoder layer of the model whose norm and attention weights it starts from
+    (Qwen3's per-head q/k norms are not copied: a starting point only, training adapts)."""
+
+    def __init__(self, model, source: nn.Module):
+        super().__init__()
+        attn = source.self_attn
+        self.head_dim = attn.head_dim
+        self.n_heads = attn.q_proj.out_features // attn.head_dim
+        self.n_kv = attn.k_proj.out_features // attn.head_dim
+        self.scaling = float(attn.scaling)
+        norm = source.input_layernorm
+        self.eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)) or 1e-6)
+        own = lambda t: nn.Parameter(t.detach().clone().float())  # noqa: E731
+        self.norm_weight = own(norm.weight)
+        self.qkv = own(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        self.qkv_bias = None
+        if attn.q_proj.bias is not None:  # Qwen2 has q/k/v biases
+            self.qkv_bias = own(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
+        self.o = own(attn.o_proj.weight)
+        # The model's rotary module: shared, never a submodule (not trained, not saved).
+        object.__setattr__(self, "_rotary", model.model.rotary_emb)
+        self._cos = self._sin = None
+
+    def _rotary_rows(self, past: int, q_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        need = past + q_len
+        if self._cos is None or self._cos.shape[0] < need or self._cos.device != device:
+            size = max(256, need, 0 if self._cos is None else 2 * self._cos.shape[0])
+            positions = torch.arange(size, device=device)[None]
+            with torch.inference_mode(False), torch.no_grad():  # usable in training too
+                cos, sin = self._rotary(torch.empty(0, device=device), positions)
+            self._cos, self._sin = cos[0].float(), sin[0].float()
+        return self._cos[past:need, None], self._sin[past:need, None]
+
+    def _rotate(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def forward(self, hidden: torch.Tensor, cache=None, slot: int = 0) -> torch.Tensor:
+        """hidden (B, T, H) float32 -> hidden + attention. Without a cache: T positions from 0
+        (training; right padding is harmless under the causal mask). With a cache (B = 1): the
+        T positions that follow the `slot`'s cached ones, which are appended."""
+        B, T, _ = hidden.shape
+        H, K, D = self.n_heads, self.n_kv, self.head_dim
+        past = cache.lengths[slot] if cache is not None else 0
+        qkv = nn.functional.linear(_rms(hidden, self.norm_weight, self.eps), self.qkv, self.qkv_bias)
+        qkv = qkv.view(B, T, H + 2 * K, D)
+        cos, sin = self._rotary_rows(past, T, hidden.device)
+        q, k = self._rotate(qkv[:, :, :H], cos, sin), self._rotate(qkv[:, :, H : H + K], cos, sin)
+        k, v = k.transpose(1, 2), qkv[:, :, H + K :].transpose(1, 2)
+        mask, causal = None, T > 1 and past == 0
+        if cache is not None:
+            k, v = cache.update(k, v, slot)
+            if T > 1 and past:
+                rows = torch.arange(T, device=hidden.device)[:, None] + past
+                mask = torch.arange(past + T, device=hidden.device)[None, :] <= rows
+        out = nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, is_causal=causal,
+                                                         scale=self.scaling, enable_gqa=H != K)
+        return hidden + nn.functional.linear(out.transpose(1, 2).reshape(B, T, H * D), self.o)
+
+
 class ExitHead(nn.Module):
     """Norm + residual linear map (full or low rank) + the model's LM head, optionally on a
-    vocabulary subset. Residual-initialised: untrained, it equals the raw exit."""
+    vocabulary subset, optionally after an attention step (`attention`, see ExitAttention).
+    Residual-initialised: an untrained linear head equals the raw exit."""
 
     def __init__(self, final_norm: nn.Module, lm_head: nn.Module, rank: int = 0,
-                 vocab_ids: torch.Tensor | None = None):
+                 vocab_ids: torch.Tensor | None = None, attention: ExitAttention | None = None):
         super().__init__()
+        self.attention = attention
         weight = final_norm.weight.detach()
         hidden = weight.shape[0]
         self.hidden_size = hidden
@@ -82,10 +161,20 @@ class ExitHead(nn.Module):
         self._sub_bias = None if bias is None else bias.detach()[ids].contiguous()
 
     # ---- forward ------------------------------------------------------------------------
-    def features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head's input: norm, then the residual map."""
+    @property
+    def stateful(self) -> bool:
+        """True for attention heads: each position's attention step needs the earlier ones."""
+        return self.attention is not None
+
+    def attend(self, hidden: torch.Tensor, cache=None, slot: int = 0) -> torch.Tensor:
+        """The attention step (identity for a linear head): exit states -> the head's input."""
         x = hidden.to(self.norm_weight.device, torch.float32)  # the head is tiny: float32 always
-        z = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight
+        return x if self.attention is None else self.attention(x, cache, slot)
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head's input: norm, then the residual map (after `attend`, for attention heads)."""
+        x = hidden.to(self.norm_weight.device, torch.float32)
+        z = _rms(x, self.norm_weight, self.eps)
         delta = (z @ self.down.T) @ self.up.T if self.rank else z @ self.proj.T
         return z + delta + self.bias
 
@@ -105,16 +194,27 @@ class ExitHead(nn.Module):
     def describe(self) -> str:
         kind = f"rank-{self.rank} linear" if self.rank else "full linear"
         vocab = f"{len(self.vocab_ids)} tokens" if self.vocab_ids is not None else "full vocabulary"
-        return f"norm + {kind} residual map, {vocab}"
+        attention = "attention (own KV cache) + " if self.attention is not None else ""
+        return f"{attention}norm + {kind} residual map, {vocab}"
 
 
-def make_heads(ee, layers, rank: int = 0, vocab_ids: torch.Tensor | None = None) -> dict[int, ExitHead]:
-    """Fresh (identity) heads for `layers` of an EarlyExitModel, sharing one vocabulary slice."""
+HEAD_TYPES = ("linear", "attention")
+
+
+def make_heads(ee, layers, rank: int = 0, vocab_ids: torch.Tensor | None = None,
+               head_type: str = "linear") -> dict[int, ExitHead]:
+    """Fresh heads for `layers` of an EarlyExitModel, sharing one vocabulary slice. Linear heads
+    start as the raw exit; attention heads start from the attention of layer e + 1."""
+    if head_type not in HEAD_TYPES:
+        raise ValueError(f"unknown exit head type '{head_type}'; choose {', '.join(HEAD_TYPES)}")
     norm, lm_head = ee.final_head.norm, ee.final_head.lm_head
     heads = {}
     shared = None
     for layer in layers:
-        head = ExitHead(norm, lm_head, rank=rank)
+        attention = ExitAttention(ee.model, ee.layers[layer]) if head_type == "attention" else None
+        if attention is not None:
+            attention.to(lm_head.weight.device)
+        head = ExitHead(norm, lm_head, rank=rank, attention=attention)
         if vocab_ids is not None:
             head.set_vocab(vocab_ids, shared)
             shared = head._sub_weight
@@ -187,7 +287,8 @@ def save_heads(folder, heads: dict[int, ExitHead], manifest: dict, dtype: str = 
     first = next(iter(heads.values()))
     vocab_info = dict(manifest.get("vocab") or {})
     vocab_info["size"] = None if vocab is None else int(len(vocab))
-    head_info = dict(manifest.get("head") or {}, type="linear", rank=first.rank, dtype=dtype,
+    head_info = dict(manifest.get("head") or {}, type="attention" if first.stateful else "linear",
+                     rank=first.rank, dtype=dtype,
                      description=first.describe())
     manifest = dict(manifest, format=FORMAT, version=VERSION, layers=sorted(int(k) for k in heads),
                     head=head_info, vocab=vocab_info)
@@ -232,7 +333,12 @@ def load_heads(folder, ee) -> tuple[dict[int, ExitHead], dict]:
             raise ModelLoadError(f"{folder}: exit layer {layer} is impossible for a {ee.num_layers}-layer model")
     vocab = tensors.get("vocab_ids")
     vocab = None if vocab is None else vocab.long()
-    heads = make_heads(ee, layers, rank=int(manifest["head"].get("rank") or 0), vocab_ids=vocab)
+    head_type = (manifest.get("head") or {}).get("type", "linear")
+    if head_type not in HEAD_TYPES:
+        raise ModelLoadError(f"{folder}: unknown exit head type '{head_type}' (this HiSpec reads "
+                             f"{', '.join(HEAD_TYPES)})")
+    heads = make_heads(ee, layers, rank=int(manifest["head"].get("rank") or 0), vocab_ids=vocab,
+                       head_type=head_type)
     for layer, head in heads.items():
         state = {name[len(f"layer{layer}."):]: t for name, t in tensors.items() if name.startswith(f"layer{layer}.")}
         try:

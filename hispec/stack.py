@@ -8,6 +8,10 @@ KV cache. Frontiers never increase with depth (draft layers know the most tokens
 ``run_to(i, end)`` brings boundary i up to position `end`, running each stage only on the
 positions it has not seen, from the hidden states saved at the boundary below: no layer is
 ever run twice for the same token. ``truncate(n)`` drops positions >= n everywhere.
+
+An exit with a stateful (attention) head keeps its own KV cache, in ``head_cache`` at the
+boundary's index: every position that reaches the boundary also runs the head's attention
+step, and ``run_to`` returns the attended states there (what the head reads).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .cache import LayerKVCache
 from .early_exit import EarlyExitModel
 
 
@@ -40,6 +45,10 @@ class StageStack:
         self.boundaries = boundaries
         self.names = names
         self.cache = ee.new_cache(capacity)
+        # Attention exit heads by boundary index, and their KV caches (slot = boundary index).
+        self._stateful = {i: head for i, b in enumerate(boundaries[1:-1], 1)
+                          if getattr(head := ee.exit_heads.get(b), "stateful", False)}
+        self.head_cache = LayerKVCache(len(boundaries), capacity)
         self.tokens: list[int] = []
         self.serials: list[int] = []  # a unique id per token ever placed, for work accounting
         self._next_serial = 0
@@ -76,13 +85,20 @@ class StageStack:
             hidden = self._take_input(i - 1, lo, end)
             t0 = time.perf_counter()
             hidden = self.ee.run_layers(hidden, self.boundaries[i - 1], self.boundaries[i], self.cache)
+            exit_states = hidden
+            if i in self._stateful:  # the head's attention step: every position, exactly once
+                if self.head_cache.lengths[i] != lo:
+                    raise RuntimeError(f"exit head cache at boundary {self.boundaries[i]} holds "
+                                       f"{self.head_cache.lengths[i]} positions, expected {lo}")
+                with torch.inference_mode():
+                    exit_states = self._stateful[i].attend(hidden, self.head_cache, i)
             self.passes.append(
                 StagePass(self.names[i - 1], self.boundaries[i - 1], self.boundaries[i], (lo, end),
                           tuple(self.serials[lo:end]), time.perf_counter() - t0)
             )
             self.frontier[i] = end
             if i == level:
-                top = hidden
+                top = exit_states
             if i < len(self.boundaries) - 1:
                 saved = self._hidden[i]
                 self._hidden[i] = hidden if saved is None else torch.cat([saved, hidden], dim=1)
@@ -116,6 +132,7 @@ class StageStack:
                 self.frontier[i] = length
                 for layer in range(self.boundaries[i - 1], self.boundaries[i]):
                     self.cache.crop(layer, length)
+                self.head_cache.crop(i, length)
             saved = self._hidden[i] if i < len(self.boundaries) - 1 else None
             if saved is not None:
                 keep = length - self.frontier[i + 1]
@@ -123,3 +140,7 @@ class StageStack:
 
     def cache_lengths(self) -> list[int]:
         return list(self.cache.lengths)
+
+    def head_cache_lengths(self) -> dict[int, int]:
+        """Positions in each attention exit head's cache, by exit layer."""
+        return {self.boundaries[i]: self.head_cache.lengths[i] for i in self._stateful}

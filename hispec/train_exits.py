@@ -66,6 +66,16 @@ class TeacherData:
                     "generated": self.generated}, str(path))
 
     @classmethod
+    def concat(cls, first: TeacherData, second: TeacherData) -> TeacherData:
+        """Both sets' positions (the second's prompts numbered after the first's)."""
+        if first.layers != second.layers:
+            raise ConfigError(f"teacher data for layers {first.layers} and {second.layers} cannot be combined")
+        return cls(first.layers, {k: torch.cat([first.hidden[k], second.hidden[k]]) for k in first.layers},
+                   torch.cat([first.final, second.final]), torch.cat([first.tokens, second.tokens]),
+                   torch.cat([first.seq, second.seq + first.num_prompts]), first.num_prompts + second.num_prompts,
+                   first.meta, torch.cat([first.generated, second.generated]))
+
+    @classmethod
     def load(cls, path) -> TeacherData:
         d = torch.load(str(path), weights_only=True)
         return cls(d["layers"], d["hidden"], d["final"], d["tokens"], d["seq"], d["num_prompts"], d["meta"],
@@ -84,8 +94,8 @@ def collect(model, prompts: list[list[int]], layers: Iterable[int], max_new_toke
             prompt_positions: bool = False) -> TeacherData:
     """Greedy continuations of `prompts` (token ids) by the full model, and the hidden states
     at `layers` and at the final layer for every generated position (and, with
-    `prompt_positions`, for the prompt's positions after the first: free extra training data,
-    where the teacher is the full model's prediction on the prompt text)."""
+    `prompt_positions`, for every prompt position: free extra training data, where the teacher
+    is the full model's prediction on the prompt text, and the context attention heads see)."""
     layers = sorted({int(x) for x in layers})
     eos = sorted({int(x) for x in eos_ids})
     device = next(model.parameters()).device
@@ -116,7 +126,7 @@ def collect(model, prompts: list[list[int]], layers: Iterable[int], max_new_toke
             if not g:
                 continue
             p = len(prompts[i])
-            first = min(1, p - 1) if prompt_positions else p - 1
+            first = 0 if prompt_positions else p - 1  # attention heads need whole sequences
             pos = slice(first, p - 1 + len(g))  # position p-1+k predicts generated token k
             for layer in layers:
                 hidden[layer].append(hs[layer][row, pos].to("cpu", torch.float16))
@@ -130,6 +140,38 @@ def collect(model, prompts: list[list[int]], layers: Iterable[int], max_new_toke
     return TeacherData(layers, {k: torch.cat(v) for k, v in hidden.items()}, torch.cat(finals), torch.cat(tokens),
                        torch.cat(seqs), len(prompts), {"max_new_tokens": max_new_tokens,
                                                         "prompt_positions": prompt_positions})
+
+
+@torch.inference_mode()
+def collect_forced(ee, sequences: list[list[int]], layers: Iterable[int], show_progress: bool = False) -> TeacherData:
+    """Teacher-forced data: one pass of the engine's own layer path over each given token sequence
+    (text the model did not write, e.g. ShareGPT replies), no generation, so it is cheap. Every
+    position is kept, with the full model's own next-token prediction there as the teacher; none
+    is scored (generated=False)."""
+    layers = sorted({int(x) for x in layers})
+    bounds = [0, *layers, ee.num_layers]
+    hidden: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+    finals, seqs = [], []
+    bar = _bar(len(sequences), "teacher-forced text", show_progress)
+    for i, ids in enumerate(sequences):
+        bar.update(1)
+        if not ids:
+            continue
+        cache = ee.new_cache(len(ids))
+        h = ee.embed(ids)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            h = ee.run_layers(h, a, b, cache)
+            if b in hidden:
+                hidden[b].append(h[0].to("cpu", torch.float16))
+        finals.append(ee.final_head.norm(h)[0].to("cpu", torch.float16))
+        seqs.append(torch.full((len(ids),), i))
+    bar.close()
+    if not finals:
+        raise ConfigError("no teacher-forced text to collect")
+    n = sum(len(f) for f in finals)
+    return TeacherData(layers, {k: torch.cat(v) for k, v in hidden.items()}, torch.cat(finals),
+                       torch.full((n,), -1), torch.cat(seqs), len(sequences), {"forced": True},
+                       torch.zeros(n, dtype=torch.bool))
 
 
 def frequent_tokens(tokens: torch.Tensor, k: int, vocab_size: int, always: Iterable[int] = ()) -> torch.Tensor:
@@ -159,12 +201,15 @@ class TrainSettings:
     warmup: int = 50
     weight_decay: float = 0.0
     seed: int = 0
+    attention_lr: float = 1e-3  # attention heads: their attention block (it starts from the model's weights)
 
 
 def train(heads: dict[int, ExitHead], data: TeacherData, lm_head_weight: torch.Tensor, settings: TrainSettings,
-          show_progress: bool = False) -> list[dict]:
+          show_progress: bool = False, loss_mask: torch.Tensor | None = None) -> list[dict]:
     """Train every head on the same batches (KL to the teacher over each head's vocabulary).
-    Returns a short loss history."""
+    Returns a short loss history. Attention heads train on whole sequences (see _train_sequences)."""
+    if any(head.stateful for head in heads.values()):
+        return _train_sequences(heads, data, lm_head_weight, settings, show_progress, loss_mask)
     gen = torch.Generator().manual_seed(settings.seed)
     n = len(data)
     device = lm_head_weight.device
@@ -213,6 +258,89 @@ def train(heads: dict[int, ExitHead], data: TeacherData, lm_head_weight: torch.T
     return history
 
 
+def segments(data: TeacherData) -> list[tuple[int, int]]:
+    """(start, end) of each prompt's run of positions (collect writes them in order)."""
+    _, counts = torch.unique_consecutive(data.seq, return_counts=True)
+    ends = torch.cumsum(counts, 0).tolist()
+    return list(zip([0] + ends[:-1], ends))
+
+
+def _padded(data: TeacherData, spans: list[tuple[int, int]], layer: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (B, T, H) float32 states of these spans (layer None: the final ones), and the mask."""
+    T = max(b - a for a, b in spans)
+    source = data.final if layer is None else data.hidden[layer]
+    out = torch.zeros(len(spans), T, source.shape[-1])
+    mask = torch.zeros(len(spans), T, dtype=torch.bool)
+    for row, (a, b) in enumerate(spans):
+        out[row, : b - a] = source[a:b].float()
+        mask[row, : b - a] = True
+    return out, mask
+
+
+def _train_sequences(heads: dict[int, ExitHead], data: TeacherData, lm_head_weight: torch.Tensor,
+                     settings: TrainSettings, show_progress: bool, loss_mask: torch.Tensor | None) -> list[dict]:
+    """Attention heads: each step takes whole sequences (about `batch_size` positions in all),
+    runs the heads' attention causally over them, and minimises KL(teacher || exit) at every
+    position where `loss_mask` (default: all) is True."""
+    rng = random.Random(settings.seed)
+    device = lm_head_weight.device
+    vocab = next(iter(heads.values())).vocab_ids
+    weight = (lm_head_weight.detach()[vocab].contiguous() if vocab is not None else lm_head_weight.detach()).float()
+    spans = segments(data)
+    optims = {}
+    for layer, head in heads.items():
+        head.to(device).train().requires_grad_(True)
+        attention = list(head.attention.parameters())
+        others = [p for p in head.parameters() if all(p is not q for q in attention)]
+        optims[layer] = torch.optim.AdamW([{"params": others, "lr": settings.lr, "base": settings.lr},
+                                           {"params": attention, "lr": settings.attention_lr,
+                                            "base": settings.attention_lr}], weight_decay=settings.weight_decay)
+
+    def scale(step: int) -> float:
+        if step < settings.warmup:
+            return (step + 1) / settings.warmup
+        t = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    history, running, order = [], {layer: 0.0 for layer in heads}, []
+    bar = _bar(settings.steps, "training exit heads", show_progress)
+    for step in range(settings.steps):
+        batch, size = [], 0
+        while size < settings.batch_size:
+            if not order:
+                order = list(range(len(spans)))
+                rng.shuffle(order)
+            a, b = spans[order.pop()]
+            batch.append((a, b))
+            size += b - a
+        final, mask = _padded(data, batch, None)
+        if loss_mask is not None:
+            for row, (a, b) in enumerate(batch):
+                mask[row, : b - a] &= loss_mask[a:b]
+        with torch.no_grad():
+            teacher = F.log_softmax(final[mask].to(device) @ weight.T, dim=-1)
+        for layer, head in heads.items():
+            for group in optims[layer].param_groups:
+                group["lr"] = group["base"] * scale(step)
+            hidden, _ = _padded(data, batch, layer)
+            states = head.attend(hidden.to(device))[mask.to(device)]
+            student = F.log_softmax(head.features(states) @ weight.T, dim=-1)
+            loss = F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+            optims[layer].zero_grad(set_to_none=True)
+            loss.backward()
+            optims[layer].step()
+            value = float(loss.detach())
+            running[layer] = 0.98 * running[layer] + 0.02 * value if step else value
+        bar.update(1)
+        if step % 50 == 0 or step == settings.steps - 1:
+            bar.set_postfix({f"L{k}": f"{v:.2f}" for k, v in running.items()}, refresh=False)
+            history.append({"step": step, **{str(k): round(v, 4) for k, v in running.items()}})
+    bar.close()
+    for head in heads.values():
+        head.eval().requires_grad_(False)
+    return history
+
+
 def round_to(heads: dict[int, ExitHead], dtype: torch.dtype) -> None:
     """Round the heads' weights through the dtype they will be saved in (what users will load)."""
     with torch.no_grad():
@@ -234,16 +362,22 @@ def evaluate(ee, heads: dict[int, ExitHead], data: TeacherData, chunk: int = 512
     final_head = ee.final_head
     lm_head = final_head.lm_head
     dtype, device = lm_head.weight.dtype, lm_head.weight.device
-    for start in range(0, len(data), chunk):
-        sl = slice(start, start + chunk)
+    # Chunks of positions; whole sequences where a head attends over the earlier positions.
+    spans = (segments(data) if any(h.stateful for h in heads.values())
+             else [(a, min(a + chunk, len(data))) for a in range(0, len(data), chunk)])
+    for a, b in spans:
+        sl = slice(a, b)
         targets.append(lm_head(data.final[sl].to(device, dtype)).argmax(-1).cpu())
         for layer, head in heads.items():
             h = data.hidden[layer][sl].to(device, dtype)
             raw_pred[layer].append(lm_head(final_head.norm(h)).argmax(-1).cpu())
-            pred[layer].append(head(h).argmax(-1).cpu())
-    target = torch.cat(targets)
-    raw = {k: torch.cat(v) for k, v in raw_pred.items()}
-    trained = {k: torch.cat(v) for k, v in pred.items()}
+            pred[layer].append(head(head.attend(h[None])[0]).argmax(-1).cpu())
+    # Scored where the full model wrote the next token (prompt positions are context only).
+    scored = data.generated
+    target = torch.cat(targets)[scored]
+    raw = {k: torch.cat(v)[scored] for k, v in raw_pred.items()}
+    trained = {k: torch.cat(v)[scored] for k, v in pred.items()}
+    data = data._mask(scored, data.num_prompts)
     vocab = next(iter(heads.values())).vocab_ids
     coverage = None
     if vocab is not None:
@@ -305,16 +439,22 @@ def run(ee, prompts: list[list[int]], layers: list[int], *, eos_ids=(), name: st
         holdout: float = 0.1, vocab_size: int = 0, rank: int = 0, settings: TrainSettings | None = None,
         save_dtype: str = "float16", batch_size: int = 16, data: TeacherData | None = None,
         prompt_positions: bool = False, pick_from: list[int] | None = None, show_progress: bool = False,
-        log: Progress | None = None) -> tuple[dict[int, ExitHead], dict, TeacherData]:
+        log: Progress | None = None, head_type: str = "linear",
+        forced: TeacherData | None = None) -> tuple[dict[int, ExitHead], dict, TeacherData]:
     """Collect teacher data (unless given), train heads for `layers`, evaluate them held out
     (on the positions the full model wrote). `prompt_positions`: also train on the prompts'
     positions. `pick_from`: the layers the suggested hispec/layerskip settings may use (default all).
-    Returns (heads, manifest without the save-time fields, the teacher data)."""
-    from .exit_heads import SAVE_DTYPES
+    `head_type`: 'linear' or 'attention' (see exit_heads). `forced`: extra training data from
+    teacher-forced text (collect_forced), never held out. Returns (heads, manifest without the
+    save-time fields, the teacher data)."""
+    from .exit_heads import HEAD_TYPES, SAVE_DTYPES
 
     settings = settings or TrainSettings()
     say = log or (lambda msg: None)
     ee.check_layers(*layers)
+    if head_type not in HEAD_TYPES:
+        raise ConfigError(f"unknown --head '{head_type}'; choose {', '.join(HEAD_TYPES)}")
+    attention = head_type == "attention"
     if save_dtype not in SAVE_DTYPES:
         raise ConfigError(f"unknown --save-dtype '{save_dtype}'; choose {', '.join(SAVE_DTYPES)}")
     lm_head = ee.final_head.lm_head
@@ -324,29 +464,40 @@ def run(ee, prompts: list[list[int]], layers: list[int], *, eos_ids=(), name: st
     if rank < 0 or rank > ee.config.hidden_size:
         raise ConfigError(f"--rank {rank} is impossible: use 0 (full rank) or 1..{ee.config.hidden_size}")
     t0 = time.perf_counter()
-    if data is None or not set(layers) <= set(data.layers) or data.num_prompts != len(prompts):
+    whole = prompt_positions or attention  # attention heads need each sequence from position 0
+    if (data is None or not set(layers) <= set(data.layers) or data.num_prompts != len(prompts)
+            or (whole and not data.meta.get("prompt_positions"))):
         say(f"Collecting teacher data: {len(prompts)} prompts, up to {max_new_tokens} new tokens each")
         data = collect(ee.model, prompts, sorted(set(layers)), max_new_tokens, eos_ids, batch_size, show_progress,
-                       prompt_positions)
+                       whole)
     collect_s = data.meta.get("collect_s") or time.perf_counter() - t0
     data.meta["collect_s"] = round(collect_s, 1)
     train_idx, held_idx = split_prompts(len(prompts), holdout, settings.seed)
-    train_data = data.select(train_idx, generated_only=not prompt_positions)
-    held_data = data.select(held_idx, generated_only=True)
+    # Attention heads read whole sequences; without prompt_positions only their loss is restricted.
+    train_data = data.select(train_idx, generated_only=not prompt_positions and not attention)
+    loss_mask = train_data.generated if attention and not prompt_positions else None
+    held_data = data.select(held_idx)  # scored on the generated positions only (see evaluate)
     generated = train_data.tokens[train_data.generated]
-    say(f"Teacher data: {len(train_data)} training positions ({len(generated)} generated, {len(train_idx)} "
-        f"prompts), {len(held_data)} held-out generated tokens ({len(held_idx)} prompts), {collect_s:.0f} s")
+    forced_tokens = 0
+    if forced is not None:  # teacher-forced text: training positions all, context and targets
+        forced_tokens = len(forced)
+        train_data = TeacherData.concat(train_data, forced.select(set(range(forced.num_prompts))))
+        if loss_mask is not None:
+            loss_mask = torch.cat([loss_mask, torch.ones(forced_tokens, dtype=torch.bool)])
+    say(f"Teacher data: {int(train_data.generated.sum()) if loss_mask is not None else len(train_data)} "
+        f"training positions ({len(generated)} generated, {len(train_idx)} "
+        f"prompts), {int(held_data.generated.sum())} held-out generated tokens ({len(held_idx)} prompts), {collect_s:.0f} s")
     vocab = None
     if vocab_size and vocab_size < vocab_total:
         vocab = frequent_tokens(generated, vocab_size, vocab_total, always=sorted(set(eos_ids)))
-    heads = make_heads(ee, layers, rank=rank, vocab_ids=vocab)
+    heads = make_heads(ee, layers, rank=rank, vocab_ids=vocab, head_type=head_type)
     for head in heads.values():
         torch.manual_seed(settings.seed)  # low-rank heads start from a seeded random projection
         if head.rank:
             with torch.no_grad():
                 head.down.copy_(torch.randn(head.down.shape) / math.sqrt(head.hidden_size))
     t1 = time.perf_counter()
-    history = train(heads, train_data, lm_head.weight, settings, show_progress)
+    history = train(heads, train_data, lm_head.weight, settings, show_progress, loss_mask)
     train_s = time.perf_counter() - t1
     round_to(heads, SAVE_DTYPES[save_dtype])
     evaluation, seqs = evaluate(ee, heads, held_data)
@@ -363,11 +514,14 @@ def run(ee, prompts: list[list[int]], layers: list[int], *, eos_ids=(), name: st
         "vocab": {"coverage_held_out": evaluation["subset_coverage"]},
         "training": {
             "objective": "KL(full model || exit) on the full model's own greedy continuations"
-                         + (" and on the prompts" if prompt_positions else ""),
+                         + (" and on the prompts" if prompt_positions else "")
+                         + (" and on teacher-forced text" if forced is not None else ""),
             "prompts": len(train_idx), "tokens": len(train_data), "generated_tokens": len(generated),
+            **({"forced_sequences": forced.num_prompts, "forced_tokens": forced_tokens} if forced is not None else {}),
             "max_new_tokens": max_new_tokens,
             "steps": settings.steps, "batch_size": settings.batch_size, "lr": settings.lr,
             "warmup": settings.warmup, "weight_decay": settings.weight_decay, "seed": settings.seed,
+            **({"attention_lr": settings.attention_lr} if attention else {}),
             "holdout": holdout, "collect_s": round(collect_s, 1), "train_s": round(train_s, 1),
             "loss_history": history[-5:],
         },
@@ -407,7 +561,8 @@ def _data_key(prompts: list[list[int]], max_new_tokens: int, identity: dict) -> 
     import hashlib
     import json
 
-    blob = json.dumps([prompts, max_new_tokens, identity], sort_keys=True).encode()
+    # "v2": prompt positions from 0 on (what attention heads need); older caches are not reused.
+    blob = json.dumps([prompts, max_new_tokens, identity, "v2"], sort_keys=True).encode()
     return hashlib.sha1(blob).hexdigest()
 
 
@@ -438,6 +593,41 @@ def format_evaluation(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def _forced_data(lm, args, layers: list[int], identity: dict, say: Progress) -> TeacherData:
+    """Teacher-forced ShareGPT exchanges (--forced-text N), cached next to --data when given."""
+    from pathlib import Path
+
+    from .prompts import load_sharegpt_dialogues
+
+    if args.forced_max_tokens < 2:
+        raise ConfigError(f"--forced-max-tokens must be at least 2 (got {args.forced_max_tokens})")
+    sequences = []
+    for messages in load_sharegpt_dialogues(args.forced_text):
+        ids = lm.tokenizer.apply_chat_template(messages, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids
+        sequences.append(list(ids)[: args.forced_max_tokens])
+    key = _data_key(sequences, 0, identity)
+    path = Path(str(args.data) + ".forced.pt") if args.data else None
+    if path is not None and path.is_file():
+        cached = TeacherData.load(path)
+        if cached.meta.get("key") == key and set(layers) <= set(cached.layers):
+            say(f"Teacher-forced data from {path} ({len(cached)} tokens)")
+            return _only_layers(cached, layers)
+    say(f"Teacher-forced text: {len(sequences)} ShareGPT exchanges, up to {args.forced_max_tokens} tokens each")
+    t0 = time.perf_counter()
+    data = collect_forced(lm.ee, sequences, layers, show_progress=not args.quiet)
+    data.meta.update(key=key, collect_s=round(time.perf_counter() - t0, 1))
+    if path is not None:
+        data.save(path)
+        say(f"Teacher-forced data saved to {path}")
+    return data
+
+
+def _only_layers(data: TeacherData, layers: list[int]) -> TeacherData:
+    return TeacherData(sorted(layers), {k: data.hidden[k] for k in layers}, data.final, data.tokens, data.seq,
+                       data.num_prompts, data.meta, data.generated)
+
+
 def cli(args) -> int:
     """python -m hispec train-exits (argparse namespace from hispec/cli.py)."""
     import sys
@@ -459,8 +649,9 @@ def cli(args) -> int:
     for name in ("steps", "batch_size"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
-    if not args.lr > 0:
-        raise ConfigError(f"--lr must be positive (got {args.lr})")
+    for name in ("lr", "attention_lr"):
+        if not getattr(args, name) > 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive (got {getattr(args, name)})")
     if args.threads:
         torch.set_num_threads(args.threads)
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=say, exits="none")
@@ -474,7 +665,7 @@ def cli(args) -> int:
     if args.data and Path(args.data).is_file():
         cached = TeacherData.load(args.data)
         if cached.meta.get("key") == key and set(layers) <= set(cached.layers):
-            data = cached
+            data = _only_layers(cached, layers)
             say(f"Teacher data from {args.data} ({len(cached)} tokens)")
         else:
             say(f"{args.data} holds teacher data for other prompts/settings/layers: collecting afresh")
@@ -487,12 +678,17 @@ def cli(args) -> int:
         if args.data:
             data.save(args.data)
             say(f"Teacher data saved to {args.data}")
-    settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    forced = None
+    if args.forced_text:
+        forced = _forced_data(lm, args, layers, identity, say)
+    settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                             attention_lr=args.attention_lr)
     heads, manifest, data = run(ee, prompts, layers, eos_ids=lm.eos_ids, name=args.model,
                                 max_new_tokens=args.max_new_tokens, holdout=args.holdout, vocab_size=args.vocab,
                                 rank=args.rank, settings=settings, save_dtype=args.save_dtype,
                                 batch_size=args.gen_batch, data=data, prompt_positions=not args.generated_only,
-                                pick_from=save_layers, show_progress=not args.quiet, log=say)
+                                pick_from=save_layers, show_progress=not args.quiet, log=say, head_type=args.head,
+                                forced=forced)
     manifest["training"]["prompt_spec"] = args.prompts
     manifest["training"]["options"] = {k: v for k, v in sorted(vars(args).items())
                                        if k not in ("command", "data", "quiet")}  # no local cache paths
