@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default="default", help="'default', a Hugging Face id or a local folder")
     bench.add_argument("--prompts", default="mtbench:5",
                        help="SET[:N][,SET[:N]...] with SET sharegpt, humaneval, mtbench or a .jsonl file "
-                            "(N: a fixed seeded sample; default mtbench:5)")
+                            "(N: a fixed seeded sample; default mtbench:5), or 'heldout': the prompts the model's "
+                            "trained exit heads were held out from (never trained on)")
     bench.add_argument("--methods", default=None,
                        help=f"comma list of {', '.join(BENCH_METHODS)} (default: all); not with --sweep")
     bench.add_argument("--max-new-tokens", type=_whole_number, default=128)
@@ -354,9 +355,14 @@ def _bench_inputs(args):
     base = DecodeConfig("hispec", args.draft_layer, args.verify_layer, args.draft_len, args.verify_threshold,
                         args.max_new_tokens)
     base.validate()
-    sets = load_sets(args.prompts, seed=args.seed)
+    heldout = args.prompts.strip() == "heldout"  # the exit heads' held-out prompts: needs the model first
+    sets = None if heldout else load_sets(args.prompts, seed=args.seed)
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr),
                     exits=args.exits)
+    if heldout:
+        from .train_exits import heldout_prompts
+
+        sets = heldout_prompts(lm)
     base.resolve(lm.ee.num_layers, recommended_settings(lm.ee))
     return base, sets, lm
 

@@ -34,6 +34,7 @@ class StepCosts:
     head_full_1: float = 3.5  # full LM head, 1 row
     head_full_n: float = 5.0  # full LM head, several rows
     head_exit: float = 0.2  # an exit head on the reduced vocabulary (any rows)
+    head_attention: float = 0.13  # an attention head's attention step (own KV cache), per call
     per_pass: float = 0.3  # fixed cost of one stage pass of the engine
     per_token: float = 2.6  # per committed token: selection, events, text (autoregressive pays it too)
 
@@ -108,10 +109,11 @@ def autoregressive_ms(L: int, costs: StepCosts) -> float:
 
 def estimate(seqs: list[Sequence], L: int, method: str, d: int, v: int | None = None, draft_len: int = 2,
              threshold: int = 4, off_accept: float = 0.3, costs: StepCosts | None = None,
-             subset_heads: bool = True, seed: int = 0) -> float:
+             subset_heads: bool = True, seed: int = 0, attention_heads: bool = False) -> float:
     """Estimated speedup over autoregressive decoding (time per token ratio)."""
     costs = costs or StepCosts()
-    exit_head = costs.head_exit if subset_heads else costs.head_full_1
+    exit_head = (costs.head_exit if subset_heads else costs.head_full_1) + (costs.head_attention if attention_heads
+                                                                           else 0.0)
     rng = random.Random(seed)
     total_t, total_n = 0.0, 0
     for seq in seqs:
@@ -128,7 +130,7 @@ def estimate(seqs: list[Sequence], L: int, method: str, d: int, v: int | None = 
 
 
 def best_settings(seqs: list[Sequence], L: int, layers: list[int], pair_agreement: dict[str, float],
-                  costs: StepCosts | None = None, subset_heads: bool = True) -> dict:
+                  costs: StepCosts | None = None, subset_heads: bool = True, attention_heads: bool = False) -> dict:
     """The best hispec (d, v, draft_len, verify_threshold) and layerskip (exit, draft_len) among
     the trained exits, by estimated speedup; with the estimate of every (d, v) at 2/4."""
     pairs = {}
@@ -138,7 +140,8 @@ def best_settings(seqs: list[Sequence], L: int, layers: list[int], pair_agreemen
             off = pair_agreement.get(f"{d}-{v}", 0.3)
             for n_d in (1, 2, 3, 4):
                 for n_i in (2, 4, 6, 8):
-                    s = estimate(seqs, L, "hispec", d, v, n_d, n_i, off, costs, subset_heads)
+                    s = estimate(seqs, L, "hispec", d, v, n_d, n_i, off, costs, subset_heads,
+                                 attention_heads=attention_heads)
                     if (n_d, n_i) == (2, 4):
                         pairs[f"{d}-{v}"] = round(s, 3)
                     if best_h is None or s > best_h[0]:
@@ -146,7 +149,8 @@ def best_settings(seqs: list[Sequence], L: int, layers: list[int], pair_agreemen
     best_l = None
     for e in layers:
         for k in (1, 2, 3, 4, 6, 8):
-            s = estimate(seqs, L, "layerskip", e, None, k, costs=costs, subset_heads=subset_heads)
+            s = estimate(seqs, L, "layerskip", e, None, k, costs=costs, subset_heads=subset_heads,
+                         attention_heads=attention_heads)
             if best_l is None or s > best_l[0]:
                 best_l = (s, e, k)
     out = {"pairs_at_2_4": pairs, "note": "estimated speedup over autoregressive from held-out exit predictions "

@@ -400,7 +400,8 @@ def _frac(mask: torch.Tensor) -> float:
     return round(float(mask.float().mean()), 4) if mask.numel() else 0.0
 
 
-def suggest(evaluation: dict, seqs: list, num_layers: int, layers: list[int], subset_heads: bool) -> dict | None:
+def suggest(evaluation: dict, seqs: list, num_layers: int, layers: list[int], subset_heads: bool,
+            attention_heads: bool = False) -> dict | None:
     """The estimated best hispec/layerskip settings among `layers` (see exit_estimate)."""
     from .exit_estimate import best_settings
 
@@ -408,7 +409,8 @@ def suggest(evaluation: dict, seqs: list, num_layers: int, layers: list[int], su
     if not layers:
         return None
     agreement = {k: v["trained"] for k, v in evaluation["pairs"].items()}
-    return best_settings(seqs, num_layers, layers, agreement, subset_heads=subset_heads)
+    return best_settings(seqs, num_layers, layers, agreement, subset_heads=subset_heads,
+                         attention_heads=attention_heads)
 
 
 def default_layers_from(estimate: dict | None) -> dict | None:
@@ -501,7 +503,7 @@ def run(ee, prompts: list[list[int]], layers: list[int], *, eos_ids=(), name: st
     train_s = time.perf_counter() - t1
     round_to(heads, SAVE_DTYPES[save_dtype])
     evaluation, seqs = evaluate(ee, heads, held_data)
-    estimate = suggest(evaluation, seqs, ee.num_layers, sorted(pick_from or layers), vocab is not None)
+    estimate = suggest(evaluation, seqs, ee.num_layers, sorted(pick_from or layers), vocab is not None, attention)
     evaluation["estimate"] = estimate
     defaults = default_layers_from(estimate)
     if defaults:
@@ -541,16 +543,41 @@ def parse_layers(text: str) -> list[int]:
     return layers
 
 
-def _prompt_ids(lm, spec: str, max_prompt_tokens: int, seed: int) -> list[list[int]]:
+def _usable_prompts(lm, spec: str, max_prompt_tokens: int, seed: int) -> list[tuple[str, object, list[int]]]:
+    """(set name, prompt, token ids) of the prompts train-exits uses, in its order."""
     from .prompts import load_sets
 
-    ids = []
-    for prompts in load_sets(spec, seed=seed).values():
+    out = []
+    for name, prompts in load_sets(spec, seed=seed).items():
         for p in prompts:
             if p.text.strip():
                 tokens = lm.encode(p.text, chat=p.chat)
                 if len(tokens) <= max_prompt_tokens:
-                    ids.append(tokens)
+                    out.append((name, p, tokens))
+    return out
+
+
+def heldout_prompts(lm) -> dict[str, list]:
+    """The prompts the attached exit heads were evaluated on and never trained on, by set: the
+    clean prompts to benchmark them with (prompt set 'heldout' in bench)."""
+    info = getattr(lm.ee, "exit_info", None) or {}
+    training = info.get("training") or {}
+    options = training.get("options") or {}
+    spec = training.get("prompt_spec")
+    if not spec:
+        raise ConfigError("prompt set 'heldout' needs trained exit heads whose manifest records their prompts "
+                          "(made by train-exits); this model has none")
+    usable = _usable_prompts(lm, spec, int(options.get("max_prompt_tokens", 256)), int(training.get("seed", 0)))
+    _, held = split_prompts(len(usable), float(training.get("holdout", 0.1)), int(training.get("seed", 0)))
+    sets: dict[str, list] = {}
+    for i in sorted(held):
+        name, prompt, _ = usable[i]
+        sets.setdefault(f"heldout-{name}", []).append(prompt)
+    return sets
+
+
+def _prompt_ids(lm, spec: str, max_prompt_tokens: int, seed: int) -> list[list[int]]:
+    ids = [tokens for _, _, tokens in _usable_prompts(lm, spec, max_prompt_tokens, seed)]
     if len(ids) < 2:
         raise ConfigError(f"--prompts '{spec}' gives {len(ids)} usable prompt(s) of at most {max_prompt_tokens} "
                           f"tokens; give more prompts (train-exits holds some out for evaluation)")

@@ -9,6 +9,7 @@ import torch
 from helpers import ee_of, hf_greedy, tiny_model
 
 from hispec.decoding import DecodeConfig
+from hispec.errors import ConfigError
 from hispec.exit_heads import ExitHead, load_heads, make_heads, save_heads
 from hispec.runner import run
 from hispec.stack import StageStack
@@ -196,5 +197,18 @@ def test_cli_trains_attention_heads_that_the_engine_loads(tmp_path, monkeypatch,
     prompt = lm.encode("abc def")
     result = run(lm.ee, prompt, DecodeConfig(max_new_tokens=20, draft_layer=2, verify_layer=5), eos_ids=lm.eos_ids)
     assert result.token_ids == hf_greedy(lm.model, prompt, 20, eos=2)
+    # the prompts the heads were held out from: a clean benchmark set
+    from hispec.train_exits import heldout_prompts
+
+    held = heldout_prompts(lm)
+    texts = [json.loads(line)["prompt"] for line in prompts.read_text().splitlines()]
+    assert list(held) == ["heldout-p"] and len(held["heldout-p"]) == 2
+    assert all(p.text in texts for p in held["heldout-p"])
+    capsys.readouterr()
+    assert main(["bench", "--model", folder, "--prompts", "heldout", "--methods", "autoregressive,layerskip",
+                 "--max-new-tokens", "6", "--no-warmup"]) == 0
+    assert "heldout-p" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="prompt set 'heldout' needs trained exit heads"):
+        heldout_prompts(load_model(folder, device="cpu", exits="none"))
     assert main(["train-exits", "--model", folder, "--layers", "2", "--attention-lr", "0"]) == 2
     assert "--attention-lr must be positive" in capsys.readouterr().err
