@@ -483,12 +483,13 @@ def run(ee, prompts: list[list[int]], layers: list[int], *, eos_ids=(), name: st
     forced_tokens = 0
     if forced is not None:  # teacher-forced text: training positions all, context and targets
         forced_tokens = len(forced)
-        train_data = TeacherData.concat(train_data, forced.select(set(range(forced.num_prompts))))
+        train_data = TeacherData.concat(train_data, forced)
         if loss_mask is not None:
             loss_mask = torch.cat([loss_mask, torch.ones(forced_tokens, dtype=torch.bool)])
-    say(f"Teacher data: {int(train_data.generated.sum()) if loss_mask is not None else len(train_data)} "
-        f"training positions ({len(generated)} generated, {len(train_idx)} "
-        f"prompts), {int(held_data.generated.sum())} held-out generated tokens ({len(held_idx)} prompts), {collect_s:.0f} s")
+    trained_on = int(loss_mask.sum()) if loss_mask is not None else len(train_data)
+    say(f"Teacher data: {trained_on} training positions ({len(generated)} generated, {len(train_idx)} prompts"
+        + (f", {forced_tokens} teacher-forced" if forced is not None else "")
+        + f"), {int(held_data.generated.sum())} held-out generated tokens ({len(held_idx)} prompts), {collect_s:.0f} s")
     vocab = None
     if vocab_size and vocab_size < vocab_total:
         vocab = frequent_tokens(generated, vocab_size, vocab_total, always=sorted(set(eos_ids)))
@@ -629,9 +630,13 @@ def _forced_data(lm, args, layers: list[int], identity: dict, say: Progress) -> 
     if args.forced_max_tokens < 2:
         raise ConfigError(f"--forced-max-tokens must be at least 2 (got {args.forced_max_tokens})")
     sequences = []
+    chat = bool(getattr(lm.tokenizer, "chat_template", None))
     for messages in load_sharegpt_dialogues(args.forced_text):
-        ids = lm.tokenizer.apply_chat_template(messages, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids
+        if chat:
+            ids = lm.tokenizer.apply_chat_template(messages, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids
+        else:  # a model without a chat template reads the exchange as plain text
+            ids = lm.tokenizer.encode("\n\n".join(m["content"] for m in messages), add_special_tokens=True)
         sequences.append(list(ids)[: args.forced_max_tokens])
     key = _data_key(sequences, 0, identity)
     path = Path(str(args.data) + ".forced.pt") if args.data else None

@@ -212,3 +212,33 @@ def test_cli_trains_attention_heads_that_the_engine_loads(tmp_path, monkeypatch,
         heldout_prompts(load_model(folder, device="cpu", exits="none"))
     assert main(["train-exits", "--model", folder, "--layers", "2", "--attention-lr", "0"]) == 2
     assert "--attention-lr must be positive" in capsys.readouterr().err
+
+
+def test_cli_forced_text_on_a_model_without_a_chat_template(tmp_path, monkeypatch, capsys):
+    import json
+
+    from helpers import save_tiny_folder
+
+    from hispec.cli import main
+
+    monkeypatch.setenv("HISPEC_CACHE", str(tmp_path / "cache"))
+    folder = save_tiny_folder(tmp_path / "model")
+    for template in folder.glob("chat_template.*"):  # a base model: no chat template
+        template.unlink()
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    from hispec.loading import load_model
+
+    assert not getattr(load_model(str(folder), device="cpu").tokenizer, "chat_template", None)
+    folder = str(folder)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "abc {i} def"}}\n' for i in range(8)))
+    args = ["train-exits", "--model", folder, "--layers", "2,5", "--prompts", str(prompts), "--max-new-tokens", "6",
+            "--vocab", "0", "--steps", "3", "--quiet", "--forced-text", "4", "--forced-max-tokens", "40",
+            "--data", str(tmp_path / "t.pt"), "--out", str(tmp_path / "x")]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "Teacher-forced text: 4 ShareGPT exchanges" in err and "teacher-forced" in err
+    assert main(args) == 0  # the second run reuses the cache next to --data
+    assert "Teacher-forced data from " + str(tmp_path / "t.pt.forced.pt") in capsys.readouterr().err
