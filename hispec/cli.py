@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     tx.add_argument("--lr", type=float, default=4e-3, help="AdamW learning rate, cosine decay (4e-3)")
     tx.add_argument("--attention-lr", type=float, default=1e-3,
                     help="learning rate of an attention head's attention block (1e-3)")
-    tx.add_argument("--gen-batch", type=_whole_number, default=16, help="prompts per teacher generation batch (16)")
+    tx.add_argument("--gen-batch", type=_whole_number, default=32,
+                    help="prompts per teacher generation batch (32; the lean path decodes them together)")
     tx.add_argument("--seed", type=_whole_number, default=0)
     tx.add_argument("--save-layers", default=None,
                     help="save only these trained layers, or 'best': the estimated best hispec (draft, verify) "
@@ -179,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     tx.add_argument("--forced-text", type=_whole_number, default=0, metavar="N",
                     help="also train on N ShareGPT exchanges (question + reply, never used as prompts) run "
                          "teacher-forced through the full model: cheap extra data, no generation (default 0)")
+    tx.add_argument("--extra-prompts", type=_whole_number, default=0, metavar="N",
+                    help="also train on the full model's own generations for N more ShareGPT questions (after the "
+                         "prompt pool and the --forced-text exchanges): training only, never held out, so the "
+                         "held-out set of --prompts stays the same (default 0)")
     tx.add_argument("--forced-max-tokens", type=_whole_number, default=512,
                     help="cut each teacher-forced exchange to this many tokens (512)")
     tx.add_argument("--generated-only", action="store_true",

@@ -78,31 +78,63 @@ def load_sharegpt(pool: int = SHAREGPT_POOL) -> list[Prompt]:
     for record in _sharegpt_records():
         if len(out) >= pool:
             break
-        turns = record.get("conversations") or []
-        if turns and turns[0].get("from") == "human" and turns[0].get("value", "").strip():
-            out.append(Prompt(f"sharegpt-{record.get('id', len(out))}", turns[0]["value"], category="chat"))
+        if _first_turn(record).strip():
+            out.append(Prompt(f"sharegpt-{record.get('id', len(out))}", _first_turn(record), category="chat"))
     return out
+
+
+def _first_turn(record: dict) -> str:
+    turns = record.get("conversations") or []
+    return turns[0].get("value", "") if turns and turns[0].get("from") == "human" else ""
+
+
+def _reply(record: dict) -> str:
+    turns = record.get("conversations") or []
+    return turns[1].get("value", "") if len(turns) > 1 and turns[1].get("from") == "gpt" else ""
+
+
+def _sharegpt_after_pool(skip: int):
+    """Records with a human first turn, after the first `skip` of them (the prompt pool)."""
+    seen = 0
+    for record in _sharegpt_records(125 * 2**20):
+        if not _first_turn(record).strip():
+            continue
+        seen += 1
+        if seen > skip:
+            yield record
 
 
 def load_sharegpt_dialogues(count: int, skip: int = SHAREGPT_POOL) -> list[list[dict]]:
     """`count` ShareGPT exchanges (first human turn + the reply) as chat messages, taken after the
     records that `load_sharegpt` uses as prompts, so they never overlap a benchmark or held-out prompt."""
-    out, seen = [], 0
-    for record in _sharegpt_records(125 * 2**20):
-        turns = record.get("conversations") or []
-        if not (turns and turns[0].get("from") == "human" and turns[0].get("value", "").strip()):
-            continue
-        seen += 1
-        if seen <= skip:
-            continue
+    out = []
+    for record in _sharegpt_after_pool(skip):
         if len(out) >= count:
             break
-        if len(turns) > 1 and turns[1].get("from") == "gpt" and turns[1].get("value", "").strip():
-            out.append([{"role": "user", "content": turns[0]["value"]},
-                        {"role": "assistant", "content": turns[1]["value"]}])
+        if _reply(record).strip():
+            out.append([{"role": "user", "content": _first_turn(record)},
+                        {"role": "assistant", "content": _reply(record)}])
     if len(out) < count:
         raise ConfigError(f"the ShareGPT file holds only {len(out)} exchanges after its first {skip} prompts "
                           f"({count} asked for)")
+    return out
+
+
+def load_sharegpt_questions(count: int, after_dialogues: int = 0) -> list[Prompt]:
+    """`count` more ShareGPT first human turns, after the prompt pool and after the records of the
+    first `after_dialogues` exchanges of `load_sharegpt_dialogues`: prompts that overlap neither
+    a benchmark or held-out prompt nor the teacher-forced text."""
+    out, passed = [], 0
+    for record in _sharegpt_after_pool(SHAREGPT_POOL):
+        if passed < after_dialogues:
+            passed += bool(_reply(record).strip())
+            continue
+        if len(out) >= count:
+            break
+        out.append(Prompt(f"sharegpt-{record.get('id', len(out))}", _first_turn(record), category="chat"))
+    if len(out) < count:
+        raise ConfigError(f"the ShareGPT file holds only {len(out)} more questions after its first {SHAREGPT_POOL} "
+                          f"prompts and {after_dialogues} exchanges ({count} asked for)")
     return out
 
 

@@ -1,0 +1,121 @@
+"""Teacher data for exit heads: batched greedy decoding on the lean path gives transformers'
+greedy tokens, and generations for extra prompts are training data only, never held out."""
+
+import random
+
+import pytest
+import torch
+from helpers import ee_of, hf_greedy, tiny_model
+
+from hispec.batch_greedy import greedy
+from hispec.train_exits import TeacherData, TrainSettings, collect, segments
+from hispec.train_exits import run as train_run
+
+
+def prompts_of(n, seed=0, vocab=100, lengths=(1, 12)):
+    r = random.Random(seed)
+    return [[r.randrange(3, vocab) for _ in range(r.randint(*lengths))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_batched_greedy_equals_transformers_greedy_for_every_prompt(arch):
+    model = tiny_model(arch, seed=3)
+    ee = ee_of(model)
+    assert ee.lean is not None
+    prompts = prompts_of(7, seed=1)  # lengths 1..12: every row but the longest is left-padded
+    assert len({len(p) for p in prompts}) > 2
+    free = [hf_greedy(model, p, 10) for p in prompts]
+    assert greedy(ee, prompts, 10) == free
+    # An eos cuts a row after its first eos; the other rows go on (and finished rows are dropped).
+    eos = free[0][3]
+    cut = [out[: out.index(eos) + 1] if eos in out else out for out in free]
+    assert any(len(c) < 10 for c in cut) and any(len(c) == 10 for c in cut)
+    assert greedy(ee, prompts, 10, eos_ids=[eos], pad_id=eos) == cut
+
+
+def test_batched_greedy_without_the_engines_lean_path():
+    model = tiny_model("llama", seed=5)
+    ee = ee_of(model)
+    ee.set_lean(False)  # the engine on the stock path: greedy builds its own lean path
+    prompts = prompts_of(4, seed=2)
+    assert greedy(ee, prompts, 8) == [hf_greedy(model, p, 8) for p in prompts]
+
+
+def test_collect_on_the_lean_path_matches_transformers_generate():
+    model = tiny_model("llama", seed=4)
+    ee = ee_of(model)
+    prompts = prompts_of(9, seed=3, lengths=(3, 9))
+    fast = collect(model, prompts, [2, 5], max_new_tokens=12, eos_ids=[7], batch_size=4, prompt_positions=True,
+                   ee=ee)
+    stock = collect(model, prompts, [2, 5], max_new_tokens=12, eos_ids=[7], batch_size=4, prompt_positions=True)
+    assert torch.equal(fast.tokens, stock.tokens) and torch.equal(fast.seq, stock.seq)
+    assert torch.equal(fast.hidden[5], stock.hidden[5]) and torch.equal(fast.final, stock.final)
+
+
+def test_concat_keeps_every_sequence_apart():
+    model = tiny_model("llama", seed=4)
+    ee = ee_of(model)
+    data = collect(model, prompts_of(6, seed=4, lengths=(2, 5)), [2], max_new_tokens=3, prompt_positions=True, ee=ee)
+    picked = data.select({1, 2, 5})  # keeps the original numbers 1, 2, 5: 5 == its number of prompts + 2
+    both = TeacherData.concat(picked, data)
+    assert len(segments(both)) == len(segments(picked)) + len(segments(data)) == 3 + 6
+    assert both.num_prompts == 9
+
+
+def test_extra_prompts_are_training_data_never_held_out():
+    model = tiny_model("llama", seed=4)
+    ee = ee_of(model)
+    extra = collect(model, prompts_of(20, seed=9, lengths=(3, 9)), [2, 5], max_new_tokens=16, prompt_positions=True,
+                    ee=ee)
+    settings = TrainSettings(steps=10, batch_size=128, lr=3e-3)
+    prompts = prompts_of(32, seed=0, lengths=(3, 9))
+    for head_type in ("linear", "attention"):
+        plain = train_run(ee, prompts, [2, 5], max_new_tokens=16, holdout=0.25, settings=settings,
+                          head_type=head_type)[1]
+        more = train_run(ee, prompts, [2, 5], max_new_tokens=16, holdout=0.25, settings=settings,
+                         head_type=head_type, extra=extra)[1]
+        generated = int(extra.generated.sum())
+        assert more["training"]["extra_prompts"] == 20 and more["training"]["extra_generated_tokens"] == generated
+        assert more["training"]["generated_tokens"] == plain["training"]["generated_tokens"] + generated
+        assert more["evaluation"]["tokens"] == plain["evaluation"]["tokens"]  # the held-out set is unchanged
+        assert more["evaluation"]["prompts"] == plain["evaluation"]["prompts"]
+
+
+def test_sharegpt_questions_overlap_neither_the_pool_nor_the_forced_text():
+    from hispec.prompts import SHAREGPT_POOL, load_sharegpt, load_sharegpt_dialogues, load_sharegpt_questions
+
+    pool = {p.text for p in load_sharegpt(pool=SHAREGPT_POOL)}
+    forced = {user["content"] for user, _ in load_sharegpt_dialogues(30)}
+    questions = load_sharegpt_questions(40, after_dialogues=30)
+    assert len(questions) == 40 and all(q.chat and q.text.strip() for q in questions)
+    texts = [q.text for q in questions]
+    assert not set(texts) & pool and not set(texts) & forced
+    # they start right after the forced exchanges' records
+    assert load_sharegpt_questions(1, after_dialogues=29)[0].text in forced
+
+
+def test_cli_extra_prompts_are_cached_and_recorded(tmp_path, monkeypatch, capsys):
+    import json
+
+    from helpers import save_tiny_folder
+
+    from hispec.cli import main
+
+    monkeypatch.setenv("HISPEC_CACHE", str(tmp_path / "cache"))
+    folder = str(save_tiny_folder(tmp_path / "model"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "a{i}", "chat": false}}\n' for i in range(8)))  # 2 tokens each
+    args = ["train-exits", "--model", folder, "--layers", "2,5", "--prompts", str(prompts), "--max-new-tokens", "6",
+            "--vocab", "0", "--steps", "3", "--quiet", "--extra-prompts", "12", "--max-prompt-tokens", "400",
+            "--data", str(tmp_path / "t.pt"), "--out", str(tmp_path / "x")]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "Extra prompts: " in err and "Extra teacher data saved to " + str(tmp_path / "t.pt.extra.pt") in err
+    training = json.loads((tmp_path / "x" / "manifest.json").read_text())["training"]
+    fitting = int(err.split("Extra prompts: ")[1].split()[0])
+    assert 0 < fitting <= 12 and training["extra_prompts"] == fitting and training["extra_generated_tokens"] > 0
+    assert main(args) == 0  # the second run reuses both caches
+    err = capsys.readouterr().err
+    assert "Teacher data from " in err and "Extra teacher data from " + str(tmp_path / "t.pt.extra.pt") in err
+    assert main(args[:-6] + ["--max-prompt-tokens", "3", "--out", str(tmp_path / "y")]) == 2
+    assert "none of the 12 extra ShareGPT questions fits --max-prompt-tokens 3" in capsys.readouterr().err
