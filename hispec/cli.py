@@ -345,9 +345,10 @@ def cmd_bench(args) -> int:
         write_svg(report, args.svg, title=f"{lm.name}: tokens/s relative to autoregressive "
                                           f"({args.max_new_tokens} new tokens, {lm.device}, {lm.dtype})")
     ref = report["summary"]["all"]["reference"]
+    width = max(len(name) for name in report["summary"]) + 2
     for set_name, s in report["summary"].items():
         for m, r in s["methods"].items():
-            print(f"{set_name:<12}{m:<16}{r['tokens_per_s']:>9.2f} tok/s  {r['speedup_vs'].get(ref, 1.0):>6.2f}x vs {ref}"
+            print(f"{set_name:<{width}}{m:<16}{r['tokens_per_s']:>9.2f} tok/s  {r['speedup_vs'].get(ref, 1.0):>6.2f}x vs {ref}"
                   f"  outputs equal: {'yes' if r['outputs_equal'] else 'NO'}")
     return 0
 

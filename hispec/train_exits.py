@@ -187,6 +187,48 @@ def collect_forced(ee, sequences: list[list[int]], layers: Iterable[int], show_p
                        torch.zeros(n, dtype=torch.bool))
 
 
+@torch.inference_mode()
+def add_layers(ee, data: TeacherData, inputs: dict[int, list[int]], layers: Iterable[int],
+               show_progress: bool = False) -> TeacherData:
+    """The same positions with hidden states at more exit layers, without generating again: one
+    teacher-forced pass of the engine's layer path over each sequence. `inputs[seq]` holds the
+    token ids the sequence's positions were computed from (its last positions are the ones kept).
+    The final states and teacher tokens are those already in `data`."""
+    new = sorted({int(x) for x in layers} - set(data.layers))
+    if not new:
+        return data
+    ee.check_layers(*new)
+    bounds = [0, *new]
+    parts: dict[int, list[torch.Tensor]] = {layer: [] for layer in new}
+    spans = segments(data)
+    bar = _bar(len(spans), f"adding layers {','.join(map(str, new))}", show_progress)
+    for a, b in spans:
+        ids = inputs[int(data.seq[a])]
+        if len(ids) < b - a:
+            raise ConfigError(f"teacher data sequence {int(data.seq[a])} has {b - a} positions but only {len(ids)} "
+                              "input tokens were given")
+        cache = ee.new_cache(len(ids))
+        h = ee.embed(ids)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            h = ee.run_layers(h, lo, hi, cache)
+            parts[hi].append(h[0, len(ids) - (b - a):].to("cpu", torch.float16))
+        bar.update(1)
+    bar.close()
+    hidden = {**data.hidden, **{layer: torch.cat(parts[layer]) for layer in new}}
+    return TeacherData(sorted(hidden), hidden, data.final, data.tokens, data.seq, data.num_prompts, data.meta,
+                       data.generated)
+
+
+def generation_inputs(data: TeacherData, prompts: list[list[int]]) -> dict[int, list[int]]:
+    """Per sequence of `collect` data: its prompt and the continuation the full model wrote (the
+    last generated token is predicted, never read)."""
+    out = {}
+    for a, b in segments(data):
+        written = data.tokens[a:b][data.generated[a:b]].tolist()
+        out[int(data.seq[a])] = list(prompts[int(data.seq[a])]) + written[:-1]
+    return out
+
+
 def frequent_tokens(tokens: torch.Tensor, k: int, vocab_size: int, always: Iterable[int] = ()) -> torch.Tensor:
     """The k most frequent token ids (ties: lower id first), `always` included, sorted ascending.
     When fewer than k distinct tokens were seen, the lowest unseen ids fill the rest."""
@@ -667,7 +709,8 @@ def _forced_data(lm, args, layers: list[int], identity: dict, say: Progress) -> 
     say(f"Teacher-forced text: {len(sequences)} ShareGPT exchanges, up to {args.forced_max_tokens} tokens each")
     path = Path(str(args.data) + ".forced.pt") if args.data else None
     return _cached(path, _data_key(sequences, 0, identity), layers, "Teacher-forced data", say,
-                   lambda: collect_forced(lm.ee, sequences, layers, show_progress=not args.quiet))
+                   lambda: collect_forced(lm.ee, sequences, layers, show_progress=not args.quiet),
+                   lambda d: add_layers(lm.ee, d, dict(enumerate(sequences)), layers, not args.quiet))
 
 
 def _extra_data(lm, args, layers: list[int], identity: dict, say: Progress) -> TeacherData:
@@ -687,18 +730,28 @@ def _extra_data(lm, args, layers: list[int], identity: dict, say: Progress) -> T
     path = Path(str(args.data) + ".extra.pt") if args.data else None
     return _cached(path, _data_key(prompts, args.max_new_tokens, identity), layers, "Extra teacher data", say,
                    lambda: collect(lm.model, prompts, layers, args.max_new_tokens, lm.eos_ids, args.gen_batch,
-                                   not args.quiet, prompt_positions=True, ee=lm.ee))
+                                   not args.quiet, prompt_positions=True, ee=lm.ee),
+                   lambda d: add_layers(lm.ee, d, generation_inputs(d, prompts), layers, not args.quiet))
 
 
-def _cached(path, key: str, layers: list[int], label: str, say: Progress, make: Callable[[], TeacherData]):
-    """Teacher data from the cache file `path` when it was made with `key` for these layers (or
-    more); otherwise made now and written there."""
+def _cached(path, key: str, layers: list[int], label: str, say: Progress, make: Callable[[], TeacherData],
+            extend: Callable[[TeacherData], TeacherData] | None = None):
+    """Teacher data from the cache file `path` when it was made with `key`: for these layers, or,
+    with `extend`, for fewer (the missing ones are added without generating again, and the
+    cache is rewritten). Otherwise the data is made now and written there."""
     if path is not None and path.is_file():
         cached = TeacherData.load(path)
         if cached.meta.get("key") == key and set(layers) <= set(cached.layers):
             say(f"{label} from {path} ({len(cached)} tokens)")
             return _only_layers(cached, layers)
-        say(f"{path} holds data for other prompts/settings/layers: collecting afresh")
+        if cached.meta.get("key") == key and extend is not None:
+            missing = sorted(set(layers) - set(cached.layers))
+            say(f"{label} from {path} ({len(cached)} tokens); adding layers {', '.join(map(str, missing))} "
+                "by one teacher-forced pass over its sequences (no generation)")
+            data = extend(cached)
+            data.save(path)
+            return _only_layers(data, layers)
+        say(f"{path} holds data for other prompts/settings: collecting afresh")
     t0 = time.perf_counter()
     data = make()
     data.meta.update(key=key, collect_s=round(time.perf_counter() - t0, 1))
@@ -748,7 +801,8 @@ def cli(args) -> int:
     say(f"Teacher data: {len(prompts)} prompts, up to {args.max_new_tokens} new tokens each")
     data = _cached(Path(args.data) if args.data else None, _data_key(prompts, args.max_new_tokens, identity), layers,
                    "Teacher data", say, lambda: collect(lm.model, prompts, layers, args.max_new_tokens, lm.eos_ids,
-                                                        args.gen_batch, not args.quiet, prompt_positions=True, ee=ee))
+                                                        args.gen_batch, not args.quiet, prompt_positions=True, ee=ee),
+                   lambda d: add_layers(ee, d, generation_inputs(d, prompts), layers, not args.quiet))
     forced = _forced_data(lm, args, layers, identity, say) if args.forced_text else None
     extra = _extra_data(lm, args, layers, identity, say) if args.extra_prompts else None
     settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,

@@ -117,5 +117,30 @@ def test_cli_extra_prompts_are_cached_and_recorded(tmp_path, monkeypatch, capsys
     assert main(args) == 0  # the second run reuses both caches
     err = capsys.readouterr().err
     assert "Teacher data from " in err and "Extra teacher data from " + str(tmp_path / "t.pt.extra.pt") in err
+    more = [a if a != "2,5" else "2,5,6" for a in args]
+    assert main(more) == 0  # a new exit layer: the cached generations are reused, not made again
+    err = capsys.readouterr().err
+    assert err.count("adding layers 6 by one teacher-forced pass") == 2 and "afresh" not in err
+    assert main(more) == 0
+    assert "adding layers" not in capsys.readouterr().err
     assert main(args[:-6] + ["--max-prompt-tokens", "3", "--out", str(tmp_path / "y")]) == 2
     assert "none of the 12 extra ShareGPT questions fits --max-prompt-tokens 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("prompt_positions", [True, False])
+def test_adding_layers_to_teacher_data_equals_collecting_them(prompt_positions):
+    from hispec.train_exits import add_layers, collect_forced, generation_inputs
+
+    model = tiny_model("llama", seed=4)
+    ee = ee_of(model)
+    prompts = prompts_of(6, seed=6, lengths=(2, 8))
+    kw = dict(max_new_tokens=7, eos_ids=[7], prompt_positions=prompt_positions, ee=ee)
+    full = collect(model, prompts, [2, 5], **kw)
+    grown = add_layers(ee, collect(model, prompts, [2], **kw), generation_inputs(full, prompts), [5, 2])
+    assert grown.layers == [2, 5] and torch.equal(grown.tokens, full.tokens)
+    torch.testing.assert_close(grown.hidden[5].float(), full.hidden[5].float(), rtol=1e-2, atol=1e-2)
+    texts = prompts_of(3, seed=7)
+    forced = add_layers(ee, collect_forced(ee, texts, [5]), dict(enumerate(texts)), [2])
+    torch.testing.assert_close(forced.hidden[2].float(), collect_forced(ee, texts, [2]).hidden[2].float())
+    with pytest.raises(Exception, match="has .* positions but only"):
+        add_layers(ee, collect_forced(ee, texts, [5]), {i: t[:1] for i, t in enumerate(texts)}, [2])
