@@ -111,7 +111,7 @@ class App:
                 elif "rows" in snap:
                     yield (render.message_html(snap["status"], "info"),
                            compare_table(snap["rows"], sampling=snap.get("sampling", False)),
-                           charts.compare_figure(snap["rows"]))
+                           gr.Plot(charts.compare_figure(snap["rows"]), visible=True))
                 else:
                     yield render.message_html(snap["status"], "info"), gr.skip(), gr.skip()
         except HiSpecError as exc:
@@ -204,9 +204,10 @@ class App:
                         speed_plot = gr.Plot(label="Speed", elem_id="hs-speed-plot")
                         work_plot = gr.Plot(label="Work", elem_id="hs-work-plot")
                     with gr.Accordion("Compare with a baseline", open=True):
-                        compare_status = gr.HTML("")
+                        compare_status = gr.HTML("<p class='hs-hint'>“Compare with baseline” runs the same prompt with "
+                                                 "the baselines ticked on the right and compares tokens/s and tokens.</p>")
                         compare_out = gr.HTML("", elem_id="hs-compare")
-                        compare_plot = gr.Plot(label="Comparison")
+                        compare_plot = gr.Plot(label="Comparison", visible=False)  # shown with the first result
                     gr.Markdown(self.limits.describe(), elem_id="hs-limits")
                     with gr.Accordion("How it works", open=False):
                         gr.Markdown(HOW_IT_WORKS)

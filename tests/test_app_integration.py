@@ -182,7 +182,8 @@ def test_compare_finds_identical_tokens(client):
     assert all(int(n) == 40 for _, n in rows), table
     assert table.count("✓ same tokens") == 3, table
     assert "DIFFERENT" not in table
-    assert figure and figure.get("type") == "plotly"
+    assert figure and figure.get("visible") is True  # the chart, hidden until a result exists, is shown
+    assert figure["value"].get("type") == "plotly"
 
 
 # ---- (c) stop ----------------------------------------------------------------------------------------

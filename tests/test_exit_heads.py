@@ -233,7 +233,7 @@ def test_exits_view_in_the_app(trained):
     info = dict(manifest, layers=[2, 5], head={"description": "<b>x</b>"}, vocab={"size": 40})
     page = exits_html(info)
     raw2, trained2 = manifest["evaluation"]["agreement"]["2"].values()
-    assert f"<td>2</td><td>{raw2:.0%}</td><td>{trained2:.0%}</td>" in page
+    assert f"<td>2</td><td>{raw2:.1%}</td><td>{trained2:.1%}</td>" in page
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
     assert "draft 2 vs verify 5" in page and "40 most frequent" in page
     other = exits_html({"kind": "hispec-lora", "default_layers": {"draft": 3, "verify": 9}})

@@ -6,7 +6,7 @@ import html
 
 
 def _pct(value) -> str:
-    return "–" if value is None else f"{value:.0%}"
+    return "–" if value is None else f"{value:.1%}"
 
 
 def exits_html(info: dict | None) -> str:
