@@ -728,19 +728,42 @@ def _extra_data(lm, args, layers: list[int], identity: dict, say: Progress) -> T
     say(f"Extra prompts: {len(prompts)} ShareGPT questions of at most {args.max_prompt_tokens} tokens "
         f"(of {args.extra_prompts}), for training only")
     path = Path(str(args.data) + ".extra.pt") if args.data else None
+
+    def generate(some: list[list[int]]) -> TeacherData:
+        return collect(lm.model, some, layers, args.max_new_tokens, lm.eos_ids, args.gen_batch,
+                       not args.quiet, prompt_positions=True, ee=lm.ee)
+
     return _cached(path, _data_key(prompts, args.max_new_tokens, identity), layers, "Extra teacher data", say,
-                   lambda: collect(lm.model, prompts, layers, args.max_new_tokens, lm.eos_ids, args.gen_batch,
-                                   not args.quiet, prompt_positions=True, ee=lm.ee),
-                   lambda d: add_layers(lm.ee, d, generation_inputs(d, prompts), layers, not args.quiet))
+                   lambda: generate(prompts),
+                   lambda d: add_layers(lm.ee, d, generation_inputs(d, prompts), layers, not args.quiet),
+                   grow=(lambda n: _data_key(prompts[:n], args.max_new_tokens, identity),
+                         lambda n: generate(prompts[n:])))
 
 
 def _cached(path, key: str, layers: list[int], label: str, say: Progress, make: Callable[[], TeacherData],
-            extend: Callable[[TeacherData], TeacherData] | None = None):
+            extend: Callable[[TeacherData], TeacherData] | None = None,
+            grow: tuple[Callable[[int], str], Callable[[int], TeacherData]] | None = None):
     """Teacher data from the cache file `path` when it was made with `key`: for these layers, or,
     with `extend`, for fewer (the missing ones are added without generating again, and the
-    cache is rewritten). Otherwise the data is made now and written there."""
+    cache is rewritten). `grow` = (key of the first n prompts, data for the prompts after n):
+    a cache made for a prefix of the prompts is kept and only the rest is generated.
+    Otherwise the data is made now and written there."""
     if path is not None and path.is_file():
         cached = TeacherData.load(path)
+        prefix_key, rest = grow or (None, None)
+        n = cached.num_prompts
+        if (prefix_key is not None and cached.meta.get("key") != key and cached.meta.get("key") == prefix_key(n)
+                and (set(layers) <= set(cached.layers) or extend is not None)):
+            if not set(layers) <= set(cached.layers):
+                cached = extend(cached)
+            say(f"{label} from {path} covers the first {n} prompts ({len(cached)} tokens): generating the rest")
+            t0 = time.perf_counter()
+            data = TeacherData.concat(_only_layers(cached, layers), rest(n))
+            data.meta = {**cached.meta, "key": key,
+                         "collect_s": round(cached.meta.get("collect_s", 0) + time.perf_counter() - t0, 1)}
+            data.save(path)
+            say(f"{label} saved to {path} ({len(data)} tokens)")
+            return data
         if cached.meta.get("key") == key and set(layers) <= set(cached.layers):
             say(f"{label} from {path} ({len(cached)} tokens)")
             return _only_layers(cached, layers)

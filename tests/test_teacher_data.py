@@ -127,6 +127,46 @@ def test_cli_extra_prompts_are_cached_and_recorded(tmp_path, monkeypatch, capsys
     assert "none of the 12 extra ShareGPT questions fits --max-prompt-tokens 3" in capsys.readouterr().err
 
 
+def test_cli_more_extra_prompts_keep_the_cached_ones_and_generate_only_the_rest(tmp_path, monkeypatch, capsys):
+    from helpers import save_tiny_folder
+
+    from hispec.cli import main
+
+    monkeypatch.setenv("HISPEC_CACHE", str(tmp_path / "cache"))
+    folder = str(save_tiny_folder(tmp_path / "model"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "a{i}", "chat": false}}\n' for i in range(8)))
+
+    def args(extra, layers, data):
+        return ["train-exits", "--model", folder, "--layers", layers, "--prompts", str(prompts),
+                "--max-new-tokens", "6", "--vocab", "0", "--steps", "2", "--quiet", "--extra-prompts", str(extra),
+                "--max-prompt-tokens", "400", "--data", str(tmp_path / data), "--out", str(tmp_path / "x")]
+
+    assert main(args(6, "2,5", "t.pt")) == 0
+    first = TeacherData.load(tmp_path / "t.pt.extra.pt")
+    capsys.readouterr()
+    # More questions and a new layer: the cached generations stay, layer 6 is added to them, and
+    # only the new questions are generated.
+    assert main(args(12, "2,5,6", "t.pt")) == 0
+    err = capsys.readouterr().err
+    assert f"covers the first {first.num_prompts} prompts" in err and "afresh" not in err
+    grown = TeacherData.load(tmp_path / "t.pt.extra.pt")
+    assert grown.num_prompts > first.num_prompts and grown.layers == [2, 5, 6]
+    n = len(first)
+    assert torch.equal(grown.tokens[:n], first.tokens) and torch.equal(grown.hidden[5][:n], first.hidden[5])
+    # The same as making the 12 questions' data from nothing.
+    assert main(args(12, "2,5,6", "u.pt")) == 0
+    fresh = TeacherData.load(tmp_path / "u.pt.extra.pt")
+    assert grown.num_prompts == fresh.num_prompts and len(grown) == len(fresh)
+    for seq in range(fresh.num_prompts):  # collect orders sequences its own way: compare each one
+        a, b = grown.seq == seq, fresh.seq == seq
+        assert a.any() and torch.equal(grown.tokens[a], fresh.tokens[b])
+        assert torch.allclose(grown.hidden[6][a].float(), fresh.hidden[6][b].float(), rtol=1e-2, atol=5e-2)  # fp16 states
+    assert grown.meta["key"] == fresh.meta["key"]
+    assert main(args(12, "2,5,6", "t.pt")) == 0  # now a plain cache hit
+    assert "Extra teacher data from " + str(tmp_path / "t.pt.extra.pt") + " (" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("prompt_positions", [True, False])
 def test_adding_layers_to_teacher_data_equals_collecting_them(prompt_positions):
     from hispec.train_exits import add_layers, collect_forced, generation_inputs
