@@ -62,7 +62,8 @@ def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, la
         return {"token_ids": r.token_ids, "wall_s": s["wall_s"], "tokens_per_s": s["tokens_per_s"],
                 "acceptance": s["acceptance"], "tokens_per_full_pass": s["tokens_per_full_pass"],
                 "full_passes": s["full_passes"], "useful": s["layer_tokens"]["useful"],
-                "wasted": s["layer_tokens"]["wasted"], "settings": r.settings}
+                "wasted": s["layer_tokens"]["wasted"], "stage_s": s["stage_s"], "layers_share": s["layers_share"],
+                "settings": r.settings}
     if method == "hf_generate":
         return _hf(lm, ids, base, None)
     if method == "hf_early_exit":
@@ -174,6 +175,7 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
                 "tokens_per_s_iqr": _iqr(tps),
                 "acceptance": {k: statistics.mean(v) for k, v in acc.items()},
                 "tokens_per_full_pass": _mean([r.get("tokens_per_full_pass") for r in mine]),
+                "layers_share": _mean([r.get("layers_share") for r in mine]),  # None for transformers' methods
                 "useful_layer_tokens": sum(r.get("useful", 0) for r in mine),
                 "wasted_layer_tokens": sum(r.get("wasted", 0) for r in mine),
                 "outputs_equal": all(ref_ids.get(r["prompt_id"]) == r["token_ids"] for r in mine),

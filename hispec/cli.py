@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "derive the acceptance rate self-speculation needs to break even.",
                           epilog="example:\n  python -m hispec profile --json > profile.json\n\n"
                                  "JSON keys: full_step_ms and hf_full_step_ms (new tokens -> ms), "
-                                 "stock_layers_full_step_ms, draft_range_ms, stock_draft_range_ms, heads_ms, "
+                                 "stock_layers_full_step_ms, draft_range_ms, stock_draft_range_ms, "
+                                 "heads_ms (after a full step), heads_hot_ms (called again and again), "
                                  "break_even_acceptance, lean_8_vs_stock_1.",
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     prof.add_argument("--model", default="default", help="'default', a Hugging Face id or a local folder")
@@ -348,8 +349,9 @@ def cmd_bench(args) -> int:
     width = max(len(name) for name in report["summary"]) + 2
     for set_name, s in report["summary"].items():
         for m, r in s["methods"].items():
+            share = f"  time in layer passes {r['layers_share']:.0%}" if r.get("layers_share") is not None else ""
             print(f"{set_name:<{width}}{m:<16}{r['tokens_per_s']:>9.2f} tok/s  {r['speedup_vs'].get(ref, 1.0):>6.2f}x vs {ref}"
-                  f"  outputs equal: {'yes' if r['outputs_equal'] else 'NO'}")
+                  f"  outputs equal: {'yes' if r['outputs_equal'] else 'NO'}{share}")
     return 0
 
 
@@ -411,7 +413,9 @@ def stats_table(result) -> str:
     per_pass = f"{s['tokens_per_full_pass']:.2f}" if s["tokens_per_full_pass"] else "n/a"
     return (f"-- {s['new_tokens']} tokens in {s['wall_s']:.2f} s = {s['tokens_per_s']:.2f} tok/s · "
             f"acceptance: {acc} · full-model passes {s['full_passes']} ({per_pass} tokens each) · "
-            f"layer-token work useful {work['useful']} / wasted {work['wasted']} · stop: {s['finish_reason']}")
+            f"layer-token work useful {work['useful']} / wasted {work['wasted']} · "
+            + (f"time in layer passes {s['layers_share']:.0%} · " if s["layers_share"] is not None else "")
+            + f"stop: {s['finish_reason']}")
 
 
 def compare_table(results) -> str:

@@ -31,11 +31,15 @@ class StatsCollector:
         self.finish_reason = None
         self.host_syncs = 0
         self.history: list[dict] = []  # one row per round, for live charts
+        # Seconds inside each stage's layer passes (and its exit head's attention step), by stage.
+        # On an accelerator these are launch times unless something synchronised.
+        self.stage_s: dict[str, float] = defaultdict(float)
 
     def add(self, ev: Event) -> None:
         if isinstance(ev, TokenEvent):
             self._add_token(ev)
         elif isinstance(ev, PassEvent):
+            self.stage_s[ev.stage] += ev.seconds
             if ev.stage == "prefill":
                 self.prefill_layer_tokens += ev.layer_tokens
                 return
@@ -106,4 +110,7 @@ class StatsCollector:
             "layer_tokens": self.work(),
             "finish_reason": self.finish_reason,
             "host_syncs": self.host_syncs,
+            "stage_s": dict(self.stage_s),
+            # the share of the wall time spent in layer passes; the rest: heads, token choice, engine
+            "layers_share": sum(self.stage_s.values()) / self.t if self.t > 0 else None,
         }

@@ -71,6 +71,9 @@ def test_report_schema_ratios_and_equality(lm, tmp_path):
             for other, ratio in r["speedup_vs"].items():
                 assert ratio == pytest.approx(r["tokens_per_s"] / s["methods"][other]["tokens_per_s"])
     assert set(saved["summary"]["all"]["methods"]["hispec"]["acceptance"]) == {"draft->verify", "verify->target"}
+    shares = {m: r["layers_share"] for m, r in saved["summary"]["all"]["methods"].items()}
+    assert all(0 < shares[m] <= 1 for m in ("autoregressive", "layerskip", "hispec"))
+    assert shares["hf_generate"] is None  # transformers' own methods are not split by stage
     # the order of methods rotates from prompt to prompt
     firsts = [saved["records"][i * 5]["method"] for i in range(3)]
     assert firsts == METHODS[:3]

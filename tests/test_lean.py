@@ -112,6 +112,7 @@ def test_profile_command_json(tmp_path, capsys):
         assert all(v > 0 for v in out[key].values())
     assert out["lean"] is True and out["num_layers"] == 8 and out["context"] == 16
     assert "final" in out["heads_ms"] and set(out["break_even_acceptance"]) == {"lean", "stock"}
+    assert set(out["heads_hot_ms"]) == set(out["heads_ms"])  # every head timed both ways
 
 
 def test_profile_command_table_and_errors(tmp_path, capsys):

@@ -58,6 +58,25 @@ def test_stats_split_useful_and_wasted_work(tiny_llama):
     assert sum(s["useful"] + s["wasted"] for s in work["by_stage"].values()) == work["useful"] + work["wasted"]
 
 
+def test_stats_time_each_stages_layer_passes(tiny_llama):
+    ee = ee_of(tiny_llama)
+    from hispec.runner import run
+
+    passes = defaultdict(float)
+
+    def seen(ev):
+        if isinstance(ev, PassEvent):
+            passes[ev.stage] += ev.seconds
+
+    s = run(ee, [3, 14, 15], DecodeConfig("hispec", 2, 4, max_new_tokens=24), on_event=seen).stats
+    assert set(s["stage_s"]) == {"prefill", "draft", "verify", "target"}
+    assert all(v > 0 for v in s["stage_s"].values())
+    assert s["stage_s"] == pytest.approx(dict(passes))
+    assert 0 < s["layers_share"] <= 1 and sum(s["stage_s"].values()) <= s["wall_s"]
+    ar = run(ee, [3, 14, 15], DecodeConfig("autoregressive", max_new_tokens=5)).stats
+    assert set(ar["stage_s"]) == {"prefill", "target"}
+
+
 def test_stage_stack_split_equals_one_full_pass(tiny_llama):
     ee = ee_of(tiny_llama)
     tokens = [4, 8, 15, 16, 23, 42, 7, 9]
