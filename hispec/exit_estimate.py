@@ -14,10 +14,11 @@ exit at every position (teacher-forced), this module replays the engine's rounds
 
 Time comes from a step-cost table (milliseconds per decoder layer for a pass of n tokens, the
 full LM head, the reduced-vocabulary head, a fixed cost per pass). The defaults are the engine's
-lean path on this project's CPU, one thread, fp32, the default model (`python -m hispec profile`:
-full step 21 ms, 4-layer draft range 2.3 ms, final head 3.5 ms, exit head 0.2 ms; autoregressive
-runs at ~24 ms per token in `bench`); pass your own for other machines. The result is an estimate
-to rank settings, not a measurement: confirm with `bench --sweep`.
+lean path on this project's CPU, 2 threads, fp32, the default model, timed call by call inside
+real autoregressive/layerskip/hispec runs on held-out prompts (not in a loop of repeated calls:
+a full-model pass pushes a head's weights out of the CPU caches, so an exit head costs 0.75 ms
+there against 0.2 ms when called again and again); pass your own for other machines. The result
+is an estimate to rank settings, not a measurement: confirm with `bench --sweep`.
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StepCosts:
-    layer_1: float = 0.59  # ms per decoder layer, 1 new token
-    layer_4: float = 0.69  # 2-4 new tokens
-    layer_8: float = 0.80  # 5+ new tokens
-    head_full_1: float = 3.5  # full LM head, 1 row
-    head_full_n: float = 5.0  # full LM head, several rows
-    head_exit: float = 0.2  # an exit head on the reduced vocabulary (any rows)
-    head_attention: float = 0.13  # an attention head's attention step (own KV cache), per call
-    per_pass: float = 0.3  # fixed cost of one stage pass of the engine
-    per_token: float = 2.6  # per committed token: selection, events, text (autoregressive pays it too)
+    layer_1: float = 0.48  # ms per decoder layer, 1 new token
+    layer_4: float = 0.50  # 2-4 new tokens
+    layer_8: float = 0.62  # 5+ new tokens
+    head_full_1: float = 2.4  # full LM head, 1 row (after a full-model pass, as in autoregressive)
+    head_full_n: float = 1.8  # full LM head, several rows (after the verification pass)
+    head_exit: float = 0.75  # an exit head on the reduced vocabulary (any rows)
+    head_attention: float = 0.36  # an attention head's attention step (own KV cache), per call
+    per_pass: float = 0.1  # fixed cost of one stage pass of the engine
+    per_token: float = 0.25  # per committed token: selection, events, text (autoregressive pays it too)
 
     def layers(self, count: int, tokens: int) -> float:
         per = self.layer_1 if tokens <= 1 else self.layer_4 if tokens <= 4 else self.layer_8
@@ -139,7 +140,7 @@ def best_settings(seqs: list[Sequence], L: int, layers: list[int], pair_agreemen
         for v in layers[i + 1:]:
             off = pair_agreement.get(f"{d}-{v}", 0.3)
             for n_d in (1, 2, 3, 4):
-                for n_i in (2, 4, 6, 8):
+                for n_i in (1, 2, 4, 6, 8):  # threshold 1: the full model checks each tentative token
                     s = estimate(seqs, L, "hispec", d, v, n_d, n_i, off, costs, subset_heads,
                                  attention_heads=attention_heads)
                     if (n_d, n_i) == (2, 4):
