@@ -66,16 +66,21 @@ class TeacherData:
                     "generated": self.generated}, str(path))
 
     @classmethod
-    def concat(cls, first: TeacherData, second: TeacherData) -> TeacherData:
-        """Both sets' positions (the second's prompts numbered after the first's)."""
-        if first.layers != second.layers:
-            raise ConfigError(f"teacher data for layers {first.layers} and {second.layers} cannot be combined")
-        # Past every number the first uses: a selection keeps its prompts' original numbers.
-        offset = max(first.num_prompts, int(first.seq.max()) + 1 if len(first.seq) else 0)
-        return cls(first.layers, {k: torch.cat([first.hidden[k], second.hidden[k]]) for k in first.layers},
-                   torch.cat([first.final, second.final]), torch.cat([first.tokens, second.tokens]),
-                   torch.cat([first.seq, second.seq + offset]), first.num_prompts + second.num_prompts,
-                   first.meta, torch.cat([first.generated, second.generated]))
+    def concat(cls, *parts: TeacherData) -> TeacherData:
+        """Every part's positions, in order (each part's prompts numbered after the previous
+        ones'). One copy of the result, however many parts: the data can be gigabytes."""
+        first = parts[0]
+        for part in parts[1:]:
+            if part.layers != first.layers:
+                raise ConfigError(f"teacher data for layers {first.layers} and {part.layers} cannot be combined")
+        seqs, offset = [], 0
+        for part in parts:
+            seqs.append(part.seq + offset)
+            # Past every number in use: a selection keeps its prompts' original numbers.
+            offset += max(part.num_prompts, int(part.seq.max()) + 1 if len(part.seq) else 0)
+        return cls(first.layers, {k: torch.cat([p.hidden[k] for p in parts]) for k in first.layers},
+                   torch.cat([p.final for p in parts]), torch.cat([p.tokens for p in parts]), torch.cat(seqs),
+                   sum(p.num_prompts for p in parts), first.meta, torch.cat([p.generated for p in parts]))
 
     @classmethod
     def load(cls, path) -> TeacherData:
@@ -535,25 +540,30 @@ def run(ee, prompts: list[list[int]], layers: list[int], *, eos_ids=(), name: st
     train_data = data.select(train_idx, generated_only=not prompt_positions and not attention)
     loss_mask = train_data.generated if attention and not prompt_positions else None
     held_data = data.select(held_idx)  # scored on the generated positions only (see evaluate)
-    extra_generated = 0
+    # All training parts are joined in one copy; then only the joined data is kept (see cli).
+    parts, masks = [train_data], [loss_mask]
+    extra_generated = extra_prompts = 0
     if extra is not None:  # more of the full model's generations: trained on like the training prompts
         if not prompt_positions and not attention:
             extra = extra._mask(extra.generated, extra.num_prompts)
-        extra_generated = int(extra.generated.sum())
-        train_data = TeacherData.concat(train_data, extra)
-        if loss_mask is not None:
-            loss_mask = torch.cat([loss_mask, extra.generated])
-    generated = train_data.tokens[train_data.generated]
-    forced_tokens = 0
+        extra_generated, extra_prompts = int(extra.generated.sum()), extra.num_prompts
+        parts.append(extra)
+        masks.append(extra.generated)
+    generated = torch.cat([p.tokens[p.generated] for p in parts])
+    forced_tokens = forced_sequences = 0
     if forced is not None:  # teacher-forced text: training positions all, context and targets
-        forced_tokens = len(forced)
-        train_data = TeacherData.concat(train_data, forced)
-        if loss_mask is not None:
-            loss_mask = torch.cat([loss_mask, torch.ones(forced_tokens, dtype=torch.bool)])
+        forced_tokens, forced_sequences = len(forced), forced.num_prompts
+        parts.append(forced)
+        masks.append(torch.ones(forced_tokens, dtype=torch.bool))
+    extra = forced = None
+    if len(parts) > 1:
+        train_data = TeacherData.concat(*parts)
+        loss_mask = torch.cat(masks) if loss_mask is not None else None
+    del parts, masks
     trained_on = int(loss_mask.sum()) if loss_mask is not None else len(train_data)
     say(f"Teacher data: {trained_on} training positions ({len(generated)} generated, {len(train_idx)} prompts"
-        + (f" + {extra.num_prompts} extra prompts" if extra is not None else "")
-        + (f", {forced_tokens} teacher-forced" if forced is not None else "")
+        + (f" + {extra_prompts} extra prompts" if extra_prompts else "")
+        + (f", {forced_tokens} teacher-forced" if forced_tokens else "")
         + f"), {int(held_data.generated.sum())} held-out generated tokens ({len(held_idx)} prompts), {collect_s:.0f} s")
     vocab = None
     if vocab_size and vocab_size < vocab_total:
@@ -583,12 +593,11 @@ def run(ee, prompts: list[list[int]], layers: list[int], *, eos_ids=(), name: st
         "training": {
             "objective": "KL(full model || exit) on the full model's own greedy continuations"
                          + (" and on the prompts" if prompt_positions else "")
-                         + (" (plus generations for extra prompts, never held out)" if extra is not None else "")
-                         + (" and on teacher-forced text" if forced is not None else ""),
+                         + (" (plus generations for extra prompts, never held out)" if extra_prompts else "")
+                         + (" and on teacher-forced text" if forced_tokens else ""),
             "prompts": len(train_idx), "tokens": len(train_data), "generated_tokens": len(generated),
-            **({"extra_prompts": extra.num_prompts, "extra_generated_tokens": extra_generated}
-               if extra is not None else {}),
-            **({"forced_sequences": forced.num_prompts, "forced_tokens": forced_tokens} if forced is not None else {}),
+            **({"extra_prompts": extra_prompts, "extra_generated_tokens": extra_generated} if extra_prompts else {}),
+            **({"forced_sequences": forced_sequences, "forced_tokens": forced_tokens} if forced_tokens else {}),
             "max_new_tokens": max_new_tokens,
             "steps": settings.steps, "batch_size": settings.batch_size, "lr": settings.lr,
             "warmup": settings.warmup, "weight_decay": settings.weight_decay, "seed": settings.seed,
@@ -826,8 +835,9 @@ def cli(args) -> int:
                    "Teacher data", say, lambda: collect(lm.model, prompts, layers, args.max_new_tokens, lm.eos_ids,
                                                         args.gen_batch, not args.quiet, prompt_positions=True, ee=ee),
                    lambda d: add_layers(ee, d, generation_inputs(d, prompts), layers, not args.quiet))
-    forced = _forced_data(lm, args, layers, identity, say) if args.forced_text else None
-    extra = _extra_data(lm, args, layers, identity, say) if args.extra_prompts else None
+    # Passed straight to `run` (no names kept here), which frees them once joined: they can be gigabytes.
+    sources = {"forced": _forced_data(lm, args, layers, identity, say) if args.forced_text else None}
+    sources["extra"] = _extra_data(lm, args, layers, identity, say) if args.extra_prompts else None
     settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                              attention_lr=args.attention_lr)
     heads, manifest, data = run(ee, prompts, layers, eos_ids=lm.eos_ids, name=args.model,
@@ -835,7 +845,7 @@ def cli(args) -> int:
                                 rank=args.rank, settings=settings, save_dtype=args.save_dtype,
                                 batch_size=args.gen_batch, data=data, prompt_positions=not args.generated_only,
                                 pick_from=save_layers, show_progress=not args.quiet, log=say, head_type=args.head,
-                                forced=forced, extra=extra)
+                                forced=sources.pop("forced"), extra=sources.pop("extra"))
     manifest["training"]["prompt_spec"] = args.prompts
     manifest["training"]["options"] = {k: v for k, v in sorted(vars(args).items())
                                        if k not in ("command", "data", "quiet")}  # no local cache paths
