@@ -112,6 +112,20 @@ def break_even(draft_ms: float, verify_ms: dict[int, float], step_ms: float, dra
     return round((lo + hi) / 2, 4)
 
 
+def layerskip_round_ms(draft_layers_ms: float, head_ms: float, full_step_ms: float, final_ms: float,
+                       exit_layer: int, num_layers: int, draft_len: int) -> tuple[float, float]:
+    """(draft_ms, verify_ms) of one layerskip round at `exit_layer` with `draft_len` drafts, as the
+    engine runs it. Each draft: layers [0, e) on one token (`draft_layers_ms`) + the exit head.
+    Verification: layers [0, e) on the last draft, the only one not yet through them, then layers
+    [e, L) over the drafts and the token before them, then the final head. `full_step_ms` is a full
+    step over draft_len + 1 tokens (its layers plus one final head); layers [e, L) cost (L - e) / L
+    of its layers."""
+    layers_ms = max(0.0, full_step_ms - final_ms)
+    draft_ms = draft_layers_ms + head_ms
+    verify_ms = draft_layers_ms + layers_ms * (num_layers - exit_layer) / num_layers + final_ms
+    return draft_ms, verify_ms
+
+
 def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=None) -> dict:
     """Step costs in milliseconds (medians) on the lean and stock paths; see the module doc."""
     ee = lm.ee
@@ -183,20 +197,15 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
         out["heads_hot_ms"][f"exit {layer}"] = timed(fn)
         out["heads_ms"][f"exit {layer}"] = timed(fn, full_step)
 
-    # Single-exit self-speculation at exit e with k drafts, as the engine runs it: each draft =
-    # layers [0, e) on one token + its exit head; verification = layers [0, e) on the last draft
-    # (the only one not yet through them) + layers [e, L) over k + 1 tokens (the drafts and the
-    # token before them) + final head. Approximated from measured parts: a full step over n tokens
-    # is its layers plus one final head, and layers [e, L) cost (L - e) / L of all layers.
+    # Single-exit self-speculation at exit e with k drafts, approximated from measured parts.
     final = out["heads_ms"]["final"]
     head_e = out["heads_ms"].get(f"exit {e}", final)
     near = min(out["full_step_ms"], key=lambda n: abs(n - (k + 1)))  # the measured count closest to k + 1
     for tag, full in (("lean", "full_step_ms"), ("stock", "hf_full_step_ms")):
         step = out[full]
         draft_layers = out["draft_range_ms" if tag == "lean" else "stock_draft_range_ms"][1] * e / d
-        draft_ms = draft_layers + head_e
-        verify = {k: draft_layers + max(0.0, step[near] - final) * (L - e) / L + final}
-        out.setdefault("break_even_acceptance", {})[tag] = break_even(draft_ms, verify, step[1], k)
+        draft_ms, verify_ms = layerskip_round_ms(draft_layers, head_e, step[near], final, e, L, k)
+        out.setdefault("break_even_acceptance", {})[tag] = break_even(draft_ms, {k: verify_ms}, step[1], k)
     out["break_even_model"] = (f"layerskip at exit {e} with draft_len {k}, each draft accepted independently; "
                                "draft and verification costs built from the measured steps and heads "
                                "(heads timed after a full step), each path against its own one-token step")

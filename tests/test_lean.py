@@ -101,6 +101,19 @@ def test_break_even_acceptance():
     assert break_even(20.0, {4: 10.0}, 10.0, 4) is None
 
 
+def test_layerskip_round_counts_the_drafts_second_pass_and_one_final_head():
+    from hispec.profile import layerskip_round_ms
+
+    # 30 layers, exit 4: draft layers 2 ms, exit head 1 ms, a 2-token full step 17 ms of which
+    # 2 ms is the final head.
+    draft, verify = layerskip_round_ms(2.0, 1.0, 17.0, 2.0, exit_layer=4, num_layers=30, draft_len=1)
+    assert draft == pytest.approx(3.0)
+    # the draft's own pass through [0, 4) + 26/30 of the 15 ms of layers + one final head
+    assert verify == pytest.approx(2.0 + 15.0 * 26 / 30 + 2.0)
+    # the round costs more than one plain step, so the break-even acceptance is above zero
+    assert 0.1 < break_even(draft, {1: verify}, 17.0, 1) < 0.5
+
+
 def test_profile_command_json(tmp_path, capsys):
     from hispec.cli import main
 
