@@ -21,6 +21,9 @@ class LayerKVCache:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.lengths = [0] * num_layers
+        # Set while the buffers are lent by a graphs.StaticKV (CUDA graphs replay on them);
+        # cleared when a layer outgrows them.
+        self.storage = None
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         n, q = self.lengths[layer_idx], key_states.shape[-2]
@@ -33,11 +36,14 @@ class LayerKVCache:
         return keys[..., : n + q, :], values[..., : n + q, :]
 
     def _grow(self, layer_idx, key_states, value_states, needed):
+        self.storage = None  # this layer leaves the lent buffers: no more graph replays on this cache
         capacity = max(self.capacity, needed)
         while capacity < needed:
             capacity *= 2
         self.capacity = max(self.capacity, capacity)
         n = self.lengths[layer_idx]
+        if n and self.keys[layer_idx] is None:
+            raise RuntimeError(f"layer {layer_idx} holds {n} positions but no buffer: this cache was released")
         fresh = []
         for old, new in ((self.keys[layer_idx], key_states), (self.values[layer_idx], value_states)):
             shape = (*new.shape[:-2], capacity, new.shape[-1])
@@ -46,6 +52,14 @@ class LayerKVCache:
                 buf[..., :n, :] = old[..., :n, :]
             fresh.append(buf)
         self.keys[layer_idx], self.values[layer_idx] = fresh
+
+    def release(self) -> None:
+        """Give lent buffers back (the generation is over); lengths stay readable, contents do not."""
+        if self.storage is not None:
+            self.storage.give_back(self)
+            self.storage = None
+            self.keys = [None] * self.num_layers
+            self.values = [None] * self.num_layers
 
     def crop(self, layer_idx: int, length: int) -> None:
         """Keep positions [0, length) of one layer (a no-op if it holds fewer)."""

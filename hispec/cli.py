@@ -22,6 +22,9 @@ magenta/red = rejected by the verifier/full model.
 """
 
 
+CUDA_GRAPHS_HELP = ("replay the decode loop's layer passes (up to 16 new tokens) from CUDA graphs: one launch per "
+                    "pass instead of one per kernel (CUDA and the lean path only; off by default, not yet "
+                    "measured on a GPU)")
 EXITS_HELP = ("trained exit heads: a folder made by train-exits, or 'none' for the raw exits "
               "(default: the heads found for this model, if any)")
 
@@ -77,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
     gen.add_argument("--device-map", default=None, help="accelerate device map, e.g. 'auto' to spread a model over GPUs/CPU")
     gen.add_argument("--exits", default=None, metavar="FOLDER|none", help=EXITS_HELP)
+    gen.add_argument("--cuda-graphs", action="store_true", help=CUDA_GRAPHS_HELP)
     bench = sub.add_parser("bench", help="benchmark methods side by side on prompt sets (JSON + HTML report)",
                            description="Run several methods on the same prompts in one process, alternating "
                                        "methods per prompt after a warm-up, and report tokens/s, ratios, "
@@ -109,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="auto")
     bench.add_argument("--dtype", default="auto")
     bench.add_argument("--exits", default=None, metavar="FOLDER|none", help=EXITS_HELP)
+    bench.add_argument("--cuda-graphs", action="store_true", help=CUDA_GRAPHS_HELP)
     sweep = bench.add_argument_group("sweep mode (hispec over a grid of settings, vs autoregressive)")
     sweep.add_argument("--sweep", metavar="GRIDS", default=None,
                        help="layers, lengths or layers,lengths: instead of methods side by side, run hispec at "
@@ -297,6 +302,8 @@ def cmd_generate(args) -> int:
         config.validate()
     lm = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                     progress=lambda msg: print(msg, file=sys.stderr), exits=args.exits)
+    if args.cuda_graphs:
+        lm.ee.set_graphs("cuda")
     configs = {m: c.resolve(lm.ee.num_layers, recommended_settings(lm.ee)) for m, c in configs.items()}
     detok = Detokenizer(lm.tokenizer)
     color = not args.no_color and sys.stdout.isatty()
@@ -367,6 +374,8 @@ def _bench_inputs(args):
     sets = None if heldout else load_sets(args.prompts, seed=args.seed)
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr),
                     exits=args.exits)
+    if args.cuda_graphs:
+        lm.ee.set_graphs("cuda")
     if heldout:
         from .train_exits import heldout_prompts
 

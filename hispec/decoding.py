@@ -185,12 +185,16 @@ class Decoder:
         if self.config.max_new_tokens == 0:
             self.finish_reason = "max_new_tokens"
         else:
-            yield from run[self.config.method]()
-            if self._unsynced is not None:  # stopped while drafts were on the device
-                self._sync_drafts()
-            if len(self.stack) > self.committed:  # stopped mid-round: pending tokens are never committed
-                self._reject_from(self.committed, S.DISCARDED, "stop")
-            yield from self._drain()
+            try:
+                yield from run[self.config.method]()
+                if self._unsynced is not None:  # stopped while drafts were on the device
+                    self._sync_drafts()
+                if len(self.stack) > self.committed:  # stopped mid-round: pending tokens are never committed
+                    self._reject_from(self.committed, S.DISCARDED, "stop")
+                yield from self._drain()
+            finally:  # static KV buffers (CUDA graphs) go back for the next generation
+                if self.stack is not None:
+                    self.stack.cache.release()
         yield self._done()
 
     def _autoregressive(self) -> Iterator[Event]:
@@ -428,6 +432,8 @@ class Decoder:
             settings["timing_only"] = self._judge.describe()
         settings.update(num_layers=self.ee.num_layers, dtype=str(self.ee.dtype).replace("torch.", ""),
                         device=str(self.ee.device))
+        if self.ee.graphs is not None:
+            settings["graphs"] = self.ee.graphs.backend
         self.stack = None  # free the caches now, not when the consumer lets go
         return DoneEvent(self.finish_reason or "stopped", tuple(new),
                          self.detok.decode(new, skip_special_tokens=True), len(self.prompt_ids),

@@ -67,6 +67,7 @@ class EarlyExitModel:
         # The lean path (hispec/lean.py) runs layer ranges; the stock path calls transformers'
         # layers. lean=None: lean unless HISPEC_LEAN=0 or the model needs the stock path.
         self.lean: LeanPath | None = None
+        self.graphs = None  # hispec/graphs.LayerGraphs once set_graphs() turns CUDA graphs on
         self.stock_reason = LeanPath.support(model)
         if lean is None:
             lean = os.environ.get("HISPEC_LEAN", "1") != "0"
@@ -79,6 +80,16 @@ class EarlyExitModel:
             raise ConfigError(f"the lean path cannot run this model: {self.stock_reason}")
         self.lean = LeanPath(self) if on else None
         self.final_head.lean = self.lean
+        self.graphs = None  # captured on the old path's weights
+
+    def set_graphs(self, backend: str | None = "cuda", max_tokens: int = 16) -> None:
+        """Replay layer passes of up to `max_tokens` new tokens from CUDA graphs (None: off).
+
+        "emulate" runs the same static-shape passes without CUDA (tests). Needs the lean path.
+        """
+        from .graphs import LayerGraphs
+
+        self.graphs = None if backend is None else LayerGraphs(self, backend, max_tokens)
 
     @staticmethod
     def _context_limit(config) -> int:
@@ -99,6 +110,11 @@ class EarlyExitModel:
         return self.embed_tokens.weight.dtype
 
     def new_cache(self, capacity: int = 256) -> LayerKVCache:
+        """A cache for one sequence; with graphs on, on the graphs' static buffers when they are free."""
+        if self.graphs is not None:
+            cache = self.graphs.new_cache(capacity)
+            if cache is not None:
+                return cache
         return LayerKVCache(self.num_layers, capacity)
 
     def embed(self, token_ids: list[int]) -> torch.Tensor:
@@ -125,6 +141,10 @@ class EarlyExitModel:
         """Run layers [start, end) on `hidden` (new positions following each layer's cache)."""
         if start >= end:
             return hidden
+        if self.graphs is not None:
+            out = self.graphs.run(hidden, start, end, cache)
+            if out is not None:
+                return out
         if self.lean is not None:
             return self.lean.run_layers(hidden, start, end, cache)
         past = cache.lengths[start]

@@ -184,7 +184,28 @@ class LeanPath:
             hidden = self._layer(self.layers[idx], idx, hidden, cos, sin, mask, causal, cache)
         return hidden
 
-    def _layer(self, w: _Layer, idx: int, hidden, cos, sin, mask, causal, cache) -> torch.Tensor:
+    def rotary_table(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos/sin tables, covering at least positions [0, size)."""
+        self._rotary(0, size)
+        return self._cos, self._sin
+
+    def run_layers_static(self, hidden: torch.Tensor, start: int, end: int, kv, base: torch.Tensor) -> torch.Tensor:
+        """run_layers with shapes that do not depend on the position (what a CUDA graph can replay).
+
+        The new tokens sit at positions base + [0, q), `base` a one-element device tensor. Keys and
+        values are written there with index_copy_, and attention reads each layer's whole buffer
+        under a mask that hides every slot beyond a token's own position (slots never written hold
+        finite values). `kv` holds the buffers (``graphs.StaticKV``); the caller advances the cache's lengths.
+        """
+        q_len, capacity = hidden.shape[1], kv.keys[start].shape[-2]
+        positions = base + torch.arange(q_len, device=hidden.device)
+        cos, sin = self._cos.index_select(0, positions)[:, None], self._sin.index_select(0, positions)[:, None]
+        mask = torch.arange(capacity, device=hidden.device)[None, :] <= positions[:, None]
+        for idx in range(start, end):
+            hidden = self._layer(self.layers[idx], idx, hidden, cos, sin, mask, False, kv, positions)
+        return hidden
+
+    def _layer(self, w: _Layer, idx: int, hidden, cos, sin, mask, causal, cache, positions=None) -> torch.Tensor:
         q_len, D, H, K = hidden.shape[1], w.head_dim, w.n_heads, w.n_kv
         qkv = w.qkv(_rms_norm(hidden, w.input_norm)).view(1, q_len, H + 2 * K, D)
         if w.q_norm is not None:
@@ -195,7 +216,12 @@ class LeanPath:
             qk = self._rotate(qkv[:, :, : H + K], cos, sin)
             q, k = qk[:, :, :H], qk[:, :, H:]
         v = qkv[:, :, H + K :]
-        keys, values = cache.update(k.transpose(1, 2), v.transpose(1, 2), idx)
+        if positions is None:
+            keys, values = cache.update(k.transpose(1, 2), v.transpose(1, 2), idx)
+        else:  # static shapes: write at device positions, attend over the whole (masked) buffer
+            keys, values = cache.keys[idx], cache.values[idx]
+            keys.index_copy_(2, positions, k.transpose(1, 2))
+            values.index_copy_(2, positions, v.transpose(1, 2))
         attn = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=causal,
                                               scale=w.scaling, enable_gqa=H != K)
         hidden = hidden + w.o(attn.transpose(1, 2).reshape(1, q_len, H * D))

@@ -89,18 +89,26 @@ def exactness(device, quick):
                           num_attention_heads=8, num_key_value_heads=4, vocab_size=4096, max_position_embeddings=512))
     for spec in archs:
         model = build(spec, torch.float32, device, std=0.3 if spec["vocab_size"] <= 100 else 0.05)
-        ee = EarlyExitModel(model)
+        eager, graphed = EarlyExitModel(model), EarlyExitModel(model)
+        graphed.set_graphs(graph_backend(device))
         for seed in range(2 if quick else 4):
             g = torch.Generator().manual_seed(seed)
             prompt = torch.randint(3, spec["vocab_size"], (7 + 5 * seed,), generator=g).tolist()
             ref = hf_greedy(model, prompt, 40, device)
             for config in SETTINGS:
-                r = run(ee, prompt, replace(config, max_new_tokens=40))
-                results.append({"arch": spec["arch"], "hidden": spec["hidden_size"], "seed": seed,
-                                "method": config.method, "equal": r.token_ids == ref})
-        del model, ee
+                for mode, ee in (("eager", eager), ("graphs", graphed)):
+                    r = run(ee, prompt, replace(config, max_new_tokens=40))
+                    results.append({"arch": spec["arch"], "hidden": spec["hidden_size"], "seed": seed,
+                                    "method": config.method, "mode": mode, "equal": r.token_ids == ref})
+        del model, eager, graphed
     return {"dtype": "float32", "runs": len(results), "all_equal": all(r["equal"] for r in results),
+            "graph_runs": sum(r["mode"] == "graphs" for r in results),
             "failures": [r for r in results if not r["equal"]]}
+
+
+def graph_backend(device: str) -> str:
+    """Real CUDA graphs on a GPU; the same static-shape passes without capture elsewhere (smoke runs)."""
+    return "cuda" if device.startswith("cuda") else "emulate"
 
 
 def bf16_mismatch(device, quick):
@@ -108,24 +116,33 @@ def bf16_mismatch(device, quick):
     spec = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=12, num_attention_heads=8,
                 num_key_value_heads=4, vocab_size=4096, max_position_embeddings=512)
     model = build(spec, torch.bfloat16, device, std=0.05)
-    ee = EarlyExitModel(model)
     n_prompts = 4 if quick else 16
-    out = {"model": "random 12-layer llama (hidden 512, vocab 4096), bf16", "prompts": n_prompts, "methods": {}}
-    refs = []
-    for seed in range(n_prompts):
-        g = torch.Generator().manual_seed(100 + seed)
-        prompt = torch.randint(3, 4096, (16,), generator=g).tolist()
-        refs.append((prompt, run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=64)).token_ids))
-    for config in SETTINGS[1:]:
-        diff, first = 0, []
-        for prompt, ref in refs:
-            ids = run(ee, prompt, DecodeConfig(config.method, config.draft_layer, config.verify_layer,
-                                               config.draft_len, config.verify_threshold, 64)).token_ids
-            if ids != ref:
-                diff += 1
-                first.append(next(i for i, (a, b) in enumerate(zip(ids, ref)) if a != b))
-        key = f"{config.method}(d={config.draft_layer},v={config.verify_layer})"
-        out["methods"][key] = {"differs": diff, "rate": diff / n_prompts, "first_divergence": first}
+    out = {"model": "random 12-layer llama (hidden 512, vocab 4096), bf16", "prompts": n_prompts, "methods": {},
+           "graphs_vs_eager_autoregressive_differs": 0}
+    eager_refs = None
+    for mode in ("eager", "graphs"):
+        ee = EarlyExitModel(model)
+        if mode == "graphs":
+            ee.set_graphs(graph_backend(device))
+        refs = []
+        for seed in range(n_prompts):
+            g = torch.Generator().manual_seed(100 + seed)
+            prompt = torch.randint(3, 4096, (16,), generator=g).tolist()
+            refs.append((prompt, run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=64)).token_ids))
+        if eager_refs is None:
+            eager_refs = refs
+        else:  # graph passes attend over a masked full buffer: bf16 rounding may differ from eager
+            out["graphs_vs_eager_autoregressive_differs"] = sum(a[1] != b[1] for a, b in zip(refs, eager_refs))
+        for config in SETTINGS[1:]:
+            diff, first = 0, []
+            for prompt, ref in refs:
+                ids = run(ee, prompt, DecodeConfig(config.method, config.draft_layer, config.verify_layer,
+                                                   config.draft_len, config.verify_threshold, 64)).token_ids
+                if ids != ref:
+                    diff += 1
+                    first.append(next(i for i, (a, b) in enumerate(zip(ids, ref)) if a != b))
+            key = f"{config.method}(d={config.draft_layer},v={config.verify_layer})" + ("+graphs" if mode == "graphs" else "")
+            out["methods"][key] = {"differs": diff, "rate": diff / n_prompts, "first_divergence": first}
     return out
 
 
@@ -151,23 +168,27 @@ def step_costs(ee, d, v, device, reps):
         ctx = torch.randn(1, 128, hidden, device=device, dtype=ee.dtype)
 
         def segment(a, b, head=None):
-            cache = ee.new_cache(160)
+            cache = ee.new_cache(160)  # with graphs: the static buffers, given back below
             ee.run_layers(ctx, 0, L, cache)  # fill the context once
+
             def go():
                 for layer in range(L):
                     cache.crop(layer, 128)
                 h = ee.run_layers(x, a, b, cache)
                 if head is not None:
                     ee.exit_logits(h[:, -1:], head).argmax(-1)
-            return go
+            ms = timed(go)
+            cache.release()
+            return ms
 
-        out[k] = {"draft_pass_d": timed(segment(0, d, head=d)), "verify_pass_d_to_v": timed(segment(d, v)),
-                  "rest_pass_v_to_L": timed(segment(v, L)), "full_pass_0_to_L": timed(segment(0, L)),
+        out[k] = {"draft_pass_d": segment(0, d, head=d), "verify_pass_d_to_v": segment(d, v),
+                  "rest_pass_v_to_L": segment(v, L), "full_pass_0_to_L": segment(0, L),
                   "final_head": timed(lambda: ee.exit_logits(x, L))}
     return out
 
 
-def timings(shape, device, dtype, quick):
+def timings(shape, device, dtype, quick, modes=("eager", "graphs")):
+    """Tokens/s of the methods and per-stage step costs, per execution mode (eager, CUDA graphs)."""
     model = build(shape, dtype, device, std=0.02)
     ee = EarlyExitModel(model)
     L = ee.num_layers
@@ -176,39 +197,57 @@ def timings(shape, device, dtype, quick):
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, model.config.vocab_size, (128,), generator=g).tolist()
     report = {"shape": shape, "layers": L, "dtype": str(dtype).replace("torch.", ""), "draft_layer": d,
-              "verify_layer": v, "new_tokens": n_new, "step_ms": step_costs(ee, d, v, device, 3 if quick else 10),
+              "verify_layer": v, "new_tokens": n_new,
               "engine_path": "lean" if ee.lean is not None else f"stock ({ee.stock_reason})"}
-    # warm-up, then alternate methods so noise hits all alike
-    run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=8))
-    ar = []
-    for _ in range(1 if quick else 2):
-        sync(device)
-        ar.append(run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=n_new)).stats["tokens_per_s"])
-    report["autoregressive_tokens_per_s"] = max(ar)
     sync(device)
     t = time.perf_counter()
     hf_greedy(model, prompt, n_new, device)
     sync(device)
     report["hf_generate_tokens_per_s"] = n_new / (time.perf_counter() - t)
-    report["synthetic"] = []
-    for p_dv, p_vt in RATES:
-        row = {"p_draft_verify": p_dv, "p_verify_target": p_vt}
-        ls = run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new),
-                 judge=SyntheticAcceptance(1.0, p_vt, seed=1))
-        hs = run(ee, prompt, DecodeConfig("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
-                                          max_new_tokens=n_new), judge=SyntheticAcceptance(p_dv, p_vt, seed=1))
-        row.update(layerskip_tokens_per_s=ls.stats["tokens_per_s"], hispec_tokens_per_s=hs.stats["tokens_per_s"],
-                   layerskip_vs_ar=ls.stats["tokens_per_s"] / report["autoregressive_tokens_per_s"],
-                   hispec_vs_ar=hs.stats["tokens_per_s"] / report["autoregressive_tokens_per_s"],
-                   hispec_vs_layerskip=hs.stats["tokens_per_s"] / ls.stats["tokens_per_s"],
-                   hispec_tokens_per_full_pass=hs.stats["tokens_per_full_pass"],
-                   layerskip_tokens_per_full_pass=ls.stats["tokens_per_full_pass"],
-                   timing_only=hs.settings.get("timing_only"),
-                   # host-device transfers: one per verification decision (drafts travel with it)
-                   layerskip_syncs_per_round=ls.stats["host_syncs"] / max(ls.stats["rounds"], 1),
-                   hispec_syncs_per_round=hs.stats["host_syncs"] / max(hs.stats["rounds"], 1),
-                   hispec_full_passes_per_round=hs.stats["full_passes"] / max(hs.stats["rounds"], 1))
-        report["synthetic"].append(row)
+    for mode in modes:
+        ee.set_graphs(graph_backend(device) if mode == "graphs" else None)
+        t0 = time.perf_counter()
+        # warm-up (and, with graphs, the captures), then alternate methods so noise hits all alike
+        run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=8))
+        for p_dv, p_vt in RATES[:1]:
+            run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new),
+                judge=SyntheticAcceptance(1.0, p_vt, seed=1))
+            run(ee, prompt, DecodeConfig("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
+                                         max_new_tokens=n_new), judge=SyntheticAcceptance(p_dv, p_vt, seed=1))
+        part = {"warmup_s": round(time.perf_counter() - t0, 2),
+                "step_ms": step_costs(ee, d, v, device, 3 if quick else 10)}
+        ar = []
+        for _ in range(1 if quick else 2):
+            sync(device)
+            ar.append(run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=n_new)).stats["tokens_per_s"])
+        part["autoregressive_tokens_per_s"] = max(ar)
+        part["synthetic"] = []
+        for p_dv, p_vt in RATES:
+            row = {"p_draft_verify": p_dv, "p_verify_target": p_vt}
+            ls = run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new),
+                     judge=SyntheticAcceptance(1.0, p_vt, seed=1))
+            hs = run(ee, prompt, DecodeConfig("hispec", draft_layer=d, verify_layer=v, draft_len=2,
+                                              verify_threshold=4, max_new_tokens=n_new),
+                     judge=SyntheticAcceptance(p_dv, p_vt, seed=1))
+            ar_tps = part["autoregressive_tokens_per_s"]
+            row.update(layerskip_tokens_per_s=ls.stats["tokens_per_s"], hispec_tokens_per_s=hs.stats["tokens_per_s"],
+                       layerskip_vs_ar=ls.stats["tokens_per_s"] / ar_tps, hispec_vs_ar=hs.stats["tokens_per_s"] / ar_tps,
+                       hispec_vs_layerskip=hs.stats["tokens_per_s"] / ls.stats["tokens_per_s"],
+                       hispec_tokens_per_full_pass=hs.stats["tokens_per_full_pass"],
+                       layerskip_tokens_per_full_pass=ls.stats["tokens_per_full_pass"],
+                       timing_only=hs.settings.get("timing_only"),
+                       # host-device transfers: one per verification decision (drafts travel with it)
+                       layerskip_syncs_per_round=ls.stats["host_syncs"] / max(ls.stats["rounds"], 1),
+                       hispec_syncs_per_round=hs.stats["host_syncs"] / max(hs.stats["rounds"], 1),
+                       hispec_full_passes_per_round=hs.stats["full_passes"] / max(hs.stats["rounds"], 1))
+            part["synthetic"].append(row)
+        if ee.graphs is not None:
+            part["graph_captures"], part["graph_replays"] = ee.graphs.captures, ee.graphs.replays
+            part["graphs_disabled"] = ee.graphs.disabled  # None, or why capture failed (then eager)
+        report[mode] = part
+    if "eager" in report and "graphs" in report:
+        report["graphs_vs_eager_autoregressive"] = (report["graphs"]["autoregressive_tokens_per_s"]
+                                                    / report["eager"]["autoregressive_tokens_per_s"])
     del model, ee
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -221,6 +260,8 @@ def main() -> int:
     parser.add_argument("--out", default="gpu_check.json")
     parser.add_argument("--quick", action="store_true", help="small shapes and counts (smoke test)")
     parser.add_argument("--shapes", default=None, help="comma-separated shapes to time (default: 1B and 7B)")
+    parser.add_argument("--modes", default="eager,graphs",
+                        help="execution modes to time: eager (kernel by kernel) and/or graphs (CUDA graph replays)")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_check: no CUDA device; use --device cpu for a smoke run", file=sys.stderr)
@@ -246,7 +287,7 @@ def main() -> int:
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     report["timings"] = []
     for shape in shapes:
-        report["timings"].append(timings(shape, args.device, dtype, args.quick))
+        report["timings"].append(timings(shape, args.device, dtype, args.quick, tuple(args.modes.split(","))))
         print(f"[{time.time() - t0:6.1f}s] timings {shape}: {json.dumps(report['timings'][-1])[:600]}", flush=True)
         save()
     report["seconds"] = round(time.time() - t0, 1)

@@ -56,9 +56,12 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--new", type=int, default=96)
     p.add_argument("--out", default="profile.json")
+    p.add_argument("--cuda-graphs", action="store_true", help="replay layer passes from CUDA graphs")
     args = p.parse_args()
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     ee = EarlyExitModel(gpu_check.build(args.shape, dtype, args.device, std=0.02))
+    if args.cuda_graphs:
+        ee.set_graphs(gpu_check.graph_backend(args.device))
     L = ee.num_layers
     d, v = max(1, round(L / 8)), max(2, round(L / 4))
     prompt = list(range(3, 131))
@@ -67,7 +70,7 @@ def main():
         "layerskip@0.9": (DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=args.new), (1.0, 0.9)),
         "hispec@0.9/0.9": (DecodeConfig("hispec", d, v, 2, 4, max_new_tokens=args.new), (0.9, 0.9)),
     }
-    report = {"shape": args.shape, "layers": L, "d": d, "v": v, "runs": {}}
+    report = {"shape": args.shape, "layers": L, "d": d, "v": v, "graphs": args.cuda_graphs, "runs": {}}
     for name, (cfg, rates) in methods.items():  # warm-up
         run(ee, prompt, cfg, judge=SyntheticAcceptance(*rates) if rates else None)
     for rep in range(3):  # plain timings, alternating methods

@@ -58,6 +58,7 @@ def test_text_output_and_comparison(folder, capsys):
     (["--draft-layer", "6", "--verify-layer", "3"], "draft layer 6 must be below verify layer 3"),
     (["--max-new-tokens", "100000"], "exceeds the model's context"),
     (["--prompt", "   "], "is empty"),
+    pytest.param(["--cuda-graphs", "--device", "cpu"], "CUDA graphs need the model on a CUDA device; it is on cpu"),
 ])
 def test_cli_errors_are_messages_not_tracebacks(folder, capsys, argv, message):
     base = ["generate", "--model", folder, "--prompt", "hi"]

@@ -32,3 +32,31 @@ def test_bfloat16_runs_on_cuda():
     ee = EarlyExitModel(model)
     r = run(ee, [5, 6, 7], DecodeConfig("hispec", max_new_tokens=24))
     assert len(r.token_ids) == 24 and r.settings["dtype"] == "bfloat16" and r.settings["device"].startswith("cuda")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_cuda_graphs_float32_equal_generate_and_replay(arch):
+    from dataclasses import replace
+
+    model = tiny_model(arch, seed=5).cuda()
+    ee = EarlyExitModel(model)
+    ee.set_graphs("cuda")
+    prompt = [5, 17, 33, 2, 9, 41]
+    x = torch.tensor([prompt], device="cuda")
+    ref = model.generate(x, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0,
+                         attention_mask=torch.ones_like(x))[0, len(prompt):].tolist()
+    for config in (DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=3, draft_len=3),
+                   DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, verify_threshold=3)):
+        for _ in range(2):  # the second run replays the graphs captured by the first
+            r = run(ee, prompt, replace(config, max_new_tokens=32))
+            assert r.token_ids == ref and r.settings["graphs"] == "cuda"
+    assert ee.graphs.captures == len(ee.graphs.graphs) > 0 and ee.graphs.replays > 3 * 31
+    assert not ee.graphs.storage.in_use()
+
+
+def test_cuda_graphs_in_bfloat16_run():
+    model = tiny_model("llama", seed=5).cuda().to(torch.bfloat16)
+    ee = EarlyExitModel(model)
+    ee.set_graphs("cuda")
+    r = run(ee, [5, 6, 7], DecodeConfig("hispec", max_new_tokens=24))
+    assert len(r.token_ids) == 24 and ee.graphs.replays > 0

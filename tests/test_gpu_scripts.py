@@ -1,0 +1,39 @@
+"""The GPU check script runs end to end on CPU (--device cpu --quick), so that a GPU session, short
+and rare, never finds it broken: the report has every section, float32 exactness holds in both
+execution modes, and the graph mode really replayed passes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_smoke_run_on_cpu(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    exact = report["exactness_fp32"]
+    assert exact["all_equal"] and exact["graph_runs"] == exact["runs"] // 2 > 0
+    assert {"layerskip(d=2,v=None)", "layerskip(d=2,v=None)+graphs"} <= set(report["bf16_mismatch"]["methods"])
+    (timing,) = report["timings"]
+    for mode in ("eager", "graphs"):
+        part = timing[mode]
+        assert part["autoregressive_tokens_per_s"] > 0 and len(part["synthetic"]) == 3
+        assert set(part["step_ms"]["1"]) == {"draft_pass_d", "verify_pass_d_to_v", "rest_pass_v_to_L",
+                                             "full_pass_0_to_L", "final_head"}
+    assert timing["graphs"]["graph_replays"] > 0 and timing["graphs"]["graphs_disabled"] is None
+    assert "graph_replays" not in timing["eager"] and timing["graphs_vs_eager_autoregressive"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_gpu_check_refuses_cuda_without_a_gpu(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path / "x.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no CUDA device" in proc.stderr
