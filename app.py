@@ -310,10 +310,21 @@ def compare_table(rows: list[dict], sampling: bool = False) -> str:
             f"<td>{r['tokens_per_s'] / o['tokens_per_s']:.2f}×</td>" if o["tokens_per_s"] else "<td>–</td>"
             for o in rows)
         same = ("n/a: sampled (same distribution, not the same text)" if sampling
-                else "✓ same tokens" if r["token_ids"] == ref["token_ids"] else "✗ DIFFERENT")
+                else "✓ same tokens" if r["token_ids"] == ref["token_ids"] else _difference(r, ref))
         body.append(f"<tr><td>{html.escape(r['method'])}</td><td>{r['new_tokens']}</td>"
                     f"<td>{r['tokens_per_s']:.2f}</td>{ratios}<td>{same}</td></tr>")
     return f'<table class="hs-stats hs-compare">{head}{"".join(body)}</table>'
+
+
+def _difference(row: dict, ref: dict) -> str:
+    """Where a greedy output first differs from the reference, and why it may in half precision."""
+    a, b = row["token_ids"], ref["token_ids"]
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    why = ""
+    if row.get("dtype", "float32") != "float32":
+        why = (f" ({html.escape(row['dtype'])}: passes over different numbers of tokens can round a near-tie "
+               "differently; exactness holds in float32)")
+    return f"✗ DIFFERENT from token {first + 1}{why}"
 
 
 def default_model_choices() -> list[str]:

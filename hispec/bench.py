@@ -179,6 +179,11 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
                 "useful_layer_tokens": sum(r.get("useful", 0) for r in mine),
                 "wasted_layer_tokens": sum(r.get("wasted", 0) for r in mine),
                 "outputs_equal": all(ref_ids.get(r["prompt_id"]) == r["token_ids"] for r in mine),
+                # where outputs differ (half precision: near-ties rounded differently): how often, and the
+                # index of each first difference (0 = the first generated token)
+                "outputs_differ": sum(ref_ids.get(r["prompt_id"]) != r["token_ids"] for r in mine),
+                "first_divergence": sorted(_first_difference(ref_ids.get(r["prompt_id"]), r["token_ids"])
+                                           for r in mine if ref_ids.get(r["prompt_id"]) != r["token_ids"]),
             }
         for m, s in per.items():
             s["speedup_vs"] = {o: s["tokens_per_s"] / t["tokens_per_s"] for o, t in per.items()
@@ -186,6 +191,12 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
         out[set_name] = {"methods": per, "all_outputs_equal": all(s["outputs_equal"] for s in per.values()),
                          "reference": reference}
     return out
+
+
+def _first_difference(a: list[int] | None, b: list[int]) -> int:
+    """Index of the first generated token where two outputs differ (or the shorter one's length)."""
+    a = a or []
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _iqr(values: list[float]) -> float:

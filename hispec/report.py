@@ -56,6 +56,14 @@ def _figures(report: dict) -> list[go.Figure]:
     return figs
 
 
+def _equal_cell(r: dict) -> str:
+    if r["outputs_equal"]:
+        return "yes"
+    if "outputs_differ" not in r:  # reports written before the count existed
+        return "NO"
+    return f"NO ({r['outputs_differ']} of {r['prompts']})"
+
+
 def summary_table(report: dict) -> str:
     ref = report["summary"]["all"]["reference"]
     rows = []
@@ -64,7 +72,7 @@ def summary_table(report: dict) -> str:
             acc = ", ".join(f"{k} {v:.1%}" for k, v in r["acceptance"].items()) or "–"
             rows.append(f"<tr><td>{html.escape(set_name)}</td><td>{html.escape(m)}</td><td>{r['prompts']}</td>"
                         f"<td>{r['tokens_per_s']:.2f}</td><td>{r['speedup_vs'].get(ref, 1.0):.2f}×</td>"
-                        f"<td>{html.escape(acc)}</td><td>{'yes' if r['outputs_equal'] else 'NO'}</td></tr>")
+                        f"<td>{html.escape(acc)}</td><td>{_equal_cell(r)}</td></tr>")
     head = (f"<tr><th>set</th><th>method</th><th>prompts</th><th>tokens/s (median)</th><th>vs {html.escape(ref)}</th>"
             f"<th>acceptance</th><th>output = {html.escape(ref)}</th></tr>")
     return f"<table>{head}{''.join(rows)}</table>"

@@ -87,6 +87,24 @@ def test_equality_flag_goes_false_when_an_output_differs():
     assert s["s"]["methods"]["hispec"]["speedup_vs"]["autoregressive"] == 0.5
 
 
+def test_differing_outputs_are_counted_with_where_they_first_differ():
+    def rec(pid, method, ids):
+        return {"set": "s", "prompt_id": pid, "method": method, "token_ids": ids, "tokens_per_s": 1.0}
+
+    recs = [rec("a", "autoregressive", [1, 2, 3, 4]), rec("a", "hispec", [1, 2, 3, 4]),
+            rec("b", "autoregressive", [5, 6, 7, 8]), rec("b", "hispec", [5, 6, 9, 9]),
+            rec("c", "autoregressive", [1, 1, 1]), rec("c", "hispec", [2, 1, 1]),
+            rec("d", "autoregressive", [4, 4, 2]), rec("d", "hispec", [4, 4])]  # stopped early (EOS)
+    s = summarise(recs, ["autoregressive", "hispec"])["s"]["methods"]
+    assert s["hispec"]["outputs_differ"] == 3 and s["hispec"]["first_divergence"] == [0, 2, 2]
+    assert s["autoregressive"]["outputs_differ"] == 0 and s["autoregressive"]["first_divergence"] == []
+    from hispec.cli import _equality
+    from hispec.report import summary_table
+
+    assert _equality(s["hispec"]) == "NO (3 of 4 differ, first at token 1)" and _equality(s["autoregressive"]) == "yes"
+    assert "NO (3 of 4)" in summary_table({"summary": summarise(recs, ["autoregressive", "hispec"])})
+
+
 def test_long_prompts_are_skipped_and_reported(lm):
     report = benchmark(lm, {"x": [Prompt("long", "y" * 300, chat=False), Prompt("ok", "hi")]}, ["autoregressive"],
                        DecodeConfig("hispec", max_new_tokens=8), warmup=False)
@@ -132,3 +150,24 @@ def test_stop_ends_the_run_and_keeps_whole_prompts_only(lm):
     assert report["stopped"] is True and report["complete"] is False
     assert [r["prompt_id"] for r in report["records"]] == ["h", "h"]
     assert report["summary"]["all"]["methods"]["hispec"]["prompts"] == 1
+
+
+def test_compare_outputs_script_counts_divergences(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def report(path, rows):
+        path.write_text(json.dumps({"records": [{"set": "s", "prompt_id": p, "method": m, "token_ids": ids}
+                                                for p, m, ids in rows]}))
+        return str(path)
+
+    first = report(tmp_path / "a.json", [("p", "autoregressive", [1, 2, 3]), ("q", "autoregressive", [4, 5, 6])])
+    second = report(tmp_path / "b.json", [("p", "hispec", [1, 2, 3]), ("q", "hispec", [4, 9, 6]),
+                                          ("r", "hispec", [7])])  # r is not in the first run: not compared
+    script = Path(__file__).resolve().parents[1] / "scripts" / "compare_outputs.py"
+    out = subprocess.run([sys.executable, str(script), first, second, "--against", "hispec"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "1 of 2 differ, median first difference at token 2" in out.stdout
+    missing = subprocess.run([sys.executable, str(script), second, first], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no 'autoregressive' records" in missing.stderr

@@ -270,7 +270,8 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
             r = run(lm.ee, ids, c, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
             rows.append({"method": c.method, "tokens_per_s": r.stats["tokens_per_s"], "new_tokens": len(r.token_ids),
                          "wall_s": r.stats["wall_s"], "token_ids": r.token_ids, "text": r.text,
-                         "acceptance": r.stats["acceptance"], "finish_reason": r.stats["finish_reason"]})
+                         "acceptance": r.stats["acceptance"], "finish_reason": r.stats["finish_reason"],
+                         "dtype": r.settings.get("dtype", "float32")})
         status = ("Comparison done." if len(rows) == len(configs) and not stop.is_set()
                   else f"Stopped at this server's time limit of {guard.limits.max_seconds:g} s per request."
                   if expired.is_set() else "Stopped.")
