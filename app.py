@@ -22,6 +22,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from hispec.bench import first_difference
 from hispec.decoding import DecodeConfig, recommended_settings
 from hispec.errors import HiSpecError
 from hispec.limits import LAYERSKIP_CHECKPOINT, Limits
@@ -320,8 +321,7 @@ def compare_table(rows: list[dict], sampling: bool = False) -> str:
 
 def _difference(row: dict, ref: dict) -> str:
     """Where a greedy output first differs from the reference, and why it may in half precision."""
-    a, b = row["token_ids"], ref["token_ids"]
-    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    first = first_difference(ref["token_ids"], row["token_ids"])
     why = ""
     if row.get("dtype", "float32") != "float32":
         why = (f" ({html.escape(row['dtype'])}: passes over different numbers of tokens can round a near-tie "

@@ -182,7 +182,7 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
                 # where outputs differ (half precision: near-ties rounded differently): how often, and the
                 # index of each first difference (0 = the first generated token)
                 "outputs_differ": sum(ref_ids.get(r["prompt_id"]) != r["token_ids"] for r in mine),
-                "first_divergence": sorted(_first_difference(ref_ids.get(r["prompt_id"]), r["token_ids"])
+                "first_divergence": sorted(first_difference(ref_ids.get(r["prompt_id"]), r["token_ids"])
                                            for r in mine if ref_ids.get(r["prompt_id"]) != r["token_ids"]),
             }
         for m, s in per.items():
@@ -193,7 +193,7 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
     return out
 
 
-def _first_difference(a: list[int] | None, b: list[int]) -> int:
+def first_difference(a: list[int] | None, b: list[int]) -> int:
     """Index of the first generated token where two outputs differ (or the shorter one's length)."""
     a = a or []
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -11,6 +11,11 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hispec.bench import first_difference  # noqa: E402
 
 
 def outputs(path: str, method: str) -> dict[tuple[str, str], list[int]]:
@@ -25,8 +30,7 @@ def compare(a: dict, b: dict) -> dict:
     for key in common:
         x, y = a[key], b[key]
         if x != y:
-            index = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
-            firsts.append(index + 1)  # token numbers: 1 = the first generated token
+            firsts.append(first_difference(x, y) + 1)  # token numbers: 1 = the first generated token
     return {"prompts": len(common), "differ": len(firsts), "first_divergence": sorted(firsts),
             "median_first_divergence": statistics.median(firsts) if firsts else None}
 
