@@ -22,6 +22,7 @@ Backends: "cuda" captures real graphs; "emulate" replays by calling the same sta
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
@@ -44,23 +45,26 @@ class StaticKV:
         self.values = [buffer(w) for w in lean.layers]
         self.capacity = capacity
         self._owner: weakref.ref | None = None
+        self._lock = threading.Lock()  # generations on other threads may ask at the same moment
 
     def in_use(self) -> bool:
         return self._owner is not None and self._owner() is not None
 
     def lend(self) -> LayerKVCache | None:
         """A cache on these buffers, or None while another cache holds them."""
-        if self.in_use():
-            return None
-        cache = LayerKVCache(len(self.keys), self.capacity)
-        cache.keys, cache.values = list(self.keys), list(self.values)
-        cache.storage = self
-        self._owner = weakref.ref(cache)
-        return cache
+        with self._lock:
+            if self.in_use():
+                return None
+            cache = LayerKVCache(len(self.keys), self.capacity)
+            cache.keys, cache.values = list(self.keys), list(self.values)
+            cache.storage = self
+            self._owner = weakref.ref(cache)
+            return cache
 
     def give_back(self, cache: LayerKVCache) -> None:
-        if self._owner is not None and self._owner() is cache:
-            self._owner = None
+        with self._lock:
+            if self._owner is not None and self._owner() is cache:
+                self._owner = None
 
 
 class _Graph:

@@ -159,3 +159,25 @@ def test_a_failed_capture_falls_back_to_eager_passes_with_the_reason(monkeypatch
     done = _events(ee, [7, 3, 19], config)[-1]
     assert list(done.token_ids) == hf_greedy(model, [7, 3, 19], 20)
     assert ee.graphs.replays == 0 and "not permitted" in ee.graphs.disabled and "[0, 2) x 1" in ee.graphs.disabled
+
+
+def test_generations_on_threads_share_the_buffers_one_at_a_time():
+    import threading
+
+    model = tiny_model("llama", seed=4)
+    ee = EarlyExitModel(model)
+    ee.set_graphs("emulate")
+    prompts = [[7, 3, 19], [11, 40, 2, 8], [5, 5, 6], [9, 1, 30, 4, 4]]
+    config = DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, max_new_tokens=24)
+    results = {}
+
+    def work(i):
+        results[i] = list(_events(ee, prompts[i], config)[-1].token_ids)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(results[i] == hf_greedy(model, p, 24) for i, p in enumerate(prompts))
+    assert not ee.graphs.storage.in_use()
