@@ -181,3 +181,32 @@ def test_generations_on_threads_share_the_buffers_one_at_a_time():
         t.join()
     assert all(results[i] == hf_greedy(model, p, 24) for i, p in enumerate(prompts))
     assert not ee.graphs.storage.in_use()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_graph_passes_with_attention_exit_heads_equal_generate(device):
+    """Trained-style attention exit heads (their own KV caches, a vocabulary slice) run eagerly
+    between replayed layer passes; greedy output stays the target's, on CPU and on CUDA."""
+    from hispec.exit_heads import make_heads
+
+    model = tiny_model("llama", seed=2).to(device)
+    ee = EarlyExitModel(model)
+    heads = make_heads(ee, [2, 5], head_type="attention", vocab_ids=torch.arange(3, 70))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for head in heads.values():
+            head.attention.o.copy_(torch.randn(head.attention.o.shape, generator=g))
+            head.to(device)
+    ee.attach_exit_heads(heads)
+    ee.set_graphs("cuda" if device == "cuda" else "emulate")
+    prompt = [5, 17, 33, 2, 9, 41]
+    x = torch.tensor([prompt], device=device)
+    ref = model.generate(x, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0,
+                         attention_mask=torch.ones_like(x))[0, len(prompt):].tolist()
+    for config in (DecodeConfig("layerskip", draft_layer=2, draft_len=3),
+                   DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, verify_threshold=3)):
+        for defer in (False, True):
+            done = _events(ee, prompt, replace(config, max_new_tokens=32), defer)[-1]
+            assert list(done.token_ids) == ref, (config.method, defer)
+    assert ee.graphs.replays > 0 and ee.graphs.disabled is None
