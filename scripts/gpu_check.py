@@ -199,6 +199,7 @@ def timings(shape, device, dtype, quick, modes=("eager", "graphs")):
     report = {"shape": shape, "layers": L, "dtype": str(dtype).replace("torch.", ""), "draft_layer": d,
               "verify_layer": v, "new_tokens": n_new,
               "engine_path": "lean" if ee.lean is not None else f"stock ({ee.stock_reason})"}
+    hf_greedy(model, prompt, 8, device)  # warm-up: the first calls on a fresh model pay for library set-up
     sync(device)
     t = time.perf_counter()
     hf_greedy(model, prompt, n_new, device)
