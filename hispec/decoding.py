@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -145,7 +145,7 @@ class Decoder:
         eos_ids: Iterable[int] = (),
         detok: Detokenizer | None = None,
         stop: threading.Event | None = None,
-        judge: SyntheticAcceptance | None = None,
+        judge: Callable[[str, int], int] | None = None,
         defer_sync: bool | None = None,
     ):
         self.config = config.resolve(ee.num_layers, recommended_settings(ee))
@@ -168,6 +168,7 @@ class Decoder:
         self._defer_sync = defer_sync and cfg.temperature == 0
         self._unsynced = None  # (first position, device tensors) of drafts not yet on the host
         self.syncs = 0  # device-to-host transfers of decisions (drafts, verdicts, target tokens)
+        self.decisions: list[tuple[str, int, int]] = []  # every verdict: (stage, pending tokens, accepted)
         self.selector = Selector(SamplingParams(float(cfg.temperature), cfg.top_k, float(cfg.top_p)), cfg.seed)
         self._proposal: dict[int, object] = {}  # serial -> distribution the token was drawn from (sampling)
         self.stack: StageStack | None = None
@@ -351,10 +352,11 @@ class Decoder:
         tokens = self.stack.tokens[first:]
         proposals = [self._proposal.get(s) for s in self.stack.serials[first:]]
         n_ok, token, dist, dists = self.selector.judge(tokens, proposals, logits, preds)
-        if self._judge is not None:  # timing only: the verdict comes from a fixed acceptance rate
+        if self._judge is not None:  # timing only: the verdict comes from hispec.timing_only
             n_ok = self._judge(stage, len(tokens))
             row = preds if preds is not None else logits.argmax(-1).tolist()
             token = row[n_ok] if n_ok < len(row) else None
+        self.decisions.append((stage, len(tokens), n_ok))
         return n_ok, token, dist, dists
 
     def _logits(self, hidden, layer: int):
@@ -438,29 +440,6 @@ class Decoder:
         return DoneEvent(self.finish_reason or "stopped", tuple(new),
                          self.detok.decode(new, skip_special_tokens=True), len(self.prompt_ids),
                          time.perf_counter() - self._t0, settings, host_syncs=self.syncs)
-
-
-class SyntheticAcceptance:
-    """TIMING ONLY. Accept each pending token with a fixed probability per stage, whatever the
-    model predicted, so that timings show what the hierarchy saves at a given acceptance rate on
-    real step costs (all passes, heads and syncs still run). The text it produces is NOT the
-    target model's output: never show it to users. Used by scripts/gpu_check.py only.
-    """
-
-    def __init__(self, verify: float, target: float, seed: int = 0):
-        import random
-
-        self.rates = {"verify": verify, "target": target}
-        self._rng = random.Random(seed)
-
-    def __call__(self, stage: str, n: int) -> int:
-        accepted = 0
-        while accepted < n and self._rng.random() < self.rates[stage]:
-            accepted += 1
-        return accepted
-
-    def describe(self) -> str:
-        return f"synthetic acceptance {self.rates} (timing only, output is not the model's)"
 
 
 def decode(ee: EarlyExitModel, prompt_ids: list[int], config: DecodeConfig, **kwargs) -> Iterator[Event]:

@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .decoding import DecodeConfig, Decoder, SyntheticAcceptance
+from .decoding import DecodeConfig, Decoder
 from .early_exit import EarlyExitModel
 from .events import DoneEvent, Event
 from .metrics import StatsCollector
@@ -38,7 +38,7 @@ def run(
     detok: Detokenizer | None = None,
     on_event: Callable[[Event], None] | None = None,
     stop: threading.Event | None = None,
-    judge: SyntheticAcceptance | None = None,
+    judge: Callable[[str, int], int] | None = None,  # TIMING ONLY (hispec.timing_only)
 ) -> RunResult:
     decoder = Decoder(ee, prompt_ids, config, eos_ids=eos_ids, detok=detok, stop=stop, judge=judge)
     stats, trace = StatsCollector(config.method), Trace()

@@ -6,8 +6,10 @@ methods on models built from configs (no downloads), written to one JSON report.
 
 Timings use models with random weights in the shapes of LayerSkip Llama3.2-1B and Llama2-7B.
 Random weights never agree across exits, so the acceptance decisions of those timing runs come
-from hispec.decoding.SyntheticAcceptance: a clearly labelled TIMING-ONLY mode whose text is not the
-model's. The figures show what the hierarchy saves at a given acceptance on real step costs.
+from hispec.timing_only: a clearly labelled TIMING-ONLY mode whose text is not the model's, with
+fixed rates (SyntheticAcceptance) and with the pattern recorded from the default model's real
+generations (RecordedAcceptance, assets/gpu/acceptance_default_heldout.json). The figures show what
+the hierarchy saves at a given acceptance on real step costs.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.decoding import DecodeConfig, SyntheticAcceptance  # noqa: E402
+from hispec.decoding import DecodeConfig  # noqa: E402
 from hispec.early_exit import EarlyExitModel  # noqa: E402
 from hispec.runner import run  # noqa: E402
+from hispec.timing_only import RecordedAcceptance, SyntheticAcceptance  # noqa: E402
 
 SHAPES = {
     # LayerSkip Llama3.2-1B / Llama2-7B shapes (random weights)
@@ -42,6 +45,8 @@ SHAPES = {
                   num_key_value_heads=2, vocab_size=1024, max_position_embeddings=1024),
 }
 RATES = [(0.9, 0.9), (0.8, 0.7), (0.6, 0.5)]  # (draft->verify, verify->target) per token
+# runs of accepted tokens recorded from the default model and its exit heads (scripts/record_acceptance.py)
+RECORDED = Path(__file__).resolve().parents[1] / "assets" / "gpu" / "acceptance_default_heldout.json"
 
 
 def build(shape: str | dict, dtype, device, seed=0, std=None):
@@ -187,6 +192,25 @@ def step_costs(ee, d, v, device, reps):
     return out
 
 
+def side_by_side(ee, prompt, d, v, n_new, ar_tps, ls_judge, hs_judge) -> dict:
+    """layerskip (exit v, draft_len 4) and hispec (d, v, draft_len 2, threshold 4) under timing-only
+    acceptance judges: tokens/s, ratios, acceptance reached, passes and syncs per round."""
+    ls = run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new), judge=ls_judge)
+    hs = run(ee, prompt, DecodeConfig("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
+                                      max_new_tokens=n_new), judge=hs_judge)
+    return dict(layerskip_tokens_per_s=ls.stats["tokens_per_s"], hispec_tokens_per_s=hs.stats["tokens_per_s"],
+                layerskip_vs_ar=ls.stats["tokens_per_s"] / ar_tps, hispec_vs_ar=hs.stats["tokens_per_s"] / ar_tps,
+                hispec_vs_layerskip=hs.stats["tokens_per_s"] / ls.stats["tokens_per_s"],
+                layerskip_acceptance=ls.stats["acceptance"], hispec_acceptance=hs.stats["acceptance"],
+                hispec_tokens_per_full_pass=hs.stats["tokens_per_full_pass"],
+                layerskip_tokens_per_full_pass=ls.stats["tokens_per_full_pass"],
+                timing_only=hs.settings.get("timing_only"),
+                # host-device transfers: one per verification decision (drafts travel with it)
+                layerskip_syncs_per_round=ls.stats["host_syncs"] / max(ls.stats["rounds"], 1),
+                hispec_syncs_per_round=hs.stats["host_syncs"] / max(hs.stats["rounds"], 1),
+                hispec_full_passes_per_round=hs.stats["full_passes"] / max(hs.stats["rounds"], 1))
+
+
 def timings(shape, device, dtype, quick, modes=("eager", "graphs")):
     """Tokens/s of the methods and per-stage step costs, per execution mode (eager, CUDA graphs)."""
     model = build(shape, dtype, device, std=0.02)
@@ -222,26 +246,18 @@ def timings(shape, device, dtype, quick, modes=("eager", "graphs")):
             sync(device)
             ar.append(run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=n_new)).stats["tokens_per_s"])
         part["autoregressive_tokens_per_s"] = max(ar)
+        ar_tps = part["autoregressive_tokens_per_s"]
         part["synthetic"] = []
         for p_dv, p_vt in RATES:
             row = {"p_draft_verify": p_dv, "p_verify_target": p_vt}
-            ls = run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new),
-                     judge=SyntheticAcceptance(1.0, p_vt, seed=1))
-            hs = run(ee, prompt, DecodeConfig("hispec", draft_layer=d, verify_layer=v, draft_len=2,
-                                              verify_threshold=4, max_new_tokens=n_new),
-                     judge=SyntheticAcceptance(p_dv, p_vt, seed=1))
-            ar_tps = part["autoregressive_tokens_per_s"]
-            row.update(layerskip_tokens_per_s=ls.stats["tokens_per_s"], hispec_tokens_per_s=hs.stats["tokens_per_s"],
-                       layerskip_vs_ar=ls.stats["tokens_per_s"] / ar_tps, hispec_vs_ar=hs.stats["tokens_per_s"] / ar_tps,
-                       hispec_vs_layerskip=hs.stats["tokens_per_s"] / ls.stats["tokens_per_s"],
-                       hispec_tokens_per_full_pass=hs.stats["tokens_per_full_pass"],
-                       layerskip_tokens_per_full_pass=ls.stats["tokens_per_full_pass"],
-                       timing_only=hs.settings.get("timing_only"),
-                       # host-device transfers: one per verification decision (drafts travel with it)
-                       layerskip_syncs_per_round=ls.stats["host_syncs"] / max(ls.stats["rounds"], 1),
-                       hispec_syncs_per_round=hs.stats["host_syncs"] / max(hs.stats["rounds"], 1),
-                       hispec_full_passes_per_round=hs.stats["full_passes"] / max(hs.stats["rounds"], 1))
+            row.update(side_by_side(ee, prompt, d, v, n_new, ar_tps, SyntheticAcceptance(1.0, p_vt, seed=1),
+                                    SyntheticAcceptance(p_dv, p_vt, seed=1)))
             part["synthetic"].append(row)
+        if RECORDED.exists():  # the acceptance pattern of real generations (scripts/record_acceptance.py)
+            ls_judge = RecordedAcceptance.load(RECORDED, "layerskip")
+            hs_judge = RecordedAcceptance.load(RECORDED, "hispec")
+            part["recorded"] = {"layerskip_pattern": ls_judge.source, "hispec_pattern": hs_judge.source,
+                                **side_by_side(ee, prompt, d, v, n_new, ar_tps, ls_judge, hs_judge)}
         if ee.graphs is not None:
             part["graph_captures"], part["graph_replays"] = ee.graphs.captures, ee.graphs.replays
             part["graphs_disabled"] = ee.graphs.disabled  # None, or why capture failed (then eager)

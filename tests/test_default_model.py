@@ -51,3 +51,29 @@ def test_every_method_equals_generate(lm, kind):
 def test_cache_is_reused(lm):
     again = load_model("default", device="cpu")
     assert again.source == lm.source and again.load_s < 15
+
+
+def test_recorded_acceptance_of_the_default_model_replays_its_own_verdicts(lm):
+    """scripts/record_acceptance.py's recording on the real model and its shipped exit heads: the
+    runs it writes reproduce the real verdicts when replayed with the same settings."""
+    import sys
+    from pathlib import Path
+
+    from hispec.decoding import Decoder, recommended_settings
+    from hispec.timing_only import RecordedAcceptance
+    from hispec.train_exits import heldout_prompts
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import record_acceptance
+
+    prompt = next(iter(heldout_prompts(lm).values()))[0]
+    config = DecodeConfig(max_new_tokens=24, **record_acceptance.PATTERNS["hispec"]).resolve(
+        lm.ee.num_layers, recommended_settings(lm.ee))
+    runs, tokens = record_acceptance.record(lm, [prompt], config)
+    assert tokens > 0 and runs["verify"] and runs["target"]
+    real = Decoder(lm.ee, lm.encode(prompt.text, chat=prompt.chat), config, eos_ids=lm.eos_ids)
+    list(real.events())
+    replay = Decoder(lm.ee, lm.encode(prompt.text, chat=prompt.chat), config, eos_ids=lm.eos_ids,
+                     judge=RecordedAcceptance(runs, "test"))
+    list(replay.events())
+    assert replay.decisions == real.decisions

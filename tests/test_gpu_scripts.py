@@ -26,6 +26,10 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
     for mode in ("eager", "graphs"):
         part = timing[mode]
         assert part["autoregressive_tokens_per_s"] > 0 and len(part["synthetic"]) == 3
+        recorded = part["recorded"]  # the default model's own acceptance pattern, replayed
+        assert "SmolLM2-135M-Instruct" in recorded["hispec_pattern"] and recorded["hispec_tokens_per_s"] > 0
+        assert "recorded acceptance" in recorded["timing_only"]
+        assert 1.2 < recorded["layerskip_tokens_per_full_pass"] < 2.5  # about 40% per token, runs of 0-4
         assert set(part["step_ms"]["1"]) == {"draft_pass_d", "verify_pass_d_to_v", "rest_pass_v_to_L",
                                              "full_pass_0_to_L", "final_head"}
     assert timing["graphs"]["graph_replays"] > 0 and timing["graphs"]["graphs_disabled"] is None

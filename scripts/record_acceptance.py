@@ -1,0 +1,79 @@
+"""Record the acceptance pattern of real generations, for the GPU timings' recorded mode.
+
+Runs the default model with its trained exit heads on the held-out prompts, with the settings
+scripts/gpu_check.py times (layerskip: draft_len 4; hispec: draft_len 2, verify_threshold 4), and
+writes the runs of accepted tokens per stage (hispec.timing_only.RecordedAcceptance) to one JSON
+file. gpu_check.py replays them on models built from configs: the acceptance of a real, small
+early-exit setup on a GPU's step costs. The text such a replay writes is not the model's.
+
+    python scripts/record_acceptance.py --out assets/gpu/acceptance_default_heldout.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hispec.decoding import DecodeConfig, Decoder  # noqa: E402
+from hispec.loading import load_model  # noqa: E402
+from hispec.timing_only import RecordedAcceptance  # noqa: E402
+from hispec.train_exits import heldout_prompts  # noqa: E402
+
+PATTERNS = {  # gpu_check.py's settings, at this model's exits
+    "layerskip": dict(method="layerskip", draft_len=4),
+    "hispec": dict(method="hispec", draft_len=2, verify_threshold=4),
+}
+
+
+def record(lm, prompts, config: DecodeConfig) -> tuple[dict[str, list[int]], int]:
+    """Runs per stage over all prompts, and the tokens generated."""
+    runs: dict[str, list[int]] = {"verify": [], "target": []}
+    tokens = 0
+    for prompt in prompts:
+        decoder = Decoder(lm.ee, lm.encode(prompt.text, chat=prompt.chat), config, eos_ids=lm.eos_ids)
+        done = list(decoder.events())[-1]
+        tokens += len(done.token_ids)
+        for stage, stage_runs in RecordedAcceptance.runs_from(decoder.decisions).items():
+            runs[stage] += stage_runs
+    return runs, tokens
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default")
+    p.add_argument("--prompts", type=int, default=47, help="how many held-out prompts (47: all)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", default="acceptance.json")
+    args = p.parse_args()
+    lm = load_model(args.model, progress=lambda m: print(m, file=sys.stderr))
+    prompts = [q for qs in heldout_prompts(lm).values() for q in qs][: args.prompts]
+    patterns = {}
+    for name, settings in PATTERNS.items():
+        config = DecodeConfig(max_new_tokens=args.max_new_tokens, **settings).resolve(
+            lm.ee.num_layers, _recommended(lm))
+        runs, tokens = record(lm, prompts, config)
+        model = "SmolLM2-135M-Instruct" if lm.name == "default" else lm.name
+        source = (f"{model} with trained exit heads, {name} d={config.draft_layer}"
+                  + (f" v={config.verify_layer}" if name == "hispec" else "")
+                  + f", {len(prompts)} held-out prompts")
+        patterns[name] = RecordedAcceptance(runs, source).to_dict(
+            settings={k: v for k, v in vars(config).items() if k != "stop_strings"}, generated_tokens=tokens)
+        print(f"{name}: {RecordedAcceptance(runs, source).describe()}", file=sys.stderr)
+    Path(args.out).write_text(json.dumps({"model": lm.name, "exits": lm.ee.exit_info.get("layers") if lm.ee.exit_info
+                                          else None, "patterns": patterns}))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _recommended(lm) -> dict:
+    from hispec.decoding import recommended_settings
+
+    return recommended_settings(lm.ee)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
