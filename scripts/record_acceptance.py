@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.decoding import DecodeConfig, Decoder  # noqa: E402
+from hispec.decoding import DecodeConfig, Decoder, recommended_settings  # noqa: E402
 from hispec.loading import load_model  # noqa: E402
 from hispec.timing_only import RecordedAcceptance  # noqa: E402
 from hispec.train_exits import heldout_prompts  # noqa: E402
@@ -54,12 +54,12 @@ def main() -> int:
     patterns = {}
     for name, settings in PATTERNS.items():
         config = DecodeConfig(max_new_tokens=args.max_new_tokens, **settings).resolve(
-            lm.ee.num_layers, _recommended(lm))
+            lm.ee.num_layers, recommended_settings(lm.ee))
         runs, tokens = record(lm, prompts, config)
         model = "SmolLM2-135M-Instruct" if lm.name == "default" else lm.name
-        source = (f"{model} with trained exit heads, {name} d={config.draft_layer}"
-                  + (f" v={config.verify_layer}" if name == "hispec" else "")
-                  + f", {len(prompts)} held-out prompts")
+        exits = (f"d={config.draft_layer} v={config.verify_layer}" if name == "hispec"
+                 else f"exit {config.draft_layer}")
+        source = f"{model} with trained exit heads, {name} {exits}, {len(prompts)} held-out prompts"
         patterns[name] = RecordedAcceptance(runs, source).to_dict(
             settings={k: v for k, v in vars(config).items() if k != "stop_strings"}, generated_tokens=tokens)
         print(f"{name}: {RecordedAcceptance(runs, source).describe()}", file=sys.stderr)
@@ -67,12 +67,6 @@ def main() -> int:
                                           else None, "patterns": patterns}))
     print(f"wrote {args.out}")
     return 0
-
-
-def _recommended(lm) -> dict:
-    from hispec.decoding import recommended_settings
-
-    return recommended_settings(lm.ee)
 
 
 if __name__ == "__main__":
