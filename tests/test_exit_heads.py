@@ -32,13 +32,16 @@ def trained():
     return model, ee, heads, manifest, data
 
 
-def test_fresh_head_is_exactly_the_raw_exit():
+def test_fresh_head_is_the_raw_exit():
+    """The head's own RMS norm and LM-head call equal the final head's (the lean path's) up to
+    rounding: different kernels, so not bit for bit (AVX2 vs AVX-512 hosts differ in the last bit)."""
     ee = ee_of(tiny_model("llama", seed=1))
     hidden = torch.randn(1, 5, 64)
     head = make_heads(ee, [3])[3]
-    assert torch.equal(head(hidden), ee.final_head(hidden))
+    # float32 norm + 64-wide dot products, logits up to ~8: a few ulp (~1e-6); 1e-5 leaves room, not slack
+    torch.testing.assert_close(head(hidden), ee.final_head(hidden), rtol=1e-5, atol=1e-5)
     low = make_heads(ee, [3], rank=8)[3]
-    assert torch.equal(low(hidden), ee.final_head(hidden))
+    torch.testing.assert_close(low(hidden), ee.final_head(hidden), rtol=1e-5, atol=1e-5)
 
 
 def test_reduced_vocabulary_scores_only_the_subset():
@@ -90,7 +93,8 @@ def test_teacher_data_is_the_models_greedy_output():
     data = collect(model, prompts, [2], max_new_tokens=10, batch_size=2)
     for i, prompt in enumerate(prompts):
         assert data.tokens[data.seq == i].tolist() == hf_greedy(model, prompt, 10)
-    # the stored final hidden state gives back the teacher's token
+    # the stored final hidden state gives back the teacher's token (an argmax, not bits: fp16 storage
+    # moves these logits by <2e-3 while their top-2 gaps are >=2e-2, so this holds on any kernel)
     assert torch.equal(model.lm_head(data.final.float()).argmax(-1), data.tokens)
 
 
@@ -100,7 +104,7 @@ def test_heads_round_trip(trained, tmp_path):
     loaded, saved = load_heads(tmp_path / "exits", ee)
     assert sorted(loaded) == [2, 5]
     hidden = torch.randn(1, 3, 64)
-    for layer in (2, 5):
+    for layer in (2, 5):  # float32 storage, the same weights through the same code: equal bit for bit
         assert torch.equal(loaded[layer](hidden), heads[layer](hidden))
     assert saved["layers"] == [2, 5] and saved["model"]["num_layers"] == 8
     assert saved["evaluation"]["agreement"]["2"] == manifest["evaluation"]["agreement"]["2"]
