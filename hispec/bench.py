@@ -21,23 +21,34 @@ from typing import Callable
 
 import torch
 
-from .decoding import DecodeConfig, default_verify_layer, recommended_settings
+from .decoding import METHODS, DecodeConfig, default_verify_layer, recommended_settings
+from .levels import parse_method
 from .loading import LoadedModel
 from .prompts import Prompt
 from .runner import run
 from .text import Detokenizer
 
-OURS = ("autoregressive", "layerskip", "hispec")
-HF = ("hf_generate", "hf_early_exit")
-BENCH_METHODS = ("autoregressive", "hf_generate", "hf_early_exit", "layerskip", "hispec")
+HF = ("hf_generate", "hf_early_exit", "hf_lookup")
+BENCH_METHODS = ("autoregressive", "hf_generate", "hf_early_exit", "hf_lookup", "layerskip", "lookup", "hispec")
+HF_LOOKUP_TOKENS = 10  # generate(prompt_lookup_num_tokens=10), as in transformers' documentation
 
 
-def _hf(lm: LoadedModel, ids: list[int], config: DecodeConfig, early_exit: int | None) -> dict:
+def check_methods(methods: list[str]) -> None:
+    """Each name a bench method, one of ours with /fixed or /auto, or a level list (see levels.parse_method)."""
+    for m in methods:
+        if m not in HF:
+            parse_method(m, METHODS)
+
+
+def _hf(lm: LoadedModel, ids: list[int], config: DecodeConfig, early_exit: int | None,
+        lookup: int | None = None) -> dict:
     x = torch.tensor([ids], device=lm.ee.device)
     kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=False, attention_mask=torch.ones_like(x),
                   eos_token_id=sorted(lm.eos_ids) or None, pad_token_id=(sorted(lm.eos_ids) or [0])[0])
     if early_exit is not None:
         kwargs["assistant_early_exit"] = early_exit
+    if lookup is not None:
+        kwargs["prompt_lookup_num_tokens"] = lookup
     t0 = time.perf_counter()
     out = lm.model.generate(x, **kwargs)[0, len(ids):].tolist()
     wall = time.perf_counter() - t0
@@ -54,21 +65,23 @@ def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, la
     """One generation of one method; the record the report aggregates. `base` holds hispec's
     layers; layerskip and generate(assistant_early_exit) use `layerskip_exit` (default L/4)."""
     exit_layer = layerskip_exit or bench_exit(lm)
-    if method in OURS:
-        config = replace(base, method=method, verify_layer=base.verify_layer if method == "hispec" else None,
-                         draft_layer=base.draft_layer if method == "hispec" else exit_layer)
+    if method not in HF:
+        spec = parse_method(method, METHODS)
+        config = replace(base, method=spec.method, levels=spec.levels, policy=spec.policy or base.policy,
+                         verify_layer=base.verify_layer if spec.method == "hispec" else None,
+                         draft_layer=base.draft_layer if spec.method == "hispec" else exit_layer)
         r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer))
         s = r.stats
         return {"token_ids": r.token_ids, "wall_s": s["wall_s"], "tokens_per_s": s["tokens_per_s"],
                 "acceptance": s["acceptance"], "tokens_per_full_pass": s["tokens_per_full_pass"],
                 "full_passes": s["full_passes"], "useful": s["layer_tokens"]["useful"],
                 "wasted": s["layer_tokens"]["wasted"], "stage_s": s["stage_s"], "layers_share": s["layers_share"],
-                "settings": r.settings}
+                "policy_choices": s["policy_choices"], "settings": r.settings}
     if method == "hf_generate":
         return _hf(lm, ids, base, None)
     if method == "hf_early_exit":
         return _hf(lm, ids, base, exit_layer)
-    raise ValueError(f"unknown benchmark method '{method}'; choose from {', '.join(BENCH_METHODS)}")
+    return _hf(lm, ids, base, None, lookup=HF_LOOKUP_TOKENS)
 
 
 def environment(lm: LoadedModel) -> dict:
@@ -99,7 +112,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
     prompt in progress is dropped (its methods would not be comparable) and the report says `stopped`."""
     resolved = replace(base, method="hispec").resolve(lm.ee.num_layers, recommended_settings(lm.ee))
     report = {"environment": environment(lm), "methods": methods, "max_new_tokens": base.max_new_tokens,
-              "settings": {"draft_layer": resolved.draft_layer, "verify_layer": resolved.verify_layer,
+              "settings": {"policy": base.policy, "lookup_len": base.lookup_len, "draft_layer": resolved.draft_layer, "verify_layer": resolved.verify_layer,
                            "layerskip_exit": layerskip_exit or bench_exit(lm),
                            "draft_len": resolved.draft_len, "verify_threshold": resolved.verify_threshold,
                            "layerskip_draft_len": replace(base, method="layerskip", draft_layer=layerskip_exit or

@@ -5,10 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from .bench import BENCH_METHODS
 from .decoding import METHODS, DecodeConfig, recommended_settings
 from .errors import HiSpecError
+from .levels import parse_method
+from .policy import POLICIES
+
+# The CLI's and the app's policy: auto was measured faster than every fixed setting (README, Results).
+DEFAULT_POLICY = "auto"
+POLICY_HELP = ("auto (default): plan every round from acceptance measured in this generation and pass costs "
+               "measured on this machine (draft length, when the full model runs, which levels take part, "
+               "down to plain steps); fixed: the settings given, every round (the paper's N_d, N_i)")
+LEVELS_HELP = ("the level list, bottom first, the full model implied: e.g. lookup,2,4 (lookup under exits 2 and "
+               "4), 4 (single exit), lookup (prompt lookup); default: the method's own")
+LOOKUP_LEN_HELP = "most tokens the lookup level proposes per round (default 8)"
 
 EPILOG = """examples:
   python -m hispec generate --prompt "Explain speculative decoding in one sentence."
@@ -16,9 +28,13 @@ EPILOG = """examples:
   python -m hispec generate --prompts prompts.jsonl --json > results.jsonl
   python -m hispec generate --model facebook/layerskip-llama3.2-1B --draft-layer 4 --verify-layer 8
 
-Token colours: green = drafted and accepted by the full model, bold yellow = written by the
-intermediate verifier, cyan = written by the full model itself; with --show-rejected, struck-through
-magenta/red = rejected by the verifier/full model.
+Methods: autoregressive [full], layerskip [exit E, full], hispec [exit d, exit v, full] (with
+--policy auto: [lookup, exit d, exit v, full]), lookup [lookup, full]; METHOD/fixed or METHOD/auto
+picks a policy per method, and a level list joined by '+' (lookup+2+4) is a method too.
+
+Token colours: green = drafted and accepted by the full model, magenta = copied by the lookup level
+and accepted, bold yellow = written by the intermediate verifier, cyan = written by the full model
+itself; with --show-rejected, struck-through magenta/red = rejected by the verifier/full model.
 """
 
 
@@ -46,8 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default="default",
                      help="'default' (embedded SmolLM2-135M-Instruct, offline), a Hugging Face id, or a local folder")
     gen.add_argument("--method", default="hispec",
-                     help=f"one method or a comma-separated list, run side by side: {', '.join(METHODS)} "
-                          "(default: hispec)")
+                     help=f"one method or a comma-separated list, run side by side: {', '.join(METHODS)}, each "
+                          "optionally /fixed or /auto, or a level list such as lookup+2+4 (default: hispec)")
+    gen.add_argument("--levels", default=None, help=LEVELS_HELP)
+    gen.add_argument("--policy", choices=POLICIES, default=DEFAULT_POLICY, help=POLICY_HELP)
+    gen.add_argument("--lookup-len", type=_whole_number, default=8, help=LOOKUP_LEN_HELP)
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompts", metavar="FILE.jsonl",
@@ -92,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "(N: a fixed seeded sample; default mtbench:5), or 'heldout': the prompts the model's "
                             "trained exit heads were held out from (never trained on)")
     bench.add_argument("--methods", default=None,
-                       help=f"comma list of {', '.join(BENCH_METHODS)} (default: all); not with --sweep")
+                       help=f"comma list of {', '.join(BENCH_METHODS)} (default: all), ours optionally /fixed or "
+                            "/auto, or level lists such as lookup+2+4; not with --sweep")
+    bench.add_argument("--policy", choices=POLICIES, default=DEFAULT_POLICY,
+                       help="policy of our methods named without /fixed or /auto. " + POLICY_HELP)
+    bench.add_argument("--lookup-len", type=_whole_number, default=8, help=LOOKUP_LEN_HELP)
     bench.add_argument("--max-new-tokens", type=_whole_number, default=128)
     bench.add_argument("--draft-layer", type=_whole_number, default=None,
                        help="hispec draft exit d (default: the trained exits' recommendation, else L/8)")
@@ -272,8 +295,7 @@ tokens_per_s (median), speedup_vs (ratio to every other method) and all_outputs_
 def parse_methods(text: str) -> list[str]:
     methods = [m.strip() for m in text.split(",") if m.strip()]
     for m in methods:
-        if m not in METHODS:
-            raise HiSpecError(f"unknown method '{m}'; choose from {', '.join(METHODS)}")
+        parse_method(m, METHODS)
     if not methods:
         raise HiSpecError(f"no method given; choose from {', '.join(METHODS)}")
     return methods
@@ -293,11 +315,14 @@ def cmd_generate(args) -> int:
         prompts = [{"id": "0", "prompt": args.prompt, "chat": True}]
     for p in prompts:
         p["chat"] = p["chat"] and not args.raw
-    configs = {m: DecodeConfig(method=m, draft_layer=args.draft_layer, verify_layer=args.verify_layer,
+    specs = {m: parse_method(m, METHODS) for m in methods}
+    configs = {m: DecodeConfig(method=spec.method, draft_layer=args.draft_layer, verify_layer=args.verify_layer,
                                draft_len=args.draft_len, verify_threshold=args.verify_threshold,
                                max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),
-                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-               for m in methods}
+                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                               levels=spec.levels or (args.levels if spec.method == "hispec" else None),
+                               policy=spec.policy or args.policy, lookup_len=args.lookup_len)
+               for m, spec in specs.items()}
     for config in configs.values():  # bad numbers fail before the model loads
         config.validate()
     lm = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
@@ -314,6 +339,7 @@ def cmd_generate(args) -> int:
         results = []
         for method in methods:
             result = run(lm.ee, ids, configs[method], eos_ids=lm.eos_ids, detok=detok)
+            result.method = method  # the name as written (e.g. hispec/fixed)
             results.append(result)
             if args.json:
                 print(json.dumps(result.record(p["id"])), flush=True)
@@ -334,10 +360,10 @@ def cmd_bench(args) -> int:
 
     if args.sweep is not None or any((args.draft_layers, args.verify_layers, args.draft_lens, args.verify_thresholds)):
         return cmd_sweep(args)
+    from .bench import check_methods
+
     methods = [m.strip() for m in (args.methods or ",".join(BENCH_METHODS)).split(",") if m.strip()]
-    for m in methods:
-        if m not in BENCH_METHODS:
-            raise HiSpecError(f"unknown benchmark method '{m}'; choose from {', '.join(BENCH_METHODS)}")
+    check_methods(methods)
     base, sets, lm = _bench_inputs(args)
 
     def progress(done, total, what):
@@ -381,7 +407,8 @@ def _bench_inputs(args):
     from .prompts import load_sets
 
     base = DecodeConfig("hispec", args.draft_layer, args.verify_layer, args.draft_len, args.verify_threshold,
-                        args.max_new_tokens)
+                        args.max_new_tokens, policy=getattr(args, "policy", "fixed"),
+                        lookup_len=getattr(args, "lookup_len", 8))
     base.validate()
     heldout = args.prompts.strip() == "heldout"  # the exit heads' held-out prompts: needs the model first
     sets = None if heldout else load_sets(args.prompts, seed=args.seed)
@@ -409,6 +436,7 @@ def cmd_sweep(args) -> int:
     grids = build_grids(args.sweep or "", args.draft_layers, args.verify_layers, args.draft_lens,
                         args.verify_thresholds)
     base, sets, lm = _bench_inputs(args)
+    base = replace(base, policy="fixed")  # a sweep measures fixed settings, point by point
     grids = resolve_grids(grids, lm.ee.num_layers)
 
     def progress(done, total, what):
@@ -436,8 +464,14 @@ def stats_table(result) -> str:
     return (f"-- {s['new_tokens']} tokens in {s['wall_s']:.2f} s = {s['tokens_per_s']:.2f} tok/s · "
             f"acceptance: {acc} · full-model passes {s['full_passes']} ({per_pass} tokens each) · "
             f"layer-token work useful {work['useful']} / wasted {work['wasted']} · "
+            + (f"plans: {_choices(s['policy_choices'])} · " if s.get("policy_choices") else "")
             + (f"time in layer passes {s['layers_share']:.0%} · " if s["layers_share"] is not None else "")
             + f"stop: {s['finish_reason']}")
+
+
+def _choices(choices: dict) -> str:
+    """The adaptive policy's plans by kind, most frequent first: 'lookup 40, plain 12'."""
+    return ", ".join(f"{k} {n}" for k, n in sorted(choices.items(), key=lambda kv: -kv[1]))
 
 
 def compare_table(results) -> str:

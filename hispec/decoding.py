@@ -1,12 +1,16 @@
-"""The three decoders on one machinery, each a stream of events.
+"""One decode loop over a list of levels (hispec.levels), each generation a stream of events.
 
-- autoregressive: the full model, one token at a time;
-- layerskip: single-exit self-speculation, draft at exit E, verify with layers [E, L);
-- hispec: draft at exit d, tentatively verify at exit v, verify with the full model once
-  `verify_threshold` tokens are tentative (Hierarchical Speculative Decoding).
+Named presets:
+- autoregressive: [full], the full model one token at a time;
+- layerskip: [exit E, full], single-exit self-speculation, verified with layers [E, L);
+- hispec: [exit d, exit v, full], draft at d, tentatively verify at v, verify with the full model
+  once `verify_threshold` tokens are tentative (Hierarchical Speculative Decoding); with the auto
+  policy its list starts with the lookup level: [lookup, exit d, exit v, full];
+- lookup: [lookup, full], prompt lookup verified by the full model.
 
-All three run on a StageStack, so KV caches and hidden states of a shallower stage are reused
-by the deeper one. Greedy (argmax) selection throughout: the output equals the target's greedy.
+Every list runs on a StageStack, so KV caches and hidden states of a shallower exit are reused by
+the deeper one; a policy (hispec.policy) plans each round. Greedy selection throughout gives the
+target's own greedy output; sampling stays lossless at every level.
 """
 
 from __future__ import annotations
@@ -21,12 +25,16 @@ import torch
 
 from .early_exit import EarlyExitModel
 from .errors import ConfigError
-from .events import DoneEvent, Event, PassEvent, RoundEvent, TokenEvent, TokenState
-from .sampling import SamplingParams, Selector
+from .costs import model_costs
+from .events import DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent, TokenEvent, TokenState
+from .levels import EXIT, FULL, LOOKUP, build_levels, describe, parse_levels
+from .lookup import LookupIndex
+from .policy import POLICIES, Plan, make_policy
+from .sampling import POINT_MASS, SamplingParams, Selector
 from .stack import StageStack
 from .text import Detokenizer
 
-METHODS = ("autoregressive", "layerskip", "hispec")
+METHODS = ("autoregressive", "layerskip", "hispec", "lookup")
 S = TokenState
 
 
@@ -54,11 +62,23 @@ class DecodeConfig:
     top_k: int = 0  # 0 = no top-k
     top_p: float = 1.0  # 1 = no top-p
     seed: int | None = None  # for reproducible sampling
+    # The level list, bottom first, the full model implied: e.g. ("lookup", 2, 4); None: the
+    # method's preset (see the module docstring). Exit layers here take precedence over
+    # draft_layer / verify_layer.
+    levels: tuple | None = None
+    policy: str = "fixed"  # fixed: the settings above, every round; auto: planned per round (hispec.policy)
+    lookup_len: int = 8  # the lookup level proposes at most this many tokens per round
 
     def validate(self) -> None:
         """Check every value that does not depend on the model."""
         if self.method not in METHODS:
             raise ConfigError(f"unknown method '{self.method}'; choose from {', '.join(METHODS)}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown policy '{self.policy}'; choose from {', '.join(POLICIES)}")
+        if not isinstance(self.lookup_len, int) or isinstance(self.lookup_len, bool) or self.lookup_len < 1:
+            raise ConfigError(f"lookup_len must be a whole number >= 1 (got {self.lookup_len!r})")
+        if self.levels is not None:
+            parse_levels(self.levels)
         for name in ("draft_layer", "verify_layer", "draft_len", "verify_threshold", "max_new_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
@@ -84,21 +104,35 @@ class DecodeConfig:
         self.validate()
         L, rec = num_layers, recommended or {}
         threshold = self.verify_threshold or rec.get("verify_threshold") or 4
+        if self.levels is not None:  # an explicit list: its exits are the layers
+            return self._resolve_list(parse_levels(self.levels), L, rec, threshold)
         if self.method == "autoregressive":
-            return replace(self, draft_layer=None, verify_layer=None, draft_len=None, verify_threshold=threshold)
+            return replace(self, draft_layer=None, verify_layer=None, draft_len=None, verify_threshold=threshold,
+                           levels=())
+        if self.method == "lookup":
+            return replace(self, draft_layer=None, verify_layer=None, draft_len=None, verify_threshold=threshold,
+                           levels=("lookup",))
         if self.method == "layerskip":
             exit_layer = _first(self.draft_layer, rec.get("layerskip_exit"), default_verify_layer(L))
             _check_layers(L, exit_layer)
             draft_len = _first(self.draft_len, rec.get("layerskip_draft_len"), self.verify_threshold, 4)
             return replace(self, draft_layer=exit_layer, verify_layer=None, draft_len=draft_len,
-                           verify_threshold=threshold)
+                           verify_threshold=threshold, levels=(exit_layer,))
         d = _first(self.draft_layer, rec.get("draft"), default_draft_layer(L))
         v = self.verify_layer
         if v is None:
             v = rec["verify"] if self.draft_layer is None and "verify" in rec else max(d + 1, default_verify_layer(L))
         _check_layers(L, d, v)
+        levels = ("lookup", d, v) if self.policy == "auto" else (d, v)
         return replace(self, draft_layer=d, verify_layer=v, draft_len=_first(self.draft_len, rec.get("draft_len"), 2),
-                       verify_threshold=threshold)
+                       verify_threshold=threshold, levels=levels)
+
+    def _resolve_list(self, levels: tuple, L: int, rec: dict, threshold: int) -> DecodeConfig:
+        exits = [x for x in levels if x != LOOKUP]
+        build_levels(levels, L)  # checks the layers
+        draft_len = _first(self.draft_len, rec.get("draft_len") if len(exits) == 2 else rec.get("layerskip_draft_len"), 2)
+        return replace(self, draft_layer=exits[0] if exits else None, verify_layer=exits[1] if len(exits) > 1 else None,
+                       draft_len=draft_len if exits else None, verify_threshold=threshold, levels=levels)
 
 
 def _first(*values):
@@ -117,6 +151,19 @@ def recommended_settings(ee: EarlyExitModel) -> dict:
     if not 0 < rec.get("layerskip_exit", 1) < L:
         rec.pop("layerskip_exit")
     return rec
+
+
+def _priors(ee: EarlyExitModel, levels) -> dict[tuple[str, str], float]:
+    """Acceptance priors for the auto policy: the trained exits' held-out agreement with the full
+    model (their manifest), for each exit level against the levels above it."""
+    agreement = ((getattr(ee, "exit_info", None) or {}).get("evaluation") or {}).get("agreement") or {}
+    priors = {}
+    for i, level in enumerate(levels):
+        rate = (agreement.get(str(level.layer)) or {}).get("trained") if level.kind == EXIT else None
+        if rate is not None:
+            for above in levels[i + 1 :]:
+                priors[(level.name, above.name)] = float(rate)
+    return priors
 
 
 def _check_layers(num_layers: int, *exits: int) -> None:
@@ -171,6 +218,18 @@ class Decoder:
         self.decisions: list[tuple[str, int, int]] = []  # every verdict: (stage, pending tokens, accepted)
         self.selector = Selector(SamplingParams(float(cfg.temperature), cfg.top_k, float(cfg.top_p)), cfg.seed)
         self._proposal: dict[int, object] = {}  # serial -> distribution the token was drawn from (sampling)
+        self.levels = build_levels(cfg.levels, ee.num_layers)
+        # Stack level of each exit / full level (its boundary index); the lookup level has none.
+        self._boundary = {}
+        for i, level in enumerate(self.levels):
+            if level.kind != LOOKUP:
+                self._boundary[i] = len(self._boundary) + 1
+        exits = tuple(level.layer for level in self.levels if level.kind == EXIT)
+        costs = model_costs(ee, exits) if cfg.policy == "auto" else getattr(ee, "cost_model", None)
+        self.policy = make_policy(cfg.policy, self.levels, cfg, costs, _priors(ee, self.levels))
+        self._costs = costs
+        self._lookup = LookupIndex() if self.levels[0].kind == LOOKUP else None
+        self._holder: dict[int, str] = {}  # serial -> the level that last proposed, wrote or passed it
         self.stack: StageStack | None = None
         self.committed = 0  # positions [0, committed) are final (prompt included)
         self.round = 0
@@ -179,15 +238,14 @@ class Decoder:
         self._texts: dict[int, tuple[str, str]] = {}  # serial -> (text, origin)
         self._text = ""  # committed text, for stop strings
 
-    # ---- the three methods -------------------------------------------------------------
+    # ---- the decode loop -------------------------------------------------------------------
     def events(self) -> Iterator[Event]:
         self._t0 = time.perf_counter()
-        run = {"autoregressive": self._autoregressive, "layerskip": self._layerskip, "hispec": self._hispec}
         if self.config.max_new_tokens == 0:
             self.finish_reason = "max_new_tokens"
         else:
             try:
-                yield from run[self.config.method]()
+                yield from self._decode()
                 if self._unsynced is not None:  # stopped while drafts were on the device
                     self._sync_drafts()
                 if len(self.stack) > self.committed:  # stopped mid-round: pending tokens are never committed
@@ -198,67 +256,77 @@ class Decoder:
                     self.stack.cache.release()
         yield self._done()
 
-    def _autoregressive(self) -> Iterator[Event]:
-        stack = self._start((0, self.ee.num_layers), ("target",))
+    def _decode(self) -> Iterator[Event]:
+        """One loop for every level list: propose, judge level by level, verify with the full model."""
+        levels, top = self.levels, len(self.levels) - 1
+        stack = self._start()
         yield from self._prefill()
         while not self._finished():
             self.round += 1
-            h = stack.run_to(1, len(stack))
-            self._write(self.selector.propose(self._logits(h[0, -1], self.ee.num_layers))[0], "target")
-            self.syncs += 1
-            yield from self._end_round()
-
-    def _layerskip(self) -> Iterator[Event]:
-        cfg, L = self.config, self.ee.num_layers
-        self._start((0, cfg.draft_layer, L), ("draft", "target"))
-        yield from self._prefill()
-        while not self._finished():
-            self.round += 1
-            # 1. Draft draft_len tokens at exit E.
-            yield from self._draft(1, min(cfg.draft_len, self._room()))
-            # 2. Verify them with layers [E, L) from their saved exit hidden states.
-            if not self._finished():
-                self._verify_with_target()
-            yield from self._end_round()
-
-    def _hispec(self) -> Iterator[Event]:
-        cfg, L = self.config, self.ee.num_layers
-        stack = self._start((0, cfg.draft_layer, cfg.verify_layer, L), ("draft", "verify", "target"))
-        yield from self._prefill()
-        while not self._finished():
-            self.round += 1
-            # 1. Draft up to draft_len tokens at exit d.
+            plan = self._plan()
+            # 1. The proposer proposes: lookup copies, an exit drafts, the full model takes a plain step.
             first = len(stack)
-            yield from self._draft(1, min(cfg.draft_len, self._room()))
-            if self._finished():
-                break
-            # 2. Intermediate verification at exit v: layers [d, v) on the drafts' saved states.
-            if len(stack) > first:
-                h = stack.run_to(2, len(stack) - 1)
-                self._judge_at_verifier(first, self._logits(h[0, first - len(stack) :], cfg.verify_layer))
-            # 3. Full verification once enough tentative tokens piled up or the sequence must end.
-            tentative = stack.tokens[self.committed :]
-            if (len(tentative) >= cfg.verify_threshold or self._room() == 0
-                    or any(t in self.eos for t in tentative)):
+            if levels[plan.proposer].kind == LOOKUP:
+                self._propose_lookup(plan.tokens)
+            elif plan.proposer != top:
+                yield from self._draft(self._boundary[plan.proposer], plan.count, levels[plan.proposer].name)
+                if self._finished():
+                    break
+            # 2. Each intermediate level above the proposer judges this round's proposals, bottom up,
+            #    from the saved hidden states of the level below (no layer runs twice).
+            for j in plan.judges:
+                if len(stack) > first:
+                    h = stack.run_to(self._boundary[j], len(stack) - 1)
+                    self._judge_at(j, first, self._logits(h[0, first - len(stack) :], levels[j].layer))
+            # 3. The full model, once enough tokens are pending, or the sequence must end.
+            pending = stack.tokens[self.committed :]
+            if (plan.proposer == top or len(pending) >= plan.verify_at or self._room() == 0
+                    or any(t in self.eos for t in pending)):
                 self._verify_with_target()
             yield from self._end_round()
+
+    def _plan(self) -> Plan:
+        """The policy's plan for this round (and its PolicyEvent when the policy is adaptive)."""
+        match = ([], 0)
+        if self._lookup is not None and self._room() > 0:
+            if self._unsynced is not None:
+                self._sync_drafts()
+            self._lookup.extend(self.stack.tokens, self.committed)
+            match = self._lookup.propose(self.stack.tokens, self.policy.lookup_limit(self._room()))
+            cut = next((i for i, t in enumerate(match[0]) if t in self.eos), None)  # never copy past an EOS
+            if cut is not None:
+                match = (match[0][: cut + 1], match[1])
+        plan = self.policy.plan(self._room(), len(self.stack) - self.committed, match)
+        if plan.tokens:
+            self._lookup_ngram = match[1]
+        if self.config.policy == "auto":
+            self._out.append(PolicyEvent(self.round, plan.choice, plan.count, plan.verify_at, plan.reason,
+                                         dict(plan.estimates), time.perf_counter() - self._t0))
+        return plan
+
+    def _propose_lookup(self, tokens) -> None:
+        """The lookup level's proposal: a point mass on each copied token (lossless under sampling)."""
+        for token in tokens:
+            self._place(token, S.DRAFTED, "lookup", POINT_MASS)
+            self._holder[self.stack.serials[-1]] = f"lookup:{self._lookup_ngram}"
 
     # ---- stages ------------------------------------------------------------------------
-    def _draft(self, level: int, n: int) -> Iterator[Event]:
+    def _draft(self, level: int, n: int, origin: str = "draft") -> Iterator[Event]:
+        """Draft up to n tokens at stack level `level` (its exit), one at a time."""
         if self._defer_sync:
-            yield from self._draft_on_device(level, n)
+            yield from self._draft_on_device(level, n, origin)
             return
         exit_layer = self.stack.boundaries[level]
         for _ in range(n):
             h = self.stack.run_to(level, len(self.stack))
             token, q = self.selector.propose(self._logits(h[0, -1], exit_layer))
             self.syncs += 1
-            self._place(token, S.DRAFTED, "draft", q)
+            self._place(token, S.DRAFTED, origin, q)
             yield from self._drain()
             if token in self.eos or self._stop.is_set():
                 break
 
-    def _draft_on_device(self, level: int, n: int) -> Iterator[Event]:
+    def _draft_on_device(self, level: int, n: int, origin: str = "draft") -> Iterator[Event]:
         """Greedy drafting on an accelerator without host-device syncs: each draft token stays on
         the device and feeds the next draft step directly. The block reaches the host together
         with the next verdict (`_sync_drafts`). (Deviation from a token-by-token loop: an EOS
@@ -266,7 +334,7 @@ class Decoder:
         stack, exit_layer = self.stack, self.stack.boundaries[level]
         if n == 0:
             return
-        self._unsynced = (len(stack), [])
+        self._unsynced = (len(stack), [], origin)
         for _ in range(n):
             h = stack.run_to(level, len(stack))
             token = self._logits(h[0, -1:], exit_layer).argmax(-1)
@@ -280,28 +348,32 @@ class Decoder:
         """Bring the device-held drafts (and a verifier's predictions `preds`, rows predicting
         positions from the verifier's first one on) to the host in one transfer; place the
         drafts' events, cut after a drafted EOS, and return the predictions still relevant."""
-        first, drafted = self._unsynced
+        first, drafted, origin = self._unsynced
         self._unsynced = None
         values = torch.cat(drafted + ([preds] if preds is not None else [])).tolist()
         self.syncs += 1
         tokens, preds = values[: len(drafted)], values[len(drafted) :]
         self.stack.resolve(first, tokens)
         for i in range(len(tokens)):
-            self._record(first + i, S.DRAFTED, "draft")
+            self._record(first + i, S.DRAFTED, origin)
         cut = next((i for i, t in enumerate(tokens) if t in self.eos), None)
         if cut is not None and cut + 1 < len(tokens):
             self._reject_from(first + cut + 1, S.DISCARDED, "draft")
         return preds
 
-    def _judge_at_verifier(self, first: int, logits) -> None:
-        """Tentatively accept the drafts the verifier agrees with; replace the first rejected one."""
-        n_ok, token, dist, dists = self._judge_block("verify", first, logits)
+    def _judge_at(self, j: int, first: int, logits) -> None:
+        """Intermediate level j tentatively accepts the proposals it agrees with and replaces the
+        first one it rejects by its own token (also tentative); the rest are thrown away."""
+        name = self.levels[j].name
+        n_ok, token, dist, dists = self._judge_block(name, first, logits)
         for pos in range(first, first + n_ok):
-            self._proposal[self.stack.serials[pos]] = dists[pos - first]  # now drawn, in effect, from p_verify
-            self._emit(pos, S.TENTATIVE, "verify")
+            serial = self.stack.serials[pos]
+            self._proposal[serial] = dists[pos - first]  # now drawn, in effect, from this level's p
+            self._holder[serial] = name
+            self._emit(pos, S.TENTATIVE, name)
         if first + n_ok < len(self.stack):
-            self._reject_from(first + n_ok, S.VERIFY_REJECTED, "verify")
-            self._place(token, S.VERIFY_WROTE, "verify", dist)
+            self._reject_from(first + n_ok, S.VERIFY_REJECTED, name)
+            self._place(token, S.VERIFY_WROTE, name, dist)
 
     def _verify_with_target(self) -> None:
         """Run the rest of the model on every pending token; commit the matching prefix,
@@ -324,9 +396,11 @@ class Decoder:
         self._write(token, "target")
 
     # ---- bookkeeping -------------------------------------------------------------------
-    def _start(self, boundaries, names) -> StageStack:
-        capacity = len(self.prompt_ids) + self.config.max_new_tokens + 2
-        self.stack = StageStack(self.ee, boundaries, names, capacity)
+    def _start(self) -> StageStack:
+        capacity = len(self.prompt_ids) + self.config.max_new_tokens + 2 + self.config.lookup_len
+        stacked = [level for level in self.levels if level.kind != LOOKUP]
+        boundaries = (0, *(level.layer for level in stacked))
+        self.stack = StageStack(self.ee, boundaries, tuple(level.name for level in stacked), capacity)
         return self.stack
 
     def _prefill(self) -> Iterator[Event]:
@@ -350,17 +424,28 @@ class Decoder:
         else:
             self.syncs += 1  # the verdict: one transfer per verification decision
         tokens = self.stack.tokens[first:]
-        proposals = [self._proposal.get(s) for s in self.stack.serials[first:]]
+        serials = self.stack.serials[first:]
+        proposals = [self._proposal.get(s) for s in serials]
         n_ok, token, dist, dists = self.selector.judge(tokens, proposals, logits, preds)
-        if self._judge is not None:  # timing only: the verdict comes from hispec.timing_only
-            n_ok = self._judge(stage, len(tokens))
+        key = "target" if stage == "target" else "verify"  # the timing-only judges' two stages
+        if self._judge is not None and tokens:  # timing only: the verdict comes from hispec.timing_only
+            n_ok = self._judge(key, len(tokens))
             row = preds if preds is not None else logits.argmax(-1).tolist()
             token = row[n_ok] if n_ok < len(row) else None
-        self.decisions.append((stage, len(tokens), n_ok))
+        self.decisions.append((key, len(tokens), n_ok))
+        for i, serial in enumerate(serials[: n_ok + 1]):  # judged in order, up to the first rejection
+            self.policy.observe(self._holder.get(serial, "draft"), stage, i < n_ok)
         return n_ok, token, dist, dists
 
     def _logits(self, hidden, layer: int):
-        return self.ee.exit_logits(hidden, layer)
+        t0 = time.perf_counter()
+        logits = self.ee.exit_logits(hidden, layer)
+        if self._costs is not None:  # refine the cost model: this head, its attention step included
+            attend = sum(seconds for at, _, seconds in self.stack.head_work if at == layer)
+            self._costs.observe_head(layer, logits.shape[0] if logits.dim() > 1 else 1,
+                                     time.perf_counter() - t0 + attend)
+        self.stack.head_work.clear()
+        return logits
 
     def _room(self) -> int:
         return self.config.max_new_tokens - (len(self.stack) - len(self.prompt_ids))
@@ -371,7 +456,7 @@ class Decoder:
         return self.finish_reason is not None
 
     def _place(self, token: int, state: TokenState, origin: str, dist=None) -> None:
-        self.stack.append(token)
+        self._holder[self.stack.append(token)] = origin
         self._record(len(self.stack) - 1, state, origin, dist)
 
     def _record(self, pos: int, state: TokenState, origin: str, dist=None) -> None:
@@ -416,6 +501,8 @@ class Decoder:
 
     def _drain(self, stage: str | None = None) -> Iterator[Event]:
         for p in self.stack.passes:
+            if self._costs is not None and stage is None and len(p.serials) <= 16:
+                self._costs.observe_pass(p.end - p.start, len(p.serials), p.seconds)
             yield PassEvent(stage or p.stage, p.start, p.end, p.serials, p.seconds, self.round)
         self.stack.passes.clear()
         yield from self._out

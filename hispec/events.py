@@ -8,7 +8,8 @@ A token's life (see DESIGN.md):
     target_wrote: the target's own token (correction, bonus, or an autoregressive step)
     discarded: dropped because generation ended inside a block (stop string)
 
-``origin`` says which stage wrote the token: "draft", "verify" or "target".
+``origin`` says which level wrote the token: "lookup", "draft", "verify" or "target" (see
+hispec.levels for the role names).
 """
 
 from __future__ import annotations
@@ -73,6 +74,19 @@ class RoundEvent:
 
 
 @dataclass(frozen=True)
+class PolicyEvent:
+    """The adaptive policy's plan for a round: what it chose and the estimate behind it."""
+
+    round: int
+    choice: str  # e.g. "plain", "lookup 4", "exit 4 x2", "exit 2 x1 -> exit 4, full at 2"
+    count: int  # tokens proposed
+    verify_at: int  # pending tokens that trigger the full model
+    reason: str
+    estimates: dict  # candidate -> expected committed tokens per second (the best few, and plain)
+    t: float
+
+
+@dataclass(frozen=True)
 class DoneEvent:
     reason: str  # max_new_tokens | eos | stop_string | stopped
     token_ids: tuple[int, ...]
@@ -83,4 +97,4 @@ class DoneEvent:
     host_syncs: int = 0  # device-to-host transfers of decisions over the whole generation
 
 
-Event = TokenEvent | PassEvent | RoundEvent | DoneEvent
+Event = TokenEvent | PassEvent | RoundEvent | PolicyEvent | DoneEvent

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .events import COMMITTED_STATES, REJECTED_STATES, DoneEvent, Event, PassEvent, RoundEvent, TokenEvent
+from .events import (COMMITTED_STATES, REJECTED_STATES, DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent,
+                     TokenEvent)
 from .events import TokenState as S
 
 
@@ -34,6 +35,15 @@ class StatsCollector:
         # Seconds inside each stage's layer passes (and its exit head's attention step), by stage.
         # On an accelerator these are launch times unless something synchronised.
         self.stage_s: dict[str, float] = defaultdict(float)
+        self.choices: dict[str, int] = defaultdict(int)  # the adaptive policy's plans, by kind
+
+    @staticmethod
+    def choice_kind(choice: str) -> str:
+        """'lookup 4' -> 'lookup', 'exit 4 x2' -> 'exit 4', 'exit 2 x1 -> exit 4, ...' -> 'exit 2 -> exit 4'."""
+        if "->" in choice:
+            low, high = choice.split("->")[:2]
+            return f"{low.split(' x')[0].strip()} -> {high.split(',')[0].strip()}"
+        return choice.split(" x")[0] if choice.startswith("exit") else choice.split(" ")[0]
 
     def add(self, ev: Event) -> None:
         if isinstance(ev, TokenEvent):
@@ -47,6 +57,8 @@ class StatsCollector:
                 self.full_passes += 1
             for serial in ev.serials:
                 self._work[serial][ev.stage] += ev.end - ev.start
+        elif isinstance(ev, PolicyEvent):
+            self.choices[self.choice_kind(ev.choice)] += 1
         elif isinstance(ev, RoundEvent):
             self.rounds, self.t = ev.round, ev.t
             self.history.append(self._row(ev))
@@ -55,19 +67,23 @@ class StatsCollector:
 
     def _add_token(self, ev: TokenEvent) -> None:
         self.t = max(self.t, ev.t)
+        # Acceptance per level pair "proposer->judge": the level that last proposed, wrote or
+        # passed a token, and the level that judged it.
         if ev.state is S.DRAFTED:
             self.drafted += 1
-            self._holder[ev.serial] = "draft"
-        elif ev.state in (S.TENTATIVE, S.VERIFY_REJECTED) and ev.origin == "draft":
-            pair = self.judged["draft->verify"]
+            self._holder[ev.serial] = ev.origin
+        elif ev.state in (S.TENTATIVE, S.VERIFY_REJECTED) and ev.serial in self._holder:
+            pair = self.judged[f"{self._holder[ev.serial]}->{ev.stage}"]
             pair[0] += ev.state is S.TENTATIVE
             pair[1] += 1
         elif ev.state in (S.ACCEPTED, S.TARGET_REJECTED):
             pair = self.judged[f"{self._holder.get(ev.serial, 'draft')}->target"]
             pair[0] += ev.state is S.ACCEPTED
             pair[1] += 1
-        if ev.state in (S.TENTATIVE, S.VERIFY_WROTE):
-            self._holder[ev.serial] = "verify"
+        if ev.state is S.TENTATIVE:
+            self._holder[ev.serial] = ev.stage
+        elif ev.state is S.VERIFY_WROTE:
+            self._holder[ev.serial] = ev.origin
         if ev.state in COMMITTED_STATES:
             self.new_tokens += 1
             self._fate[ev.serial] = "useful"
@@ -111,6 +127,7 @@ class StatsCollector:
             "finish_reason": self.finish_reason,
             "host_syncs": self.host_syncs,
             "stage_s": dict(self.stage_s),
+            "policy_choices": dict(self.choices),
             # the share of the wall time spent in layer passes; the rest: heads, token choice, engine
             "layers_share": sum(self.stage_s.values()) / self.t if self.t > 0 else None,
         }

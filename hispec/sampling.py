@@ -42,6 +42,12 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits.softmax(-1)
 
 
+# The proposal of a deterministic proposer (the lookup level): all mass on the proposed token.
+# Accepting x with probability min(1, p(x) / 1) and resampling from normalised max(0, p - 1[x])
+# (p without x) leaves the output distributed exactly as p.
+POINT_MASS = "point_mass"
+
+
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The distribution to resample from after a rejection: normalised max(0, p - q)."""
     r = (p - q).clamp(min=0)
@@ -83,6 +89,9 @@ class Selector:
             return n_ok, (preds[n_ok] if n_ok < len(preds) else None), None, [None] * len(preds)
         probs = warp(logits, self.params)
         for i, (x, q) in enumerate(zip(tokens, proposals)):
+            if isinstance(q, str) and q == POINT_MASS:
+                q = torch.zeros_like(probs[i])
+                q[x] = 1.0
             u = float(torch.rand((), generator=self.generator))
             if u * float(q[x]) >= float(probs[i, x]):  # reject with probability 1 - min(1, p/q)
                 return i, self._draw(residual(probs[i], q)), probs[i], list(probs)

@@ -10,8 +10,11 @@ positions it has not seen, from the hidden states saved at the boundary below: n
 ever run twice for the same token. ``truncate(n)`` drops positions >= n everywhere.
 
 An exit with a stateful (attention) head keeps its own KV cache, in ``head_cache`` at the
-boundary's index: every position that reaches the boundary also runs the head's attention
-step, and ``run_to`` returns the attended states there (what the head reads).
+boundary's index. Its attention step runs lazily: positions that pass the boundary wait in
+``_head_pending`` until that exit is asked for (``run_to`` with it as the target level), then
+all waiting positions run the step in one batch, each exactly once, and ``run_to`` returns the
+attended states (what the head reads). An exit that a generation never consults costs nothing
+beyond its layers. ``head_work`` records each batch (exit layer, positions, seconds).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class StageStack:
         self._stateful = {i: head for i, b in enumerate(boundaries[1:-1], 1)
                           if getattr(head := ee.exit_heads.get(b), "stateful", False)}
         self.head_cache = LayerKVCache(len(boundaries), capacity)
+        self._head_pending: dict[int, list[torch.Tensor]] = {i: [] for i in self._stateful}
+        self.head_work: list[tuple[int, int, float]] = []  # drained by the decoder
         self.tokens: list[int] = []
         self.serials: list[int] = []  # a unique id per token ever placed, for work accounting
         self._next_serial = 0
@@ -85,24 +90,33 @@ class StageStack:
             hidden = self._take_input(i - 1, lo, end)
             t0 = time.perf_counter()
             hidden = self.ee.run_layers(hidden, self.boundaries[i - 1], self.boundaries[i], self.cache)
-            exit_states = hidden
-            if i in self._stateful:  # the head's attention step: every position, exactly once
-                if self.head_cache.lengths[i] != lo:
-                    raise RuntimeError(f"exit head cache at boundary {self.boundaries[i]} holds "
-                                       f"{self.head_cache.lengths[i]} positions, expected {lo}")
-                with torch.inference_mode():
-                    exit_states = self._stateful[i].attend(hidden, self.head_cache, i)
             self.passes.append(
                 StagePass(self.names[i - 1], self.boundaries[i - 1], self.boundaries[i], (lo, end),
                           tuple(self.serials[lo:end]), time.perf_counter() - t0)
             )
             self.frontier[i] = end
-            if i == level:
-                top = exit_states
             if i < len(self.boundaries) - 1:
                 saved = self._hidden[i]
                 self._hidden[i] = hidden if saved is None else torch.cat([saved, hidden], dim=1)
+            if i in self._stateful:  # the head's attention step waits until this exit is consulted
+                self._head_pending[i].append(hidden)
+            if i == level:
+                top = self._attend(i)[:, -(end - lo):] if i in self._stateful else hidden
         return top
+
+    def _attend(self, i: int) -> torch.Tensor:
+        """Run the waiting positions of boundary i through its head's attention step (once each)."""
+        chunks, self._head_pending[i] = self._head_pending[i], []
+        waiting = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)
+        lo = self.head_cache.lengths[i]
+        if lo + waiting.shape[1] != self.frontier[i]:
+            raise RuntimeError(f"exit head cache at boundary {self.boundaries[i]} holds {lo} positions and "
+                               f"{waiting.shape[1]} wait, expected {self.frontier[i]} in all")
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            states = self._stateful[i].attend(waiting, self.head_cache, i)
+        self.head_work.append((self.boundaries[i], waiting.shape[1], time.perf_counter() - t0))
+        return states
 
     def _take_input(self, i: int, lo: int, end: int) -> torch.Tensor:
         """Hidden states at boundary i for positions [lo, end); they are consumed."""
@@ -133,6 +147,10 @@ class StageStack:
                 for layer in range(self.boundaries[i - 1], self.boundaries[i]):
                     self.cache.crop(layer, length)
                 self.head_cache.crop(i, length)
+                if self._head_pending.get(i):
+                    keep = length - self.head_cache.lengths[i]
+                    waiting = torch.cat(self._head_pending[i], dim=1)
+                    self._head_pending[i] = [waiting[:, :keep]] if keep > 0 else []
             saved = self._hidden[i] if i < len(self.boundaries) - 1 else None
             if saved is not None:
                 keep = length - self.frontier[i + 1]
@@ -142,5 +160,9 @@ class StageStack:
         return list(self.cache.lengths)
 
     def head_cache_lengths(self) -> dict[int, int]:
-        """Positions in each attention exit head's cache, by exit layer."""
+        """Positions in each attention exit head's cache, by exit layer (attended so far)."""
         return {self.boundaries[i]: self.head_cache.lengths[i] for i in self._stateful}
+
+    def head_waiting(self) -> dict[int, int]:
+        """Positions waiting for each attention exit head's step, by exit layer."""
+        return {self.boundaries[i]: sum(w.shape[1] for w in chunks) for i, chunks in self._head_pending.items()}

@@ -9,6 +9,7 @@ _STYLE = {
     "drafted": "2",
     "tentative": "33",
     "accepted": "32",
+    "copied": "35",
     "verify-wrote": "1;33",
     "target-wrote": "36",
     "verify-rejected": "9;35",

@@ -10,9 +10,10 @@ from .events import TokenState as S
 
 # Display classes, in legend order: (class, short label, what it means).
 LEGEND = (
-    ("drafted", "drafted", "proposed by the draft exit, waiting for a verifier"),
+    ("drafted", "drafted", "proposed by the draft exit (or copied by lookup), waiting for a verifier"),
     ("tentative", "tentative", "accepted by the intermediate verifier, waiting for the full model"),
     ("accepted", "accepted", "drafted, then accepted by the full model (committed)"),
+    ("copied", "copied", "proposed by the lookup level (copied from earlier text), accepted by the full model"),
     ("verify-wrote", "verifier's token", "written by the intermediate verifier (a correction), committed"),
     ("target-wrote", "full model's token", "written by the full model itself: a correction, bonus or plain step"),
     ("verify-rejected", "rejected by verifier", "draft thrown away early by the intermediate verifier"),
@@ -31,11 +32,14 @@ class TraceToken:
     state: S
     stage: str
     round: int
+    born: S = S.DRAFTED  # the token's first state: how it entered the sequence
 
     @property
     def css_class(self) -> str:
         if self.state in COMMITTED_STATES:
-            return {"draft": "accepted", "verify": "verify-wrote"}.get(self.origin, "target-wrote")
+            if self.born is S.DRAFTED:  # proposed (copied or drafted at an exit), then accepted
+                return "copied" if self.origin == "lookup" else "accepted"
+            return "verify-wrote" if self.born is S.VERIFY_WROTE else "target-wrote"
         if self.state in (S.TENTATIVE, S.VERIFY_WROTE):
             return "tentative"
         return self.state.value.replace("_", "-")
@@ -55,7 +59,7 @@ class Trace:
         token = self.tokens.get(ev.serial)
         if token is None:
             self.tokens[ev.serial] = TraceToken(ev.serial, ev.index, ev.token_id, ev.text, ev.origin,
-                                                ev.state, ev.stage, ev.round)
+                                                ev.state, ev.stage, ev.round, ev.state)
         else:
             token.state, token.stage, token.round = ev.state, ev.stage, ev.round
 

@@ -52,6 +52,12 @@ def test_training_improves_agreement_and_describes_the_head(trained):
     assert manifest["training"]["attention_lr"] == TrainSettings().attention_lr
 
 
+def _held(stack) -> dict[int, int]:
+    """Positions each attention head holds: attended (in its cache) plus waiting for its step."""
+    waiting = stack.head_waiting()
+    return {layer: n + waiting[layer] for layer, n in stack.head_cache_lengths().items()}
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_incremental_states_equal_a_whole_sequence_pass_through_rollbacks(arch):
     model = tiny_model(arch, seed=2)
@@ -67,7 +73,10 @@ def test_incremental_states_equal_a_whole_sequence_pass_through_rollbacks(arch):
         stack.append(t)
         h = stack.run_to(1, len(stack))
         got[2][len(stack) - 1] = h[0, -1]
-        assert stack.head_cache_lengths() == {2: stack.frontier[1], 5: stack.frontier[2]}
+        assert _held(stack) == {2: stack.frontier[1], 5: stack.frontier[2]}
+        assert stack.head_cache_lengths()[2] == stack.frontier[1]  # consulted: attended at once
+        if step % 3 != 2:  # exit 5 not consulted since the last verify: its positions wait, unattended
+            assert stack.head_waiting()[5] == stack.frontier[2] - stack.head_cache_lengths()[5]
         if step % 3 == 2:
             lo = stack.frontier[2]
             h = stack.run_to(2, len(stack))
@@ -78,7 +87,7 @@ def test_incremental_states_equal_a_whole_sequence_pass_through_rollbacks(arch):
                 for states in got.values():  # what was returned for the cut positions is void
                     for pos in [p for p in states if p >= len(stack)]:
                         del states[pos]
-                assert stack.head_cache_lengths() == {2: len(stack), 5: min(stack.frontier[2], len(stack))}
+                assert _held(stack) == {2: len(stack), 5: min(stack.frontier[2], len(stack))}
     # the same positions in one pass over the final sequence, on a fresh cache
     final = stack.tokens
     cache = ee.new_cache(64)

@@ -42,7 +42,10 @@ def test_every_method_equals_generate(lm, kind):
     for config in (DecodeConfig("autoregressive", max_new_tokens=32), DecodeConfig("layerskip", max_new_tokens=32),
                    DecodeConfig("hispec", max_new_tokens=32),
                    DecodeConfig("hispec", draft_layer=8, verify_layer=20, draft_len=3, verify_threshold=3,
-                                max_new_tokens=32)):
+                                max_new_tokens=32),
+                   DecodeConfig("hispec", policy="auto", max_new_tokens=32),
+                   DecodeConfig("lookup", max_new_tokens=32),
+                   DecodeConfig("hispec", levels=("lookup", 4), max_new_tokens=32)):
         r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=detok)
         assert r.token_ids == ref, config
         assert r.text == lm.tokenizer.decode(ref, skip_special_tokens=True)

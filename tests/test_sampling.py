@@ -44,11 +44,11 @@ def hf_probs(model, prefixes, temperature, top_k, top_p):
     return warpers(ids, logits).softmax(-1)
 
 
-def exact_joint(model, temperature, top_k=0, top_p=1.0):
+def exact_joint(model, temperature, top_k=0, top_p=1.0, prompt=PROMPT):
     """P(x2, x3) of the target with the warps, marginalised over x1."""
-    p1 = hf_probs(model, [PROMPT], temperature, top_k, top_p)[0]
-    p2 = hf_probs(model, [PROMPT + [a] for a in range(V)], temperature, top_k, top_p)
-    p3 = hf_probs(model, [PROMPT + [a, b] for a in range(V) for b in range(V)], temperature, top_k, top_p)
+    p1 = hf_probs(model, [prompt], temperature, top_k, top_p)[0]
+    p2 = hf_probs(model, [prompt + [a] for a in range(V)], temperature, top_k, top_p)
+    p3 = hf_probs(model, [prompt + [a, b] for a in range(V) for b in range(V)], temperature, top_k, top_p)
     joint = torch.zeros(V, V)
     for a, b in itertools.product(range(V), range(V)):
         joint[b] += p1[a] * p2[a, b] * p3[a * V + b]
@@ -132,6 +132,49 @@ def test_the_test_rejects_broken_rules(model, monkeypatch, broken):
     expected = exact_joint(model, 1.0)
     p = chi_square_p(sample_joint(model, "hispec", temperature=1.0), expected, RUNS)
     assert p < ALPHA, f"the chi-square test failed to notice the broken rule {broken} (p={p:.3f})"
+
+
+# The lookup level proposes deterministically (a point mass). A prompt that repeats itself gives
+# it matches for most first tokens, so the 2nd and 3rd tokens are often copied proposals.
+LOOKUP_PROMPT = [3, 5, 1, 3, 5, 1, 3, 5]
+LOOKUP_LISTS = {"lookup": ("lookup",), "lookup+2": ("lookup", 2), "lookup+1+2": ("lookup", 1, 2)}
+
+
+def sample_lookup_joint(model, levels, runs=RUNS, **kw):
+    ee = EarlyExitModel(model)
+    counts, copied = Counter(), 0
+    for seed in range(runs):
+        r = run(ee, LOOKUP_PROMPT, DecodeConfig("hispec", levels=levels, max_new_tokens=3, seed=seed, draft_len=2,
+                                                verify_threshold=2, lookup_len=3, **kw))
+        counts[tuple(r.token_ids[1:3])] += 1
+        copied += r.stats["drafted"] > 0
+    return counts, copied
+
+
+@pytest.mark.parametrize("name", list(LOOKUP_LISTS))
+def test_lookup_level_sampling_matches_the_target(model, name):
+    expected = exact_joint(model, 1.0, prompt=LOOKUP_PROMPT)
+    counts, copied = sample_lookup_joint(model, LOOKUP_LISTS[name], temperature=1.0)
+    assert copied > RUNS // 4, f"the lookup level proposed in only {copied} of {RUNS} runs: the test would be weak"
+    p = chi_square_p(counts, expected, RUNS)
+    assert p > ALPHA, f"{name}: sampled distribution differs from the target's (p={p:.2e})"
+
+
+def test_the_test_rejects_a_lookup_rule_that_trusts_copies(model, monkeypatch):
+    """Broken: judge a copied token as if it had been drawn from the judge's own distribution
+    (p/q = 1, always accepted) instead of from a point mass on it."""
+    judge = sampling.Selector.judge
+
+    def trusting(self, tokens, proposals, logits, preds=None):
+        probs = sampling.warp(logits, self.params)
+        proposals = [probs[i] if isinstance(q, str) else q for i, q in enumerate(proposals)]
+        return judge(self, tokens, proposals, logits, preds)
+
+    monkeypatch.setattr(sampling.Selector, "judge", trusting)
+    expected = exact_joint(model, 1.0, prompt=LOOKUP_PROMPT)
+    counts, _ = sample_lookup_joint(model, ("lookup",), temperature=1.0)
+    p = chi_square_p(counts, expected, RUNS)
+    assert p < ALPHA, f"the chi-square test failed to notice copies trusted blindly (p={p:.3f})"
 
 
 @pytest.mark.parametrize("method", ["autoregressive", "layerskip", "hispec"])
