@@ -31,6 +31,7 @@ from hispec.trace import Trace
 from ui import bench_tab, charts, exits, handlers, render
 
 ASSETS = Path(__file__).parent / "assets"
+DEFAULT_POLICY = "Adaptive (auto)"  # measured faster than every fixed setting (README, Results)
 log = logging.getLogger("hispec.app")
 
 HOW_IT_WORKS = """
@@ -45,12 +46,21 @@ once. **HiSpec** uses *one* early-exit model at three depths:
    pass. Matching tokens are committed; the first mismatch is replaced by the full model's token; if
    all match, the full model adds a **bonus** token.
 
+**Levels and the adaptive policy.** The same loop runs any list of levels, cheapest first: a free
+**lookup** level (copies what followed the last few tokens earlier in the prompt or the output; its
+tokens are coloured *copied*), exits, and the full model on top. With the *Adaptive* policy each round
+picks the plan with the most expected tokens per second — a plain step, the lookup's copy, a draft at
+one exit, or the full hierarchy with a threshold — from the acceptance measured so far in this run and
+the pass costs measured on this machine; the stats list the plans it chose. *Fixed* runs the paper's
+rounds with the sliders' settings.
+
 With greedy decoding in float32 the text is exactly what the full model alone would write — the
 *Compare* button checks it. (In bfloat16, the GPU default, rounding can flip a near-tie, and the
 comparison then says at which token.) Speed depends on how often the exits agree with the full model:
 the embedded SmolLM2-135M was not trained to exit early, and the small exit heads trained for it agree
-about 40% of the time, which brings speculation to about the speed of plain decoding on a CPU;
-LayerSkip-trained checkpoints are built for it.
+about 40% of the time, which alone brings speculation to about the speed of plain decoding on a CPU.
+The adaptive policy speculates only where it expects a gain, and the lookup level pays wherever the
+text repeats itself (summaries, code, quotes); LayerSkip-trained checkpoints are built for the exits.
 """
 
 
@@ -90,11 +100,11 @@ class App:
 
     # ---- handlers (plain values in, components out) ------------------------------------
     def generate(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, temperature=0.0, top_k=0,
-                 top_p=1.0, seed=-1, request: gr.Request = None):
+                 top_p=1.0, seed=-1, policy=DEFAULT_POLICY, request: gr.Request = None):
         key, stop = self._new_stop(request)
         try:
             config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed,
-                                          limit=self.limits.max_new_tokens)
+                                          limit=self.limits.max_new_tokens, policy_label=policy)
             for snap in _generation_gpu(id(self), model_name, prompt, config, bool(chat), key):
                 yield self._views(snap)
         except HiSpecError as exc:
@@ -103,11 +113,11 @@ class App:
             self._forget_stop(key, stop)
 
     def compare(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, temperature, top_k, top_p, seed,
-                baselines, request: gr.Request = None):
+                policy=DEFAULT_POLICY, baselines=("Autoregressive",), request: gr.Request = None):
         key, stop = self._new_stop(request)
         try:
             config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed,
-                                          limit=self.limits.max_new_tokens)
+                                          limit=self.limits.max_new_tokens, policy_label=policy)
             for snap in _compare_gpu(id(self), model_name, prompt, config, bool(chat), list(baselines or []), key):
                 if snap.get("error"):
                     yield render.message_html(snap["error"]), gr.skip(), gr.skip()
@@ -181,6 +191,11 @@ class App:
                                 load_btn = gr.Button("Load", scale=1)
                             info = gr.Markdown(model_info(self.model_name, lm))
                             method = gr.Radio(list(handlers.METHODS), value="HiSpec", label="Method")
+                            policy = gr.Radio(list(handlers.POLICIES), value=DEFAULT_POLICY, label="Policy",
+                                              info="Adaptive: each round, the plan with the most expected tokens "
+                                                   "per second from this run's acceptance and this machine's pass "
+                                                   "costs (HiSpec then also has a free lookup level at the bottom); "
+                                                   "Fixed: the paper's rounds with the settings below")
                             draft_layer = gr.Slider(1, L - 1, value=preset.draft_layer, step=1, label="Draft layer d",
                                                     info="exit that drafts (LayerSkip: its single exit)")
                             verify_layer = gr.Slider(1, L - 1, value=preset.verify_layer, step=1,
@@ -220,7 +235,7 @@ class App:
                     self.bench.build(model)
 
             settings = [prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new, chat,
-                        temperature, top_k, top_p, seed]
+                        temperature, top_k, top_p, seed, policy]
             views = [status, tokens, legend, final, stats, acc_plot, speed_plot, work_plot]  # order of _views
             generate_btn.click(self.generate, settings, views, concurrency_limit=4, concurrency_id="model",
                                api_name="generate")
@@ -295,6 +310,9 @@ def stats_html(s: dict) -> str:
     rows += [("full-model passes", s["full_passes"]),
              ("tokens per full pass", "–" if per_pass is None else f"{per_pass:.2f}"),
              ("layer-token work: useful / wasted", f"{s['layer_tokens']['useful']} / {s['layer_tokens']['wasted']}")]
+    if s.get("policy_choices"):  # the adaptive policy's plans, most frequent first
+        plans = sorted(s["policy_choices"].items(), key=lambda kv: -kv[1])
+        rows.append(("adaptive plans (rounds)", html.escape(", ".join(f"{k} {n}" for k, n in plans))))
     if s.get("finish_reason"):
         rows.append(("stopped by", s["finish_reason"].replace("_", " ")))
     body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)

@@ -19,7 +19,7 @@ POLICY_HELP = ("auto (default): plan every round from acceptance measured in thi
                "measured on this machine (draft length, when the full model runs, which levels take part, "
                "down to plain steps); fixed: the settings given, every round (the paper's N_d, N_i)")
 LEVELS_HELP = ("the level list, bottom first, the full model implied: e.g. lookup,2,4 (lookup under exits 2 and "
-               "4), 4 (single exit), lookup (prompt lookup); default: the method's own")
+               "4), 4 (single exit), lookup (prompt lookup); for the hispec method (default: its own list)")
 LOOKUP_LEN_HELP = "most tokens the lookup level proposes per round (default 8)"
 
 EPILOG = """examples:
@@ -108,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default="default", help="'default', a Hugging Face id or a local folder")
     bench.add_argument("--prompts", default="mtbench:5",
                        help="SET[:N][,SET[:N]...] with SET sharegpt, humaneval, mtbench or a .jsonl file "
-                            "(N: a fixed seeded sample; default mtbench:5), or 'heldout': the prompts the model's "
-                            "trained exit heads were held out from (never trained on)")
+                            "(N: a fixed seeded sample; default mtbench:5), summarize (real documents to "
+                            "summarise), and 'heldout[:N]': the prompts the model's trained exit heads were held "
+                            "out from (never trained on; N per held-out set)")
     bench.add_argument("--methods", default=None,
                        help=f"comma list of {', '.join(BENCH_METHODS)} (default: all), ours optionally /fixed or "
                             "/auto, or level lists such as lookup+2+4; not with --sweep")
@@ -410,16 +411,27 @@ def _bench_inputs(args):
                         args.max_new_tokens, policy=getattr(args, "policy", "fixed"),
                         lookup_len=getattr(args, "lookup_len", 8))
     base.validate()
-    heldout = args.prompts.strip() == "heldout"  # the exit heads' held-out prompts: needs the model first
-    sets = None if heldout else load_sets(args.prompts, seed=args.seed)
+    # 'heldout[:N]': the exit heads' held-out prompts (N per held-out set), known once the model is loaded
+    parts = [p.strip() for p in args.prompts.split(",") if p.strip()]
+    heldout = [p for p in parts if p == "heldout" or p.startswith("heldout:")]
+    others = ",".join(p for p in parts if p not in heldout)
+    sets = load_sets(others, seed=args.seed) if others else {}
+    if heldout and not heldout[0].partition(":")[2].isdigit() and heldout[0] != "heldout":
+        raise HiSpecError(f"'{heldout[0]}': write heldout or heldout:N (N prompts per held-out set)")
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr),
                     exits=args.exits)
     if args.cuda_graphs:
         lm.ee.set_graphs("cuda")
     if heldout:
+        import random
+
         from .train_exits import heldout_prompts
 
-        sets = heldout_prompts(lm)
+        count = int(heldout[0].partition(":")[2] or 0)
+        held = heldout_prompts(lm)
+        if count:
+            held = {k: random.Random(args.seed).sample(v, min(count, len(v))) for k, v in held.items()}
+        sets = {**held, **sets}
     base.resolve(lm.ee.num_layers, recommended_settings(lm.ee))
     return base, sets, lm
 

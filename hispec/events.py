@@ -1,6 +1,6 @@
 """The engine's event vocabulary: one stream feeds the UI, the CLI and the benchmarks.
 
-A token's life (see DESIGN.md):
+A token's life (see docs/DESIGN.md):
 
     drafted -> tentative (accepted by the intermediate verifier) | verify_rejected
     tentative -> accepted (by the target, committed) | target_rejected

@@ -97,7 +97,8 @@ def client(served):
     return Client(served[0], verbose=False)
 
 
-GREEDY = (0.0, 0, 1.0, -1)  # temperature, top-k, top-p, seed
+# temperature, top-k, top-p, seed, policy (fixed: the engine runs these tests compare with are fixed)
+GREEDY = (0.0, 0, 1.0, -1, "Fixed (the settings below)")
 
 
 def call(client: Client, *args, api_name: str, timeout: float = TIMEOUT_S):
@@ -155,7 +156,7 @@ def test_generate_api_order(client):
     labels = [p["label"] for p in params]
     assert labels == ["Prompt", "Model", "Method", "Draft layer d", "Verify layer v", "draft_len",
                       "verify_threshold", "Max new tokens", "Use the chat template", "Temperature",
-                      "Top-k (0 = off)", "Top-p (1 = off)", "Seed (-1 = random)"], labels
+                      "Top-k (0 = off)", "Top-p (1 = off)", "Seed (-1 = random)", "Policy"], labels
 
 
 def test_generate_colours_tokens_and_matches_the_engine(served, client):

@@ -20,7 +20,7 @@ def test_json_lines_contract(folder, tmp_path, capsys):
     prompts.write_text('{"prompt": "hello", "id": "a"}\n\n{"prompt": "raw text", "chat": false}\n')
     code = main(["generate", "--model", folder, "--method", "autoregressive,layerskip,hispec",
                  "--prompts", str(prompts), "--max-new-tokens", "12", "--json",
-                 "--draft-layer", "2", "--verify-layer", "5"])
+                 "--draft-layer", "2", "--verify-layer", "5", "--policy", "fixed"])
     assert code == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["id"], r["method"]) for r in records] == [
@@ -42,6 +42,24 @@ def test_json_lines_contract(folder, tmp_path, capsys):
     assert len(by["3", "hispec"]["prompt_token_ids"]) == len("raw text")
 
 
+def test_auto_policy_and_level_lists_keep_the_json_contract(folder, capsys):
+    code = main(["generate", "--model", folder, "--method", "autoregressive,hispec,hispec/fixed,lookup+4",
+                 "--prompt", "abcabcabcabc", "--max-new-tokens", "16", "--json", "--draft-layer", "2",
+                 "--verify-layer", "5"])
+    assert code == 0
+    by = {r["method"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert list(by) == ["autoregressive", "hispec", "hispec/fixed", "lookup+4"]
+    for r in by.values():
+        assert set(r) >= {"id", "method", "prompt_token_ids", "token_ids", "text", "settings", "stats"}
+        assert r["token_ids"] == by["autoregressive"]["token_ids"]
+    auto = by["hispec"]
+    assert auto["settings"]["policy"] == "auto" and auto["settings"]["levels"] == ["lookup", 2, 5]
+    assert sum(auto["stats"]["policy_choices"].values()) == auto["stats"]["rounds"]
+    assert set(auto["stats"]["acceptance"]) <= {"lookup->target", "draft->target", "verify->target", "draft->verify"}
+    assert by["hispec/fixed"]["settings"]["policy"] == "fixed" and by["hispec/fixed"]["stats"]["policy_choices"] == {}
+    assert by["lookup+4"]["settings"]["levels"] == ["lookup", 4]
+
+
 def test_text_output_and_comparison(folder, capsys):
     code = main(["generate", "--model", folder, "--method", "autoregressive,hispec", "--prompt", "hi",
                  "--max-new-tokens", "8", "--show-rejected", "--no-color"])
@@ -53,6 +71,10 @@ def test_text_output_and_comparison(folder, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--method", "beam"], "unknown method 'beam'"),
+    (["--method", "hispec/greedy"], "unknown policy 'greedy'"),
+    (["--levels", "4,lookup"], "the lookup level can appear once, at the bottom"),
+    (["--levels", "lookup,2,40"], "exit layer 40 is impossible"),
+    (["--lookup-len", "0"], "lookup_len must be a whole number >= 1"),
     (["--draft-len", "0"], "draft_len must be at least 1"),
     (["--max-new-tokens", "-3"], "max_new_tokens must be 0 or more"),
     (["--draft-layer", "6", "--verify-layer", "3"], "draft layer 6 must be below verify layer 3"),
@@ -79,7 +101,7 @@ def test_help_explains_options():
     out = subprocess.run([sys.executable, "-m", "hispec", "generate", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     for option in ("--draft-layer", "--verify-layer", "--draft-len", "--verify-threshold", "--raw", "--json",
-                   "--prompts", "--max-new-tokens"):
+                   "--prompts", "--max-new-tokens", "--levels", "--policy", "--lookup-len"):
         assert option in out.stdout
 
 

@@ -207,3 +207,25 @@ def test_auto_says_what_it_chose_every_round_and_stats_count_it():
     r = run(ee, [5, 9, 14], DecodeConfig("hispec", policy="auto", max_new_tokens=40))
     assert sum(r.stats["policy_choices"].values()) == r.stats["rounds"]
     assert r.settings["policy"] == "auto" and r.settings["levels"] == ("lookup", 1, 2)
+
+
+def test_cost_model_interpolates_what_it_measured():
+    costs = CostModel()
+    costs.observe_pass(10, 1, 0.010, weight=1.0)  # 1 ms per layer for one token
+    costs.observe_pass(10, 4, 0.020, weight=1.0)  # 2 ms per layer for four
+    assert costs.layer(1) == pytest.approx(1e-3) and costs.layer(4) == pytest.approx(2e-3)
+    assert costs.layer(2) == pytest.approx(1e-3 + (2e-3 - 1e-3) / 3)
+    assert costs.layer(8) == pytest.approx(4e-3)  # beyond the largest measured size: linear in tokens
+    costs.observe_pass(10, 1, 0.030)  # a slower pass moves the estimate by the moving average's weight
+    assert costs.layer(1) == pytest.approx(0.9e-3 + 0.1 * 3e-3)
+    assert costs.head(4, 1) == 0.0  # an unmeasured head costs nothing in the model
+
+
+def test_summarize_set_is_real_documents_with_their_source():
+    from hispec.prompts import load_sets
+
+    docs = load_sets("summarize")["summarize"]
+    assert len(docs) >= 20
+    for doc in docs:
+        assert doc.id.startswith(("summarize-cpython", "summarize-readme-"))
+        assert doc.text.startswith("Summarize the following text") and len(doc.text.split()) >= 150

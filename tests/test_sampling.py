@@ -137,7 +137,7 @@ def test_the_test_rejects_broken_rules(model, monkeypatch, broken):
 # The lookup level proposes deterministically (a point mass). A prompt that repeats itself gives
 # it matches for most first tokens, so the 2nd and 3rd tokens are often copied proposals.
 LOOKUP_PROMPT = [3, 5, 1, 3, 5, 1, 3, 5]
-LOOKUP_LISTS = {"lookup": ("lookup",), "lookup+2": ("lookup", 2), "lookup+1+2": ("lookup", 1, 2)}
+LOOKUP_LISTS = {"lookup": ("lookup",), "lookup+1+2": ("lookup", 1, 2)}
 
 
 def sample_lookup_joint(model, levels, runs=RUNS, **kw):

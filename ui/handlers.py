@@ -25,16 +25,21 @@ from .render import legend_html, tokens_html
 
 log = logging.getLogger("hispec.app")
 
-METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Autoregressive": "autoregressive"}
+METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Prompt lookup": "lookup",
+           "Autoregressive": "autoregressive"}
+POLICIES = {"Adaptive (auto)": "auto", "Fixed (the settings below)": "fixed"}
 MAX_NEW_TOKENS = Limits.from_env().max_new_tokens
 WAIT_STEP_S = 0.5
 
 
 def make_config(method_label: str, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
-                temperature=0.0, top_k=0, top_p=1.0, seed=None, limit: int = MAX_NEW_TOKENS) -> DecodeConfig:
+                temperature=0.0, top_k=0, top_p=1.0, seed=None, limit: int = MAX_NEW_TOKENS,
+                policy_label: str = "Fixed (the settings below)") -> DecodeConfig:
     """A DecodeConfig from UI values, with errors a visitor can read."""
     if method_label not in METHODS:
         raise HiSpecError(f"unknown method '{method_label}'; choose from {', '.join(METHODS)}")
+    if policy_label not in POLICIES:
+        raise HiSpecError(f"unknown policy '{policy_label}'; choose from {', '.join(POLICIES)}")
     d, v, n_d, n_i, n_new = (_whole(name, value) for name, value in (
         ("draft layer", draft_layer), ("verify layer", verify_layer), ("draft length", draft_len),
         ("verify threshold", verify_threshold), ("max new tokens", max_new_tokens)))
@@ -45,7 +50,7 @@ def make_config(method_label: str, draft_layer, verify_layer, draft_len, verify_
     seed = None if seed in (None, "", -1) else _whole("seed", seed)
     method = METHODS[method_label]
     config = DecodeConfig(method, d, v if method == "hispec" else None, n_d, n_i, n_new,
-                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, policy=POLICIES[policy_label])
     config.validate()
     return config
 
@@ -248,8 +253,11 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
         return
     def prepare():
         lm = registry.get(model_name)
-        configs = [replace(config, method=m, verify_layer=config.verify_layer if m == "hispec" else None
-                           ).resolve(lm.ee.num_layers, recommended_settings(lm.ee)) for m in methods]
+        # Baselines keep their fixed meaning (a plain full model, the single exit as set); the chosen
+        # method keeps its policy.
+        configs = [replace(config, method=m, verify_layer=config.verify_layer if m == "hispec" else None,
+                           policy=config.policy if i == 0 else "fixed"
+                           ).resolve(lm.ee.num_layers, recommended_settings(lm.ee)) for i, m in enumerate(methods)]
         ids = lm.encode(prompt, chat=chat)
         guard.admit(visitor, len(ids), config.max_new_tokens)
         return lm, configs, ids
@@ -268,7 +276,7 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
                 break
             yield {"status": f"Running {c.method}… ({len(rows) + 1} of {len(configs)})"}
             r = run(lm.ee, ids, c, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
-            rows.append({"method": c.method, "tokens_per_s": r.stats["tokens_per_s"], "new_tokens": len(r.token_ids),
+            rows.append({"method": c.method if c.policy == "fixed" else f"{c.method} ({c.policy})", "tokens_per_s": r.stats["tokens_per_s"], "new_tokens": len(r.token_ids),
                          "wall_s": r.stats["wall_s"], "token_ids": r.token_ids, "text": r.text,
                          "acceptance": r.stats["acceptance"], "finish_reason": r.stats["finish_reason"],
                          "dtype": r.settings.get("dtype", "float32")})
