@@ -27,7 +27,7 @@ from .early_exit import EarlyExitModel
 from .errors import ConfigError
 from .costs import model_costs
 from .events import DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent, TokenEvent, TokenState
-from .levels import EXIT, FULL, LOOKUP, build_levels, describe, parse_levels
+from .levels import EXIT, LOOKUP, build_levels, parse_levels
 from .lookup import LookupIndex
 from .policy import POLICIES, Plan, make_policy
 from .sampling import POINT_MASS, SamplingParams, Selector

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .costs import CostModel
-from .levels import EXIT, FULL, LOOKUP, Level
+from .levels import EXIT, LOOKUP, Level
 
 POLICIES = ("fixed", "auto")
 

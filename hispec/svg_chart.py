@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from html import escape
 
-COLOURS = ["#6b7280", "#9ca3af", "#f59e0b", "#3b82f6", "#16a34a", "#db2777", "#0891b2"]
+COLOURS = ["#6b7280", "#9ca3af", "#f59e0b", "#3b82f6", "#16a34a", "#db2777", "#0891b2", "#7c3aed", "#65a30d"]
 
 
 def speedup_svg(report: dict, title: str | None = None, width: int = 760, height: int = 340) -> str:

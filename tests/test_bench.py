@@ -171,3 +171,25 @@ def test_compare_outputs_script_counts_divergences(tmp_path):
     assert out.returncode == 0 and "1 of 2 differ, median first difference at token 2" in out.stdout
     missing = subprocess.run([sys.executable, str(script), second, first], capture_output=True, text=True)
     assert missing.returncode == 2 and "no 'autoregressive' records" in missing.stderr
+
+
+def test_levels_policies_and_transformers_prompt_lookup_side_by_side(lm):
+    sets = {"rep": [Prompt("r", "abcabcabcabc", chat=False)]}
+    methods = ["autoregressive", "hf_lookup", "hispec/fixed", "hispec/auto", "lookup+2"]
+    report = benchmark(lm, sets, methods, DecodeConfig("hispec", 2, 5, max_new_tokens=16, policy="auto"),
+                       layerskip_exit=4, warmup=False)
+    by = {r["method"]: r for r in report["records"]}
+    assert set(by) == set(methods) and report["summary"]["all"]["all_outputs_equal"]
+    assert by["hispec/fixed"]["settings"]["policy"] == "fixed" and by["hispec/auto"]["settings"]["policy"] == "auto"
+    assert by["lookup+2"]["settings"]["levels"] == ("lookup", 2)
+    assert by["lookup+2"]["settings"]["policy"] == "auto"  # names without a policy take the run's
+    assert sum(by["hispec/auto"]["policy_choices"].values()) > 0
+
+
+def test_unknown_bench_methods_are_refused():
+    from hispec.bench import check_methods
+
+    with pytest.raises(ConfigError, match="unknown method 'medusa'"):
+        check_methods(["autoregressive", "medusa"])
+    with pytest.raises(ConfigError, match="unknown policy 'slow'"):
+        check_methods(["hispec/slow"])
