@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from .decoding import METHODS, DecodeConfig, default_verify_layer, recommended_settings
+from .errors import ConfigError
 from .levels import parse_method
 from .loading import LoadedModel
 from .prompts import Prompt
@@ -36,8 +37,13 @@ HF_LOOKUP_TOKENS = 10  # generate(prompt_lookup_num_tokens=10), as in transforme
 def check_methods(methods: list[str]) -> None:
     """Each name a bench method, one of ours with /fixed or /auto, or a level list (see levels.parse_method)."""
     for m in methods:
-        if m not in HF:
-            parse_method(m, METHODS)
+        if m in HF:
+            continue
+        name = m.partition("/")[0]
+        if name not in METHODS and "+" not in name and not name.startswith("exit") and not name.isdigit():
+            raise ConfigError(f"unknown benchmark method '{m}'; choose from {', '.join(BENCH_METHODS)} (ours "
+                              "optionally with /fixed or /auto), or a level list such as lookup+2+4")
+        parse_method(m, METHODS)
 
 
 def _hf(lm: LoadedModel, ids: list[int], config: DecodeConfig, early_exit: int | None,

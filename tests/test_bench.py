@@ -189,7 +189,7 @@ def test_levels_policies_and_transformers_prompt_lookup_side_by_side(lm):
 def test_unknown_bench_methods_are_refused():
     from hispec.bench import check_methods
 
-    with pytest.raises(ConfigError, match="unknown method 'medusa'"):
+    with pytest.raises(ConfigError, match="unknown benchmark method 'medusa'; choose from autoregressive"):
         check_methods(["autoregressive", "medusa"])
     with pytest.raises(ConfigError, match="unknown policy 'slow'"):
         check_methods(["hispec/slow"])
