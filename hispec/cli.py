@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "speculative methods stay lossless (speculative sampling at every stage)")
     gen.add_argument("--top-k", type=_whole_number, default=0, help="sample from the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold in (0, 1] (1 = off)")
-    gen.add_argument("--seed", type=_whole_number, default=None, help="seed for reproducible sampling")
+    gen.add_argument("--seed", type=_whole_number, default=None,
+                     help="seed for reproducible sampling (a seeded sampling run uses fixed rounds: the auto "
+                          "policy's plans follow timings, which differ from run to run)")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop once the output contains TEXT (repeatable)")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as plain text, not through the chat template")

@@ -102,6 +102,10 @@ class DecodeConfig:
         """Fill the defaults for a model of `num_layers` layers and check every value.
         `recommended`: the model's own settings (see `recommended_settings`), used for what is None."""
         self.validate()
+        if self.policy == "auto" and self.temperature > 0 and self.seed is not None:
+            # A seed asks for a reproducible run; the auto policy's plans follow timings, which
+            # differ from run to run, and the draws follow the plans. Seeded sampling runs fixed rounds.
+            return replace(self, policy="fixed").resolve(num_layers, recommended)
         L, rec = num_layers, recommended or {}
         threshold = self.verify_threshold or rec.get("verify_threshold") or 4
         if self.levels is not None:  # an explicit list: its exits are the layers

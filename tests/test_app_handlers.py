@@ -187,7 +187,7 @@ def test_legend_names_every_colour():
 
 
 def test_policy_and_prompt_lookup_in_the_app():
-    config = handlers.make_config("Prompt lookup", 2, 5, 2, 4, 10, policy_label="Adaptive (auto)")
+    config = handlers.make_config("Lookup (copies earlier text)", 2, 5, 2, 4, 10, policy_label="Adaptive (auto)")
     assert (config.method, config.policy) == ("lookup", "auto")
     assert handlers.make_config("HiSpec", 2, 5, 2, 4, 10).policy == "fixed"
     with pytest.raises(HiSpecError, match="unknown policy 'Greedy'; choose from Adaptive"):

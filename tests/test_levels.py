@@ -229,3 +229,10 @@ def test_summarize_set_is_real_documents_with_their_source():
     for doc in docs:
         assert doc.id.startswith(("summarize-cpython", "summarize-readme-"))
         assert doc.text.startswith("Summarize the following text") and len(doc.text.split()) >= 150
+
+
+def test_seeded_sampling_runs_fixed_rounds_so_that_it_is_reproducible():
+    config = DecodeConfig("hispec", policy="auto", temperature=0.8, seed=3).resolve(8)
+    assert config.policy == "fixed" and config.levels == (1, 2)
+    assert DecodeConfig("hispec", policy="auto", temperature=0.8).resolve(8).policy == "auto"
+    assert DecodeConfig("hispec", policy="auto", seed=3).resolve(8).policy == "auto"  # greedy: exact anyway

@@ -25,7 +25,7 @@ from .render import legend_html, tokens_html
 
 log = logging.getLogger("hispec.app")
 
-METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Prompt lookup": "lookup",
+METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Lookup (copies earlier text)": "lookup",
            "Autoregressive": "autoregressive"}
 POLICIES = {"Adaptive (auto)": "auto", "Fixed (the settings below)": "fixed"}
 MAX_NEW_TOKENS = Limits.from_env().max_new_tokens
