@@ -32,7 +32,8 @@ class StatsCollector:
         self.finish_reason = None
         self.host_syncs = 0
         self.history: list[dict] = []  # one row per round, for live charts
-        # Seconds inside each stage's layer passes (and its exit head's attention step), by stage.
+        # Seconds inside each stage's layer passes, by stage (an attention exit head's step runs when
+        # its exit is consulted and is timed apart, in StageStack.head_work, not here).
         # On an accelerator these are launch times unless something synchronised.
         self.stage_s: dict[str, float] = defaultdict(float)
         self.choices: dict[str, int] = defaultdict(int)  # the adaptive policy's plans, by kind
