@@ -7,10 +7,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import model_threads  # noqa: E402
 
 # Tiny models run fastest on one thread, and two threads spin-wait badly when the machine is
 # busy (100x slower seen here); the default-model tests ask for more threads themselves.
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def real_model_threads():
+    """Sets model_threads() for one test and restores the suite's one thread afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(model_threads())
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

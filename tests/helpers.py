@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
@@ -18,6 +20,14 @@ _ARCH = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
 }
+
+
+def model_threads() -> int:
+    """Threads for tests on the real default model: 2 on 2 cores when alone, 1 when pytest-xdist
+    runs other tests beside them (two busy threads per worker on 2 cores spin-wait)."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        return 1
+    return max(1, min(2, os.cpu_count() or 1))
 
 
 def tiny_model(arch: str = "llama", layers: int = 8, seed: int = 0, vocab: int = VOCAB, **overrides):

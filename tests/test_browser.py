@@ -68,7 +68,8 @@ def test_generate_in_the_browser(page, tmp_path):
     assert background not in ("", "rgba(0, 0, 0, 0)", "transparent"), background
     # the acceptance chart was drawn by Plotly, with at least one line
     page.wait_for_selector("#hs-acc-plot .js-plotly-plot svg.main-svg")
-    page.wait_for_selector("#hs-acc-plot .scatterlayer .trace path.js-line")
+    # "attached", not "visible": a line that stays flat (one constant rate) has an empty box
+    page.wait_for_selector("#hs-acc-plot .scatterlayer .trace path.js-line", state="attached")
     page.wait_for_selector("#hs-work-plot .js-plotly-plot .barlayer .trace")
     legend = page.inner_text("#hs-legend")
     for word in LEGEND_WORDS:

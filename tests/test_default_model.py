@@ -1,9 +1,10 @@
 """The embedded default model (SmolLM2-135M-Instruct from the packaged GGUF), offline."""
 
-import os
 
 import pytest
 import torch
+
+from helpers import model_threads
 
 from hispec.decoding import DecodeConfig
 from hispec.loading import load_model
@@ -22,7 +23,7 @@ PROMPTS = {
 @pytest.fixture(scope="module")
 def lm():
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(model_threads())
     yield load_model("default", device="cpu")
     torch.set_num_threads(threads)
 

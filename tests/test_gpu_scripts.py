@@ -3,6 +3,7 @@ and rare, never finds it broken: the report has every section, float32 exactness
 execution modes, and the graph mode really replayed passes."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_gpu_check_smoke_run_on_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
+    # one thread: its shapes are tiny, and two threads spin-wait badly beside a busy test process
+    # (the same run took 115 s alone and 386-538 s inside the suite with two)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+                           "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     exact = report["exactness_fp32"]

@@ -280,11 +280,10 @@ def test_gpu_script_run_names_a_missing_part(tmp_path, monkeypatch):
 
 
 @pytest.mark.real_model
-def test_packed_default_model_rebuilds_bit_exactly(tmp_path):
+def test_packed_default_model_rebuilds_bit_exactly(tmp_path, real_model_threads):
     from hispec.gguf_pack import build_model, pack_gguf
     from hispec.loading import default_gguf_path, default_model_folder, load_model
 
-    torch.set_num_threads(2)
     lm = load_model("default", device="cpu", dtype="float32", exits="none")
     pack = pack_gguf(default_gguf_path(), default_model_folder(), tmp_path, max_part_mb=48,
                      fingerprint=lora.model_fingerprint(lm.model))
@@ -295,11 +294,10 @@ def test_packed_default_model_rebuilds_bit_exactly(tmp_path):
 
 
 @pytest.mark.real_model
-def test_default_ee_merges_the_shipped_adapter(tmp_path, monkeypatch):
+def test_default_ee_merges_the_shipped_adapter(tmp_path, monkeypatch, real_model_threads):
     from hispec.exit_heads import preferred_layers
     from hispec.loading import load_model
 
-    torch.set_num_threads(2)
     base = load_model("default", device="cpu", dtype="float32", exits="none")
     identity = lora.base_identity(base.model, "default")
     wrapped = copy.deepcopy(base.model)
