@@ -22,12 +22,12 @@ from pathlib import Path
 
 import gradio as gr
 
-from hispec.bench import first_difference
-from hispec.decoding import DecodeConfig, recommended_settings
+from hispec.evaluation.bench import first_difference
+from hispec.engine.decoding import DecodeConfig, recommended_settings
 from hispec.errors import HiSpecError
-from hispec.limits import LAYERSKIP_CHECKPOINT, Limits
-from hispec.service import ModelRegistry
-from hispec.trace import Trace
+from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
+from hispec.serving.registry import ModelRegistry
+from hispec.evaluation.trace import Trace
 from ui import bench_tab, charts, exits, handlers, render
 
 ASSETS = Path(__file__).parent / "assets"
@@ -292,7 +292,7 @@ def _compare_gpu(app_id, model_name, prompt, config, chat, baselines, visitor):
 
 
 def model_defaults(lm) -> DecodeConfig:
-    """HiSpec's settings for this model: its trained exits' recommendation, else L/8, L/4, 2, 4."""
+    """HiSpec's settings for this model: its trained exits' recommendation, else the engine's defaults."""
     return DecodeConfig("hispec").resolve(lm.ee.num_layers, recommended_settings(lm.ee))
 
 

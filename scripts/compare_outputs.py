@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.bench import first_difference  # noqa: E402
+from hispec.evaluation.bench import first_difference  # noqa: E402
 
 
 def outputs(path: str, method: str) -> dict[tuple[str, str], list[int]]:

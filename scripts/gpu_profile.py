@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpu_check  # noqa: E402
 
-from hispec.decoding import DecodeConfig  # noqa: E402
-from hispec.early_exit import EarlyExitModel  # noqa: E402
-from hispec.runner import run  # noqa: E402
-from hispec.timing_only import SyntheticAcceptance  # noqa: E402
+from hispec.engine.decoding import DecodeConfig  # noqa: E402
+from hispec.model.early_exit import EarlyExitModel  # noqa: E402
+from hispec.evaluation.runner import run  # noqa: E402
+from hispec.evaluation.timing_only import SyntheticAcceptance  # noqa: E402
 
 
 class Timed:

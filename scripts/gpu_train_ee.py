@@ -4,7 +4,7 @@ The GPU machine (one H200, no network, torch + transformers but no `gguf`) takes
 carried files per call and returns at most 8 files of 16 MiB through $OUT; a session has 15
 minutes of device time, machine starts included, and the machine is given back 30 s after a
 call ends. The default model is a 98 MB GGUF, so its quantized blocks travel in two parts
-(hispec/gguf_pack.py: ~48 + ~44 MiB, rebuilt bit-exactly, fingerprint checked), one per call:
+(scripts/gguf_pack.py: ~48 + ~44 MiB, rebuilt bit-exactly, fingerprint checked), one per call:
 
   here, once (CPU, ~1 min):
     python scripts/gpu_train_ee.py prepare            # writes .ee_gpu/{part1,part2}/ and .ee_gpu/prompts.pt
@@ -64,11 +64,11 @@ def say(msg: str) -> None:
 def cmd_prepare(args) -> int:
     import torch
 
-    from hispec.ee_data import save_data, tokenize_prompts
-    from hispec.gguf_pack import pack_gguf
-    from hispec.loading import default_gguf_path, default_model_folder, load_model
-    from hispec.lora import model_fingerprint
-    from hispec.prompts import load_sets
+    from hispec.training.ee_data import save_data, tokenize_prompts
+    from gguf_pack import pack_gguf
+    from hispec.model.loading import default_gguf_path, default_model_folder, load_model
+    from hispec.exits.lora import model_fingerprint
+    from hispec.evaluation.prompts import load_sets
 
     torch.set_num_threads(args.threads)
     lm = load_model("default", device="cpu", dtype="float32", exits="none")
@@ -143,10 +143,10 @@ def pipeline(model, data: dict, out: Path, args, budget_s: float, tiny: bool) ->
     """Continuations -> smoke training -> sized real training -> float32 evaluation -> files in out."""
     import torch
 
-    from hispec import lora
-    from hispec.ee_data import generate_continuations
-    from hispec.ee_eval import evaluate, summary_lines
-    from hispec.train_ee import TrainConfig, train
+    from hispec.exits import lora
+    from hispec.training.ee_data import generate_continuations
+    from hispec.training.ee_eval import evaluate, summary_lines
+    from hispec.training.ee_train import TrainConfig, train
 
     out.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
@@ -278,7 +278,7 @@ def choose_exits(agreement: dict, num_layers: int) -> tuple[int, int]:
     little to be worth speculating with."""
     import math
 
-    from hispec.decoding import default_draft_layer, default_verify_layer
+    from hispec.engine.decoding import default_draft_layer, default_verify_layer
 
     by_layer = {int(k): a for k, a in agreement.items()}
 
@@ -308,7 +308,7 @@ def _stage_parts() -> Path:
 def cmd_stage(args) -> int:
     import torch
 
-    from hispec.gguf_pack import PACK_FILE
+    from gguf_pack import PACK_FILE
 
     out = _out_dir(args)
     folder = _stage_parts()
@@ -328,9 +328,9 @@ def cmd_stage(args) -> int:
 def cmd_run(args) -> int:
     import torch
 
-    from hispec.ee_data import load_data
+    from hispec.training.ee_data import load_data
     from hispec.errors import ModelLoadError
-    from hispec.gguf_pack import build_model, check_parts
+    from gguf_pack import build_model, check_parts
 
     out = _out_dir(args)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

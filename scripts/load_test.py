@@ -46,12 +46,12 @@ def serve(max_new: int):
     from helpers import EOS, char_tokenizer, tiny_model
 
     import app
-    from hispec.decoding import DecodeConfig
-    from hispec.early_exit import EarlyExitModel
-    from hispec.limits import Limits
-    from hispec.loading import LoadedModel
-    from hispec.runner import run
-    from hispec.service import ModelRegistry
+    from hispec.engine.decoding import DecodeConfig
+    from hispec.model.early_exit import EarlyExitModel
+    from hispec.serving.limits import Limits
+    from hispec.model.loading import LoadedModel
+    from hispec.evaluation.runner import run
+    from hispec.serving.registry import ModelRegistry
     from hispec.text import Detokenizer
 
     torch.set_num_threads(1)

@@ -24,11 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.decoding import DecodeConfig  # noqa: E402
-from hispec.loading import load_model  # noqa: E402
-from hispec.runner import run  # noqa: E402
+from hispec.engine.decoding import DecodeConfig  # noqa: E402
+from hispec.model.loading import load_model  # noqa: E402
+from hispec.evaluation.runner import run  # noqa: E402
 from hispec.text import Detokenizer  # noqa: E402
-from hispec.train_exits import heldout_prompts  # noqa: E402
+from hispec.training.exits import heldout_prompts  # noqa: E402
 
 
 class CallTimer:

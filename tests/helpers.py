@@ -10,7 +10,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 
-from hispec.early_exit import EarlyExitModel
+from hispec.model.early_exit import EarlyExitModel
 
 VOCAB = 100
 EOS = 2

@@ -7,14 +7,14 @@ import threading
 import pytest
 from helpers import EOS, char_tokenizer, tiny_model
 
-from hispec.early_exit import EarlyExitModel
+from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import HiSpecError
-from hispec.events import TokenEvent
-from hispec.loading import LoadedModel
-from hispec.runner import run
-from hispec.service import ModelRegistry
+from hispec.engine.events import TokenEvent
+from hispec.model.loading import LoadedModel
+from hispec.evaluation.runner import run
+from hispec.serving.registry import ModelRegistry
 from hispec.text import Detokenizer
-from hispec.trace import LEGEND
+from hispec.evaluation.trace import LEGEND
 from ui import charts, handlers, render
 
 
@@ -169,11 +169,11 @@ def test_compare_checks_identical_output(registry):
 
 
 def test_model_text_is_escaped_in_spans():
-    from hispec.trace import Trace
+    from hispec.evaluation.trace import Trace
 
     trace = Trace()
     evil = '<script>alert(1)</script><img src=x onerror="alert(2)">\x1b[31m'
-    trace.add(TokenEvent(__import__("hispec.events", fromlist=["TokenState"]).TokenState.TARGET_WROTE,
+    trace.add(TokenEvent(__import__("hispec.engine.events", fromlist=["TokenState"]).TokenState.TARGET_WROTE,
                          0, 0, 5, evil, "target", "target", 1, 0.0))
     out = render.tokens_html(trace)
     assert "<script>" not in out and "<img" not in out and "\x1b" not in out

@@ -20,11 +20,11 @@ from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 import helpers  # noqa: E402
-from hispec.early_exit import EarlyExitModel  # noqa: E402
-from hispec.loading import LoadedModel  # noqa: E402
-from hispec.runner import run  # noqa: E402
-from hispec.limits import Limits
-from hispec.service import ModelRegistry  # noqa: E402
+from hispec.model.early_exit import EarlyExitModel  # noqa: E402
+from hispec.model.loading import LoadedModel  # noqa: E402
+from hispec.evaluation.runner import run  # noqa: E402
+from hispec.serving.limits import Limits
+from hispec.serving.registry import ModelRegistry  # noqa: E402
 from hispec.text import Detokenizer  # noqa: E402
 from ui import handlers, render  # noqa: E402
 

@@ -8,13 +8,14 @@ import pytest
 import torch
 from helpers import ee_of, hf_greedy, tiny_model
 
-from hispec.decoding import DecodeConfig
+from hispec.engine.decoding import DecodeConfig
 from hispec.errors import ConfigError
-from hispec.exit_heads import ExitHead, load_heads, make_heads, save_heads
-from hispec.runner import run
-from hispec.stack import StageStack
-from hispec.train_exits import TrainSettings, frequent_tokens
-from hispec.train_exits import run as train_run
+from hispec.exits.heads import ExitHead, load_heads, make_heads, save_heads
+from hispec.evaluation.runner import run
+from hispec.engine.stack import StageStack
+from hispec.training.exit_data import frequent_tokens
+from hispec.training.exit_train import TrainSettings
+from hispec.training.exits import run as train_run
 
 
 def random_prompts(n, seed=0, vocab=100):
@@ -141,7 +142,7 @@ def test_attention_heads_round_trip(trained, tmp_path):
 
 
 def test_teacher_forced_data_is_the_models_prediction_on_the_text():
-    from hispec.train_exits import collect_forced
+    from hispec.training.exit_data import collect_forced
 
     model = tiny_model("llama", seed=4)
     ee = ee_of(model)
@@ -158,7 +159,7 @@ def test_teacher_forced_data_is_the_models_prediction_on_the_text():
 
 
 def test_forced_text_is_extra_training_data_never_held_out():
-    from hispec.train_exits import collect_forced
+    from hispec.training.exit_data import collect_forced
 
     model = tiny_model("llama", seed=4)
     ee = ee_of(model)
@@ -174,7 +175,7 @@ def test_forced_text_is_extra_training_data_never_held_out():
 
 
 def test_sharegpt_dialogues_come_after_the_prompt_pool():
-    from hispec.prompts import load_sharegpt, load_sharegpt_dialogues
+    from hispec.evaluation.prompts import load_sharegpt, load_sharegpt_dialogues
 
     prompts = {p.text for p in load_sharegpt(pool=50)}
     dialogues = load_sharegpt_dialogues(5, skip=50)
@@ -189,8 +190,8 @@ def test_cli_trains_attention_heads_that_the_engine_loads(tmp_path, monkeypatch,
 
     from helpers import save_tiny_folder
 
-    from hispec.cli import main
-    from hispec.loading import load_model
+    from hispec.cli.main import main
+    from hispec.model.loading import load_model
 
     monkeypatch.setenv("HISPEC_CACHE", str(tmp_path / "cache"))
     folder = str(save_tiny_folder(tmp_path / "model"))
@@ -208,7 +209,7 @@ def test_cli_trains_attention_heads_that_the_engine_loads(tmp_path, monkeypatch,
     result = run(lm.ee, prompt, DecodeConfig(max_new_tokens=20, draft_layer=2, verify_layer=5), eos_ids=lm.eos_ids)
     assert result.token_ids == hf_greedy(lm.model, prompt, 20, eos=2)
     # the prompts the heads were held out from: a clean benchmark set
-    from hispec.train_exits import heldout_prompts
+    from hispec.training.exits import heldout_prompts
 
     held = heldout_prompts(lm)
     texts = [json.loads(line)["prompt"] for line in prompts.read_text().splitlines()]
@@ -229,7 +230,7 @@ def test_cli_forced_text_on_a_model_without_a_chat_template(tmp_path, monkeypatc
 
     from helpers import save_tiny_folder
 
-    from hispec.cli import main
+    from hispec.cli.main import main
 
     monkeypatch.setenv("HISPEC_CACHE", str(tmp_path / "cache"))
     folder = save_tiny_folder(tmp_path / "model")
@@ -238,7 +239,7 @@ def test_cli_forced_text_on_a_model_without_a_chat_template(tmp_path, monkeypatc
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    from hispec.loading import load_model
+    from hispec.model.loading import load_model
 
     assert not getattr(load_model(str(folder), device="cpu").tokenizer, "chat_template", None)
     folder = str(folder)

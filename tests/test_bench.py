@@ -6,15 +6,15 @@ import json
 import pytest
 from helpers import EOS, char_tokenizer, tiny_model
 
-from hispec import prompts as prompt_sets
-from hispec.bench import benchmark, summarise
-from hispec.cli import main
-from hispec.decoding import DecodeConfig
-from hispec.early_exit import EarlyExitModel
+from hispec.evaluation import prompts as prompt_sets
+from hispec.evaluation.bench import benchmark, summarise
+from hispec.cli.main import main
+from hispec.engine.decoding import DecodeConfig
+from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
-from hispec.loading import LoadedModel
-from hispec.prompts import Prompt, load_sets
-from hispec.report import write_html
+from hispec.model.loading import LoadedModel
+from hispec.evaluation.prompts import Prompt, load_sets
+from hispec.evaluation.report import write_html
 
 METHODS = ["autoregressive", "hf_generate", "hf_early_exit", "layerskip", "hispec"]
 
@@ -98,8 +98,8 @@ def test_differing_outputs_are_counted_with_where_they_first_differ():
     s = summarise(recs, ["autoregressive", "hispec"])["s"]["methods"]
     assert s["hispec"]["outputs_differ"] == 3 and s["hispec"]["first_divergence"] == [0, 2, 2]
     assert s["autoregressive"]["outputs_differ"] == 0 and s["autoregressive"]["first_divergence"] == []
-    from hispec.cli import _equality
-    from hispec.report import summary_table
+    from hispec.cli.main import _equality
+    from hispec.evaluation.report import summary_table
 
     assert _equality(s["hispec"]) == "NO (3 of 4 differ, first at token 1)" and _equality(s["autoregressive"]) == "yes"
     assert "NO (3 of 4)" in summary_table({"summary": summarise(recs, ["autoregressive", "hispec"])})
@@ -187,7 +187,7 @@ def test_levels_policies_and_transformers_prompt_lookup_side_by_side(lm):
 
 
 def test_unknown_bench_methods_are_refused():
-    from hispec.bench import check_methods
+    from hispec.evaluation.bench import check_methods
 
     with pytest.raises(ConfigError, match="unknown benchmark method 'medusa'; choose from autoregressive"):
         check_methods(["autoregressive", "medusa"])

@@ -8,13 +8,13 @@ import gradio as gr
 import pytest
 from helpers import EOS, char_tokenizer, tiny_model
 
-from hispec.decoding import DecodeConfig
-from hispec.early_exit import EarlyExitModel
-from hispec.limits import Limits
-from hispec.loading import LoadedModel
-from hispec.prompts import Prompt
-from hispec.service import ModelRegistry
-from hispec.sweep import Grid, sweep
+from hispec.engine.decoding import DecodeConfig
+from hispec.model.early_exit import EarlyExitModel
+from hispec.serving.limits import Limits
+from hispec.model.loading import LoadedModel
+from hispec.evaluation.prompts import Prompt
+from hispec.serving.registry import ModelRegistry
+from hispec.evaluation.sweep import Grid, sweep
 from ui import bench_tab, handlers
 from ui.bench_tab import BenchTab, bench_stream, load_report, saved_reports
 

@@ -7,8 +7,8 @@ from helpers import EOS, char_tokenizer, tiny_model
 from test_app_integration import GREEDY, serve_tiny_app  # noqa: F401 - GREEDY documents the API order
 from test_safety import EVIL
 
-from hispec.early_exit import EarlyExitModel
-from hispec.loading import LoadedModel
+from hispec.model.early_exit import EarlyExitModel
+from hispec.model.loading import LoadedModel
 
 pytestmark = pytest.mark.browser
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 from helpers import save_tiny_folder
 
-from hispec.cli import main
+from hispec.cli.main import main
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import torch
 
 from helpers import model_threads
 
-from hispec.decoding import DecodeConfig
-from hispec.loading import load_model
-from hispec.runner import run
+from hispec.engine.decoding import DecodeConfig
+from hispec.model.loading import load_model
+from hispec.evaluation.runner import run
 from hispec.text import Detokenizer
 
 pytestmark = pytest.mark.real_model
@@ -63,9 +63,9 @@ def test_recorded_acceptance_of_the_default_model_replays_its_own_verdicts(lm):
     import sys
     from pathlib import Path
 
-    from hispec.decoding import Decoder, recommended_settings
-    from hispec.timing_only import RecordedAcceptance
-    from hispec.train_exits import heldout_prompts
+    from hispec.engine.decoding import Decoder, recommended_settings
+    from hispec.evaluation.timing_only import RecordedAcceptance
+    from hispec.training.exits import heldout_prompts
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     import record_acceptance

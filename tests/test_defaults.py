@@ -3,8 +3,8 @@
 import pytest
 from helpers import tiny_model
 
-from hispec.decoding import DecodeConfig, Decoder, recommended_settings
-from hispec.early_exit import EarlyExitModel
+from hispec.engine.decoding import DecodeConfig, Decoder, recommended_settings
+from hispec.model.early_exit import EarlyExitModel
 
 REC = {"draft": 2, "verify": 5, "draft_len": 1, "verify_threshold": 3, "layerskip_exit": 3,
        "layerskip_draft_len": 2}

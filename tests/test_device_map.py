@@ -5,9 +5,9 @@ import pytest
 from helpers import hf_greedy, save_tiny_folder
 from transformers import AutoModelForCausalLM
 
-from hispec.decoding import DecodeConfig
-from hispec.early_exit import EarlyExitModel
-from hispec.runner import run
+from hispec.engine.decoding import DecodeConfig
+from hispec.model.early_exit import EarlyExitModel
+from hispec.evaluation.runner import run
 
 
 @pytest.mark.parametrize("config", [DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=4),

@@ -3,9 +3,9 @@
 import pytest
 from helpers import ee_of, tiny_model
 
-from hispec.decoding import DecodeConfig, Decoder
+from hispec.engine.decoding import DecodeConfig, Decoder
 from hispec.errors import ConfigError, ModelLoadError
-from hispec.loading import load_model
+from hispec.model.loading import load_model
 
 
 def make(ee, prompt=(1, 2, 3), **kw):
@@ -45,7 +45,7 @@ def test_model_too_shallow_for_hispec():
 def test_unsupported_architecture_named():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from hispec.early_exit import EarlyExitModel
+    from hispec.model.early_exit import EarlyExitModel
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50))
     with pytest.raises(ModelLoadError, match="architecture 'gpt2' is not supported; supported: llama, qwen2"):

@@ -3,8 +3,8 @@
 import pytest
 from helpers import EOS, ee_of, hf_greedy, tiny_model
 
-from hispec.decoding import DecodeConfig
-from hispec.runner import run
+from hispec.engine.decoding import DecodeConfig
+from hispec.evaluation.runner import run
 
 SETTINGS = [
     dict(method="autoregressive"),

@@ -8,13 +8,14 @@ import pytest
 import torch
 from helpers import ee_of, hf_greedy, save_tiny_folder, tiny_model
 
-from hispec.decoding import DecodeConfig
+from hispec.engine.decoding import DecodeConfig
 from hispec.errors import ModelLoadError
-from hispec.exit_heads import (ExitHead, find_and_attach, load_heads, make_heads, model_identity, preferred_layers,
+from hispec.exits.heads import (ExitHead, find_and_attach, load_heads, make_heads, model_identity, preferred_layers,
                                save_heads)
-from hispec.runner import run
-from hispec.train_exits import TrainSettings, collect, frequent_tokens
-from hispec.train_exits import run as train_run
+from hispec.evaluation.runner import run
+from hispec.training.exit_data import collect, frequent_tokens
+from hispec.training.exit_train import TrainSettings
+from hispec.training.exits import run as train_run
 
 
 def random_prompts(n, seed=0, vocab=100):
@@ -78,7 +79,7 @@ def test_training_improves_held_out_agreement(trained):
 
 
 def test_speed_estimate_follows_agreement():
-    from hispec.exit_estimate import Sequence, estimate
+    from hispec.training.estimate import Sequence, estimate
 
     target = list(range(200))
     perfect = [Sequence(target, {2: target, 5: target})]
@@ -178,8 +179,8 @@ def test_sampling_with_reduced_vocabulary_heads_runs(trained):
 
 
 def test_cli_train_exits_on_a_folder(tmp_path, monkeypatch, capsys):
-    from hispec.cli import main
-    from hispec.loading import load_model
+    from hispec.cli.main import main
+    from hispec.model.loading import load_model
 
     monkeypatch.setenv("HISPEC_CACHE", str(tmp_path / "cache"))
     folder = str(save_tiny_folder(tmp_path / "model"))
@@ -220,7 +221,7 @@ def test_cli_train_exits_on_a_folder(tmp_path, monkeypatch, capsys):
 
 
 def test_cli_rejects_bad_layers(tmp_path, capsys):
-    from hispec.cli import main
+    from hispec.cli.main import main
 
     folder = str(save_tiny_folder(tmp_path / "model"))
     assert main(["train-exits", "--model", folder, "--layers", "9"]) == 2
@@ -246,8 +247,8 @@ def test_exits_view_in_the_app(trained):
 
 @pytest.mark.real_model
 def test_shipped_heads_of_the_default_model():
-    from hispec.exit_heads import ASSETS_EXITS, DEFAULT_MODEL_KEY, read_manifest
-    from hispec.loading import load_model
+    from hispec.exits.heads import ASSETS_EXITS, DEFAULT_MODEL_KEY, read_manifest
+    from hispec.model.loading import load_model
 
     manifest = read_manifest(ASSETS_EXITS / DEFAULT_MODEL_KEY)
     lm = load_model("default", device="cpu")

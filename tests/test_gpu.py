@@ -4,9 +4,9 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from hispec.decoding import DecodeConfig
-from hispec.early_exit import EarlyExitModel
-from hispec.runner import run
+from hispec.engine.decoding import DecodeConfig
+from hispec.model.early_exit import EarlyExitModel
+from hispec.evaluation.runner import run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from helpers import hf_greedy, tiny_model
 
-from hispec.decoding import DecodeConfig, Decoder
-from hispec.early_exit import EarlyExitModel
+from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
-from hispec.events import DoneEvent, PassEvent, RoundEvent, TokenEvent
+from hispec.engine.events import DoneEvent, PassEvent, RoundEvent, TokenEvent
 
 SETTINGS = [
     DecodeConfig("autoregressive"),
@@ -188,7 +188,7 @@ def test_generations_on_threads_share_the_buffers_one_at_a_time():
 def test_graph_passes_with_attention_exit_heads_equal_generate(device):
     """Trained-style attention exit heads (their own KV caches, a vocabulary slice) run eagerly
     between replayed layer passes; greedy output stays the target's, on CPU and on CUDA."""
-    from hispec.exit_heads import make_heads
+    from hispec.exits.heads import make_heads
 
     model = tiny_model("llama", seed=2).to(device)
     ee = EarlyExitModel(model)

@@ -6,12 +6,12 @@ import pytest
 import torch
 from helpers import hf_greedy, save_tiny_folder, tiny_model
 
-from hispec.decoding import DecodeConfig
-from hispec.early_exit import EarlyExitModel
+from hispec.engine.decoding import DecodeConfig
+from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
-from hispec.lean import LeanPath
-from hispec.profile import break_even
-from hispec.runner import run
+from hispec.model.lean import LeanPath
+from hispec.evaluation.profile import break_even
+from hispec.evaluation.runner import run
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 
@@ -102,7 +102,7 @@ def test_break_even_acceptance():
 
 
 def test_layerskip_round_counts_the_drafts_second_pass_and_one_final_head():
-    from hispec.profile import layerskip_round_ms
+    from hispec.evaluation.profile import layerskip_round_ms
 
     # 30 layers, exit 4: draft layers 2 ms, exit head 1 ms, a 2-token full step 17 ms of which
     # 2 ms is the final head.
@@ -115,7 +115,7 @@ def test_layerskip_round_counts_the_drafts_second_pass_and_one_final_head():
 
 
 def test_profile_command_json(tmp_path, capsys):
-    from hispec.cli import main
+    from hispec.cli.main import main
 
     folder = save_tiny_folder(tmp_path / "m")
     assert main(["profile", "--model", str(folder), "--context", "16", "--repeats", "2", "--json"]) == 0
@@ -129,7 +129,7 @@ def test_profile_command_json(tmp_path, capsys):
 
 
 def test_profile_command_table_and_errors(tmp_path, capsys):
-    from hispec.cli import main
+    from hispec.cli.main import main
 
     folder = save_tiny_folder(tmp_path / "m")
     assert main(["profile", "--model", str(folder), "--context", "8", "--repeats", "1", "--stock"]) == 0

@@ -3,14 +3,14 @@
 import pytest
 from helpers import ee_of, hf_greedy, identity_layer_model, tiny_model
 
-from hispec.costs import CostModel
-from hispec.decoding import DecodeConfig, Decoder
+from hispec.engine.costs import CostModel
+from hispec.engine.decoding import DecodeConfig, Decoder
 from hispec.errors import ConfigError
-from hispec.events import PolicyEvent, TokenEvent, TokenState
-from hispec.levels import build_levels, parse_levels, parse_method
-from hispec.lookup import LookupIndex
-from hispec.policy import AutoPolicy, expected_run
-from hispec.runner import run
+from hispec.engine.events import PolicyEvent, TokenEvent, TokenState
+from hispec.engine.levels import build_levels, parse_levels, parse_method
+from hispec.engine.lookup import LookupIndex
+from hispec.engine.policy import AutoPolicy, expected_run
+from hispec.evaluation.runner import run
 
 LISTS = [(), ("lookup",), (3,), (2, 5), ("lookup", 4), ("lookup", 2, 5), ("lookup", 1, 7)]
 PROMPTS = [[5, 17, 33, 5, 17, 33, 5, 9, 41], [70]]
@@ -222,7 +222,7 @@ def test_cost_model_interpolates_what_it_measured():
 
 
 def test_summarize_set_is_real_documents_with_their_source():
-    from hispec.prompts import load_sets
+    from hispec.evaluation.prompts import load_sets
 
     docs = load_sets("summarize")["summarize"]
     assert len(docs) >= 20

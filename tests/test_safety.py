@@ -12,13 +12,13 @@ from helpers import EOS, char_tokenizer, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hispec.early_exit import EarlyExitModel
+from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError, HiSpecError, ModelLoadError
-from hispec.limits import LAYERSKIP_CHECKPOINT, Limits, RateLimiter, check_fits
-from hispec.loading import LoadedModel
-from hispec.service import ModelRegistry
-from hispec.terminal import render
-from hispec.trace import Trace
+from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits, RateLimiter, check_fits
+from hispec.model.loading import LoadedModel
+from hispec.serving.registry import ModelRegistry
+from hispec.cli.terminal import render
+from hispec.evaluation.trace import Trace
 from ui import handlers
 
 
@@ -128,7 +128,7 @@ def test_remote_code_is_never_trusted(tmp_path, monkeypatch):
     import transformers
 
     from helpers import save_tiny_folder
-    from hispec.loading import load_model
+    from hispec.model.loading import load_model
 
     folder = save_tiny_folder(tmp_path / "m")
     seen = []
@@ -158,7 +158,7 @@ EVIL = ['<script>window.__pwned=1</script>', '<img src=x onerror="window.__pwned
 
 
 def evil_trace():
-    from hispec.events import TokenEvent, TokenState
+    from hispec.engine.events import TokenEvent, TokenState
 
     trace = Trace()
     for i, text in enumerate(EVIL):

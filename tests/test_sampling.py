@@ -16,11 +16,11 @@ from helpers import tiny_model
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
-import hispec.sampling as sampling
-from hispec.decoding import DecodeConfig
-from hispec.early_exit import EarlyExitModel
+import hispec.engine.sampling as sampling
+from hispec.engine.decoding import DecodeConfig
+from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
-from hispec.runner import run
+from hispec.evaluation.runner import run
 
 ALPHA = 0.001
 RUNS = 1600

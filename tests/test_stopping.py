@@ -5,9 +5,9 @@ import threading
 import pytest
 from helpers import EOS, ee_of, hf_greedy, identity_layer_model
 
-from hispec.decoding import DecodeConfig
-from hispec.events import TokenEvent, TokenState
-from hispec.runner import run
+from hispec.engine.decoding import DecodeConfig
+from hispec.engine.events import TokenEvent, TokenState
+from hispec.evaluation.runner import run
 from hispec.text import Detokenizer
 
 METHODS = [DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=2, draft_len=4),

@@ -10,9 +10,9 @@ import pytest
 import torch
 from helpers import VOCAB, ee_of, identity_layer_model
 
-from hispec.decoding import DecodeConfig
-from hispec.events import TokenEvent
-from hispec.runner import run
+from hispec.engine.decoding import DecodeConfig
+from hispec.engine.events import TokenEvent
+from hispec.evaluation.runner import run
 
 
 class StubHead(torch.nn.Module):

@@ -6,15 +6,15 @@ import threading
 import pytest
 from helpers import EOS, char_tokenizer, save_tiny_folder, tiny_model
 
-from hispec import sweep as sweep_mod
-from hispec.cli import main
-from hispec.decoding import DecodeConfig
-from hispec.early_exit import EarlyExitModel
+from hispec.evaluation import sweep as sweep_mod
+from hispec.cli.main import main
+from hispec.engine.decoding import DecodeConfig
+from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
-from hispec.loading import LoadedModel
-from hispec.prompts import Prompt
-from hispec.report import sweep_figures, write_html
-from hispec.sweep import Grid, build_grids, parse_values, resolve_grids, summarise_sweep, sweep
+from hispec.model.loading import LoadedModel
+from hispec.evaluation.prompts import Prompt
+from hispec.evaluation.report import sweep_figures, write_html
+from hispec.evaluation.sweep import Grid, build_grids, parse_values, resolve_grids, summarise_sweep, sweep
 
 SETS = {"mine": [Prompt("h", "hello"), Prompt("a", "abc", chat=False)], "more": [Prompt("x", "xyz")]}
 LAYERS = Grid("layers", (1, 2, 4), (2, 4, 6))  # 8 layers: default d=1, v=2; (2,2), (4,2), (4,4) invalid

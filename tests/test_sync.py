@@ -4,10 +4,10 @@ and one host-device transfer per verification decision instead of one per drafte
 import pytest
 from helpers import EOS, hf_greedy, tiny_model
 
-from hispec.decoding import DecodeConfig, Decoder
-from hispec.early_exit import EarlyExitModel
-from hispec.events import RoundEvent, TokenEvent, TokenState
-from hispec.metrics import StatsCollector
+from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.model.early_exit import EarlyExitModel
+from hispec.engine.events import RoundEvent, TokenEvent, TokenState
+from hispec.evaluation.metrics import StatsCollector
 
 SETTINGS = [
     DecodeConfig("layerskip", draft_layer=3, draft_len=4),

@@ -7,9 +7,10 @@ import pytest
 import torch
 from helpers import ee_of, hf_greedy, tiny_model
 
-from hispec.batch_greedy import greedy
-from hispec.train_exits import TeacherData, TrainSettings, collect, segments
-from hispec.train_exits import run as train_run
+from hispec.training.teacher import greedy
+from hispec.training.exit_data import TeacherData, collect, segments
+from hispec.training.exit_train import TrainSettings
+from hispec.training.exits import run as train_run
 
 
 def prompts_of(n, seed=0, vocab=100, lengths=(1, 12)):
@@ -83,7 +84,7 @@ def test_extra_prompts_are_training_data_never_held_out():
 
 
 def test_sharegpt_questions_overlap_neither_the_pool_nor_the_forced_text():
-    from hispec.prompts import SHAREGPT_POOL, load_sharegpt, load_sharegpt_dialogues, load_sharegpt_questions
+    from hispec.evaluation.prompts import SHAREGPT_POOL, load_sharegpt, load_sharegpt_dialogues, load_sharegpt_questions
 
     pool = {p.text for p in load_sharegpt(pool=SHAREGPT_POOL)}
     forced = {user["content"] for user, _ in load_sharegpt_dialogues(30)}
@@ -100,7 +101,7 @@ def test_cli_extra_prompts_are_cached_and_recorded(tmp_path, monkeypatch, capsys
 
     from helpers import save_tiny_folder
 
-    from hispec.cli import main
+    from hispec.cli.main import main
 
     monkeypatch.setenv("HISPEC_CACHE", str(tmp_path / "cache"))
     folder = str(save_tiny_folder(tmp_path / "model"))
@@ -131,7 +132,7 @@ def test_cli_extra_prompts_are_cached_and_recorded(tmp_path, monkeypatch, capsys
 def test_cli_more_extra_prompts_keep_the_cached_ones_and_generate_only_the_rest(tmp_path, monkeypatch, capsys):
     from helpers import save_tiny_folder
 
-    from hispec.cli import main
+    from hispec.cli.main import main
 
     monkeypatch.setenv("HISPEC_CACHE", str(tmp_path / "cache"))
     folder = str(save_tiny_folder(tmp_path / "model"))
@@ -170,7 +171,7 @@ def test_cli_more_extra_prompts_keep_the_cached_ones_and_generate_only_the_rest(
 
 @pytest.mark.parametrize("prompt_positions", [True, False])
 def test_adding_layers_to_teacher_data_equals_collecting_them(prompt_positions):
-    from hispec.train_exits import add_layers, collect_forced, generation_inputs
+    from hispec.training.exit_data import add_layers, collect_forced, generation_inputs
 
     model = tiny_model("llama", seed=4)
     ee = ee_of(model)

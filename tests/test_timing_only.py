@@ -6,10 +6,10 @@ import json
 import pytest
 from helpers import tiny_model
 
-from hispec.decoding import DecodeConfig, Decoder
-from hispec.early_exit import EarlyExitModel
-from hispec.runner import run
-from hispec.timing_only import RecordedAcceptance, SyntheticAcceptance
+from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.model.early_exit import EarlyExitModel
+from hispec.evaluation.runner import run
+from hispec.evaluation.timing_only import RecordedAcceptance, SyntheticAcceptance
 
 
 def test_synthetic_rates_one_and_zero_and_a_seeded_middle():

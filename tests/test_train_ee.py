@@ -13,11 +13,11 @@ import pytest
 import torch
 from helpers import save_tiny_folder, tiny_model
 
-from hispec import lora
-from hispec.ee_data import greedy_continuations, pack
-from hispec.ee_eval import evaluate
+from hispec.exits import lora
+from hispec.training.ee_data import greedy_continuations, pack
+from hispec.training.ee_eval import evaluate
 from hispec.errors import ConfigError, ModelLoadError
-from hispec.train_ee import TrainConfig, active_exits, dropout_rates, exit_weights, prepare_model, step_loss, train
+from hispec.training.ee_train import TrainConfig, active_exits, dropout_rates, exit_weights, prepare_model, step_loss, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,7 +188,7 @@ def test_bad_settings_are_clear_errors():
 
 
 def test_default_ee_without_a_shipped_adapter_is_a_clear_error(tmp_path, monkeypatch):
-    from hispec.loading import load_model
+    from hispec.model.loading import load_model
 
     monkeypatch.setenv("HISPEC_DEFAULT_EE", str(tmp_path / "empty"))
     with pytest.raises(ModelLoadError, match="default-ee.*does not ship one.*--model default"):
@@ -196,7 +196,7 @@ def test_default_ee_without_a_shipped_adapter_is_a_clear_error(tmp_path, monkeyp
 
 
 def test_cli_trains_evaluates_and_saves_on_a_local_model(tmp_path, capsys):
-    from hispec.cli import main
+    from hispec.cli.main import main
 
     folder = save_tiny_folder(tmp_path / "tiny", layers=4)
     prompts = tmp_path / "p.jsonl"
@@ -222,8 +222,8 @@ def test_dequantization_matches_gguf_py():
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
-    from hispec.gguf_pack import _reverse_permute
-    from hispec.gguf_pack import dequantize as ours
+    from gguf_pack import _reverse_permute
+    from gguf_pack import dequantize as ours
 
     rng = np.random.default_rng(0)
     w = rng.normal(0, 0.05, size=(12, 64)).astype(np.float32)
@@ -281,8 +281,8 @@ def test_gpu_script_run_names_a_missing_part(tmp_path, monkeypatch):
 
 @pytest.mark.real_model
 def test_packed_default_model_rebuilds_bit_exactly(tmp_path, real_model_threads):
-    from hispec.gguf_pack import build_model, pack_gguf
-    from hispec.loading import default_gguf_path, default_model_folder, load_model
+    from gguf_pack import build_model, pack_gguf
+    from hispec.model.loading import default_gguf_path, default_model_folder, load_model
 
     lm = load_model("default", device="cpu", dtype="float32", exits="none")
     pack = pack_gguf(default_gguf_path(), default_model_folder(), tmp_path, max_part_mb=48,
@@ -295,8 +295,8 @@ def test_packed_default_model_rebuilds_bit_exactly(tmp_path, real_model_threads)
 
 @pytest.mark.real_model
 def test_default_ee_merges_the_shipped_adapter(tmp_path, monkeypatch, real_model_threads):
-    from hispec.exit_heads import preferred_layers
-    from hispec.loading import load_model
+    from hispec.exits.heads import preferred_layers
+    from hispec.model.loading import load_model
 
     base = load_model("default", device="cpu", dtype="float32", exits="none")
     identity = lora.base_identity(base.model, "default")

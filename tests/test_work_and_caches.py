@@ -6,10 +6,10 @@ import pytest
 import torch
 from helpers import ee_of
 
-from hispec.cache import LayerKVCache
-from hispec.decoding import DecodeConfig, Decoder
-from hispec.events import COMMITTED_STATES, PassEvent, RoundEvent, TokenEvent
-from hispec.stack import StageStack
+from hispec.engine.cache import LayerKVCache
+from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.events import COMMITTED_STATES, PassEvent, RoundEvent, TokenEvent
+from hispec.engine.stack import StageStack
 
 CASES = [
     DecodeConfig("layerskip", draft_layer=3, draft_len=3, max_new_tokens=30),
@@ -47,7 +47,7 @@ def test_no_token_runs_through_a_layer_twice_and_caches_shrink_with_depth(tiny_l
 
 def test_stats_split_useful_and_wasted_work(tiny_llama):
     ee = ee_of(tiny_llama)
-    from hispec.runner import run
+    from hispec.evaluation.runner import run
 
     r = run(ee, [3, 14, 15], DecodeConfig("hispec", 2, 4, max_new_tokens=24))
     work = r.stats["layer_tokens"]
@@ -60,7 +60,7 @@ def test_stats_split_useful_and_wasted_work(tiny_llama):
 
 def test_stats_time_each_stages_layer_passes(tiny_llama):
     ee = ee_of(tiny_llama)
-    from hispec.runner import run
+    from hispec.evaluation.runner import run
 
     passes = defaultdict(float)
 

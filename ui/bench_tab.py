@@ -12,21 +12,20 @@ from __future__ import annotations
 import html
 import json
 import logging
-import queue
 import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
 import gradio as gr
 
-from hispec.bench import BENCH_METHODS, benchmark
-from hispec.decoding import DecodeConfig
+from hispec.engine.decoding import DEFAULT_LAYERS, DecodeConfig
 from hispec.errors import ConfigError, HiSpecError
-from hispec.prompts import LOADERS, Prompt, load_sets
-from hispec.report import figures, table_html
-from hispec.service import ModelRegistry
+from hispec.evaluation.bench import BENCH_METHODS, benchmark
+from hispec.evaluation.prompts import LOADERS, Prompt, load_sets
+from hispec.evaluation.report import figures, table_html
+from hispec.serving.registry import ModelRegistry
+from hispec.serving.session import OPEN, Guard, admitted, error_update, in_background, whole_number
 
-from . import handlers
 from .render import message_html
 
 log = logging.getLogger("hispec.app")
@@ -42,7 +41,8 @@ LIVE_PLOTS = 3
 METHOD_HELP = ("autoregressive: the full model, token by token (the reference) · hf_generate: transformers' "
                "generate() · hf_early_exit: generate(assistant_early_exit=E) with layerskip's exit E · layerskip: "
                "single exit E · hispec: draft exit, verify exit, then the full model. Exits and lengths are the "
-               "model's defaults: its trained exits' recommendation, else E = L/4, d = L/8, v = L/4")
+               "model's defaults: its trained exits' recommendation, else E = {layerskip_exit}, d = {draft_layer}, "
+               "v = {verify_layer}").format(**DEFAULT_LAYERS)
 
 
 # ---- saved reports ---------------------------------------------------------------------------
@@ -103,21 +103,21 @@ def check_live(set_name, count, methods, max_new_tokens, limit: int) -> tuple[in
     """The live run's settings from UI values, with errors a visitor can read."""
     if set_name not in LIVE_SETS:
         raise HiSpecError(f"unknown prompt set '{set_name}'; choose from {', '.join(LIVE_SETS)}")
-    count = handlers._whole("number of prompts", count)
+    count = whole_number("number of prompts", count)
     if not 1 <= count <= MAX_PROMPTS:
         raise HiSpecError(f"number of prompts must be between 1 and {MAX_PROMPTS} (got {count})")
     unknown = [m for m in methods or [] if m not in BENCH_METHODS]
     if unknown or not methods:
         raise HiSpecError(f"pick at least one method of {', '.join(BENCH_METHODS)}")
     methods = [m for m in BENCH_METHODS if m in methods]  # the harness's order
-    n_new = handlers._whole("max new tokens", max_new_tokens)
+    n_new = whole_number("max new tokens", max_new_tokens)
     if not 1 <= n_new <= limit:
         raise HiSpecError(f"max new tokens must be between 1 and {limit} for a live benchmark (got {n_new})")
     return count, methods, n_new
 
 
 def bench_stream(registry: ModelRegistry, model_name: str, set_name: str, count, methods: list[str],
-                 max_new_tokens, stop: threading.Event, guard: handlers.Guard = handlers.OPEN,
+                 max_new_tokens, stop: threading.Event, guard: Guard = OPEN,
                  visitor: str = "local", prompts: Callable[[str, int], dict] = live_prompts) -> Iterator[dict]:
     """Snapshots of a small live benchmark: {"status", "progress"} while it runs, then
     {"report", "status", "done"}; or {"error"}."""
@@ -125,7 +125,7 @@ def bench_stream(registry: ModelRegistry, model_name: str, set_name: str, count,
     try:
         count, methods, n_new = check_live(set_name, count, methods, max_new_tokens, limit)
     except HiSpecError as exc:
-        yield handlers._error(str(exc))
+        yield error_update(str(exc))
         return
     if isinstance(model_name, str) and model_name.strip() and model_name.strip() not in registry.loaded():
         yield {"status": f"Loading model {model_name}…", "progress": 0.0}
@@ -141,56 +141,43 @@ def bench_stream(registry: ModelRegistry, model_name: str, set_name: str, count,
         guard.rate.check(visitor)  # the whole benchmark counts as one request
         return lm, sets, base
 
-    prepared = yield from handlers._admitted(prepare, registry, model_name, stop, "benchmark")
+    prepared = yield from admitted(prepare, registry, model_name, stop, "benchmark")
     if prepared is None:
         return
     lm, sets, base = prepared
-    lock = registry.generation_lock(model_name)
-    events: queue.Queue = queue.Queue()
 
-    def work():
-        try:
-            report = benchmark(lm, sets, methods, base, warmup=True, stop=stop,
-                               progress=lambda done, total, what: events.put(("progress", done, total, what)))
-            events.put(("report", report))
-        except BaseException as exc:  # handed to the consumer
-            events.put(("error", exc))
-        finally:
-            lock.release()
+    def task(emit):
+        emit(("report", benchmark(lm, sets, methods, base, warmup=True, stop=stop,
+                                  progress=lambda done, total, what: emit(("progress", done, total, what)))))
 
     timer, expired = guard.timer(stop)
     timer.start()
     total = sum(len(ps) for ps in sets.values())
-    threading.Thread(target=work, name="hispec-benchmark", daemon=True).start()
     try:
         yield {"status": f"Warming up {len(methods)} method(s)…", "progress": 0.0}
-        while True:
-            item = events.get()
-            if item[0] == "progress":
-                _, done, total, what = item
-                yield {"status": f"Prompt {done} of {total} done ({what}).", "progress": done / total}
-                continue
-            if item[0] == "error":
-                exc = item[1]
-                if isinstance(exc, HiSpecError):
-                    yield handlers._error(str(exc))
-                else:
-                    log.error("benchmark failed", exc_info=exc)
-                    yield handlers._error(f"The benchmark failed ({type(exc).__name__}: {exc}). "
-                                          "The app is still running; try again.")
+        for batch in in_background(task, registry.generation_lock(model_name), 0.0, "hispec-benchmark"):
+            for item in batch:
+                if item[0] == "progress":
+                    _, done, total, what = item
+                    yield {"status": f"Prompt {done} of {total} done ({what}).", "progress": done / total}
+                    continue
+                report = item[1]
+                done = len({(r["set"], r["prompt_id"]) for r in report["records"]})
+                if not report["records"]:
+                    yield error_update("Stopped before any prompt was done." if report.get("stopped")
+                                       else "No prompt fits the model's context.")
+                    return
+                why = (f"Stopped at this server's time limit of {guard.limits.max_seconds:g} s per request"
+                       if expired.is_set() else "Stopped")
+                status = (f"Done: {done} prompt(s) × {len(methods)} method(s), {n_new} new tokens each."
+                          if not report.get("stopped") else f"{why}: showing the {done} of {total} prompt(s) done.")
+                yield {"report": report, "status": status, "done": True, "progress": 1.0}
                 return
-            report = item[1]
-            done = len({(r["set"], r["prompt_id"]) for r in report["records"]})
-            if not report["records"]:
-                yield handlers._error("Stopped before any prompt was done." if report.get("stopped")
-                                      else "No prompt fits the model's context.")
-                return
-            why = (f"Stopped at this server's time limit of {guard.limits.max_seconds:g} s per request"
-                   if expired.is_set() else "Stopped")
-            status = (f"Done: {done} prompt(s) × {len(methods)} method(s), {n_new} new tokens each."
-                      if not report.get("stopped") else f"{why}: showing the {done} of {total} prompt(s) done.")
-            yield {"report": report, "status": status, "done": True, "progress": 1.0}
-            return
+    except HiSpecError as exc:
+        yield error_update(str(exc))
+    except Exception as exc:  # one failed benchmark must not take the app down
+        log.error("benchmark failed", exc_info=exc)
+        yield error_update(f"The benchmark failed ({type(exc).__name__}: {exc}). The app is still running; try again.")
     finally:
         timer.cancel()
         stop.set()  # ends a worker still running when the visitor goes away (after its current method)
@@ -204,7 +191,7 @@ class BenchTab:
     count, methods, max_new_tokens, visitor)`, which yields bench_stream's dicts and finds the
     visitor's stop flag in `self.stops[visitor]`; by default bench_stream runs here."""
 
-    def __init__(self, registry: ModelRegistry, guard: handlers.Guard, folder: Path = BENCH_DIR,
+    def __init__(self, registry: ModelRegistry, guard: Guard, folder: Path = BENCH_DIR,
                  stream: Callable[..., Iterator[dict]] | None = None):
         self.registry, self.guard, self.folder = registry, guard, Path(folder)
         self.limit = min(MAX_LIVE_TOKENS, guard.limits.max_new_tokens)

@@ -4,22 +4,29 @@ run under ZeroGPU's decorator; app.py turns the dicts into components and figure
 from __future__ import annotations
 
 import logging
-import math
-import queue
 import threading
 import time
 from dataclasses import replace
 from typing import Iterator
 
-from hispec.decoding import DecodeConfig, Decoder, recommended_settings
+from hispec.engine.decoding import DecodeConfig, recommended_settings
+from hispec.engine.events import DoneEvent
 from hispec.errors import HiSpecError
-from hispec.events import DoneEvent
-from hispec.limits import Limits, RateLimiter
-from hispec.metrics import StatsCollector
-from hispec.runner import run
-from hispec.service import ModelRegistry
+from hispec.evaluation.metrics import StatsCollector
+from hispec.evaluation.runner import run
+from hispec.evaluation.trace import Trace
+from hispec.serving.limits import Limits
+from hispec.serving.registry import ModelRegistry
+from hispec.serving.session import (
+    OPEN,
+    Guard,
+    admitted,
+    decode_in_background,
+    error_update,
+    finite_number,
+    whole_number,
+)
 from hispec.text import Detokenizer
-from hispec.trace import Trace
 
 from .render import legend_html, tokens_html
 
@@ -29,7 +36,6 @@ METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Lookup (
            "Autoregressive": "autoregressive"}
 POLICIES = {"Adaptive (auto)": "auto", "Fixed (the settings below)": "fixed"}
 MAX_NEW_TOKENS = Limits.from_env().max_new_tokens
-WAIT_STEP_S = 0.5
 
 
 def make_config(method_label: str, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
@@ -40,97 +46,19 @@ def make_config(method_label: str, draft_layer, verify_layer, draft_len, verify_
         raise HiSpecError(f"unknown method '{method_label}'; choose from {', '.join(METHODS)}")
     if policy_label not in POLICIES:
         raise HiSpecError(f"unknown policy '{policy_label}'; choose from {', '.join(POLICIES)}")
-    d, v, n_d, n_i, n_new = (_whole(name, value) for name, value in (
+    d, v, n_d, n_i, n_new = (whole_number(name, value) for name, value in (
         ("draft layer", draft_layer), ("verify layer", verify_layer), ("draft length", draft_len),
         ("verify threshold", verify_threshold), ("max new tokens", max_new_tokens)))
     if n_new > limit:
         raise HiSpecError(f"max new tokens {n_new} is over this app's limit of {limit}")
-    temperature, top_p = _number("temperature", temperature), _number("top-p", top_p)
-    top_k = _whole("top-k", top_k or 0)
-    seed = None if seed in (None, "", -1) else _whole("seed", seed)
+    temperature, top_p = finite_number("temperature", temperature), finite_number("top-p", top_p)
+    top_k = whole_number("top-k", top_k or 0)
+    seed = None if seed in (None, "", -1) else whole_number("seed", seed)
     method = METHODS[method_label]
     config = DecodeConfig(method, d, v if method == "hispec" else None, n_d, n_i, n_new,
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, policy=POLICIES[policy_label])
     config.validate()
     return config
-
-
-def _number(name: str, value) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise HiSpecError(f"{name} must be a number (got {value!r})") from None
-    if not math.isfinite(number) or isinstance(value, bool):
-        raise HiSpecError(f"{name} must be a finite number (got {value!r})")
-    return number
-
-
-def _whole(name: str, value) -> int:
-    try:
-        number = math.nan if isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if not math.isfinite(number) or number != int(number):
-        raise HiSpecError(f"{name} must be a whole number (got {value!r})")
-    return int(number)
-
-
-def _error(message: str) -> dict:
-    return {"error": message, "done": True}
-
-
-class Guard:
-    """The server's limits for one request: rate limit, prompt size, wall time."""
-
-    def __init__(self, limits: Limits, rate: RateLimiter | None = None):
-        self.limits = limits
-        self.rate = rate or RateLimiter(limits.rate_per_minute)
-
-    def admit(self, visitor: str, prompt_tokens: int, max_new_tokens: int) -> None:
-        self.limits.check_request(prompt_tokens, max_new_tokens)
-        self.rate.check(visitor)
-
-    def timer(self, stop: threading.Event) -> tuple[threading.Timer, threading.Event]:
-        """Sets `stop` once the request has run for the allowed wall time."""
-        expired = threading.Event()
-
-        def fire():
-            expired.set()
-            stop.set()
-
-        timer = threading.Timer(self.limits.max_seconds, fire)
-        timer.daemon = True
-        return timer, expired
-
-
-OPEN = Guard(Limits(max_prompt_tokens=10**9, max_new_tokens=10**9, max_seconds=10**9, rate_per_minute=0))
-
-
-def _acquire(lock: threading.Lock, stop: threading.Event):
-    """Wait for the model, telling the visitor why; gives up (returns False) on Stop."""
-    while not lock.acquire(timeout=WAIT_STEP_S):
-        if stop.is_set():
-            return False
-        yield {"status": "Waiting for another visitor's generation to finish…"}
-    return True
-
-
-def _admitted(prepare, registry: ModelRegistry, model_name: str, stop: threading.Event, what: str):
-    """Run `prepare()` (any error becomes a message), then wait for the model. Returns what
-    `prepare` returned, with the model's generation lock held; None if the request ends here."""
-    try:
-        prepared = prepare()
-    except HiSpecError as exc:
-        yield _error(str(exc))
-        return None
-    except Exception as exc:  # e.g. a tokenizer choking on odd input: a message, never a crash
-        log.exception("could not prepare a %s", what)
-        yield _error(f"Could not prepare this request ({type(exc).__name__}: {exc}).")
-        return None
-    if not (yield from _acquire(registry.generation_lock(model_name), stop)):
-        yield _error(f"Stopped before the {what} started.")
-        return None
-    return prepared
 
 
 def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, config: DecodeConfig, chat: bool,
@@ -139,7 +67,7 @@ def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, con
     """Snapshots of one generation: coloured tokens, stats, history rows, status.
     `charts` in a snapshot says whether to redraw the charts (at most every `charts_every_s`)."""
     if not isinstance(prompt, str) or not prompt.strip():
-        yield _error("The prompt is empty: type something or pick an example.")
+        yield error_update("The prompt is empty: type something or pick an example.")
         return
     if isinstance(model_name, str) and model_name.strip() and model_name.strip() not in registry.loaded():
         yield {"status": f"Loading model {model_name}… (the first start of the default model converts it, ~20 s)"}
@@ -149,19 +77,18 @@ def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, con
         resolved = config.resolve(lm.ee.num_layers, recommended_settings(lm.ee))
         ids = lm.encode(prompt, chat=chat)
         guard.admit(visitor, len(ids), resolved.max_new_tokens)
-        return lm, resolved, Decoder(lm.ee, ids, resolved, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer),
-                                     stop=stop)
+        return lm, resolved, ids
 
-    prepared = yield from _admitted(prepare, registry, model_name, stop, "generation")
+    prepared = yield from admitted(prepare, registry, model_name, stop, "generation")
     if prepared is None:
         return
-    lm, config, decoder = prepared
+    lm, config, ids = prepared
     lock = registry.generation_lock(model_name)
     stats, trace, done, charted = StatsCollector(config.method), Trace(), None, 0.0
     timer, expired = guard.timer(stop)
     timer.start()
     try:
-        for batch in _in_background(decoder, lock, throttle_s):
+        for batch in decode_in_background(lm, ids, config, lock, stop, throttle_s):
             for ev in batch:
                 stats.add(ev)
                 trace.add(ev)
@@ -174,53 +101,11 @@ def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, con
             yield snap
     except Exception as exc:  # one failed generation must not take the app down
         log.exception("generation failed")
-        yield _error(f"Generation failed ({type(exc).__name__}: {exc}). The app is still running; try again.")
+        yield error_update(f"Generation failed ({type(exc).__name__}: {exc}). The app is still running; try again.")
     finally:
         timer.cancel()
         if done is None:  # the visitor went away or it failed: end the worker's generation
             stop.set()
-
-
-def _in_background(decoder: Decoder, lock: threading.Lock, throttle_s: float) -> Iterator[list]:
-    """Run the decoder in a worker thread (rendering never stalls it, nor enters its timings)
-    and hand its events over in batches, at most one batch per `throttle_s`.
-    The worker releases the model's lock when the generation ends, whatever happens here."""
-    events: queue.Queue = queue.Queue()
-
-    def work():
-        try:
-            for ev in decoder.events():
-                events.put(ev)
-        except BaseException as exc:  # handed to the consumer, raised there
-            events.put(exc)
-        finally:
-            lock.release()
-            events.put(_END)
-
-    threading.Thread(target=work, name="hispec-generation", daemon=True).start()
-    finished = False
-    while not finished:
-        batch, deadline = [], None
-        while not finished:
-            if deadline is None:  # block for the first event of a batch: no busy waiting
-                item = events.get()
-                deadline = time.perf_counter() + throttle_s
-            else:
-                try:
-                    item = events.get(timeout=max(0.0, deadline - time.perf_counter()))
-                except queue.Empty:
-                    break
-            if item is _END:
-                finished = True
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                batch.append(item)
-        if batch or finished:
-            yield batch
-
-
-_END = object()
 
 
 def _snapshot(stats: StatsCollector, trace: Trace, config: DecodeConfig, done: DoneEvent | None, lm) -> dict:
@@ -245,11 +130,11 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
                    visitor: str = "local") -> Iterator[dict]:
     """Run the chosen method and each baseline on the same prompt, one after the other."""
     if not isinstance(prompt, str) or not prompt.strip():
-        yield _error("The prompt is empty: type something or pick an example.")
+        yield error_update("The prompt is empty: type something or pick an example.")
         return
     methods = [config.method] + [METHODS[b] for b in baselines if b in METHODS and METHODS[b] != config.method]
     if len(methods) < 2:
-        yield _error("Pick at least one baseline that differs from the chosen method.")
+        yield error_update("Pick at least one baseline that differs from the chosen method.")
         return
     def prepare():
         lm = registry.get(model_name)
@@ -262,7 +147,7 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
         guard.admit(visitor, len(ids), config.max_new_tokens)
         return lm, configs, ids
 
-    prepared = yield from _admitted(prepare, registry, model_name, stop, "comparison")
+    prepared = yield from admitted(prepare, registry, model_name, stop, "comparison")
     if prepared is None:
         return
     lm, configs, ids = prepared
@@ -286,7 +171,7 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
         yield {"rows": rows, "done": True, "sampling": config.temperature > 0, "status": status}
     except Exception as exc:
         log.exception("comparison failed")
-        yield _error(f"Comparison failed ({type(exc).__name__}: {exc}). The app is still running; try again.")
+        yield error_update(f"Comparison failed ({type(exc).__name__}: {exc}). The app is still running; try again.")
     finally:
         timer.cancel()
         lock.release()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 
+from hispec.evaluation.trace import LEGEND, Trace, TraceToken
 from hispec.text import printable
-from hispec.trace import LEGEND, Trace, TraceToken
 
 COLORS = {
     "drafted": "#d9d9d9",

@@ -1,0 +1,1 @@
+"""`python -m hispec`: parsers (shared options defined once) and commands."""

@@ -1,0 +1,262 @@
+"""python -m hispec: the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+
+from hispec.cli.parsers import build_parser
+from hispec.engine.decoding import METHODS, DecodeConfig, recommended_settings
+from hispec.engine.levels import parse_method
+from hispec.errors import HiSpecError
+
+
+def cmd_train_exits(args) -> int:
+    from hispec.training.exits import cli
+
+    return cli(args)
+
+
+def cmd_profile(args) -> int:
+    from hispec.evaluation.profile import format_table, profile
+    from hispec.model.loading import load_model
+
+    if args.context < 1 or args.repeats < 1:
+        raise HiSpecError("--context and --repeats must be at least 1")
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    if args.stock:
+        lm.ee.set_lean(False)
+    if args.context + 16 > lm.ee.context_limit:
+        raise HiSpecError(f"--context {args.context} + 16 new tokens exceeds the model's context of "
+                          f"{lm.ee.context_limit} tokens")
+    result = profile(lm, context=args.context, repeats=args.repeats,
+                     progress=lambda m: print(f"profiling {m}", file=sys.stderr, flush=True))
+    print(json.dumps(result, indent=1) if args.json else format_table(result))
+    return 0
+
+
+def parse_methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    for m in methods:
+        parse_method(m, METHODS)
+    if not methods:
+        raise HiSpecError(f"no method given; choose from {', '.join(METHODS)}")
+    return methods
+
+
+def cmd_generate(args) -> int:
+    from hispec.cli.terminal import legend, render
+    from hispec.evaluation.prompts import load_sets
+    from hispec.evaluation.runner import run
+    from hispec.model.loading import load_model
+    from hispec.text import Detokenizer
+
+    methods = parse_methods(args.method)
+    if args.prompts:
+        prompts = [{"id": p.id, "prompt": p.text, "chat": p.chat} for ps in load_sets(args.prompts).values() for p in ps]
+    else:
+        prompts = [{"id": "0", "prompt": args.prompt, "chat": True}]
+    for p in prompts:
+        p["chat"] = p["chat"] and not args.raw
+    specs = {m: parse_method(m, METHODS) for m in methods}
+    configs = {m: DecodeConfig(method=spec.method, draft_layer=args.draft_layer, verify_layer=args.verify_layer,
+                               draft_len=args.draft_len, verify_threshold=args.verify_threshold,
+                               max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),
+                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                               levels=spec.levels or (args.levels if spec.method == "hispec" else None),
+                               policy=spec.policy or args.policy, lookup_len=args.lookup_len)
+               for m, spec in specs.items()}
+    for config in configs.values():  # bad numbers fail before the model loads
+        config.validate()
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                    progress=lambda msg: print(msg, file=sys.stderr), exits=args.exits)
+    if args.cuda_graphs:
+        lm.ee.set_graphs("cuda")
+    configs = {m: c.resolve(lm.ee.num_layers, recommended_settings(lm.ee)) for m, c in configs.items()}
+    detok = Detokenizer(lm.tokenizer)
+    color = not args.no_color and sys.stdout.isatty()
+    for p in prompts:
+        if not p["prompt"].strip():
+            raise HiSpecError(f"prompt {p['id']} is empty: give some text")
+        ids = lm.encode(p["prompt"], chat=p["chat"])
+        results = []
+        for method in methods:
+            result = run(lm.ee, ids, configs[method], eos_ids=lm.eos_ids, detok=detok)
+            result.method = method  # the name as written (e.g. hispec/fixed)
+            results.append(result)
+            if args.json:
+                print(json.dumps(result.record(p["id"])), flush=True)
+            else:
+                print(f"\n== prompt {p['id']} · {method} ==")
+                print(render(result.trace, color=color, show_rejected=args.show_rejected))
+                print(stats_table(result))
+        if not args.json and len(results) > 1:
+            print(compare_table(results))
+    if not args.json:
+        print("\nlegend: " + legend(color=color, show_rejected=args.show_rejected), file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from hispec.evaluation.bench import BENCH_METHODS, benchmark
+    from hispec.evaluation.report import write_html
+
+    if args.sweep is not None or any((args.draft_layers, args.verify_layers, args.draft_lens, args.verify_thresholds)):
+        return cmd_sweep(args)
+    from hispec.evaluation.bench import check_methods
+
+    methods = [m.strip() for m in (args.methods or ",".join(BENCH_METHODS)).split(",") if m.strip()]
+    check_methods(methods)
+    base, sets, lm = _bench_inputs(args)
+
+    def progress(done, total, what):
+        print(f"[{done}/{total}] {what}", file=sys.stderr, flush=True)
+
+    report = benchmark(lm, sets, methods, base, args.layerskip_exit, json_path=args.json,
+                       warmup=not args.no_warmup, progress=progress)
+    if args.html:
+        write_html(report, args.html)
+    if args.svg:
+        from hispec.evaluation.svg_chart import write_svg
+
+        write_svg(report, args.svg, title=f"{lm.name}: tokens/s relative to autoregressive "
+                                          f"({args.max_new_tokens} new tokens, {lm.device}, {lm.dtype})")
+    ref = report["summary"]["all"]["reference"]
+    width = max(len(name) for name in report["summary"]) + 2
+    for set_name, s in report["summary"].items():
+        for m, r in s["methods"].items():
+            share = f"  time in layer passes {r['layers_share']:.0%}" if r.get("layers_share") is not None else ""
+            print(f"{set_name:<{width}}{m:<16}{r['tokens_per_s']:>9.2f} tok/s  {r['speedup_vs'].get(ref, 1.0):>6.2f}x vs {ref}"
+                  f"  outputs equal: {_equality(r)}{share}")
+    if not report["summary"]["all"]["all_outputs_equal"] and lm.dtype != "float32":
+        print(f"note: in {lm.dtype}, passes over different numbers of tokens can round a "
+              "near-tie differently, so outputs may differ from autoregressive; exactness holds in float32",
+              file=sys.stderr)
+    return 0
+
+
+def _equality(summary: dict) -> str:
+    """'yes', or how many outputs differ from the reference and where the first difference came."""
+    if summary["outputs_equal"]:
+        return "yes"
+    firsts = summary.get("first_divergence") or []
+    where = f", first at token {firsts[0] + 1}" if firsts else ""  # 1 = the first generated token
+    return f"NO ({summary['outputs_differ']} of {summary['prompts']} differ{where})"
+
+
+def _bench_inputs(args):
+    """bench/sweep: the base settings (checked before the model loads), prompt sets and model."""
+    from hispec.evaluation.prompts import load_sets
+    from hispec.model.loading import load_model
+
+    if getattr(args, "levels", None):
+        raise HiSpecError(f"bench takes level lists as methods, joined by '+': --methods "
+                          f"{args.levels.replace(',', '+')} (not --levels)")
+    base = DecodeConfig("hispec", args.draft_layer, args.verify_layer, args.draft_len, args.verify_threshold,
+                        args.max_new_tokens, policy=getattr(args, "policy", "fixed"),
+                        lookup_len=getattr(args, "lookup_len", 8))
+    base.validate()
+    # 'heldout[:N]': the exit heads' held-out prompts (N per held-out set), known once the model is loaded
+    parts = [p.strip() for p in args.prompts.split(",") if p.strip()]
+    heldout = [p for p in parts if p == "heldout" or p.startswith("heldout:")]
+    others = ",".join(p for p in parts if p not in heldout)
+    sets = load_sets(others, seed=args.seed) if others else {}
+    if heldout and not heldout[0].partition(":")[2].isdigit() and heldout[0] != "heldout":
+        raise HiSpecError(f"'{heldout[0]}': write heldout or heldout:N (N prompts per held-out set)")
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr),
+                    exits=args.exits)
+    if args.cuda_graphs:
+        lm.ee.set_graphs("cuda")
+    if heldout:
+        import random
+
+        from hispec.training.exits import heldout_prompts
+
+        count = int(heldout[0].partition(":")[2] or 0)
+        held = heldout_prompts(lm)
+        if count:
+            held = {k: random.Random(args.seed).sample(v, min(count, len(v))) for k, v in held.items()}
+        sets = {**held, **sets}
+    base.resolve(lm.ee.num_layers, recommended_settings(lm.ee))
+    return base, sets, lm
+
+
+def cmd_sweep(args) -> int:
+    from pathlib import Path
+
+    from hispec.evaluation.report import write_html
+    from hispec.evaluation.sweep import build_grids, format_table, resolve_grids, sweep
+
+    if args.methods is not None or args.layerskip_exit is not None:
+        raise HiSpecError("--methods and --layerskip-exit do not apply to --sweep: a sweep runs hispec at every "
+                          "grid point and autoregressive as the reference")
+    grids = build_grids(args.sweep or "", args.draft_layers, args.verify_layers, args.draft_lens,
+                        args.verify_thresholds)
+    base, sets, lm = _bench_inputs(args)
+    base = replace(base, policy="fixed")  # a sweep measures fixed settings, point by point
+    grids = resolve_grids(grids, lm.ee.num_layers)
+
+    def progress(done, total, what):
+        print(f"[{done}/{total}] {what}", file=sys.stderr, flush=True)
+
+    try:
+        report = sweep(lm, sets, grids, base, json_path=args.json, warmup=not args.no_warmup, progress=progress)
+    except KeyboardInterrupt:
+        if args.json and args.html and Path(args.json).is_file():  # the report of the prompts done so far
+            partial = json.loads(Path(args.json).read_text())
+            if partial.get("summary"):
+                write_html(partial, args.html)
+        raise
+    if args.html:
+        write_html(report, args.html)
+    print(format_table(report))
+    return 0
+
+
+def stats_table(result) -> str:
+    s = result.stats
+    acc = ", ".join(f"{k} {v:.0%}" for k, v in s["acceptance"].items() if v is not None) or "n/a"
+    work = s["layer_tokens"]
+    per_pass = f"{s['tokens_per_full_pass']:.2f}" if s["tokens_per_full_pass"] else "n/a"
+    return (f"-- {s['new_tokens']} tokens in {s['wall_s']:.2f} s = {s['tokens_per_s']:.2f} tok/s · "
+            f"acceptance: {acc} · full-model passes {s['full_passes']} ({per_pass} tokens each) · "
+            f"layer-token work useful {work['useful']} / wasted {work['wasted']} · "
+            + (f"plans: {_choices(s['policy_choices'])} · " if s.get("policy_choices") else "")
+            + (f"time in layer passes {s['layers_share']:.0%} · " if s["layers_share"] is not None else "")
+            + f"stop: {s['finish_reason']}")
+
+
+def _choices(choices: dict) -> str:
+    """The adaptive policy's plans by kind, most frequent first: 'lookup 40, plain 12'."""
+    return ", ".join(f"{k} {n}" for k, n in sorted(choices.items(), key=lambda kv: -kv[1]))
+
+
+def compare_table(results) -> str:
+    base = results[0]
+    lines = [f"\n{'method':<16}{'tok/s':>9}{'vs ' + base.method:>22}  same output as {base.method}"]
+    for r in results:
+        ratio = r.stats["tokens_per_s"] / base.stats["tokens_per_s"] if base.stats["tokens_per_s"] else 0.0
+        lines.append(f"{r.method:<16}{r.stats['tokens_per_s']:>9.2f}{ratio:>21.2f}x  "
+                     f"{'yes' if r.token_ids == base.token_ids else 'NO'}")
+    return "\n".join(lines)
+
+
+def cmd_train_ee(args) -> int:
+    from hispec.training.ee_train import run_from_args
+
+    return run_from_args(args, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return {"generate": cmd_generate, "bench": cmd_bench, "profile": cmd_profile,
+                "train-exits": cmd_train_exits, "train-ee": cmd_train_ee}[args.command](args)
+    except HiSpecError as exc:
+        print(f"hispec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hispec: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,122 @@
+"""Per-call costs measured on this machine, as a function of the number of tokens in a pass.
+
+Decoder layers of one model cost about the same, so a pass over layers [a, b) with n new tokens
+costs (b - a) * layer(n); an exit head (its attention step included, for attention heads) costs
+head(e, n), the final norm + LM head head(L, n). ``calibrate`` times them once per model, on a
+scratch cache after a short context; every generation then refines them with what its own passes
+and heads took (an exponential moving average), so the figures follow this machine and context.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+class CostModel:
+    def __init__(self):
+        self._layer: dict[int, float] = {}  # n tokens -> seconds per layer
+        self._head: dict[tuple[int, int], float] = {}  # (exit layer, n rows) -> seconds
+        self.calibrated = False
+
+    # ---- queries --------------------------------------------------------------------------
+    @staticmethod
+    def _near(table: dict, n: int) -> float | None:
+        """Linear interpolation over the measured sizes (linear in n beyond the largest)."""
+        if not table:
+            return None
+        sizes = sorted(table)
+        if n <= sizes[0]:
+            return table[sizes[0]]
+        for a, b in zip(sizes, sizes[1:]):
+            if a <= n <= b:
+                w = (n - a) / (b - a)
+                return table[a] * (1 - w) + table[b] * w
+        return table[sizes[-1]] * n / sizes[-1]
+
+    def layer(self, n: int) -> float:
+        value = self._near(self._layer, n)
+        return value if value is not None else 1e-3 * (1 + 0.1 * n)
+
+    def head(self, layer: int, n: int) -> float:
+        rows = {k[1]: v for k, v in self._head.items() if k[0] == layer}
+        value = self._near(rows, n)
+        return value if value is not None else 0.0
+
+    # ---- measurements ---------------------------------------------------------------------
+    def observe_pass(self, layers: int, n: int, seconds: float, weight: float = 0.1) -> None:
+        if layers > 0 and n > 0 and seconds > 0:
+            self._mix(self._layer, n, seconds / layers, weight)
+
+    def observe_head(self, layer: int, n: int, seconds: float, weight: float = 0.1) -> None:
+        if n > 0 and seconds > 0:
+            self._mix(self._head, (layer, n), seconds, weight)
+
+    @staticmethod
+    def _mix(table: dict, key, value: float, weight: float) -> None:
+        old = table.get(key)
+        table[key] = value if old is None else (1 - weight) * old + weight * value
+
+    def calibrate(self, ee, exits: tuple[int, ...] = (), context: int = 64, repeats: int = 2) -> None:
+        """Time layer passes and heads for SIZES new tokens after `context` tokens (best of `repeats`)."""
+        L = ee.num_layers
+        cache = ee.new_cache(context + max(SIZES) + 1)
+        vocab = ee.model.config.vocab_size
+        ids = [(7 + 13 * i) % vocab for i in range(context + max(SIZES))]
+        with torch.inference_mode():
+            ee.run_layers(ee.embed(ids[:context]), 0, L, cache)
+            for n in SIZES:
+                x = ee.embed(ids[context : context + n])
+                best = math.inf
+                for _ in range(repeats):
+                    _sync(ee)
+                    t0 = time.perf_counter()
+                    h = ee.run_layers(x, 0, L, cache)
+                    _sync(ee)
+                    best = min(best, time.perf_counter() - t0)
+                    for layer in range(L):
+                        cache.crop(layer, context)
+                self._layer[n] = best / L
+                for layer in (*exits, L):
+                    self._head[(layer, n)] = _time_head(ee, layer, h, repeats)
+        cache.release()
+        self.calibrated = True
+
+
+def _sync(ee) -> None:
+    if ee.device.type == "cuda":
+        torch.cuda.synchronize(ee.device)
+
+
+def _time_head(ee, layer: int, h: torch.Tensor, repeats: int) -> float:
+    """Seconds for one exit (its attention step on a scratch cache included) on the rows of h."""
+    from hispec.engine.cache import LayerKVCache
+
+    head = ee.head(layer)
+    best = math.inf
+    for _ in range(repeats):
+        _sync(ee)
+        t0 = time.perf_counter()
+        x = h
+        if getattr(head, "stateful", False):
+            x = head.attend(h, LayerKVCache(1, h.shape[1]), 0)
+        ee.exit_logits(x, layer)
+        _sync(ee)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def model_costs(ee, exits: tuple[int, ...] = ()) -> CostModel:
+    """The cost model kept with this model (calibrated on first use, refined by every generation)."""
+    costs = getattr(ee, "cost_model", None)
+    if costs is None:
+        costs = CostModel()
+        ee.cost_model = costs
+    missing = [e for e in exits if not any(k[0] == e for k in costs._head)]
+    if not costs.calibrated or missing:
+        costs.calibrate(ee, tuple(exits))
+    return costs

@@ -1,0 +1,100 @@
+"""The engine's event vocabulary: one stream feeds the UI, the CLI and the benchmarks.
+
+A token's life (see docs/DESIGN.md):
+
+    drafted -> tentative (accepted by the intermediate verifier) | verify_rejected
+    tentative -> accepted (by the target, committed) | target_rejected
+    verify_wrote: the verifier's own token replacing a rejected draft (then tentative)
+    target_wrote: the target's own token (correction, bonus, or an autoregressive step)
+    discarded: dropped because generation ended inside a block (stop string)
+
+``origin`` says which level wrote the token: "lookup", "draft", "verify" or "target" (see
+hispec.engine.levels for the role names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class TokenState(str, Enum):
+    DRAFTED = "drafted"
+    TENTATIVE = "tentative"
+    VERIFY_REJECTED = "verify_rejected"
+    VERIFY_WROTE = "verify_wrote"
+    ACCEPTED = "accepted"
+    TARGET_REJECTED = "target_rejected"
+    TARGET_WROTE = "target_wrote"
+    DISCARDED = "discarded"
+
+
+COMMITTED_STATES = (TokenState.ACCEPTED, TokenState.TARGET_WROTE)
+REJECTED_STATES = (TokenState.VERIFY_REJECTED, TokenState.TARGET_REJECTED, TokenState.DISCARDED)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    state: TokenState
+    serial: int  # unique per token instance (a re-drafted position gets a new serial)
+    index: int  # position among generated tokens, 0 = first new token
+    token_id: int
+    text: str
+    origin: str  # stage that wrote the token
+    stage: str  # stage that decided this state
+    round: int
+    t: float  # seconds since the start of generation
+
+
+@dataclass(frozen=True)
+class PassEvent:
+    """One stage ran layers [start, end) over some tokens (prefill included)."""
+
+    stage: str
+    start: int
+    end: int
+    serials: tuple[int, ...]
+    seconds: float
+    round: int
+
+    @property
+    def layer_tokens(self) -> int:
+        return (self.end - self.start) * len(self.serials)
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """End of a round: the state of the caches and buffers after it."""
+
+    round: int
+    committed: int
+    tentative: int
+    cache_lengths: tuple[int, ...]
+    t: float
+
+
+@dataclass(frozen=True)
+class PolicyEvent:
+    """The adaptive policy's plan for a round: what it chose and the estimate behind it."""
+
+    round: int
+    choice: str  # e.g. "plain", "lookup 4", "exit 4 x2", "exit 2 x1 -> exit 4, full at 2"
+    count: int  # tokens proposed
+    verify_at: int  # pending tokens that trigger the full model
+    reason: str
+    estimates: dict  # candidate -> expected committed tokens per second (the best few, and plain)
+    t: float
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    reason: str  # max_new_tokens | eos | stop_string | stopped
+    token_ids: tuple[int, ...]
+    text: str
+    prompt_len: int
+    t: float
+    settings: dict = field(default_factory=dict)
+    host_syncs: int = 0  # device-to-host transfers of decisions over the whole generation
+
+
+Event = TokenEvent | PassEvent | RoundEvent | PolicyEvent | DoneEvent

@@ -1,0 +1,179 @@
+"""Who proposes, how much, who judges, and when the full model runs: one plan per round.
+
+- ``FixedPolicy``: the paper's settings. The bottom level proposes (lookup: its whole match up
+  to ``lookup_len``; an exit: ``draft_len`` tokens; when lookup has no match the level above
+  drafts instead), every intermediate level above the proposer judges, and the full model runs
+  once ``verify_threshold`` tokens are pending (at once when the list has no intermediate level).
+- ``AutoPolicy``: per round, the plan with the most expected committed tokens per second, from
+  acceptance measured in this generation (smoothed towards the exits' held-out agreement) and
+  per-pass costs measured on this machine (``costs.CostModel``). Plain full-model steps are
+  always a candidate, so speculation is used only where it is expected to pay.
+
+Every plan says why (``Plan.reason``, ``Plan.estimates``); the decoder turns it into a
+``PolicyEvent`` so that the CLI, stats and app can show each decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hispec.engine.costs import CostModel
+from hispec.engine.levels import EXIT, LOOKUP, Level
+
+POLICIES = ("fixed", "auto")
+
+
+@dataclass(frozen=True)
+class Plan:
+    proposer: int  # index of the proposing level (the full level: a plain step)
+    count: int  # tokens to propose (0 for a plain step)
+    judges: tuple[int, ...]  # intermediate levels that judge this round's proposals, bottom up
+    verify_at: int  # run the full model once this many tokens are pending (1: every round)
+    choice: str = ""  # short label, e.g. "lookup 4", "exit 2 x1 -> exit 4", "plain"
+    reason: str = ""
+    estimates: dict = field(default_factory=dict)  # choice -> expected tokens per second (auto)
+    tokens: tuple[int, ...] = ()  # the lookup level's proposal, when it proposes
+
+
+def expected_run(rate: float, k: float) -> float:
+    """Expected accepted tokens among k proposals judged in order, each accepted with `rate`
+    until the first rejection: rate + rate^2 + ... + rate^k (k may be fractional)."""
+    if k <= 0:
+        return 0.0
+    if rate >= 1.0:
+        return float(k)
+    return rate * (1 - rate**k) / (1 - rate)
+
+
+class FixedPolicy:
+    name = "fixed"
+
+    def __init__(self, levels: tuple[Level, ...], draft_len: int, verify_threshold: int, lookup_len: int):
+        self.levels, self.draft_len, self.verify_threshold, self.lookup_len = levels, draft_len, verify_threshold, lookup_len
+        self._has_intermediate = any(level.kind == EXIT for level in levels[1:-1]) or (
+            levels[0].kind == LOOKUP and len(levels) > 2)
+
+    def lookup_limit(self, room: int) -> int:
+        return min(self.lookup_len, room)
+
+    def plan(self, room: int, pending: int, match: tuple[list[int], int]) -> Plan:
+        top = len(self.levels) - 1
+        proposer = 0
+        if self.levels[0].kind == LOOKUP and not match[0]:
+            proposer = 1  # no match: the level above drafts instead (the full model: a plain step)
+        verify_at = self.verify_threshold if self._has_intermediate else 1
+        if proposer == top:
+            return Plan(top, 0, (), 1, "plain")
+        judges = tuple(range(proposer + 1, top))
+        if self.levels[proposer].kind == LOOKUP:
+            return Plan(proposer, len(match[0]), judges, verify_at, f"lookup {len(match[0])}", tokens=tuple(match[0]))
+        return Plan(proposer, min(self.draft_len, room), judges, verify_at, f"{self.levels[proposer]} x{self.draft_len}")
+
+    def observe(self, holder: str, judge: str, accepted: bool) -> None:
+        pass
+
+
+class Acceptance:
+    """Per-token acceptance by (proposer, judge), measured in this generation, smoothed towards a
+    prior (the exits' held-out agreement, or a neutral guess) worth `weight` observations."""
+
+    def __init__(self, priors: dict[tuple[str, str], float], weight: float = 4.0):
+        self.priors, self.weight = priors, weight
+        self.counts: dict[tuple[str, str], list[int]] = {}
+
+    def add(self, holder: str, judge: str, accepted: bool) -> None:
+        pair = self.counts.setdefault((holder, judge), [0, 0])
+        pair[0] += accepted
+        pair[1] += 1
+
+    def rate(self, holder: str, judge: str, default: float = 0.3) -> float:
+        ok, n = self.counts.get((holder, judge), (0, 0))
+        prior = self.priors.get((holder, judge), default)
+        return (ok + prior * self.weight) / (n + self.weight)
+
+
+class AutoPolicy:
+    """Maximise expected committed tokens per second, round by round.
+
+    Candidates: a plain step; the lookup level's match (first k tokens, any k) verified by the
+    full model; drafting k tokens at each exit, verified by the full model; and, with two exits,
+    drafting at the lower one, judging at the upper one, and calling the full model once T
+    tentative tokens piled up (the hierarchy). A candidate's value is (1 + expected accepted
+    tokens) / expected seconds, where acceptance is per token and in order (``expected_run``).
+    """
+
+    name = "auto"
+    MAX_DRAFT = 6  # exit drafts per round considered
+    THRESHOLDS = (1, 2, 4, 6)  # tentative tokens before the full model runs (hierarchy)
+
+    def __init__(self, levels: tuple[Level, ...], costs: CostModel, priors: dict[tuple[str, str], float],
+                 lookup_len: int):
+        self.levels, self.costs, self.lookup_len = levels, costs, lookup_len
+        self.acceptance = Acceptance(priors)
+        self.L = levels[-1].layer
+        self._sticky: Plan | None = None  # a hierarchy plan waiting for its threshold
+
+    def lookup_limit(self, room: int) -> int:
+        return min(self.lookup_len, room)
+
+    def observe(self, holder: str, judge: str, accepted: bool) -> None:
+        self.acceptance.add(holder, judge, accepted)
+
+    # ---- the candidates -----------------------------------------------------------------
+    def _candidates(self, room: int, match: tuple[list[int], int]):
+        """(tokens per second, label, plan) for each candidate."""
+        c, L, top = self.costs, self.L, len(self.levels) - 1
+        full = L * c.layer(1) + c.head(L, 1)
+        yield 1.0 / full, "plain", Plan(top, 0, (), 1, "plain")
+        tokens, n = match
+        if tokens and self.levels[0].kind == LOOKUP:
+            a = self.acceptance.rate(f"lookup:{n}", "target", 0.5 if n > 1 else 0.25)
+            for k in range(1, len(tokens) + 1):
+                seconds = L * c.layer(k + 1) + c.head(L, k + 1)
+                yield ((1 + expected_run(a, k)) / seconds, f"lookup {k}",
+                       Plan(0, k, (), 1, f"lookup {k}", tokens=tuple(tokens[:k])))
+        exits = [(i, lv) for i, lv in enumerate(self.levels) if lv.kind == EXIT]
+        for i, lv in exits:  # single-exit self-speculation at this exit
+            e, a = lv.layer, self.acceptance.rate(lv.name, "target")
+            for k in range(1, min(self.MAX_DRAFT, room) + 1):
+                seconds = (k + 1) * (e * c.layer(1)) + k * c.head(e, 1) + (L - e) * c.layer(k + 1) + c.head(L, k + 1)
+                yield ((1 + expected_run(a, k)) / seconds, f"{lv} x{k}", Plan(i, k, (), 1, f"{lv} x{k}"))
+        if len(exits) == 2:  # the hierarchy: draft at d, judge at v, full once T are tentative
+            (i_d, d_lv), (i_v, v_lv) = exits
+            d, v = d_lv.layer, v_lv.layer
+            a_dv = self.acceptance.rate(d_lv.name, v_lv.name)
+            beta = self.acceptance.rate(v_lv.name, "target")
+            for k in range(1, min(self.MAX_DRAFT, room) + 1):
+                per_round = sum(a_dv**j for j in range(k))  # tentative tokens a round adds
+                round_s = (k * (d * c.layer(1) + c.head(d, 1)) + d * c.layer(1) + (v - d) * c.layer(k) + c.head(v, k))
+                for T in self.THRESHOLDS:
+                    rounds = max(1, -(-T // max(per_round, 1e-9))) if per_round >= 1 else 1
+                    rounds = min(rounds, 8)
+                    t = rounds * per_round
+                    seconds = rounds * round_s + (L - v) * c.layer(int(round(t)) + 1) + c.head(L, int(round(t)) + 1)
+                    label = f"{d_lv} x{k} -> {v_lv}, full at {T}"
+                    yield ((1 + expected_run(beta, t)) / seconds, label, Plan(i_d, k, (i_v,), T, label))
+
+    def plan(self, room: int, pending: int, match: tuple[list[int], int]) -> Plan:
+        if pending and self._sticky is not None:  # a hierarchy plan still piling up tentative tokens
+            return self._sticky
+        scored = sorted(self._candidates(room, match), key=lambda x: -x[0])
+        best_rate, label, plan = scored[0]
+        plain_rate = next(rate for rate, name, _ in scored if name == "plain")
+        shown = {}
+        for rate, name, _ in scored:  # the best few, and the plain step for reference
+            if len(shown) < 4 or name == "plain":
+                shown[name] = round(rate, 2)
+        reason = ("nothing is expected to beat a plain step" if label == "plain" else
+                  f"expected {best_rate / plain_rate:.2f}x a plain step")
+        plan = Plan(plan.proposer, plan.count, plan.judges, plan.verify_at, label, reason, shown, plan.tokens)
+        self._sticky = plan if plan.verify_at > 1 else None
+        return plan
+
+
+def make_policy(name: str, levels, config, costs: CostModel | None, priors: dict):
+    if name == "fixed":
+        return FixedPolicy(levels, config.draft_len or 1, config.verify_threshold or 1, config.lookup_len)
+    if name == "auto":
+        return AutoPolicy(levels, costs, priors, config.lookup_len)
+    raise ValueError(f"unknown policy '{name}'")

@@ -1,0 +1,168 @@
+"""One sequence's hidden states and KV caches, split into stages at exit boundaries.
+
+Boundaries are layer depths, e.g. ``(0, d, v, L)`` for HiSpec: stage 1 runs layers [0, d),
+stage 2 [d, v), stage 3 [v, L). ``frontier[i]`` counts the positions whose hidden state at
+``boundaries[i]`` exists; every layer of stage i holds exactly that many positions in its
+KV cache. Frontiers never increase with depth (draft layers know the most tokens).
+
+``run_to(i, end)`` brings boundary i up to position `end`, running each stage only on the
+positions it has not seen, from the hidden states saved at the boundary below: no layer is
+ever run twice for the same token. ``truncate(n)`` drops positions >= n everywhere.
+
+An exit with a stateful (attention) head keeps its own KV cache, in ``head_cache`` at the
+boundary's index. Its attention step runs lazily: positions that pass the boundary wait in
+``_head_pending`` until that exit is asked for (``run_to`` with it as the target level), then
+all waiting positions run the step in one batch, each exactly once, and ``run_to`` returns the
+attended states (what the head reads). An exit that a generation never consults costs nothing
+beyond its layers. ``head_work`` records each batch (exit layer, positions, seconds).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hispec.engine.cache import LayerKVCache
+from hispec.model.early_exit import EarlyExitModel
+
+
+@dataclass
+class StagePass:
+    """What one stage ran: layers [start, end) over the tokens with these serials."""
+
+    stage: str
+    start: int
+    end: int
+    positions: tuple[int, int]
+    serials: tuple[int, ...]
+    seconds: float
+
+
+class StageStack:
+    def __init__(self, ee: EarlyExitModel, boundaries: tuple[int, ...], names: tuple[str, ...], capacity: int):
+        if boundaries[0] != 0 or boundaries[-1] != ee.num_layers or len(names) != len(boundaries) - 1:
+            raise ValueError(f"bad stage boundaries {boundaries}")
+        self.ee = ee
+        self.boundaries = boundaries
+        self.names = names
+        self.cache = ee.new_cache(capacity)
+        # Attention exit heads by boundary index, and their KV caches (slot = boundary index).
+        self._stateful = {i: head for i, b in enumerate(boundaries[1:-1], 1)
+                          if getattr(head := ee.exit_heads.get(b), "stateful", False)}
+        self.head_cache = LayerKVCache(len(boundaries), capacity)
+        self._head_pending: dict[int, list[torch.Tensor]] = {i: [] for i in self._stateful}
+        self.head_work: list[tuple[int, int, float]] = []  # drained by the decoder
+        self.tokens: list[int] = []
+        self.serials: list[int] = []  # a unique id per token ever placed, for work accounting
+        self._next_serial = 0
+        self.frontier = [0] * len(boundaries)
+        # hidden[i]: saved hidden states at boundary i for positions [frontier[i+1], frontier[i])
+        self._hidden: list[torch.Tensor | None] = [None] * len(boundaries)
+        self.passes: list[StagePass] = []  # drained by the decoder into events
+
+    def append(self, token: int | torch.Tensor) -> int:
+        """Place a token (an int, or a one-element device tensor until `resolve`); its serial."""
+        self.tokens.append(token)
+        self.serials.append(self._next_serial)
+        self._next_serial += 1
+        return self.serials[-1]
+
+    def resolve(self, first: int, tokens: list[int]) -> None:
+        """Replace device-tensor tokens from position `first` on by their host values."""
+        self.tokens[first : first + len(tokens)] = tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def run_to(self, level: int, end: int) -> torch.Tensor | None:
+        """Compute hidden states at boundary `level` for positions up to `end` (exclusive).
+
+        Returns the newly computed hidden states at that boundary, for positions from its
+        previous frontier up to `end` (None if there was nothing to compute).
+        """
+        top = None
+        for i in range(1, level + 1):
+            lo = self.frontier[i]
+            if lo >= end:
+                continue
+            hidden = self._take_input(i - 1, lo, end)
+            t0 = time.perf_counter()
+            hidden = self.ee.run_layers(hidden, self.boundaries[i - 1], self.boundaries[i], self.cache)
+            self.passes.append(
+                StagePass(self.names[i - 1], self.boundaries[i - 1], self.boundaries[i], (lo, end),
+                          tuple(self.serials[lo:end]), time.perf_counter() - t0)
+            )
+            self.frontier[i] = end
+            if i < len(self.boundaries) - 1:
+                saved = self._hidden[i]
+                self._hidden[i] = hidden if saved is None else torch.cat([saved, hidden], dim=1)
+            if i in self._stateful:  # the head's attention step waits until this exit is consulted
+                self._head_pending[i].append(hidden)
+            if i == level:
+                top = self._attend(i)[:, -(end - lo):] if i in self._stateful else hidden
+        return top
+
+    def _attend(self, i: int) -> torch.Tensor:
+        """Run the waiting positions of boundary i through its head's attention step (once each)."""
+        chunks, self._head_pending[i] = self._head_pending[i], []
+        waiting = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)
+        lo = self.head_cache.lengths[i]
+        if lo + waiting.shape[1] != self.frontier[i]:
+            raise RuntimeError(f"exit head cache at boundary {self.boundaries[i]} holds {lo} positions and "
+                               f"{waiting.shape[1]} wait, expected {self.frontier[i]} in all")
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            states = self._stateful[i].attend(waiting, self.head_cache, i)
+        self.head_work.append((self.boundaries[i], waiting.shape[1], time.perf_counter() - t0))
+        return states
+
+    def _take_input(self, i: int, lo: int, end: int) -> torch.Tensor:
+        """Hidden states at boundary i for positions [lo, end); they are consumed."""
+        if i == 0:
+            tokens = self.tokens[lo:end]
+            if all(isinstance(t, int) for t in tokens):
+                return self.ee.embed(tokens)
+            # Drafts still on the device (see Decoder._draft_on_device): embed without a sync.
+            device = self.ee.device
+            ids = torch.cat([t.view(1) if isinstance(t, torch.Tensor) else torch.tensor([t], device=device)
+                             for t in tokens])
+            return self.ee.embed_tokens(ids[None])
+        if self.frontier[i] < end:
+            raise RuntimeError(f"boundary {self.boundaries[i]} holds {self.frontier[i]} positions, {end} needed")
+        saved = self._hidden[i]
+        first = self.frontier[i + 1]  # == lo: saved states start where the next stage stopped
+        rest = saved[:, end - first :]
+        self._hidden[i] = rest if rest.shape[1] else None
+        return saved[:, lo - first : end - first]
+
+    def truncate(self, length: int) -> None:
+        """Forget every position >= length in tokens, hidden states and all KV caches."""
+        del self.tokens[length:]
+        del self.serials[length:]
+        for i in range(1, len(self.boundaries)):
+            if self.frontier[i] > length:
+                self.frontier[i] = length
+                for layer in range(self.boundaries[i - 1], self.boundaries[i]):
+                    self.cache.crop(layer, length)
+                self.head_cache.crop(i, length)
+                if self._head_pending.get(i):
+                    keep = length - self.head_cache.lengths[i]
+                    waiting = torch.cat(self._head_pending[i], dim=1)
+                    self._head_pending[i] = [waiting[:, :keep]] if keep > 0 else []
+            saved = self._hidden[i] if i < len(self.boundaries) - 1 else None
+            if saved is not None:
+                keep = length - self.frontier[i + 1]
+                self._hidden[i] = saved[:, :keep] if keep > 0 else None
+
+    def cache_lengths(self) -> list[int]:
+        return list(self.cache.lengths)
+
+    def head_cache_lengths(self) -> dict[int, int]:
+        """Positions in each attention exit head's cache, by exit layer (attended so far)."""
+        return {self.boundaries[i]: self.head_cache.lengths[i] for i in self._stateful}
+
+    def head_waiting(self) -> dict[int, int]:
+        """Positions waiting for each attention exit head's step, by exit layer."""
+        return {self.boundaries[i]: sum(w.shape[1] for w in chunks) for i, chunks in self._head_pending.items()}

@@ -1,0 +1,230 @@
+"""Side-by-side benchmarks: several methods on the same prompts in one process.
+
+Methods alternate per prompt (the order rotates), after a warm-up, so that machine noise hits
+them alike. Our methods run on the engine and its event stream; transformers' `generate()` greedy
+and `generate(assistant_early_exit=E)` are external references. The JSON report is rewritten
+after every prompt, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from hispec.engine.decoding import METHODS, DecodeConfig, default_verify_layer, recommended_settings
+from hispec.engine.levels import parse_method
+from hispec.errors import ConfigError
+from hispec.evaluation.prompts import Prompt
+from hispec.evaluation.runner import run
+from hispec.model.loading import LoadedModel
+from hispec.text import Detokenizer
+
+HF = ("hf_generate", "hf_early_exit", "hf_lookup")
+BENCH_METHODS = ("autoregressive", "hf_generate", "hf_early_exit", "hf_lookup", "layerskip", "lookup", "hispec")
+HF_LOOKUP_TOKENS = 10  # generate(prompt_lookup_num_tokens=10), as in transformers' documentation
+
+
+def check_methods(methods: list[str]) -> None:
+    """Each name a bench method, one of ours with /fixed or /auto, or a level list (see levels.parse_method)."""
+    for m in methods:
+        if m in HF:
+            continue
+        name = m.partition("/")[0]
+        if name not in METHODS and "+" not in name and not name.startswith("exit") and not name.isdigit():
+            raise ConfigError(f"unknown benchmark method '{m}'; choose from {', '.join(BENCH_METHODS)} (ours "
+                              "optionally with /fixed or /auto), or a level list such as lookup+2+4")
+        parse_method(m, METHODS)
+
+
+def _hf(lm: LoadedModel, ids: list[int], config: DecodeConfig, early_exit: int | None,
+        lookup: int | None = None) -> dict:
+    x = torch.tensor([ids], device=lm.ee.device)
+    kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=False, attention_mask=torch.ones_like(x),
+                  eos_token_id=sorted(lm.eos_ids) or None, pad_token_id=(sorted(lm.eos_ids) or [0])[0])
+    if early_exit is not None:
+        kwargs["assistant_early_exit"] = early_exit
+    if lookup is not None:
+        kwargs["prompt_lookup_num_tokens"] = lookup
+    t0 = time.perf_counter()
+    out = lm.model.generate(x, **kwargs)[0, len(ids):].tolist()
+    wall = time.perf_counter() - t0
+    return {"token_ids": out, "wall_s": wall, "tokens_per_s": len(out) / wall if wall > 0 else 0.0}
+
+
+def bench_exit(lm: LoadedModel) -> int:
+    """The single exit of layerskip and generate(assistant_early_exit): the model's recommended
+    one (trained exits), else L/4."""
+    return recommended_settings(lm.ee).get("layerskip_exit") or default_verify_layer(lm.ee.num_layers)
+
+
+def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, layerskip_exit: int | None = None) -> dict:
+    """One generation of one method; the record the report aggregates. `base` holds hispec's
+    layers; layerskip and generate(assistant_early_exit) use `layerskip_exit` (default L/4)."""
+    exit_layer = layerskip_exit or bench_exit(lm)
+    if method not in HF:
+        spec = parse_method(method, METHODS)
+        config = replace(base, method=spec.method, levels=spec.levels, policy=spec.policy or base.policy,
+                         verify_layer=base.verify_layer if spec.method == "hispec" else None,
+                         draft_layer=base.draft_layer if spec.method == "hispec" else exit_layer)
+        r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer))
+        s = r.stats
+        return {"token_ids": r.token_ids, "wall_s": s["wall_s"], "tokens_per_s": s["tokens_per_s"],
+                "acceptance": s["acceptance"], "tokens_per_full_pass": s["tokens_per_full_pass"],
+                "full_passes": s["full_passes"], "useful": s["layer_tokens"]["useful"],
+                "wasted": s["layer_tokens"]["wasted"], "stage_s": s["stage_s"], "layers_share": s["layers_share"],
+                "policy_choices": s["policy_choices"], "settings": r.settings}
+    if method == "hf_generate":
+        return _hf(lm, ids, base, None)
+    if method == "hf_early_exit":
+        return _hf(lm, ids, base, exit_layer)
+    return _hf(lm, ids, base, None, lookup=HF_LOOKUP_TOKENS)
+
+
+def environment(lm: LoadedModel) -> dict:
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(),
+            "processor": platform.processor() or platform.machine(), "device": lm.device, "dtype": lm.dtype,
+            "model": lm.name, "layers": lm.ee.num_layers}
+
+
+def warmup_ids(lm: LoadedModel, sets: dict[str, list[Prompt]], new_tokens: int = 8) -> list[int] | None:
+    """Token ids of the first prompt with room for `new_tokens` in the context (None: none has)."""
+    for prompts in sets.values():
+        for p in prompts:
+            ids = lm.encode(p.text, chat=p.chat)
+            if len(ids) + new_tokens <= lm.ee.context_limit:
+                return ids
+    return None
+
+
+def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str], base: DecodeConfig,
+              layerskip_exit: int | None = None, json_path: str | None = None, warmup: bool = True,
+              progress: Callable[[int, int, str], None] | None = None,
+              stop: threading.Event | None = None) -> dict:
+    """Run `methods` on every prompt of `sets`; `progress(done, total, what)` is called after every
+    prompt (after the JSON is written). `stop`, once set, ends the run before the next method: the
+    prompt in progress is dropped (its methods would not be comparable) and the report says `stopped`."""
+    resolved = replace(base, method="hispec").resolve(lm.ee.num_layers, recommended_settings(lm.ee))
+    report = {"environment": environment(lm), "methods": methods, "max_new_tokens": base.max_new_tokens,
+              "settings": {"policy": base.policy, "lookup_len": base.lookup_len, "draft_layer": resolved.draft_layer, "verify_layer": resolved.verify_layer,
+                           "layerskip_exit": layerskip_exit or bench_exit(lm),
+                           "draft_len": resolved.draft_len, "verify_threshold": resolved.verify_threshold,
+                           "layerskip_draft_len": replace(base, method="layerskip", draft_layer=layerskip_exit or
+                                                          bench_exit(lm)).resolve(
+                               lm.ee.num_layers, recommended_settings(lm.ee)).draft_len},
+              "records": [], "summary": {}, "complete": False}
+    first = warmup_ids(lm, sets) if warmup else None
+    for method in methods if first is not None else []:
+        run_one(lm, method, first, replace(base, max_new_tokens=8), layerskip_exit)
+    total, done = sum(len(v) for v in sets.values()), 0
+    for set_name, prompts in sets.items():
+        for prompt in prompts:
+            if stop is not None and stop.is_set():
+                break
+            ids = lm.encode(prompt.text, chat=prompt.chat)
+            if len(ids) + base.max_new_tokens > lm.ee.context_limit:  # reported, not silently dropped
+                report.setdefault("skipped", []).append(
+                    {"set": set_name, "prompt_id": prompt.id, "reason": f"{len(ids)} prompt tokens + "
+                     f"{base.max_new_tokens} new exceed the model's context of {lm.ee.context_limit}"})
+                done += 1
+                continue
+            k = done % len(methods)
+            order = methods[k:] + methods[:k]  # rotate from prompt to prompt: noise hits all alike
+            rows = []
+            for method in order:
+                if stop is not None and stop.is_set():
+                    break
+                rec = run_one(lm, method, ids, base, layerskip_exit)
+                rows.append({"set": set_name, "prompt_id": prompt.id, "method": method,
+                             "prompt_tokens": len(ids), **rec})
+            if len(rows) < len(order):  # stopped in the middle of this prompt: drop it
+                break
+            report["records"].extend(rows)
+            done += 1
+            report["summary"] = summarise(report["records"], methods)
+            report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            if json_path:
+                Path(json_path).write_text(json.dumps(report, indent=1))
+            if progress:
+                progress(done, total, f"{set_name}/{prompt.id}")
+    report["stopped"] = stop is not None and stop.is_set()
+    report["complete"] = not report["stopped"]
+    if report["records"]:
+        report["summary"] = summarise(report["records"], methods)
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=1))
+    return report
+
+
+def summarise(records: list[dict], methods: list[str]) -> dict:
+    """Per prompt set (and 'all'): per method tokens/s median and spread, ratios to every other
+    method (of the medians), acceptance, tokens per full pass, work, and output equality."""
+    out = {}
+    for set_name in sorted({r["set"] for r in records}) + ["all"]:
+        rows = [r for r in records if set_name == "all" or r["set"] == set_name]
+        reference = "autoregressive" if "autoregressive" in methods else methods[0]
+        ref_ids = {r["prompt_id"]: r["token_ids"] for r in rows if r["method"] == reference}
+        per = {}
+        for m in methods:
+            mine = [r for r in rows if r["method"] == m]
+            if not mine:
+                continue
+            tps = [r["tokens_per_s"] for r in mine]
+            acc: dict[str, list[float]] = {}
+            for r in mine:
+                for k, v in (r.get("acceptance") or {}).items():
+                    if v is not None:
+                        acc.setdefault(k, []).append(v)
+            per[m] = {
+                "prompts": len(mine),
+                "tokens_per_s": statistics.median(tps),
+                "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
+                "tokens_per_s_iqr": iqr(tps),
+                "acceptance": {k: statistics.mean(v) for k, v in acc.items()},
+                "tokens_per_full_pass": mean_or_none([r.get("tokens_per_full_pass") for r in mine]),
+                "layers_share": mean_or_none([r.get("layers_share") for r in mine]),  # None for transformers' methods
+                "useful_layer_tokens": sum(r.get("useful", 0) for r in mine),
+                "wasted_layer_tokens": sum(r.get("wasted", 0) for r in mine),
+                "outputs_equal": all(ref_ids.get(r["prompt_id"]) == r["token_ids"] for r in mine),
+                # where outputs differ (half precision: near-ties rounded differently): how often, and the
+                # index of each first difference (0 = the first generated token)
+                "outputs_differ": sum(ref_ids.get(r["prompt_id"]) != r["token_ids"] for r in mine),
+                "first_divergence": sorted(first_difference(ref_ids.get(r["prompt_id"]), r["token_ids"])
+                                           for r in mine if ref_ids.get(r["prompt_id"]) != r["token_ids"]),
+            }
+        for m, s in per.items():
+            s["speedup_vs"] = {o: s["tokens_per_s"] / t["tokens_per_s"] for o, t in per.items()
+                               if o != m and t["tokens_per_s"] > 0}
+        out[set_name] = {"methods": per, "all_outputs_equal": all(s["outputs_equal"] for s in per.values()),
+                         "reference": reference}
+    return out
+
+
+def first_difference(a: list[int] | None, b: list[int]) -> int:
+    """Index of the first generated token where two outputs differ (or the shorter one's length)."""
+    a = a or []
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
+
+
+def mean_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.mean(values) if values else None

@@ -1,0 +1,142 @@
+"""Statistics folded from the event stream: the same numbers for the UI, CLI and benchmarks."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hispec.engine.events import (
+    COMMITTED_STATES,
+    REJECTED_STATES,
+    DoneEvent,
+    Event,
+    PassEvent,
+    PolicyEvent,
+    RoundEvent,
+    TokenEvent,
+)
+from hispec.engine.events import TokenState as S
+
+
+def _rate(ok: int, total: int) -> float | None:
+    return ok / total if total else None
+
+
+class StatsCollector:
+    """Feed it events with `add`; `summary()` any time (live) or after the DoneEvent."""
+
+    def __init__(self, method: str = ""):
+        self.method = method
+        self.judged: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # "a->b" -> [accepted, judged]
+        self._holder: dict[int, str] = {}  # serial -> stage that last passed it
+        self._fate: dict[int, str] = {}  # serial -> "useful" | "wasted"
+        self._work: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # serial -> stage -> evals
+        self.prefill_layer_tokens = 0
+        self.full_passes = 0
+        self.drafted = 0
+        self.new_tokens = 0
+        self.prefill_s = None
+        self.t = 0.0
+        self.rounds = 0
+        self.finish_reason = None
+        self.host_syncs = 0
+        self.history: list[dict] = []  # one row per round, for live charts
+        # Seconds inside each stage's layer passes, by stage (an attention exit head's step runs when
+        # its exit is consulted and is timed apart, in StageStack.head_work, not here).
+        # On an accelerator these are launch times unless something synchronised.
+        self.stage_s: dict[str, float] = defaultdict(float)
+        self.choices: dict[str, int] = defaultdict(int)  # the adaptive policy's plans, by kind
+
+    @staticmethod
+    def choice_kind(choice: str) -> str:
+        """'lookup 4' -> 'lookup', 'exit 4 x2' -> 'exit 4', 'exit 2 x1 -> exit 4, ...' -> 'exit 2 -> exit 4'."""
+        if "->" in choice:
+            low, high = choice.split("->")[:2]
+            return f"{low.split(' x')[0].strip()} -> {high.split(',')[0].strip()}"
+        return choice.split(" x")[0] if choice.startswith("exit") else choice.split(" ")[0]
+
+    def add(self, ev: Event) -> None:
+        if isinstance(ev, TokenEvent):
+            self._add_token(ev)
+        elif isinstance(ev, PassEvent):
+            self.stage_s[ev.stage] += ev.seconds
+            if ev.stage == "prefill":
+                self.prefill_layer_tokens += ev.layer_tokens
+                return
+            if ev.stage == "target":
+                self.full_passes += 1
+            for serial in ev.serials:
+                self._work[serial][ev.stage] += ev.end - ev.start
+        elif isinstance(ev, PolicyEvent):
+            self.choices[self.choice_kind(ev.choice)] += 1
+        elif isinstance(ev, RoundEvent):
+            self.rounds, self.t = ev.round, ev.t
+            self.history.append(self._row(ev))
+        elif isinstance(ev, DoneEvent):
+            self.t, self.finish_reason, self.host_syncs = ev.t, ev.reason, ev.host_syncs
+
+    def _add_token(self, ev: TokenEvent) -> None:
+        self.t = max(self.t, ev.t)
+        # Acceptance per level pair "proposer->judge": the level that last proposed, wrote or
+        # passed a token, and the level that judged it.
+        if ev.state is S.DRAFTED:
+            self.drafted += 1
+            self._holder[ev.serial] = ev.origin
+        elif ev.state in (S.TENTATIVE, S.VERIFY_REJECTED) and ev.serial in self._holder:
+            pair = self.judged[f"{self._holder[ev.serial]}->{ev.stage}"]
+            pair[0] += ev.state is S.TENTATIVE
+            pair[1] += 1
+        elif ev.state in (S.ACCEPTED, S.TARGET_REJECTED):
+            pair = self.judged[f"{self._holder.get(ev.serial, 'draft')}->target"]
+            pair[0] += ev.state is S.ACCEPTED
+            pair[1] += 1
+        if ev.state is S.TENTATIVE:
+            self._holder[ev.serial] = ev.stage
+        elif ev.state is S.VERIFY_WROTE:
+            self._holder[ev.serial] = ev.origin
+        if ev.state in COMMITTED_STATES:
+            self.new_tokens += 1
+            self._fate[ev.serial] = "useful"
+            if self.prefill_s is None:
+                self.prefill_s = ev.t
+        elif ev.state in REJECTED_STATES:
+            self._fate[ev.serial] = "wasted"
+
+    def acceptance(self) -> dict[str, float | None]:
+        return {key: _rate(*pair) for key, pair in self.judged.items()}
+
+    def work(self) -> dict:
+        """Layer-token evaluations per stage: useful (on committed tokens) and wasted."""
+        by_stage: dict[str, dict[str, int]] = defaultdict(lambda: {"useful": 0, "wasted": 0, "pending": 0})
+        for serial, stages in self._work.items():
+            fate = self._fate.get(serial, "pending")
+            for stage, n in stages.items():
+                by_stage[stage][fate] += n
+        total = {k: sum(s[k] for s in by_stage.values()) for k in ("useful", "wasted", "pending")}
+        return {"by_stage": dict(by_stage), **total, "prefill": self.prefill_layer_tokens}
+
+    def _row(self, ev: RoundEvent) -> dict:
+        return {"round": ev.round, "t": ev.t, "new_tokens": ev.committed, "tentative": ev.tentative,
+                "tokens_per_s": ev.committed / ev.t if ev.t > 0 else 0.0, **self.acceptance()}
+
+    def summary(self) -> dict:
+        decode_passes = self.full_passes
+        after_first = max(self.new_tokens - 1, 0)
+        return {
+            "method": self.method,
+            "new_tokens": self.new_tokens,
+            "wall_s": self.t,
+            "prefill_s": self.prefill_s,
+            "tokens_per_s": self.new_tokens / self.t if self.t > 0 else 0.0,
+            "acceptance": self.acceptance(),
+            "drafted": self.drafted,
+            "full_passes": decode_passes,
+            "tokens_per_full_pass": after_first / decode_passes if decode_passes else None,
+            "rounds": self.rounds,
+            "layer_tokens": self.work(),
+            "finish_reason": self.finish_reason,
+            "host_syncs": self.host_syncs,
+            "stage_s": dict(self.stage_s),
+            "policy_choices": dict(self.choices),
+            # the share of the wall time spent in layer passes; the rest: heads, token choice, engine
+            "layers_share": sum(self.stage_s.values()) / self.t if self.t > 0 else None,
+        }

