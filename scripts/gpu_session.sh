@@ -4,7 +4,7 @@
 # step cut short still leaves what it measured):
 #   1. scripts/gpu_check.py   float32 exactness on CUDA and bf16 mismatch (eager and CUDA graphs),
 #                             tokens/s and step costs on the 1B and 7B shapes in both modes
-#   2. tests/test_gpu.py      the CUDA tests (skipped in CI)
+#   2. tests/model/test_gpu.py the CUDA tests (skipped in CI)
 #   3. scripts/gpu_profile.py where the time goes in one generation, with CUDA graphs
 # Usage (the device tool, from the repository root):  bash scripts/gpu_session.sh "$OUT"
 set -uo pipefail
@@ -17,8 +17,8 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   > "$out/env.txt" 2>&1
 timeout 450 python3 scripts/gpu_check.py --out "$out/gpu_check.json" > "$out/gpu_check.log" 2>&1
 echo "gpu_check: exit $?"
-timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py > "$out/pytest_gpu.log" 2>&1
-echo "pytest tests/test_gpu.py: exit $?"; tail -3 "$out/pytest_gpu.log"
+timeout 60 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/model/test_gpu.py > "$out/pytest_gpu.log" 2>&1
+echo "pytest tests/model/test_gpu.py: exit $?"; tail -3 "$out/pytest_gpu.log"
 timeout 60 python3 scripts/gpu_profile.py --cuda-graphs --out "$out/gpu_profile_graphs.json" > "$out/gpu_profile.log" 2>&1
 echo "gpu_profile --cuda-graphs: exit $?"
 tail -2 "$out/gpu_check.log"

@@ -31,7 +31,7 @@ there is no room for a second full call 2: if call 2 stops early, rerun it at on
 Then, here: copy adapter.safetensors + manifest.json into assets/default-ee/ only if the figures
 earn it (see README), and `python -m hispec generate --model default-ee ...`.
 
-Every step also runs on the CPU with a tiny random model (tests/test_train_ee.py does):
+Every step also runs on the CPU with a tiny random model (tests/training/test_train_ee.py does):
     python scripts/gpu_train_ee.py run --tiny --device cpu --out /tmp/x
 """
 

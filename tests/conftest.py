@@ -28,3 +28,17 @@ def tiny_llama():
     from helpers import tiny_model
 
     return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded():
+    """A tiny random 8-layer Llama as a LoadedModel with a character tokenizer (what the app,
+    bench, sweep and hosting tests serve). One per test module: tests may change its state."""
+    from helpers import EOS, char_tokenizer, tiny_model
+
+    from hispec.model.early_exit import EarlyExitModel
+    from hispec.model.loading import LoadedModel
+
+    model = tiny_model("llama", layers=8)
+    model.generation_config.eos_token_id = EOS
+    return LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")

@@ -174,6 +174,14 @@ def test_no_private_names_cross_modules(graph):
     assert bad == [], bad
 
 
+def test_tests_are_grouped_like_the_packages():
+    tests = ROOT / "tests"
+    groups = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert set(PACKAGES) - {"cli"} <= groups and {"ui", "cli"} <= groups, groups
+    loose = sorted(p.name for p in tests.glob("test_*.py"))
+    assert loose == ["test_layout.py"], loose  # the layout's own check stays at the top
+
+
 def test_the_ui_holds_gradio_code_only(graph):
     """ui/ and app.py never build a Decoder or run the engine loop themselves: serving does."""
     _, found = graph

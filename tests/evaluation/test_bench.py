@@ -4,15 +4,12 @@ import importlib.util
 import json
 
 import pytest
-from helpers import EOS, char_tokenizer, tiny_model
 
 from hispec.evaluation import prompts as prompt_sets
 from hispec.evaluation.bench import benchmark, summarise
 from hispec.cli.main import main
 from hispec.engine.decoding import DecodeConfig
-from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
-from hispec.model.loading import LoadedModel
 from hispec.evaluation.prompts import Prompt, load_sets
 from hispec.evaluation.report import write_html
 
@@ -20,10 +17,8 @@ METHODS = ["autoregressive", "hf_generate", "hf_early_exit", "layerskip", "hispe
 
 
 @pytest.fixture(scope="module")
-def lm():
-    model = tiny_model("llama", layers=8)
-    model.generation_config.eos_token_id = EOS
-    return LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")
+def lm(tiny_loaded):
+    return tiny_loaded
 
 
 def test_real_prompt_sets_load_offline():
@@ -57,7 +52,7 @@ def test_report_schema_ratios_and_equality(lm, tmp_path):
     sets = {"mine": [Prompt("h", "hello"), Prompt("a", "abc", chat=False)], "more": [Prompt("x", "xyz")]}
     path = tmp_path / "b.json"
     seen = []
-    report = benchmark(lm, sets, METHODS, DecodeConfig("hispec", 2, 5, max_new_tokens=12), layerskip_exit=4,
+    benchmark(lm, sets, METHODS, DecodeConfig("hispec", 2, 5, max_new_tokens=12), layerskip_exit=4,
                        json_path=str(path), progress=lambda d, t, w: seen.append(json.loads(path.read_text())))
     assert [len(s["records"]) for s in seen] == [5, 10, 15]  # written after every prompt
     saved = json.loads(path.read_text())
@@ -165,7 +160,7 @@ def test_compare_outputs_script_counts_divergences(tmp_path):
     first = report(tmp_path / "a.json", [("p", "autoregressive", [1, 2, 3]), ("q", "autoregressive", [4, 5, 6])])
     second = report(tmp_path / "b.json", [("p", "hispec", [1, 2, 3]), ("q", "hispec", [4, 9, 6]),
                                           ("r", "hispec", [7])])  # r is not in the first run: not compared
-    script = Path(__file__).resolve().parents[1] / "scripts" / "compare_outputs.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "compare_outputs.py"
     out = subprocess.run([sys.executable, str(script), first, second, "--against", "hispec"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "1 of 2 differ, median first difference at token 2" in out.stdout

@@ -8,14 +8,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import EOS, char_tokenizer, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError, HiSpecError, ModelLoadError
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits, RateLimiter, check_fits
-from hispec.model.loading import LoadedModel
 from hispec.serving.registry import ModelRegistry
 from hispec.cli.terminal import render
 from hispec.evaluation.trace import Trace
@@ -23,10 +20,8 @@ from ui import handlers
 
 
 @pytest.fixture(scope="module")
-def lm():
-    model = tiny_model("llama", layers=8)
-    model.generation_config.eos_token_id = EOS
-    return LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")
+def lm(tiny_loaded):
+    return tiny_loaded
 
 
 def registry_with(lm, **limits):
@@ -217,7 +212,7 @@ def test_generation_stream_gives_a_result_or_a_message(lm, prompt, d, v, nd, ni,
 
 # ---- load (short form; the full run is scripts/load_test.py) -----------------------------------------
 def test_load_short_form(capsys):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import load_test
 
     code = load_test.main(["--sessions", "20", "--requests", "1", "--max-new-tokens", "12", "--max-seconds", "90"])

@@ -4,14 +4,12 @@ import json
 import threading
 
 import pytest
-from helpers import EOS, char_tokenizer, save_tiny_folder, tiny_model
+from helpers import save_tiny_folder
 
 from hispec.evaluation import sweep as sweep_mod
 from hispec.cli.main import main
 from hispec.engine.decoding import DecodeConfig
-from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
-from hispec.model.loading import LoadedModel
 from hispec.evaluation.prompts import Prompt
 from hispec.evaluation.report import sweep_figures, write_html
 from hispec.evaluation.sweep import Grid, build_grids, parse_values, resolve_grids, summarise_sweep, sweep
@@ -22,10 +20,8 @@ LENGTHS = Grid("lengths", (1, 2), (2, 3))  # default (2, 4) is not on this grid
 
 
 @pytest.fixture(scope="module")
-def lm():
-    model = tiny_model("llama", layers=8)
-    model.generation_config.eos_token_id = EOS
-    return LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")
+def lm(tiny_loaded):
+    return tiny_loaded
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from hispec.evaluation.sweep import Grid, sweep
 from ui import bench_tab, handlers
 from ui.bench_tab import BenchTab, bench_stream, load_report, saved_reports
 
-SAVED = Path(__file__).resolve().parent.parent / "assets" / "bench" / "bench_cpu_default.json"
+SAVED = Path(__file__).resolve().parents[2] / "assets" / "bench" / "bench_cpu_default.json"
 
 
 @pytest.fixture(scope="module")

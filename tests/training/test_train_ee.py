@@ -19,7 +19,7 @@ from hispec.training.ee_eval import evaluate
 from hispec.errors import ConfigError, ModelLoadError
 from hispec.training.ee_train import TrainConfig, active_exits, dropout_rates, exit_weights, prepare_model, step_loss, train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def self_data(model, n_train=24, n_held=4, new=24, seed=1):

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Exit heads vs the final head, the lean path vs transformers' layers, graph replays vs eager passes,
 # attention heads' cached vs one-pass states: where different kernels meet.
-FILES = ["tests/test_exit_heads.py", "tests/test_lean.py", "tests/test_graphs.py", "tests/test_attention_heads.py"]
+FILES = ["tests/exits/test_exit_heads.py", "tests/model/test_lean.py", "tests/model/test_graphs.py", "tests/exits/test_attention_heads.py"]
 
 
 @pytest.mark.slow_isa
@@ -21,7 +21,7 @@ def test_kernel_sensitive_tests_pass_on_avx2_kernels():
     """About 2 minutes on 2 cores, so it runs by default; select or skip it with -m slow_isa /
     -m "not slow_isa"."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not browser", *FILES]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-m", "not browser", *FILES]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=1200)
     assert proc.returncode == 0, f"{' '.join(cmd[1:])} failed on AVX2 kernels:\n{proc.stdout[-6000:]}"
