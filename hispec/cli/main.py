@@ -215,21 +215,12 @@ def cmd_sweep(args) -> int:
 
 
 def stats_table(result) -> str:
-    s = result.stats
-    acc = ", ".join(f"{k} {v:.0%}" for k, v in s["acceptance"].items() if v is not None) or "n/a"
-    work = s["layer_tokens"]
-    per_pass = f"{s['tokens_per_full_pass']:.2f}" if s["tokens_per_full_pass"] else "n/a"
-    return (f"-- {s['new_tokens']} tokens in {s['wall_s']:.2f} s = {s['tokens_per_s']:.2f} tok/s · "
-            f"acceptance: {acc} · full-model passes {s['full_passes']} ({per_pass} tokens each) · "
-            f"layer-token work useful {work['useful']} / wasted {work['wasted']} · "
-            + (f"plans: {_choices(s['policy_choices'])} · " if s.get("policy_choices") else "")
-            + (f"time in layer passes {s['layers_share']:.0%} · " if s["layers_share"] is not None else "")
-            + f"stop: {s['finish_reason']}")
+    """The run's stats on one line (the app shows the same rows as a table)."""
+    from hispec.evaluation.metrics import stats_rows
 
-
-def _choices(choices: dict) -> str:
-    """The adaptive policy's plans by kind, most frequent first: 'lookup 40, plain 12'."""
-    return ", ".join(f"{k} {n}" for k, n in sorted(choices.items(), key=lambda kv: -kv[1]))
+    rows = stats_rows(result.stats)
+    head = f"-- {rows[0][1]} tokens in {rows[1][1]} = {rows[2][1]} tok/s"
+    return " · ".join([head] + [f"{k} {v}" for k, v in rows[3:]])
 
 
 def compare_table(results) -> str:

@@ -140,3 +140,26 @@ class StatsCollector:
             # the share of the wall time spent in layer passes; the rest: heads, token choice, engine
             "layers_share": sum(self.stage_s.values()) / self.t if self.t > 0 else None,
         }
+
+
+def stats_rows(s: dict) -> list[tuple[str, str]]:
+    """A run's summary as (label, value) rows, in reading order: the one rendering of the stats that
+    the CLI (one line) and the app (a table) both show."""
+    def pct(v):
+        return "–" if v is None else f"{v:.0%}"
+
+    rows = [("new tokens", str(s["new_tokens"])), ("time", f"{s['wall_s']:.2f} s"),
+            ("tokens / s", f"{s['tokens_per_s']:.2f}")]
+    rows += [(f"acceptance {k}", pct(v)) for k, v in s["acceptance"].items()]
+    per_pass = s["tokens_per_full_pass"]
+    rows += [("full-model passes", str(s["full_passes"])),
+             ("tokens per full pass", "–" if per_pass is None else f"{per_pass:.2f}"),
+             ("layer-token work: useful / wasted", f"{s['layer_tokens']['useful']} / {s['layer_tokens']['wasted']}")]
+    if s.get("policy_choices"):  # the adaptive policy's plans, most frequent first
+        plans = sorted(s["policy_choices"].items(), key=lambda kv: -kv[1])
+        rows.append(("adaptive plans (rounds)", ", ".join(f"{k} {n}" for k, n in plans)))
+    if s.get("layers_share") is not None:
+        rows.append(("time in layer passes", pct(s["layers_share"])))
+    if s.get("finish_reason"):
+        rows.append(("stopped by", s["finish_reason"].replace("_", " ")))
+    return rows
