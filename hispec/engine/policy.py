@@ -45,6 +45,37 @@ def expected_run(rate: float, k: float) -> float:
     return rate * (1 - rate**k) / (1 - rate)
 
 
+# ---- expected committed tokens per second of one kind of round -----------------------------
+# The policy scores its candidates with these; evaluation.speed_model draws the same formulas
+# as curves against acceptance (the app's "Why this speed").
+
+def plain_rate(c: CostModel, L: int) -> float:
+    """A plain step: one pass of [0, L) and the final head over one token."""
+    return 1.0 / (L * c.layer(1) + c.head(L, 1))
+
+
+def lookup_rate(c: CostModel, L: int, k: int, a: float) -> float:
+    """k copied tokens verified by one pass of [0, L) over k + 1 tokens."""
+    return (1 + expected_run(a, k)) / (L * c.layer(k + 1) + c.head(L, k + 1))
+
+
+def exit_rate(c: CostModel, L: int, e: int, k: int, a: float) -> float:
+    """Single-exit self-speculation: k drafts at exit e, then [e, L) over k + 1 tokens."""
+    seconds = (k + 1) * (e * c.layer(1)) + k * c.head(e, 1) + (L - e) * c.layer(k + 1) + c.head(L, k + 1)
+    return (1 + expected_run(a, k)) / seconds
+
+
+def hierarchy_rate(c: CostModel, L: int, d: int, v: int, k: int, T: int, a_dv: float, a_vt: float) -> float:
+    """The hierarchy: k drafts at d judged at v per round, the full model once T are tentative."""
+    per_round = sum(a_dv**j for j in range(k))  # tentative tokens a round adds
+    round_s = k * (d * c.layer(1) + c.head(d, 1)) + d * c.layer(1) + (v - d) * c.layer(k) + c.head(v, k)
+    rounds = max(1, -(-T // max(per_round, 1e-9))) if per_round >= 1 else 1
+    rounds = min(rounds, 8)
+    t = rounds * per_round
+    seconds = rounds * round_s + (L - v) * c.layer(int(round(t)) + 1) + c.head(L, int(round(t)) + 1)
+    return (1 + expected_run(a_vt, t)) / seconds
+
+
 class FixedPolicy:
     name = "fixed"
 
@@ -123,36 +154,26 @@ class AutoPolicy:
     def _candidates(self, room: int, match: tuple[list[int], int]):
         """(tokens per second, label, plan) for each candidate."""
         c, L, top = self.costs, self.L, len(self.levels) - 1
-        full = L * c.layer(1) + c.head(L, 1)
-        yield 1.0 / full, "plain", Plan(top, 0, (), 1, "plain")
+        yield plain_rate(c, L), "plain", Plan(top, 0, (), 1, "plain")
         tokens, n = match
         if tokens and self.levels[0].kind == LOOKUP:
             a = self.acceptance.rate(f"lookup:{n}", "target", 0.5 if n > 1 else 0.25)
             for k in range(1, len(tokens) + 1):
-                seconds = L * c.layer(k + 1) + c.head(L, k + 1)
-                yield ((1 + expected_run(a, k)) / seconds, f"lookup {k}",
-                       Plan(0, k, (), 1, f"lookup {k}", tokens=tuple(tokens[:k])))
+                yield lookup_rate(c, L, k, a), f"lookup {k}", Plan(0, k, (), 1, f"lookup {k}", tokens=tuple(tokens[:k]))
         exits = [(i, lv) for i, lv in enumerate(self.levels) if lv.kind == EXIT]
         for i, lv in exits:  # single-exit self-speculation at this exit
-            e, a = lv.layer, self.acceptance.rate(lv.name, "target")
+            a = self.acceptance.rate(lv.name, "target")
             for k in range(1, min(self.MAX_DRAFT, room) + 1):
-                seconds = (k + 1) * (e * c.layer(1)) + k * c.head(e, 1) + (L - e) * c.layer(k + 1) + c.head(L, k + 1)
-                yield ((1 + expected_run(a, k)) / seconds, f"{lv} x{k}", Plan(i, k, (), 1, f"{lv} x{k}"))
+                yield exit_rate(c, L, lv.layer, k, a), f"{lv} x{k}", Plan(i, k, (), 1, f"{lv} x{k}")
         if len(exits) == 2:  # the hierarchy: draft at d, judge at v, full once T are tentative
             (i_d, d_lv), (i_v, v_lv) = exits
-            d, v = d_lv.layer, v_lv.layer
             a_dv = self.acceptance.rate(d_lv.name, v_lv.name)
             beta = self.acceptance.rate(v_lv.name, "target")
             for k in range(1, min(self.MAX_DRAFT, room) + 1):
-                per_round = sum(a_dv**j for j in range(k))  # tentative tokens a round adds
-                round_s = (k * (d * c.layer(1) + c.head(d, 1)) + d * c.layer(1) + (v - d) * c.layer(k) + c.head(v, k))
                 for T in self.THRESHOLDS:
-                    rounds = max(1, -(-T // max(per_round, 1e-9))) if per_round >= 1 else 1
-                    rounds = min(rounds, 8)
-                    t = rounds * per_round
-                    seconds = rounds * round_s + (L - v) * c.layer(int(round(t)) + 1) + c.head(L, int(round(t)) + 1)
                     label = f"{d_lv} x{k} -> {v_lv}, full at {T}"
-                    yield ((1 + expected_run(beta, t)) / seconds, label, Plan(i_d, k, (i_v,), T, label))
+                    yield (hierarchy_rate(c, L, d_lv.layer, v_lv.layer, k, T, a_dv, beta), label,
+                           Plan(i_d, k, (i_v,), T, label))
 
     def plan(self, room: int, pending: int, match: tuple[list[int], int]) -> Plan:
         if pending and self._sticky is not None:  # a hierarchy plan still piling up tentative tokens

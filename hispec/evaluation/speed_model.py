@@ -1,0 +1,101 @@
+"""Why this speed: the cost model's prediction for a run's settings, as a function of acceptance.
+
+A speculative round pays when the tokens it commits per second beat a plain step's. With the
+per-pass costs measured on this machine (``engine.costs.CostModel``) and a per-token acceptance
+per level pair, the expected tokens per second of a fixed round is the adaptive policy's own
+formula (``engine.policy``: plain_rate, exit_rate, hierarchy_rate); divided by a plain step's, it is
+the predicted speedup. ``break_even`` is the acceptance at which that ratio reaches 1.
+
+Acceptance here is per token and in order (a geometric run); real runs are burstier, so the
+prediction is a model, shown next to the measured speedup, never instead of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hispec.engine.costs import CostModel
+from hispec.engine.policy import exit_rate, hierarchy_rate, plain_rate
+
+# stats' acceptance keys (holder->judge) of the pairs each method's prediction needs
+PAIRS = {"layerskip": ("draft->target",), "hispec": ("draft->verify", "verify->target")}
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """What a fixed round does: the exits and lengths of a resolved DecodeConfig."""
+
+    method: str  # autoregressive, layerskip or hispec
+    draft_layer: int | None = None  # layerskip: its exit
+    verify_layer: int | None = None
+    draft_len: int = 1
+    verify_threshold: int = 1
+
+    @classmethod
+    def from_settings(cls, settings: dict) -> RoundSettings:
+        """From a run's settings (DoneEvent.settings / a resolved DecodeConfig as a dict)."""
+        return cls(settings.get("method", "autoregressive"), settings.get("draft_layer"), settings.get("verify_layer"),
+                   settings.get("draft_len") or 1, settings.get("verify_threshold") or 1)
+
+
+class SpeedModel:
+    def __init__(self, costs: CostModel, num_layers: int):
+        self.costs, self.L = costs, num_layers
+
+    def speedup(self, r: RoundSettings, a_dv: float, a_vt: float) -> float:
+        """Predicted tokens/s relative to plain steps; a_dv: draft->verify, a_vt: the exit just
+        below the full model -> full model (layerskip: its exit -> full model)."""
+        c, L = self.costs, self.L
+        if r.method == "layerskip" and r.draft_layer:
+            rate = exit_rate(c, L, r.draft_layer, r.draft_len, a_vt)
+        elif r.method == "hispec" and r.draft_layer and r.verify_layer:
+            rate = hierarchy_rate(c, L, r.draft_layer, r.verify_layer, r.draft_len, r.verify_threshold, a_dv, a_vt)
+        else:
+            return 1.0
+        return rate / plain_rate(c, L)
+
+    def curve(self, r: RoundSettings, a_dv: float | None = None, points: int = 21) -> list[tuple[float, float]]:
+        """(acceptance, predicted speedup) over acceptance 0..1 of the exit below the full model;
+        a_dv None: the draft exit agrees with the verifier as often (one acceptance for both)."""
+        xs = [i / (points - 1) for i in range(points)]
+        return [(a, self.speedup(r, a if a_dv is None else a_dv, a)) for a in xs]
+
+    def break_even(self, r: RoundSettings, a_dv: float | None = None) -> float | None:
+        """The lowest acceptance (as in `curve`) at which the prediction reaches plain speed; None if
+        even acceptance 1 does not (the round costs more than it can commit)."""
+        f = (lambda a: self.speedup(r, a if a_dv is None else a_dv, a) - 1.0)
+        if f(1.0) < 0:
+            return None
+        lo, hi = 0.0, 1.0
+        if f(lo) >= 0:
+            return 0.0
+        for _ in range(40):  # the prediction rises with acceptance: bisection
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+        return hi
+
+
+def measured_pairs(acceptance: dict, method: str) -> tuple[float | None, float | None]:
+    """(a_dv, a_vt) measured in a run, from its stats' acceptance (None where not measured)."""
+    if method == "layerskip":
+        return None, acceptance.get("draft->target")
+    if method == "hispec":
+        return acceptance.get("draft->verify"), acceptance.get("verify->target")
+    return None, None
+
+
+def explain(stats: dict, settings: dict, costs: CostModel, num_layers: int) -> dict:
+    """The run's measured speed next to the cost model's: predicted speedup at the measured
+    acceptance, the break-even acceptance, and the plain-step speed the ratio is taken against."""
+    r = RoundSettings.from_settings(settings)
+    model = SpeedModel(costs, num_layers)
+    a_dv, a_vt = measured_pairs(stats.get("acceptance") or {}, r.method)
+    plain_tps = plain_rate(costs, num_layers)
+    out = {"method": r.method, "plain_tokens_per_s": plain_tps, "a_dv": a_dv, "a_vt": a_vt,
+           "measured_vs_plain": (stats.get("tokens_per_s") or 0.0) / plain_tps, "predicted": None,
+           "break_even": None, "break_even_same": None}
+    if r.method in PAIRS and a_vt is not None:
+        out["predicted"] = model.speedup(r, a_dv if a_dv is not None else a_vt, a_vt)
+        out["break_even"] = model.break_even(r, a_dv)
+        out["break_even_same"] = model.break_even(r, None)
+    return out

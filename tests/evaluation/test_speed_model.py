@@ -1,0 +1,81 @@
+"""The cost model's prediction of a run's speed ("Why this speed"): hand-computed cases on flat
+costs, the break-even point, and the explanation of a real run on a tiny model."""
+
+import pytest
+from helpers import tiny_model
+
+from hispec.engine.costs import CostModel
+from hispec.engine.decoding import DecodeConfig
+from hispec.engine.policy import AutoPolicy
+from hispec.evaluation.runner import run
+from hispec.evaluation.speed_model import RoundSettings, SpeedModel, explain, measured_pairs
+from hispec.model.early_exit import EarlyExitModel
+
+
+def flat_costs(layer=1.0, head=0.0) -> CostModel:
+    """Every layer costs `layer` whatever the number of tokens; heads cost `head`."""
+    c = CostModel()
+    c._layer = {n: layer for n in (1, 2, 4, 8, 16)}
+    c._head = {(e, n): head for e in (1, 2, 4, 6, 8) for n in (1, 2, 4, 8, 16)}
+    c.calibrated = True
+    return c
+
+
+def test_layerskip_by_hand_on_flat_costs():
+    # L = 8, exit 2, one draft: a round costs 2 draft passes of 2 layers + 6 layers = 10 layer-times
+    # and commits 1 + a tokens; a plain step commits 1 token per 8 layer-times.
+    model, r = SpeedModel(flat_costs(), 8), RoundSettings("layerskip", 2, draft_len=1)
+    assert model.speedup(r, 0.0, 1.0) == pytest.approx(8 * 2 / 10)
+    assert model.speedup(r, 0.0, 0.0) == pytest.approx(8 * 1 / 10)
+    # break-even: 8 (1 + a) / 10 = 1  ->  a = 0.25
+    assert model.break_even(r) == pytest.approx(0.25, abs=1e-6)
+
+
+def test_prediction_rises_with_acceptance_and_crosses_one_at_break_even():
+    costs = flat_costs(head=0.05)
+    for r in (RoundSettings("layerskip", 4, draft_len=3), RoundSettings("hispec", 2, 4, 2, 4)):
+        model = SpeedModel(costs, 8)
+        ys = [s for _, s in model.curve(r)]
+        assert ys == sorted(ys) and ys[0] < 1 < ys[-1]
+        a = model.break_even(r)
+        assert 0 < a < 1 and model.speedup(r, a, a) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_round_that_cannot_pay_has_no_break_even():
+    # exit 7 of 8 with a head that costs 5 layers: a round of one draft costs 2 x 7 + 5 + 1 = 20
+    # layer-times for at most 2 tokens, a plain step 8 for one: it never pays, whatever the acceptance
+    costs = flat_costs()
+    costs._head.update({(7, n): 5.0 for n in (1, 2, 4, 8, 16)})
+    model = SpeedModel(costs, 8)
+    assert model.speedup(RoundSettings("layerskip", 7, draft_len=1), 0, 1.0) == pytest.approx(8 * 2 / 20)
+    assert model.break_even(RoundSettings("layerskip", 7, draft_len=1)) is None
+    assert model.speedup(RoundSettings("autoregressive"), 0.3, 0.3) == 1.0
+
+
+def test_the_prediction_is_the_adaptive_policys_own_score():
+    """One formula: the policy's value of the hierarchy plan over its plain step's value."""
+    from hispec.engine.levels import build_levels
+
+    costs = flat_costs(head=0.02)
+    levels = build_levels((2, 4), 8)
+    policy = AutoPolicy(levels, costs, {("draft", "verify"): 0.7, ("verify", "target"): 0.6}, lookup_len=8)
+    scored = {label: rate for rate, label, _ in policy._candidates(room=16, match=([], 0))}
+    label = next(k for k in scored if k.endswith("x2 -> exit 4, full at 4"))
+    a_dv, a_vt = policy.acceptance.rate("draft", "verify"), policy.acceptance.rate("verify", "target")
+    predicted = SpeedModel(costs, 8).speedup(RoundSettings("hispec", 2, 4, 2, 4), a_dv, a_vt)
+    assert predicted == pytest.approx(scored[label] / scored["plain"])
+
+
+def test_explain_a_real_run():
+    ee = EarlyExitModel(tiny_model("llama", layers=8))
+    r = run(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=24))
+    costs = flat_costs()
+    exp = explain(r.stats, r.settings, costs, 8)
+    a_dv, a_vt = measured_pairs(r.stats["acceptance"], "hispec")
+    assert (exp["a_dv"], exp["a_vt"]) == (a_dv, a_vt) and a_vt is not None
+    assert exp["measured_vs_plain"] == pytest.approx(r.stats["tokens_per_s"] / (1 / 8))
+    assert exp["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundSettings.from_settings(r.settings),
+                                                                          a_dv, a_vt))
+    plain = explain(run(ee, [5, 6], DecodeConfig("autoregressive", max_new_tokens=4)).stats,
+                    {"method": "autoregressive"}, costs, 8)
+    assert plain["predicted"] is None and plain["break_even"] is None
