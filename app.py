@@ -22,12 +22,13 @@ from pathlib import Path
 
 import gradio as gr
 
-from hispec.evaluation.bench import first_difference
 from hispec.engine.decoding import DecodeConfig, recommended_settings
 from hispec.errors import HiSpecError
+from hispec.evaluation.speed_model import RoundSettings, SpeedModel, explain, measured_pairs
+from hispec.evaluation.trace import Trace
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.serving.registry import ModelRegistry
-from hispec.evaluation.trace import Trace
+from hispec.serving.session import model_costs_under_lock
 from ui import bench_tab, charts, exits, handlers, render
 
 ASSETS = Path(__file__).parent / "assets"
@@ -103,10 +104,11 @@ class App:
                  top_p=1.0, seed=-1, policy=DEFAULT_POLICY, request: gr.Request = None):
         key, stop = self._new_stop(request)
         try:
+            yield self._cleared(render.message_html("Starting…", "info"))  # nothing of the last run stays
             config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed,
                                           limit=self.limits.max_new_tokens, policy_label=policy)
             for snap in _generation_gpu(id(self), model_name, prompt, config, bool(chat), key):
-                yield self._views(snap)
+                yield self._views(snap, model_name)
         except HiSpecError as exc:
             yield self._views({"error": str(exc)})
         finally:
@@ -123,7 +125,7 @@ class App:
                     yield render.message_html(snap["error"]), gr.skip(), gr.skip()
                 elif "rows" in snap:
                     yield (render.message_html(snap["status"], "info"),
-                           compare_table(snap["rows"], sampling=snap.get("sampling", False)),
+                           render.compare_table(snap["rows"], sampling=snap.get("sampling", False)),
                            gr.Plot(charts.compare_figure(snap["rows"]), visible=True))
                 else:
                     yield render.message_html(snap["status"], "info"), gr.skip(), gr.skip()
@@ -143,17 +145,70 @@ class App:
                 gr.update(maximum=L - 1, value=preset.verify_layer), L,
                 gr.update(value=preset.draft_len), gr.update(value=preset.verify_threshold))
 
-    def _views(self, snap: dict):
+    def _views(self, snap: dict, model_name: str | None = None):
+        """Views of one update; the last one is the finished run kept for "Why this speed"."""
         if snap.get("error"):
-            return (render.message_html(snap["error"]),) + (gr.skip(),) * 7
+            return self._cleared(render.message_html(snap["error"]))
         status = render.message_html(snap["status"], "info")
         if "stats" not in snap:
-            return (status,) + (gr.skip(),) * 7
+            return (status,) + (gr.skip(),) * 8
         figures = ((charts.acceptance_figure(snap["history"]), charts.speed_figure(snap["history"]),
                     charts.work_figure(snap["stats"]["layer_tokens"])) if snap.get("charts", True)
                    else (gr.skip(),) * 3)
         final = snap["text"] if snap["done"] else gr.skip()
-        return (status, snap["html"], snap["legend"], final, stats_html(snap["stats"])) + figures
+        run = ({"model": model_name, "stats": snap["stats"], "settings": snap["settings"]} if snap["done"]
+               else gr.skip())
+        return (status, snap["html"], snap["legend"], final, render.stats_html(snap["stats"])) + figures + (run,)
+
+    @staticmethod
+    def _cleared(status: str):
+        """Views with nothing of an earlier run left: empty text, stats and charts, no run kept."""
+        return (status, render.tokens_html(Trace()), render.legend_html(), "", "", None, None, None, None)
+
+    # ---- why this speed: the cost model of this machine against the run's acceptance -----
+    def why(self, run, a_dv, a_vt):
+        """The run's speed next to the cost model's prediction, at the sliders' acceptance."""
+        if not run:
+            return render.message_html("Generate once: the run's acceptance and this machine's pass costs then "
+                                       "explain its speed here.", "info"), gr.skip()
+        try:
+            settings, lm = run["settings"], self.registry.get(run["model"])
+            costs = model_costs_under_lock(self.registry, run["model"],
+                                           (settings.get("draft_layer"), settings.get("verify_layer")))
+        except HiSpecError as exc:
+            return render.message_html(str(exc)), gr.skip()
+        L, r = lm.ee.num_layers, RoundSettings.from_settings(settings)
+        model, exp = SpeedModel(costs, L), explain(run["stats"], settings, costs, L)
+        a_dv, a_vt = float(a_dv), float(a_vt)
+        now = model.speedup(r, a_dv, a_vt)
+        curves, points = {}, {}
+        if r.method == "hispec":
+            curves[f"HiSpec, draft→verify {a_dv:.0%}"] = model.curve(r, a_dv)
+            curves["HiSpec, draft→verify = verify→full"] = model.curve(r)
+            single = RoundSettings("layerskip", r.verify_layer, draft_len=r.verify_threshold)
+            curves[f"LayerSkip at exit {r.verify_layer}, {r.verify_threshold} drafts"] = model.curve(single)
+        elif r.method == "layerskip":
+            curves[f"LayerSkip at exit {r.draft_layer}, {r.draft_len} drafts"] = model.curve(r)
+        if exp["a_vt"] is not None:
+            if exp["predicted"] is not None:
+                points["this run: predicted"] = (exp["a_vt"], exp["predicted"])
+            points["this run: measured"] = (exp["a_vt"], exp["measured_vs_plain"])
+        if r.method in ("hispec", "layerskip"):
+            points["sliders"] = (a_vt, now)
+        label = "acceptance verify → full model, per token" if r.method == "hispec" else "acceptance exit → full model, per token"
+        return (render.why_html(exp, settings, now, a_dv, a_vt),
+                gr.Plot(charts.why_figure(curves, points, label), visible=bool(curves)))
+
+    def why_after_run(self, run):
+        """After a run: the sliders take the measured acceptance, and the view is redrawn."""
+        if not run:  # a new run starting, or an error: the last run's explanation goes too
+            return (gr.skip(), gr.skip(), render.message_html("Generate once: the run's acceptance and this machine's "
+                                                              "pass costs then explain its speed here.", "info"),
+                    gr.Plot(None, visible=False))
+        a_dv, a_vt = measured_pairs(run["stats"].get("acceptance") or {}, run["settings"].get("method", ""))
+        a_vt = 0.5 if a_vt is None else round(a_vt, 2)
+        a_dv = a_vt if a_dv is None else round(a_dv, 2)
+        return (a_dv, a_vt) + self.why(run, a_dv, a_vt)
 
     # ---- page -------------------------------------------------------------------------------
     def build(self) -> gr.Blocks:
@@ -190,16 +245,18 @@ class App:
                                                     info="'default' is the embedded SmolLM2-135M; or a Hugging Face id / folder")
                                 load_btn = gr.Button("Load", scale=1)
                             info = gr.Markdown(model_info(self.model_name, lm))
-                            method = gr.Radio(list(handlers.METHODS), value="HiSpec", label="Method")
+                            method = gr.Radio(list(handlers.METHODS), value="HiSpec", label="Method", elem_id="hs-method")
                             policy = gr.Radio(list(handlers.POLICIES), value=DEFAULT_POLICY, label="Policy",
                                               info="Adaptive: each round, the plan with the most expected tokens "
                                                    "per second from this run's acceptance and this machine's pass "
                                                    "costs (HiSpec then also has a free lookup level at the bottom); "
                                                    "Fixed: the paper's rounds with the settings below")
                             draft_layer = gr.Slider(1, L - 1, value=preset.draft_layer, step=1, label="Draft layer d",
-                                                    info="exit that drafts (LayerSkip: its single exit)")
+                                                    info="exit that drafts (LayerSkip: its single exit)",
+                                                    elem_id="hs-draft-layer")
                             verify_layer = gr.Slider(1, L - 1, value=preset.verify_layer, step=1,
-                                                     label="Verify layer v", info="intermediate verifier exit, d < v < L")
+                                                     label="Verify layer v", info="intermediate verifier exit, d < v < L",
+                                                     elem_id="hs-verify-layer")
                             draft_len = gr.Slider(1, 8, value=preset.draft_len, step=1, label="draft_len",
                                                   info="tokens drafted per block")
                             verify_threshold = gr.Slider(1, 16, value=preset.verify_threshold, step=1, label="verify_threshold",
@@ -221,6 +278,21 @@ class App:
                         acc_plot = gr.Plot(label="Acceptance", elem_id="hs-acc-plot")
                         speed_plot = gr.Plot(label="Speed", elem_id="hs-speed-plot")
                         work_plot = gr.Plot(label="Work", elem_id="hs-work-plot")
+                    last_run = gr.State(None)  # the finished run, for "Why this speed"
+                    with gr.Accordion("Why this speed: the cost model of this machine", open=True, elem_id="hs-why-box"):
+                        gr.Markdown("Speculation pays when a round commits more tokens per second than plain steps. "
+                                    "After a run, the sliders hold its measured acceptance; move them to see what "
+                                    "better (or worse) exits would give with the costs measured here.")
+                        with gr.Row():
+                            why_dv = gr.Slider(0, 1, value=0.5, step=0.01, label="Acceptance draft → verify",
+                                               info="HiSpec: how often the verifier exit keeps a draft", elem_id="hs-a-dv")
+                            why_vt = gr.Slider(0, 1, value=0.5, step=0.01, label="Acceptance → full model",
+                                               info="how often the full model keeps what the exit below it proposed",
+                                               elem_id="hs-a-vt")
+                        why_out = gr.HTML(render.message_html("Generate once: the run's acceptance and this "
+                                                              "machine's pass costs then explain its speed here.",
+                                                              "info"), elem_id="hs-why")
+                        why_plot = gr.Plot(label="Predicted speedup vs acceptance", elem_id="hs-why-plot", visible=False)
                     with gr.Accordion("Compare with a baseline", open=True):
                         compare_status = gr.HTML("<p class='hs-hint'>“Compare with baseline” runs the same prompt with "
                                                  "the baselines ticked on the right and compares tokens/s and tokens.</p>")
@@ -236,10 +308,15 @@ class App:
 
             settings = [prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new, chat,
                         temperature, top_k, top_p, seed, policy]
-            views = [status, tokens, legend, final, stats, acc_plot, speed_plot, work_plot]  # order of _views
+            views = [status, tokens, legend, final, stats, acc_plot, speed_plot, work_plot, last_run]  # order of _views
+            why_views = [why_dv, why_vt, why_out, why_plot]
             generate_btn.click(self.generate, settings, views, concurrency_limit=4, concurrency_id="model",
-                               api_name="generate")
-            prompt.submit(self.generate, settings, views, concurrency_limit=4, concurrency_id="model", api_name=False)
+                               api_name="generate").then(self.why_after_run, [last_run], why_views, api_name=False)
+            prompt.submit(self.generate, settings, views, concurrency_limit=4, concurrency_id="model",
+                          api_name=False).then(self.why_after_run, [last_run], why_views, api_name=False)
+            for slider in (why_dv, why_vt):
+                slider.change(self.why, [last_run, why_dv, why_vt], [why_out, why_plot], api_name=False,
+                              trigger_mode="always_last")
             compare_btn.click(self.compare, settings + [baselines], [compare_status, compare_out, compare_plot],
                               concurrency_limit=4, concurrency_id="model", api_name="compare")
             stop_btn.click(self.stop, None, [status], concurrency_limit=None, api_name="stop")
@@ -249,10 +326,42 @@ class App:
             for control in (method, draft_layer, verify_layer, num_layers):
                 control.change(_depth, [num_layers, draft_layer, verify_layer, method], [depth], api_name=False,
                                queue=False)
+            # the controls follow the method: only the settings it uses are shown
+            method.change(_controls, [method], [draft_layer, verify_layer, draft_len, verify_threshold],
+                          api_name=False, queue=False)
+            # d < v < L as the sliders move: the other slider gives way
+            draft_layer.release(_keep_below, [draft_layer, verify_layer, num_layers], [draft_layer, verify_layer],
+                                api_name=False, queue=False)
+            verify_layer.release(_keep_above, [draft_layer, verify_layer, num_layers], [draft_layer, verify_layer],
+                                 api_name=False, queue=False)
             show_rejected.change(None, [show_rejected], None, api_name=False, queue=False,
                                  js="(show) => { document.querySelector('#hs-tokens')"
                                     ".classList.toggle('hs-hide-rejected', !show); return []; }")
         return demo
+
+
+def _controls(method_label):
+    """Which of draft layer, verify layer, draft_len and verify_threshold the method uses."""
+    method = handlers.METHODS.get(method_label, "hispec")
+    exits, hierarchy = method in ("hispec", "layerskip"), method == "hispec"
+    return (gr.update(visible=exits, label="Draft layer d" if hierarchy else "Exit layer E"),
+            gr.update(visible=hierarchy), gr.update(visible=exits), gr.update(visible=hierarchy))
+
+
+def _keep_below(d, v, L):
+    """The draft layer moved: the verifier stays above it (or the draft stays below L - 1)."""
+    d, v, L = int(d), int(v), int(L)
+    if d < v:
+        return gr.skip(), gr.skip()
+    return (d, d + 1) if d + 1 < L else (L - 2, L - 1)
+
+
+def _keep_above(d, v, L):
+    """The verify layer moved: the draft stays below it."""
+    d, v = int(d), int(v)
+    if d < v:
+        return gr.skip(), gr.skip()
+    return (v - 1, v) if v > 1 else (1, 2)
 
 
 def _depth(L, d, v, method_label):
@@ -299,52 +408,6 @@ def model_defaults(lm) -> DecodeConfig:
 def model_info(name: str, lm) -> str:
     return (f"**{html.escape(name)}** · {lm.ee.num_layers} layers · {lm.device} · {lm.dtype} · "
             f"loaded in {lm.load_s:.1f} s\n\n" + exits.exits_html(getattr(lm.ee, "exit_info", None)))
-
-
-def stats_html(s: dict) -> str:
-    acc = s["acceptance"]
-    rows = [("new tokens", s["new_tokens"]), ("time", f"{s['wall_s']:.2f} s"),
-            ("tokens / s", f"{s['tokens_per_s']:.2f}")]
-    rows += [(f"acceptance {html.escape(k)}", "–" if v is None else f"{v:.0%}") for k, v in acc.items()]
-    per_pass = s["tokens_per_full_pass"]
-    rows += [("full-model passes", s["full_passes"]),
-             ("tokens per full pass", "–" if per_pass is None else f"{per_pass:.2f}"),
-             ("layer-token work: useful / wasted", f"{s['layer_tokens']['useful']} / {s['layer_tokens']['wasted']}")]
-    if s.get("policy_choices"):  # the adaptive policy's plans, most frequent first
-        plans = sorted(s["policy_choices"].items(), key=lambda kv: -kv[1])
-        rows.append(("adaptive plans (rounds)", html.escape(", ".join(f"{k} {n}" for k, n in plans))))
-    if s.get("finish_reason"):
-        rows.append(("stopped by", s["finish_reason"].replace("_", " ")))
-    body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
-    return f'<table class="hs-stats">{body}</table>'
-
-
-def compare_table(rows: list[dict], sampling: bool = False) -> str:
-    """Speeds side by side; under greedy decoding, whether each output equals the reference."""
-    ref = next((r for r in rows if r["method"] == "autoregressive"), rows[0])
-    head = ("<tr><th>method</th><th>tokens</th><th>tokens / s</th>"
-            + "".join(f"<th>speedup vs {html.escape(r['method'])}</th>" for r in rows)
-            + f"<th>identical to {html.escape(ref['method'])}</th></tr>")
-    body = []
-    for r in rows:
-        ratios = "".join(
-            f"<td>{r['tokens_per_s'] / o['tokens_per_s']:.2f}×</td>" if o["tokens_per_s"] else "<td>–</td>"
-            for o in rows)
-        same = ("n/a: sampled (same distribution, not the same text)" if sampling
-                else "✓ same tokens" if r["token_ids"] == ref["token_ids"] else _difference(r, ref))
-        body.append(f"<tr><td>{html.escape(r['method'])}</td><td>{r['new_tokens']}</td>"
-                    f"<td>{r['tokens_per_s']:.2f}</td>{ratios}<td>{same}</td></tr>")
-    return f'<table class="hs-stats hs-compare">{head}{"".join(body)}</table>'
-
-
-def _difference(row: dict, ref: dict) -> str:
-    """Where a greedy output first differs from the reference, and why it may in half precision."""
-    first = first_difference(ref["token_ids"], row["token_ids"])
-    why = ""
-    if row.get("dtype", "float32") != "float32":
-        why = (f" ({html.escape(row['dtype'])}: passes over different numbers of tokens can round a near-tie "
-               "differently; exactness holds in float32)")
-    return f"✗ DIFFERENT from token {first + 1}{why}"
 
 
 def default_model_choices() -> list[str]:

@@ -45,3 +45,23 @@ def compare_figure(rows: list[dict]) -> go.Figure:
                            text=[f"{r['tokens_per_s']:.1f}" for r in rows], textposition="auto"))
     fig.update_layout(title="Tokens per second, same prompt", **_LAYOUT)
     return fig
+
+
+def why_figure(curves: dict[str, list[tuple[float, float]]], points: dict[str, tuple[float, float]],
+               axis_label: str) -> go.Figure:
+    """Predicted speedup over plain decoding against per-token acceptance, with the break-even line
+    and this run's points (`points`: name -> (acceptance, speedup))."""
+    fig = go.Figure()
+    for name, curve in curves.items():
+        fig.add_trace(go.Scatter(x=[a for a, _ in curve], y=[s for _, s in curve], mode="lines", name=name,
+                                 hovertemplate="acceptance %{x:.0%}: %{y:.2f}× plain<extra></extra>"))
+    for (name, (a, s)), symbol in zip(points.items(), ("circle", "diamond", "x", "square")):
+        fig.add_trace(go.Scatter(x=[a], y=[s], mode="markers", name=name, marker=dict(size=11, symbol=symbol),
+                                 hovertemplate=f"{name}: " + "%{y:.2f}× at %{x:.0%}<extra></extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="break-even: plain decoding (1×)",
+                  annotation_position="bottom right")
+    layout = dict(_LAYOUT, height=340, legend=dict(orientation="h", y=-0.3))
+    fig.update_layout(title="Predicted speedup vs acceptance (cost model of this machine)",
+                      xaxis=dict(title=axis_label, range=[0, 1], tickformat=".0%"),
+                      yaxis=dict(title="× plain decoding (tokens/s ratio)", rangemode="tozero"), **layout)
+    return fig

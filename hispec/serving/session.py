@@ -162,3 +162,20 @@ def decode_in_background(lm, ids: list[int], config: DecodeConfig, lock: threadi
             emit(event)
 
     return in_background(task, lock, throttle_s, "hispec-generation")
+
+
+def model_costs_under_lock(registry: ModelRegistry, model_name: str, exits: tuple[int, ...],
+                           timeout_s: float = 30.0):
+    """This machine's pass and head costs for a model (engine.costs), timed once per model and exit
+    under the model's lock, so that no other visitor's generation runs beside the timing. Raises
+    HiSpecError when the model stays busy for `timeout_s`."""
+    from hispec.engine.costs import model_costs
+
+    lm = registry.get(model_name)
+    lock = registry.generation_lock(model_name)
+    if not lock.acquire(timeout=timeout_s):
+        raise HiSpecError("the model is busy with another visitor's generation; try again in a moment")
+    try:
+        return model_costs(lm.ee, tuple(e for e in exits if e))
+    finally:
+        lock.release()

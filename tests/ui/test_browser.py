@@ -90,3 +90,63 @@ def test_empty_prompt_shows_the_error_in_the_status(page):
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "Done")
     assert page.locator("#hs-tokens .hs-tok").count() > 10
+
+
+def test_why_this_speed_follows_the_run_and_the_sliders(page, tmp_path):
+    """After a fixed HiSpec run, "Why this speed" shows the run's measured speed next to the cost
+    model's prediction and break-even; moving an acceptance slider changes the prediction."""
+    page.get_by_label("Prompt").fill("Hey there")
+    page.get_by_label("Fixed (the settings below)").check()
+    page.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_status(page, "Done")
+    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('break-even')")
+    why = page.inner_text("#hs-why")
+    assert "measured speed vs a plain step" in why and "predicted at the measured acceptance" in why, why
+    page.wait_for_selector("#hs-why-plot .js-plotly-plot svg.main-svg")
+    before = page.inner_text("#hs-why-table")
+    # the slider's number box: type an acceptance the tiny model's raw exits never reach
+    box = page.locator("#hs-a-vt input[type=number]")
+    box.fill("0.97")
+    box.press("Enter")
+    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('97% → full')")
+    after = page.inner_text("#hs-why-table")
+    assert after != before
+    shot = tmp_path / "why.png"
+    page.locator("#hs-why-box").screenshot(path=str(shot))
+    assert shot.stat().st_size > 10_000
+
+
+def test_an_error_leaves_nothing_of_the_last_run(page):
+    page.get_by_label("Prompt").fill("Hey")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_status(page, "Done")
+    assert page.locator("#hs-tokens .hs-tok").count() > 0 and page.input_value("#hs-final textarea")
+    page.get_by_label("Prompt").fill("")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_status(page, "The prompt is empty")
+    page.wait_for_function("() => document.querySelectorAll('#hs-tokens .hs-tok').length === 0")
+    assert page.input_value("#hs-final textarea") == ""
+    assert "new tokens" not in page.inner_text("#hs-stats")
+    assert "Generate once" in page.inner_text("#hs-why")
+
+
+def test_the_controls_follow_the_method_and_keep_d_below_v(page):
+    verify = page.locator("#hs-verify-layer")
+    assert verify.is_visible()
+    method = page.locator("#hs-method")
+    method.get_by_label("Autoregressive").check()
+    verify.wait_for(state="hidden")
+    assert page.locator("#hs-draft-layer").is_hidden()
+    method.get_by_label("LayerSkip (single exit)").check()
+    page.locator("#hs-draft-layer").wait_for(state="visible")
+    assert verify.is_hidden() and "Exit layer E" in page.inner_text("#hs-draft-layer")
+    method.get_by_label("HiSpec", exact=True).check()
+    verify.wait_for(state="visible")
+    # a draft layer at or above the verifier pushes the verifier up
+    v = int(page.input_value("#hs-verify-layer input[type=number]"))
+    box = page.locator("#hs-draft-layer input[type=number]")
+    box.fill(str(v))
+    box.press("Enter")
+    box.blur()
+    page.wait_for_function("(v) => Number(document.querySelector('#hs-verify-layer input[type=number]').value) > v",
+                           arg=v)
