@@ -86,3 +86,9 @@ def save_tiny_folder(path, arch: str = "llama", layers: int = 8):
 
 def ee_of(model) -> EarlyExitModel:
     return EarlyExitModel(model)
+
+
+# Model text that would be markup, script, a link or a terminal control sequence if shown raw
+# (the hosting tests, in Python and in the browser, check it stays text).
+EVIL = ['<script>window.__pwned=1</script>', '<img src=x onerror="window.__pwned=2">',
+        '[click](javascript:alert(3))', '\x1b[31mRED\x1b[0m', '\x07\x1b]0;title\x07', '**bold**']

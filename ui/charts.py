@@ -4,28 +4,55 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-_LAYOUT = dict(height=260, margin=dict(l=40, r=10, t=36, b=36), legend=dict(orientation="h", y=-0.25),
+_LAYOUT = dict(height=300, margin=dict(l=55, r=10, t=36, b=50), legend=dict(orientation="h", y=-0.3),
                template="plotly_white")
+
+
+NAMES = {"draft->verify": "draft → verify", "verify->target": "verify → full model",
+         "draft->target": "exit → full model", "lookup->target": "lookup → full model"}
+
+
+def _not_applicable(fig: go.Figure, why: str) -> None:
+    """An empty chart says why it is empty."""
+    fig.add_annotation(text=f"n/a: {why}", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font=dict(size=13, color="#777"))
 
 
 def acceptance_figure(history: list[dict]) -> go.Figure:
     fig = go.Figure()
     rounds = [row["round"] for row in history]
-    for key in ("draft->verify", "verify->target", "draft->target"):
+    for key, name in NAMES.items():
         values = [row.get(key) for row in history]
         if any(v is not None for v in values):
-            fig.add_trace(go.Scatter(x=rounds, y=values, mode="lines", name=key, hovertemplate="%{y:.0%}"))
-    fig.update_layout(title="Acceptance rate by round (cumulative)", yaxis=dict(range=[0, 1.05], tickformat=".0%"),
-                      **_LAYOUT)
+            fig.add_trace(go.Scatter(x=rounds, y=values, mode="lines", name=name,
+                                     hovertemplate=f"{name}: " + "%{y:.0%} after round %{x}<extra></extra>"))
+    if not fig.data:
+        _not_applicable(fig, "nothing was drafted (autoregressive, or no round yet)")
+    fig.update_layout(title="Acceptance per level pair (cumulative)", showlegend=True,
+                      xaxis=dict(title="round"),
+                      yaxis=dict(title="accepted / judged", range=[0, 1.05], tickformat=".0%"), **_LAYOUT)
     return fig
 
 
 def speed_figure(history: list[dict], baselines: dict[str, float] | None = None) -> go.Figure:
-    fig = go.Figure(go.Scatter(x=[row["t"] for row in history], y=[row["tokens_per_s"] for row in history],
-                               mode="lines", name="this run"))
+    """Tokens per second since the start (cumulative) and per round (instantaneous)."""
+    t = [row["t"] for row in history]
+    fig = go.Figure(go.Scatter(x=t, y=[row["tokens_per_s"] for row in history], mode="lines", name="since the start",
+                               hovertemplate="%{y:.1f} tokens/s at %{x:.1f} s<extra></extra>"))
+    per_round, last_t, last_n = [], 0.0, 0
+    for row in history:
+        dt = row["t"] - last_t
+        per_round.append((row["new_tokens"] - last_n) / dt if dt > 0 else None)
+        last_t, last_n = row["t"], row["new_tokens"]
+    if history:
+        fig.add_trace(go.Scatter(x=t, y=per_round, mode="markers", name="per round", marker=dict(size=4, opacity=0.5),
+                                 hovertemplate="%{y:.1f} tokens/s in the round ending at %{x:.1f} s<extra></extra>"))
+    else:
+        _not_applicable(fig, "no round yet")
     for name, value in (baselines or {}).items():
         fig.add_hline(y=value, line_dash="dot", annotation_text=f"{name} {value:.1f}")
-    fig.update_layout(title="Tokens per second", yaxis_rangemode="tozero", **_LAYOUT)
+    fig.update_layout(title="Speed", showlegend=True, xaxis=dict(title="seconds since the start"),
+                      yaxis=dict(title="tokens / s", rangemode="tozero"), **_LAYOUT)
     return fig
 
 
@@ -35,15 +62,21 @@ def work_figure(work: dict) -> go.Figure:
     for fate, color in (("useful", "#3fa34d"), ("wasted", "#d64545"), ("pending", "#bbbbbb")):
         values = [work["by_stage"][s].get(fate, 0) for s in stages]
         if any(values):
-            fig.add_trace(go.Bar(x=stages, y=values, name=fate, marker_color=color))
-    fig.update_layout(title="Layer×token work by stage", barmode="stack", **_LAYOUT)
+            fig.add_trace(go.Bar(x=[s.replace("target", "full model") for s in stages], y=values, name=fate,
+                                 marker_color=color))
+    if not fig.data:
+        _not_applicable(fig, "no layer pass yet")
+    fig.update_layout(title="Layer × token work by stage", barmode="stack", showlegend=True,
+                      xaxis=dict(title="stage (layers it runs)"), yaxis=dict(title="layer × token evaluations"),
+                      **_LAYOUT)
     return fig
 
 
 def compare_figure(rows: list[dict]) -> go.Figure:
     fig = go.Figure(go.Bar(x=[r["method"] for r in rows], y=[r["tokens_per_s"] for r in rows],
                            text=[f"{r['tokens_per_s']:.1f}" for r in rows], textposition="auto"))
-    fig.update_layout(title="Tokens per second, same prompt", **_LAYOUT)
+    fig.update_layout(title="Tokens per second, same prompt", xaxis=dict(title="method"),
+                      yaxis=dict(title="tokens / s", rangemode="tozero"), **_LAYOUT)
     return fig
 
 

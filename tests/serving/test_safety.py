@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from helpers import EVIL
 
 from hispec.errors import ConfigError, HiSpecError, ModelLoadError
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits, RateLimiter, check_fits
@@ -148,8 +149,6 @@ def test_model_too_big_for_memory_is_refused():
 
 
 # ---- model text stays text ------------------------------------------------------------------------------
-EVIL = ['<script>window.__pwned=1</script>', '<img src=x onerror="window.__pwned=2">',
-        '[click](javascript:alert(3))', '\x1b[31mRED\x1b[0m', '\x07\x1b]0;title\x07', '**bold**']
 
 
 def evil_trace():

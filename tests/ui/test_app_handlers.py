@@ -55,10 +55,22 @@ def test_stream_matches_engine_events(registry):
     assert final["history"][-1]["draft->verify"] == ref.stats["acceptance"]["draft->verify"]
     assert final["stats"]["acceptance"] == ref.stats["acceptance"]
     fig = charts.acceptance_figure(final["history"])
-    assert {trace.name for trace in fig.data} == {"draft->verify", "verify->target"}
+    assert {trace.name for trace in fig.data} == {"draft → verify", "verify → full model"}
     work = charts.work_figure(final["stats"]["layer_tokens"])
     assert sum(sum(t.y) for t in work.data) == sum(
         v for s in final["stats"]["layer_tokens"]["by_stage"].values() for v in s.values())
+
+
+def test_charts_name_their_axes_and_say_when_they_have_nothing():
+    history = [{"round": 1, "t": 0.5, "new_tokens": 3, "tokens_per_s": 6.0},
+               {"round": 2, "t": 1.5, "new_tokens": 4, "tokens_per_s": 4.0 / 1.5}]  # autoregressive: no pairs
+    acc = charts.acceptance_figure(history)
+    assert not acc.data and "n/a" in acc.layout.annotations[0].text
+    speed = charts.speed_figure(history)
+    assert [t.name for t in speed.data] == ["since the start", "per round"]
+    assert list(speed.data[1].y) == [6.0, 1.0]  # 3 tokens in 0.5 s, then 1 token in 1 s
+    for fig in (acc, speed, charts.work_figure({"by_stage": {}})):
+        assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text and fig.layout.showlegend
 
 
 def test_stream_is_incremental(registry):

@@ -3,9 +3,8 @@
 import shutil
 
 import pytest
-from helpers import EOS, char_tokenizer, tiny_model
+from helpers import EOS, EVIL, char_tokenizer, tiny_model
 from test_app_integration import GREEDY, serve_tiny_app  # noqa: F401 - GREEDY documents the API order
-from test_safety import EVIL
 
 from hispec.model.early_exit import EarlyExitModel
 from hispec.model.loading import LoadedModel
