@@ -38,6 +38,10 @@ class CostModel:
                 return table[a] * (1 - w) + table[b] * w
         return table[sizes[-1]] * n / sizes[-1]
 
+    def covers(self, exits: tuple[int, ...] = ()) -> bool:
+        """Calibrated, with head costs for every exit in `exits`."""
+        return self.calibrated and all(any(k[0] == e for k in self._head) for e in exits)
+
     def layer(self, n: int) -> float:
         value = self._near(self._layer, n)
         return value if value is not None else 1e-3 * (1 + 0.1 * n)
@@ -116,7 +120,6 @@ def model_costs(ee, exits: tuple[int, ...] = ()) -> CostModel:
     if costs is None:
         costs = CostModel()
         ee.cost_model = costs
-    missing = [e for e in exits if not any(k[0] == e for k in costs._head)]
-    if not costs.calibrated or missing:
+    if not costs.covers(tuple(exits)):
         costs.calibrate(ee, tuple(exits))
     return costs
