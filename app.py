@@ -145,6 +145,19 @@ class App:
                 gr.update(maximum=L - 1, value=preset.verify_layer), L,
                 gr.update(value=preset.draft_len), gr.update(value=preset.verify_threshold))
 
+    def preset(self, choice, model_name):
+        """HiSpec with fixed rounds at a named setting of this model (see PRESETS)."""
+        if choice not in PRESETS:
+            return (gr.skip(),) * 7
+        try:
+            lm = self.registry.get(model_name)
+        except HiSpecError as exc:
+            return (render.message_html(str(exc)),) + (gr.skip(),) * 6
+        fastest = model_defaults(lm)
+        n_d, n_i = (fastest.draft_len, fastest.verify_threshold) if choice == FASTEST else PAPER_LENGTHS
+        return (render.message_html(f"Preset: {choice}. {PRESETS[choice]}", "info"), "HiSpec",
+                "Fixed (the settings below)", fastest.draft_layer, fastest.verify_layer, n_d, n_i)
+
     def _views(self, snap: dict, model_name: str | None = None):
         """Views of one update; the last one is the finished run kept for "Why this speed"."""
         if snap.get("error"):
@@ -245,8 +258,11 @@ class App:
                                                     info="'default' is the embedded SmolLM2-135M; or a Hugging Face id / folder")
                                 load_btn = gr.Button("Load", scale=1)
                             info = gr.Markdown(model_info(self.model_name, lm))
+                            preset_choice = gr.Radio(list(PRESETS), value=None, label="Presets (HiSpec, fixed rounds)",
+                                              elem_id="hs-preset",
+                                              info=f"{FASTEST}: {PRESETS[FASTEST]} {TEACHING}: {PRESETS[TEACHING]}")
                             method = gr.Radio(list(handlers.METHODS), value="HiSpec", label="Method", elem_id="hs-method")
-                            policy = gr.Radio(list(handlers.POLICIES), value=DEFAULT_POLICY, label="Policy",
+                            policy = gr.Radio(list(handlers.POLICIES), value=DEFAULT_POLICY, label="Policy", elem_id="hs-policy",
                                               info="Adaptive: each round, the plan with the most expected tokens "
                                                    "per second from this run's acceptance and this machine's pass "
                                                    "costs (HiSpec then also has a free lookup level at the bottom); "
@@ -258,9 +274,10 @@ class App:
                                                      label="Verify layer v", info="intermediate verifier exit, d < v < L",
                                                      elem_id="hs-verify-layer")
                             draft_len = gr.Slider(1, 8, value=preset.draft_len, step=1, label="draft_len",
-                                                  info="tokens drafted per block")
+                                                  info="tokens drafted per block", elem_id="hs-draft-len")
                             verify_threshold = gr.Slider(1, 16, value=preset.verify_threshold, step=1, label="verify_threshold",
-                                                         info="tentative tokens that trigger the full model")
+                                                         info="tentative tokens that trigger the full model",
+                                                         elem_id="hs-verify-threshold")
                             max_new = gr.Slider(1, self.limits.max_new_tokens, value=min(96, self.limits.max_new_tokens),
                                                 step=1, label="Max new tokens")
                             chat = gr.Checkbox(True, label="Use the chat template")
@@ -326,6 +343,9 @@ class App:
             for control in (method, draft_layer, verify_layer, num_layers):
                 control.change(_depth, [num_layers, draft_layer, verify_layer, method], [depth], api_name=False,
                                queue=False)
+            preset_choice.input(self.preset, [preset_choice, model],
+                         [status, method, policy, draft_layer, verify_layer, draft_len, verify_threshold],
+                         api_name=False)
             # the controls follow the method: only the settings it uses are shown
             method.change(_controls, [method], [draft_layer, verify_layer, draft_len, verify_threshold],
                           api_name=False, queue=False)
@@ -398,6 +418,17 @@ def _compare_gpu(app_id, model_name, prompt, config, chat, baselines, visitor):
     app = _APPS[app_id]
     yield from handlers.compare_stream(app.registry, model_name, prompt, config, chat, baselines,
                                        app._stops[visitor], guard=app.guard, visitor=visitor)
+
+
+# Named settings of HiSpec with fixed rounds. The fastest is what the model's trained exits recommend
+# (measured on held-out prompts; on the default model draft_len 1 and threshold 1, where HiSpec is
+# layerskip at v with a pre-filter at d and "tentative" never shows); the teaching preset is the
+# paper's N_d = 2, N_i = 4, where drafts pile up as tentative tokens before the full model runs.
+FASTEST, TEACHING = "Fastest measured", "Teaching (drafts pile up)"
+PAPER_LENGTHS = (2, 4)
+PRESETS = {FASTEST: "the trained exits' recommended layers and lengths (the fastest fixed setting measured).",
+           TEACHING: "the same layers with the paper's draft_len 2 and verify_threshold 4: tentative tokens "
+                     "pile up before the full model runs, slower here but every stage shows."}
 
 
 def model_defaults(lm) -> DecodeConfig:

@@ -150,3 +150,15 @@ def test_the_controls_follow_the_method_and_keep_d_below_v(page):
     box.blur()
     page.wait_for_function("(v) => Number(document.querySelector('#hs-verify-layer input[type=number]').value) > v",
                            arg=v)
+
+
+def test_the_teaching_preset_lets_drafts_pile_up(page):
+    """The paper's N_d 2, N_i 4 one click away from the fastest measured setting, both fixed HiSpec."""
+    page.locator("#hs-preset").get_by_label("Teaching (drafts pile up)").check()
+    page.wait_for_function("() => document.querySelector('#hs-draft-len input[type=number]').value === '2'")
+    assert page.input_value("#hs-verify-threshold input[type=number]") == "4"
+    assert page.locator("#hs-policy").get_by_label("Fixed (the settings below)").is_checked()
+    assert page.locator("#hs-method").get_by_label("HiSpec", exact=True).is_checked()
+    assert "Teaching" in page.inner_text("#hs-status")
+    page.locator("#hs-preset").get_by_label("Fastest measured").check()
+    wait_for_status(page, "Fastest measured")
