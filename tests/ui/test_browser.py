@@ -19,6 +19,8 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 
 from test_app_integration import serve_tiny_app  # noqa: E402
 
+expect = sync_api.expect  # retries until the page shows it (updates arrive asynchronously)
+
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 WAIT_MS = 30_000
 LEGEND_WORDS = ("drafted", "tentative", "rejected by verifier", "rejected by full model", "full model's token")
@@ -120,27 +122,29 @@ def test_an_error_leaves_nothing_of_the_last_run(page):
     page.get_by_label("Prompt").fill("Hey")
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "Done")
-    assert page.locator("#hs-tokens .hs-tok").count() > 0 and page.input_value("#hs-final textarea")
+    expect(page.locator("#hs-final textarea")).not_to_have_value("")
+    assert page.locator("#hs-tokens .hs-tok").count() > 0
     page.get_by_label("Prompt").fill("")
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "The prompt is empty")
     page.wait_for_function("() => document.querySelectorAll('#hs-tokens .hs-tok').length === 0")
-    assert page.input_value("#hs-final textarea") == ""
-    assert "new tokens" not in page.inner_text("#hs-stats")
+    expect(page.locator("#hs-final textarea")).to_have_value("")
+    expect(page.locator("#hs-stats")).not_to_contain_text("new tokens")
     # the explanation is cleared by the event that follows the run's end
     page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('Generate once')")
 
 
 def test_the_controls_follow_the_method_and_keep_d_below_v(page):
     verify = page.locator("#hs-verify-layer")
-    assert verify.is_visible()
+    verify.wait_for(state="visible")  # HiSpec is the default (the page may still be rendering)
     method = page.locator("#hs-method")
     method.get_by_label("Autoregressive").check()
     verify.wait_for(state="hidden")
-    assert page.locator("#hs-draft-layer").is_hidden()
+    expect(page.locator("#hs-draft-layer")).to_be_hidden()
     method.get_by_label("LayerSkip (single exit)").check()
     page.locator("#hs-draft-layer").wait_for(state="visible")
-    assert verify.is_hidden() and "Exit layer E" in page.inner_text("#hs-draft-layer")
+    expect(verify).to_be_hidden()
+    expect(page.locator("#hs-draft-layer")).to_contain_text("Exit layer E")
     method.get_by_label("HiSpec", exact=True).check()
     verify.wait_for(state="visible")
     # a draft layer at or above the verifier pushes the verifier up
@@ -157,9 +161,9 @@ def test_the_teaching_preset_lets_drafts_pile_up(page):
     """The paper's N_d 2, N_i 4 one click away from the fastest measured setting, both fixed HiSpec."""
     page.locator("#hs-preset").get_by_label("Teaching (drafts pile up)").check()
     wait_for_status(page, "Teaching")  # the status comes with the settings, in the same update
-    assert page.input_value("#hs-draft-len input[type=number]") == "2"
-    assert page.input_value("#hs-verify-threshold input[type=number]") == "4"
-    assert page.locator("#hs-policy").get_by_label("Fixed (the settings below)").is_checked()
-    assert page.locator("#hs-method").get_by_label("HiSpec", exact=True).is_checked()
+    expect(page.locator("#hs-draft-len input[type=number]")).to_have_value("2")
+    expect(page.locator("#hs-verify-threshold input[type=number]")).to_have_value("4")
+    expect(page.locator("#hs-policy").get_by_label("Fixed (the settings below)")).to_be_checked()
+    expect(page.locator("#hs-method").get_by_label("HiSpec", exact=True)).to_be_checked()
     page.locator("#hs-preset").get_by_label("Fastest measured").check()
     wait_for_status(page, "Fastest measured")
