@@ -98,3 +98,35 @@ class DoneEvent:
 
 
 Event = TokenEvent | PassEvent | RoundEvent | PolicyEvent | DoneEvent
+
+
+# ---- the JSON trace: events as plain dicts (the app's API, replays of a finished run) -------
+_TYPES = {"token": TokenEvent, "pass": PassEvent, "round": RoundEvent, "policy": PolicyEvent, "done": DoneEvent}
+_TYPE_OF = {cls: name for name, cls in _TYPES.items()}
+
+
+def event_to_dict(ev: Event) -> dict:
+    """A JSON-ready dict of one event, with its kind under "type"."""
+    out = {"type": _TYPE_OF[type(ev)]}
+    for name in ev.__dataclass_fields__:
+        value = getattr(ev, name)
+        out[name] = value.value if isinstance(value, TokenState) else list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def event_from_dict(data: dict) -> Event:
+    """The event written by event_to_dict (unknown keys are an error, not ignored)."""
+    kind = data.get("type")
+    if kind not in _TYPES:
+        raise ValueError(f"unknown event type {kind!r}; expected one of {', '.join(_TYPES)}")
+    cls = _TYPES[kind]
+    fields = {k: v for k, v in data.items() if k != "type"}
+    unknown = set(fields) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"{kind} event has unknown fields: {', '.join(sorted(unknown))}")
+    if kind == "token":
+        fields["state"] = TokenState(fields["state"])
+    for name in ("serials", "cache_lengths", "token_ids"):
+        if name in fields:
+            fields[name] = tuple(fields[name])
+    return cls(**fields)
