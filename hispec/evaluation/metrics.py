@@ -27,6 +27,8 @@ class StatsCollector:
     def __init__(self, method: str = ""):
         self.method = method
         self.judged: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # "a->b" -> [accepted, judged]
+        self.in_order: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # the same, up to first rejections
+        self._rejected_in: set[tuple[int, str]] = set()  # (round, pair) verdicts that rejected a token
         self._holder: dict[int, str] = {}  # serial -> stage that last passed it
         self._fate: dict[int, str] = {}  # serial -> "useful" | "wasted"
         self._work: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # serial -> stage -> evals
@@ -82,13 +84,9 @@ class StatsCollector:
             self.drafted += 1
             self._holder[ev.serial] = ev.origin
         elif ev.state in (S.TENTATIVE, S.VERIFY_REJECTED) and ev.serial in self._holder:
-            pair = self.judged[f"{self._holder[ev.serial]}->{ev.stage}"]
-            pair[0] += ev.state is S.TENTATIVE
-            pair[1] += 1
+            self._judge(f"{self._holder[ev.serial]}->{ev.stage}", ev, ev.state is S.TENTATIVE)
         elif ev.state in (S.ACCEPTED, S.TARGET_REJECTED):
-            pair = self.judged[f"{self._holder.get(ev.serial, 'draft')}->target"]
-            pair[0] += ev.state is S.ACCEPTED
-            pair[1] += 1
+            self._judge(f"{self._holder.get(ev.serial, 'draft')}->target", ev, ev.state is S.ACCEPTED)
         if ev.state is S.TENTATIVE:
             self._holder[ev.serial] = ev.stage
         elif ev.state is S.VERIFY_WROTE:
@@ -101,8 +99,26 @@ class StatsCollector:
         elif ev.state in REJECTED_STATES:
             self._fate[ev.serial] = "wasted"
 
+    def _judge(self, key: str, ev: TokenEvent, ok: bool) -> None:
+        """One verdict on one token. `judged` counts every token a stage threw away (what papers call
+        token acceptance: accepted / proposed); `in_order` counts a block's tokens only up to its
+        first rejection (the rest fell with it), the per-token acceptance a of the speed model."""
+        pair = self.judged[key]
+        pair[0] += ok
+        pair[1] += 1
+        first_rejection = (ev.round, key) not in self._rejected_in
+        if ok or first_rejection:
+            self.in_order[key][0] += ok
+            self.in_order[key][1] += 1
+        if not ok:
+            self._rejected_in.add((ev.round, key))
+
     def acceptance(self) -> dict[str, float | None]:
         return {key: _rate(*pair) for key, pair in self.judged.items()}
+
+    def acceptance_per_token(self) -> dict[str, float | None]:
+        """Accepted / judged up to each verdict's first rejection (the geometric estimate of a)."""
+        return {key: _rate(*pair) for key, pair in self.in_order.items()}
 
     def work(self) -> dict:
         """Layer-token evaluations per stage: useful (on committed tokens) and wasted."""
@@ -128,6 +144,7 @@ class StatsCollector:
             "prefill_s": self.prefill_s,
             "tokens_per_s": self.new_tokens / self.t if self.t > 0 else 0.0,
             "acceptance": self.acceptance(),
+            "acceptance_per_token": self.acceptance_per_token(),
             "drafted": self.drafted,
             "full_passes": decode_passes,
             "tokens_per_full_pass": after_first / decode_passes if decode_passes else None,
@@ -151,6 +168,9 @@ def stats_rows(s: dict) -> list[tuple[str, str]]:
     rows = [("new tokens", str(s["new_tokens"])), ("time", f"{s['wall_s']:.2f} s"),
             ("tokens / s", f"{s['tokens_per_s']:.2f}")]
     rows += [(f"acceptance {k}", pct(v)) for k, v in s["acceptance"].items()]
+    in_order = s.get("acceptance_per_token") or {}
+    if any(in_order.get(k) != v for k, v in s["acceptance"].items()):  # a block's tail fell with its first rejection
+        rows += [(f"acceptance {k}, per token up to a rejection", pct(v)) for k, v in in_order.items()]
     per_pass = s["tokens_per_full_pass"]
     rows += [("full-model passes", str(s["full_passes"])),
              ("tokens per full pass", "–" if per_pass is None else f"{per_pass:.2f}"),

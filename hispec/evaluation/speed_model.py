@@ -84,12 +84,18 @@ def measured_pairs(acceptance: dict, method: str) -> tuple[float | None, float |
     return None, None
 
 
+def per_token(stats: dict) -> dict:
+    """A run's per-token acceptance (up to each verdict's first rejection: the `a` of this model);
+    records older than that measure give their accepted / proposed instead."""
+    return stats.get("acceptance_per_token") or stats.get("acceptance") or {}
+
+
 def explain(stats: dict, settings: dict, costs: CostModel, num_layers: int) -> dict:
     """The run's measured speed next to the cost model's: predicted speedup at the measured
     acceptance, the break-even acceptance, and the plain-step speed the ratio is taken against."""
     r = RoundSettings.from_settings(settings)
     model = SpeedModel(costs, num_layers)
-    a_dv, a_vt = measured_pairs(stats.get("acceptance") or {}, r.method)
+    a_dv, a_vt = measured_pairs(per_token(stats), r.method)
     plain_tps = plain_rate(costs, num_layers)
     out = {"method": r.method, "plain_tokens_per_s": plain_tps, "a_dv": a_dv, "a_vt": a_vt,
            "measured_vs_plain": (stats.get("tokens_per_s") or 0.0) / plain_tps, "predicted": None,

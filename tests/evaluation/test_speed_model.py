@@ -71,7 +71,7 @@ def test_explain_a_real_run():
     r = run(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=24))
     costs = flat_costs()
     exp = explain(r.stats, r.settings, costs, 8)
-    a_dv, a_vt = measured_pairs(r.stats["acceptance"], "hispec")
+    a_dv, a_vt = measured_pairs(r.stats["acceptance_per_token"], "hispec")  # the model's a: up to first rejections
     assert (exp["a_dv"], exp["a_vt"]) == (a_dv, a_vt) and a_vt is not None
     assert exp["measured_vs_plain"] == pytest.approx(r.stats["tokens_per_s"] / (1 / 8))
     assert exp["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundSettings.from_settings(r.settings),

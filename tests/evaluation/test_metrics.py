@@ -1,0 +1,46 @@
+"""Acceptance as the stats count it: per token proposed (papers' token acceptance) and per token
+up to each verdict's first rejection (the speed model's a)."""
+
+from __future__ import annotations
+
+from hispec.engine.events import TokenEvent
+from hispec.engine.events import TokenState as S
+from hispec.evaluation.metrics import StatsCollector, stats_rows
+
+
+def tok(state, serial, index, round_, origin="draft", stage="target"):
+    return TokenEvent(state, serial, index, 100 + serial, f"t{serial}", origin, stage, round_, 0.01 * serial)
+
+
+def events():
+    """Round 1: 4 drafts, the full model keeps 1, rejects the 2nd (the 3rd and 4th fall with it) and
+    writes its own. Round 2: 2 drafts, both kept, plus a bonus token."""
+    out = [tok(S.DRAFTED, s, s, 1, stage="draft") for s in range(4)]
+    out += [tok(S.ACCEPTED, 0, 0, 1)] + [tok(S.TARGET_REJECTED, s, s, 1) for s in (1, 2, 3)]
+    out += [tok(S.TARGET_WROTE, 4, 1, 1, origin="target")]
+    out += [tok(S.DRAFTED, s, s - 3, 2, stage="draft") for s in (5, 6)]
+    out += [tok(S.ACCEPTED, s, s - 3, 2) for s in (5, 6)] + [tok(S.TARGET_WROTE, 7, 4, 2, origin="target")]
+    return out
+
+
+def test_acceptance_counts_every_proposal_and_per_token_stops_at_the_first_rejection():
+    stats = StatsCollector("layerskip")
+    for ev in events():
+        stats.add(ev)
+    s = stats.summary()
+    assert s["acceptance"] == {"draft->target": 3 / 6}  # 3 kept of 6 drafted
+    assert s["acceptance_per_token"] == {"draft->target": 3 / 4}  # 3 kept, 1 first rejection
+    rows = dict(stats_rows(s))
+    assert rows["acceptance draft->target"] == "50%"
+    assert rows["acceptance draft->target, per token up to a rejection"] == "75%"
+
+
+def test_the_two_agree_when_no_block_loses_a_tail():
+    stats = StatsCollector("layerskip")
+    for ev in [tok(S.DRAFTED, 0, 0, 1, stage="draft"), tok(S.TARGET_REJECTED, 0, 0, 1),
+               tok(S.TARGET_WROTE, 1, 0, 1, origin="target"), tok(S.DRAFTED, 2, 1, 2, stage="draft"),
+               tok(S.ACCEPTED, 2, 1, 2)]:
+        stats.add(ev)
+    s = stats.summary()
+    assert s["acceptance"] == s["acceptance_per_token"] == {"draft->target": 0.5}
+    assert not any("per token" in label for label, _ in stats_rows(s))
