@@ -24,14 +24,26 @@ import gradio as gr
 
 from hispec.engine.decoding import DecodeConfig, recommended_settings
 from hispec.errors import HiSpecError
-from hispec.evaluation.speed_model import RoundSettings, SpeedModel, explain, measured_pairs
+from hispec.evaluation.speed_model import RoundSettings, SpeedModel, explain, measured_pairs, per_token
+from hispec.engine.events import event_from_dict
+from hispec.evaluation import published
+from hispec.evaluation.beliefs import exit_beliefs
+from hispec.evaluation.replay import replay_from_dicts
 from hispec.evaluation.trace import Trace
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.serving.registry import ModelRegistry
-from hispec.serving.session import model_costs_under_lock
-from ui import bench_tab, charts, exits, handlers, render
+from hispec.serving.session import model_costs_under_lock, under_model_lock
+from ui import bench_tab, charts, exits, handlers, render, token_story
+from ui.beliefs_view import beliefs_html
+from ui.steps_view import round_html
 
 ASSETS = Path(__file__).parent / "assets"
+MAX_REPEATS = 5
+PUBLISHED = published.load(ASSETS / "published_points.json")  # LayerSkip's own figures, with sources
+WHY_HINT = render.message_html("Generate once: the run's acceptance and this machine's pass costs then explain its "
+                               "speed here.", "info")
+STEP_HINT = render.message_html("Generate once: each round of the run then shows here, step by step.", "info")
+BELIEFS_HINT = render.message_html("Generate once: what each exit predicted at every token then shows here.", "info")
 DEFAULT_POLICY = "Adaptive (auto)"  # measured faster than every fixed setting (README, Results)
 log = logging.getLogger("hispec.app")
 
@@ -100,12 +112,14 @@ class App:
         return render.message_html("Stopping…", "info")
 
     # ---- handlers (plain values in, components out) ------------------------------------
-    def generate(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, temperature=0.0, top_k=0,
-                 top_p=1.0, seed=-1, policy=DEFAULT_POLICY, request: gr.Request = None):
+    def generate(self, prompt, model_name, method, draft_layer, verify_layer, draft_len, verify_threshold,
+                 max_new_tokens, chat, temperature=0.0, top_k=0, top_p=1.0, seed=-1, policy=DEFAULT_POLICY,
+                 request: gr.Request = None):
         key, stop = self._new_stop(request)
         try:
             yield self._cleared(render.message_html("Starting…", "info"))  # nothing of the last run stays
-            config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed,
+            config = handlers.make_config(method, draft_layer, verify_layer, draft_len, verify_threshold,
+                                          max_new_tokens, temperature, top_k, top_p, seed,
                                           limit=self.limits.max_new_tokens, policy_label=policy)
             for snap in _generation_gpu(id(self), model_name, prompt, config, bool(chat), key):
                 yield self._views(snap, model_name)
@@ -114,18 +128,94 @@ class App:
         finally:
             self._forget_stop(key, stop)
 
-    def compare(self, prompt, model_name, method, d, v, n_d, n_i, max_new, chat, temperature, top_k, top_p, seed,
-                policy=DEFAULT_POLICY, baselines=("Autoregressive",), request: gr.Request = None):
+    def api_generate(self, prompt: str, method: str = "hispec", draft_layer: int | None = None,
+                     verify_layer: int | None = None, draft_len: int | None = None,
+                     verify_threshold: int | None = None, max_new_tokens: int = 64, policy: str = "fixed",
+                     chat: bool = True, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                     seed: int = -1, model: str | None = None, request: gr.Request = None) -> dict:
+        """Generate with one method and return the text with its whole story.
+
+        method: hispec, layerskip, lookup or autoregressive; policy: fixed or auto. Layers and lengths
+        left empty take the model's recommended settings. Returns a JSON object: text, token_ids,
+        html (the coloured tokens), stats, settings and trace (every engine event, in order).
+        Bad input raises an error naming what is wrong and what is allowed."""
         key, stop = self._new_stop(request)
         try:
-            config = handlers.make_config(method, d, v, n_d, n_i, max_new, temperature, top_k, top_p, seed,
+            methods = {v: k for k, v in handlers.METHODS.items()}
+            policies = {v: k for k, v in handlers.POLICIES.items()}
+            if method not in methods:
+                raise HiSpecError(f"unknown method {method!r}; choose from {', '.join(methods)}")
+            if policy not in policies:
+                raise HiSpecError(f"unknown policy {policy!r}; choose from {', '.join(policies)}")
+            model = model or self.model_name
+            config = handlers.make_config(methods[method], draft_layer, verify_layer, draft_len, verify_threshold,
+                                          max_new_tokens, temperature, top_k, top_p, seed,
+                                          limit=self.limits.max_new_tokens, policy_label=policies[policy])
+            last = None
+            for snap in _generation_gpu(id(self), model, prompt, config, bool(chat), key):
+                if snap.get("error"):
+                    raise HiSpecError(snap["error"])
+                last = snap
+            if last is None or not last.get("done"):
+                raise HiSpecError("the generation ended without a result (stopped?)")
+            done = next(e for e in reversed(last["events"]) if e["type"] == "done")
+            return {"text": last["text"], "token_ids": done["token_ids"], "html": last["html"],
+                    "stats": last["stats"], "settings": last["settings"], "trace": last["events"]}
+        except HiSpecError as exc:
+            raise gr.Error(str(exc)) from None
+        finally:
+            self._forget_stop(key, stop)
+
+    def what_if(self, prompt, model_name, method, draft_layer, verify_layer, draft_len, verify_threshold,
+                max_new_tokens, chat, temperature, top_k, top_p, seed, a_dv, a_vt, request: gr.Request = None):
+        """The real engine with TIMING ONLY verdicts drawn at the sliders' acceptance, after a plain
+        run of the same budget: what better exits would give on this machine. Labelled everywhere."""
+        key, stop = self._new_stop(request)
+        try:
+            yield render.message_html("Starting a what-if run…", "info"), "", "", gr.Plot(None, visible=False)
+            if handlers.METHODS.get(method) not in ("hispec", "layerskip"):
+                raise HiSpecError("a what-if run needs HiSpec or LayerSkip (they have exits to accept drafts); "
+                                  f"the method chosen is {method}")
+            config = handlers.make_config(method, draft_layer, verify_layer, draft_len, verify_threshold,
+                                          max_new_tokens, temperature, top_k, top_p, seed,
+                                          limit=self.limits.max_new_tokens, policy_label=handlers.FIXED)
+            rates = (handlers.finite_number("acceptance draft → verify", a_dv),
+                     handlers.finite_number("acceptance → full model", a_vt))
+            for snap in _generation_gpu(id(self), model_name, prompt, config, bool(chat), key, rates):
+                if snap.get("error"):
+                    yield render.message_html(snap["error"]), "", "", gr.Plot(None, visible=False)
+                    return
+                if "stats" not in snap:
+                    yield render.message_html(snap["status"], "info"), gr.skip(), gr.skip(), gr.skip()
+                    continue
+                plot = (gr.Plot(charts.speed_figure(snap["history"], _baseline(snap), synthetic=True), visible=True)
+                        if snap.get("charts", True) else gr.skip())
+                yield (render.message_html("What if: " + snap["status"], "info"),
+                       render.what_if_tokens(snap["html"], rates), render.what_if_stats(snap, rates), plot)
+        except HiSpecError as exc:
+            yield render.message_html(str(exc)), "", "", gr.Plot(None, visible=False)
+        finally:
+            self._forget_stop(key, stop)
+
+    def compare(self, prompt, model_name, method, draft_layer, verify_layer, draft_len, verify_threshold,
+                max_new_tokens, chat, temperature, top_k, top_p, seed, policy=DEFAULT_POLICY,
+                baselines=("Autoregressive",), repeats=1, request: gr.Request = None):
+        key, stop = self._new_stop(request)
+        try:
+            config = handlers.make_config(method, draft_layer, verify_layer, draft_len, verify_threshold,
+                                          max_new_tokens, temperature, top_k, top_p, seed,
                                           limit=self.limits.max_new_tokens, policy_label=policy)
-            for snap in _compare_gpu(id(self), model_name, prompt, config, bool(chat), list(baselines or []), key):
+            repeats = handlers.whole_number("runs of each method", repeats)
+            if not 1 <= repeats <= MAX_REPEATS:
+                raise HiSpecError(f"runs of each method must be 1 to {MAX_REPEATS} (got {repeats})")
+            for snap in _compare_gpu(id(self), model_name, prompt, config, bool(chat), list(baselines or []), key,
+                                     repeats):
                 if snap.get("error"):
                     yield render.message_html(snap["error"]), gr.skip(), gr.skip()
                 elif "rows" in snap:
                     yield (render.message_html(snap["status"], "info"),
-                           render.compare_table(snap["rows"], sampling=snap.get("sampling", False)),
+                           render.compare_table(snap["rows"], sampling=snap.get("sampling", False),
+                                                order=snap.get("order")),
                            gr.Plot(charts.compare_figure(snap["rows"]), visible=True))
                 else:
                     yield render.message_html(snap["status"], "info"), gr.skip(), gr.skip()
@@ -138,12 +228,12 @@ class App:
         try:
             lm = self.registry.get(model_name)
         except HiSpecError as exc:
-            return (render.message_html(str(exc)), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+            return (render.message_html(str(exc)),) + (gr.skip(),) * 7
         L, preset = lm.ee.num_layers, model_defaults(lm)
         return (render.message_html(f"Loaded {model_name}.", "info"), model_info(model_name, lm),
                 gr.update(maximum=L - 1, value=preset.draft_layer),
                 gr.update(maximum=L - 1, value=preset.verify_layer), L,
-                gr.update(value=preset.draft_len), gr.update(value=preset.verify_threshold))
+                gr.update(value=preset.draft_len), gr.update(value=preset.verify_threshold), _trained_layers(lm))
 
     def preset(self, choice, model_name):
         """HiSpec with fixed rounds at a named setting of this model (see PRESETS)."""
@@ -165,12 +255,18 @@ class App:
         status = render.message_html(snap["status"], "info")
         if "stats" not in snap:
             return (status,) + (gr.skip(),) * 8
-        figures = ((charts.acceptance_figure(snap["history"]), charts.speed_figure(snap["history"]),
+        plain = snap.get("plain_tokens_per_s")
+        baseline = {"plain decoding (cost model of this machine)": plain} if plain else {}
+        figures = ((charts.acceptance_figure(snap["history"]), charts.speed_figure(snap["history"], baseline),
                     charts.work_figure(snap["stats"]["layer_tokens"])) if snap.get("charts", True)
                    else (gr.skip(),) * 3)
         final = snap["text"] if snap["done"] else gr.skip()
-        run = ({"model": model_name, "stats": snap["stats"], "settings": snap["settings"]} if snap["done"]
-               else gr.skip())
+        run = gr.skip()
+        if snap["done"]:
+            done = next((e for e in reversed(snap.get("events") or []) if e["type"] == "done"), None)
+            run = {"model": model_name, "stats": snap["stats"], "settings": snap["settings"],
+                   "events": snap.get("events"), "prompt_ids": snap.get("prompt_ids"),
+                   "token_ids": list(done["token_ids"]) if done else []}
         return (status, snap["html"], snap["legend"], final, render.stats_html(snap["stats"])) + figures + (run,)
 
     @staticmethod
@@ -182,8 +278,7 @@ class App:
     def why(self, run, a_dv, a_vt):
         """The run's speed next to the cost model's prediction, at the sliders' acceptance."""
         if not run:
-            return render.message_html("Generate once: the run's acceptance and this machine's pass costs then "
-                                       "explain its speed here.", "info"), gr.skip()
+            return WHY_HINT, gr.skip()
         try:
             settings, lm = run["settings"], self.registry.get(run["model"])
             costs = model_costs_under_lock(self.registry, run["model"],
@@ -209,19 +304,73 @@ class App:
         if r.method in ("hispec", "layerskip"):
             points["sliders"] = (a_vt, now)
         label = "acceptance verify → full model, per token" if r.method == "hispec" else "acceptance exit → full model, per token"
-        return (render.why_html(exp, settings, now, a_dv, a_vt),
-                gr.Plot(charts.why_figure(curves, points, label), visible=bool(curves)))
+        return (render.why_html(exp, settings, now, a_dv, a_vt) + render.published_html(PUBLISHED),
+                gr.Plot(charts.why_figure(curves, points, label, PUBLISHED), visible=bool(curves)))
 
     def why_after_run(self, run):
         """After a run: the sliders take the measured acceptance, and the view is redrawn."""
         if not run:  # a new run starting, or an error: the last run's explanation goes too
-            return (gr.skip(), gr.skip(), render.message_html("Generate once: the run's acceptance and this machine's "
-                                                              "pass costs then explain its speed here.", "info"),
-                    gr.Plot(None, visible=False))
-        a_dv, a_vt = measured_pairs(run["stats"].get("acceptance") or {}, run["settings"].get("method", ""))
+            return gr.skip(), gr.skip(), WHY_HINT, gr.Plot(None, visible=False)
+        a_dv, a_vt = measured_pairs(per_token(run["stats"]), run["settings"].get("method", ""))
         a_vt = 0.5 if a_vt is None else round(a_vt, 2)
         a_dv = a_vt if a_dv is None else round(a_dv, 2)
         return (a_dv, a_vt) + self.why(run, a_dv, a_vt)
+
+    # ---- after a run: its rounds step by step, what each exit believed, every token's story ---
+    @staticmethod
+    def clear_analysis():
+        """A new run starts: nothing of the last run's analysis stays."""
+        return (None, gr.update(value=0, maximum=1), STEP_HINT, BELIEFS_HINT, token_story.HINT,
+                gr.Timer(active=False), "Play ▶")
+
+    def after_run(self, run):
+        """(rounds, round slider, round view, beliefs view, token explanations) of a finished run."""
+        if not run or not run.get("events"):
+            return self.clear_analysis()[:5]
+        rounds = replay_from_dicts(run["events"])
+        settings, token_ids = run["settings"], run["token_ids"]
+        start = 1 if len(rounds) > 1 else 0  # the first decoding round (round 0 is the prompt's prefill)
+        view = round_html(rounds, start, settings.get("draft_layer"), settings.get("verify_layer"),
+                          settings.get("num_layers"))
+        trace = Trace()
+        for data in run["events"]:
+            trace.add(event_from_dict(data))
+        try:
+            beliefs = _beliefs_gpu(id(self), run["model"], run["prompt_ids"], token_ids) if token_ids else None
+            beliefs_view = beliefs_html(beliefs) if beliefs else render.message_html("No token was generated.", "info")
+        except HiSpecError as exc:
+            beliefs, beliefs_view = None, render.message_html(f"What each exit believes: {exc}")
+        return (rounds, gr.update(value=start, maximum=max(len(rounds) - 1, 1)), view, beliefs_view,
+                token_story.explain_all_html(trace, beliefs, settings))
+
+    @staticmethod
+    def show_round(rounds, i, run):
+        if not rounds or not run:
+            return STEP_HINT
+        settings = run["settings"]
+        i = min(max(int(i), 0), len(rounds) - 1)
+        return round_html(rounds, i, settings.get("draft_layer"), settings.get("verify_layer"),
+                          settings.get("num_layers"))
+
+    @staticmethod
+    def step(rounds, i, delta):
+        """The round `delta` away, kept inside the run."""
+        if not rounds:
+            return gr.skip()
+        return min(max(int(i) + delta, 0), len(rounds) - 1)
+
+    @staticmethod
+    def play(playing):
+        """Play / pause: a timer steps through the rounds."""
+        playing = not playing
+        return playing, gr.Timer(active=playing), "Pause ⏸" if playing else "Play ▶"
+
+    @staticmethod
+    def tick(rounds, i):
+        """One step of Play; at the last round the timer stops."""
+        if not rounds or int(i) >= len(rounds) - 1:
+            return gr.skip(), False, gr.Timer(active=False), "Play ▶"
+        return int(i) + 1, True, gr.skip(), gr.skip()
 
     # ---- page -------------------------------------------------------------------------------
     def build(self) -> gr.Blocks:
@@ -231,10 +380,16 @@ class App:
         with gr.Blocks(title="HiSpec: hierarchical speculative decoding") as demo:
             gr.Markdown("# HiSpec — hierarchical speculative decoding, token by token\n"
                         "A shallow exit drafts, an intermediate exit weeds out bad drafts early, the full model "
-                        "verifies what survived. Every token is coloured by what happened to it.")
+                        "verifies what survived. Every token is coloured by what happened to it; click one to "
+                        "read its story. Below the text: the run round by round, why it was (or was not) faster, "
+                        "and what each exit believed.")
+            with gr.Accordion("How it works (read this first)", open=False, elem_id="hs-how"):
+                gr.Markdown(HOW_IT_WORKS)
+                gr.HTML(render.legend_html())
             with gr.Tabs():
                 with gr.Tab("Demo"):
                     num_layers = gr.State(L)
+                    head_layers = gr.State(_trained_layers(lm))
                     with gr.Row():
                         with gr.Column(scale=3):
                             prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below")
@@ -246,18 +401,13 @@ class App:
                                 compare_btn = gr.Button("Compare with baseline")
                             status = gr.HTML(render.message_html("Ready.", "info"), elem_id="hs-status")
                             tokens = gr.HTML(render.tokens_html(Trace()), elem_id="hs-tokens")
+                            explain_all = gr.HTML(token_story.HINT, elem_id="hs-explain-all")
                             show_rejected = gr.Checkbox(True, label="Show rejected tokens (struck through)")
                             legend = gr.HTML(render.legend_html(), elem_id="hs-legend")
                             final = gr.Textbox(label="Output (committed text only)", lines=3, interactive=False,
                                                elem_id="hs-final")
                             stats = gr.HTML("", elem_id="hs-stats")
                         with gr.Column(scale=2):
-                            with gr.Row():
-                                model = gr.Dropdown(self.model_choices, value=self.model_name, label="Model",
-                                                    allow_custom_value=self.limits.allowed_models is None, scale=3,
-                                                    info="'default' is the embedded SmolLM2-135M; or a Hugging Face id / folder")
-                                load_btn = gr.Button("Load", scale=1)
-                            info = gr.Markdown(model_info(self.model_name, lm))
                             preset_choice = gr.Radio(list(PRESETS), value=None, label="Presets (HiSpec, fixed rounds)",
                                               elem_id="hs-preset",
                                               info=f"{FASTEST}: {PRESETS[FASTEST]} {TEACHING}: {PRESETS[TEACHING]}")
@@ -278,6 +428,8 @@ class App:
                             verify_threshold = gr.Slider(1, 16, value=preset.verify_threshold, step=1, label="verify_threshold",
                                                          info="tentative tokens that trigger the full model",
                                                          elem_id="hs-verify-threshold")
+                            depth = gr.HTML(_depth(L, preset.draft_layer, preset.verify_layer, "HiSpec",
+                                                   _trained_layers(lm)), elem_id="hs-depth")
                             max_new = gr.Slider(1, self.limits.max_new_tokens, value=min(96, self.limits.max_new_tokens),
                                                 step=1, label="Max new tokens")
                             chat = gr.Checkbox(True, label="Use the chat template")
@@ -288,14 +440,39 @@ class App:
                                 top_k = gr.Number(0, precision=0, minimum=0, label="Top-k (0 = off)")
                                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p (1 = off)")
                                 seed = gr.Number(-1, precision=0, minimum=-1, label="Seed (-1 = random)")
-                            depth = gr.HTML(render.depth_html(L, preset.draft_layer, preset.verify_layer, "hispec"))
-                            baselines = gr.CheckboxGroup(["Autoregressive", "LayerSkip (single exit)"], value=["Autoregressive"],
-                                                         label="Baselines for Compare")
+                            with gr.Accordion("Compare: baselines and repeats", open=False):
+                                baselines = gr.CheckboxGroup(["Autoregressive", "LayerSkip (single exit)"],
+                                                             value=["Autoregressive"], label="Baselines for Compare")
+                                repeats = gr.Slider(1, 5, value=3, step=1, label="Runs of each method",
+                                                    info="one run is noise: the median and range of several, the "
+                                                         "order reversed every other pass", elem_id="hs-repeats")
+                            with gr.Accordion("Model and its exit heads", open=False):
+                                with gr.Row():
+                                    model = gr.Dropdown(self.model_choices, value=self.model_name, label="Model",
+                                                        allow_custom_value=self.limits.allowed_models is None, scale=3,
+                                                        info="'default' is the embedded SmolLM2-135M; or a Hugging Face id / folder")
+                                    load_btn = gr.Button("Load", scale=1)
+                                info = gr.Markdown(model_info(self.model_name, lm))
                     with gr.Row():
                         acc_plot = gr.Plot(label="Acceptance", elem_id="hs-acc-plot")
                         speed_plot = gr.Plot(label="Speed", elem_id="hs-speed-plot")
                         work_plot = gr.Plot(label="Work", elem_id="hs-work-plot")
-                    last_run = gr.State(None)  # the finished run, for "Why this speed"
+                    last_run = gr.State(None)  # the finished run (settings, stats, events), for the views below
+                    rounds_state = gr.State(None)  # its rounds, replayed from the events
+                    playing = gr.State(False)
+                    with gr.Accordion("Step through the run, round by round", open=True, elem_id="hs-step-box"):
+                        gr.Markdown("Each round replayed from the run's recorded events (nothing is generated "
+                                    "again): what the drafter proposed, what the verifier kept, when the full model "
+                                    "ran and what it committed, the layers each step ran and their time, and the KV "
+                                    "cache of every layer before and after.")
+                        with gr.Row():
+                            prev_btn = gr.Button("◀ Previous", elem_id="hs-step-prev", scale=1)
+                            play_btn = gr.Button("Play ▶", elem_id="hs-step-play", scale=1)
+                            next_btn = gr.Button("Next ▶", elem_id="hs-step-next", scale=1)
+                            step_round = gr.Slider(0, 1, value=0, step=1, label="Round (0 = the prompt's prefill)",
+                                                   elem_id="hs-step-round", scale=4)
+                        step_view = gr.HTML(STEP_HINT, elem_id="hs-step-view")
+                        timer = gr.Timer(1.0, active=False)
                     with gr.Accordion("Why this speed: the cost model of this machine", open=True, elem_id="hs-why-box"):
                         gr.Markdown("Speculation pays when a round commits more tokens per second than plain steps. "
                                     "After a run, the sliders hold its measured acceptance; move them to see what "
@@ -306,19 +483,27 @@ class App:
                             why_vt = gr.Slider(0, 1, value=0.5, step=0.01, label="Acceptance → full model",
                                                info="how often the full model keeps what the exit below it proposed",
                                                elem_id="hs-a-vt")
-                        why_out = gr.HTML(render.message_html("Generate once: the run's acceptance and this "
-                                                              "machine's pass costs then explain its speed here.",
-                                                              "info"), elem_id="hs-why")
+                        why_out = gr.HTML(WHY_HINT, elem_id="hs-why")
                         why_plot = gr.Plot(label="Predicted speedup vs acceptance", elem_id="hs-why-plot", visible=False)
+                        gr.Markdown("**What if the exits were better?** Run the real engine on this prompt with "
+                                    "verdicts drawn at the sliders' acceptance instead of the model's (timing only: "
+                                    "every pass runs, the text is not the model's), after a real plain run of the "
+                                    "same length. Its figures stay here, labelled, apart from the real ones.")
+                        what_if_btn = gr.Button("What if: run at the sliders' acceptance (synthetic)",
+                                                elem_id="hs-what-if-btn")
+                        what_if_status = gr.HTML("", elem_id="hs-what-if-status")
+                        what_if_tokens = gr.HTML("", elem_id="hs-what-if-tokens")
+                        what_if_stats = gr.HTML("", elem_id="hs-what-if-stats")
+                        what_if_plot = gr.Plot(label="What if (synthetic)", visible=False, elem_id="hs-what-if-plot")
+                    with gr.Accordion("What each exit believes", open=False, elem_id="hs-beliefs-box"):
+                        beliefs_view = gr.HTML(BELIEFS_HINT, elem_id="hs-beliefs")
                     with gr.Accordion("Compare with a baseline", open=True):
                         compare_status = gr.HTML("<p class='hs-hint'>“Compare with baseline” runs the same prompt with "
-                                                 "the baselines ticked on the right and compares tokens/s and tokens.</p>")
+                                                 "the baselines chosen on the right, several times each, and compares "
+                                                 "tokens/s and tokens.</p>")
                         compare_out = gr.HTML("", elem_id="hs-compare")
                         compare_plot = gr.Plot(label="Comparison", visible=False)  # shown with the first result
                     gr.Markdown(self.limits.describe(), elem_id="hs-limits")
-                    with gr.Accordion("How it works", open=False):
-                        gr.Markdown(HOW_IT_WORKS)
-                        gr.HTML(render.legend_html())
                 with gr.Tab("Benchmark"):  # a saved report, and a small live run on the model chosen above
                     self.bench = bench_tab.BenchTab(self.registry, self.guard, stream=partial(_bench_gpu, id(self)))
                     self.bench.build(model)
@@ -327,22 +512,36 @@ class App:
                         temperature, top_k, top_p, seed, policy]
             views = [status, tokens, legend, final, stats, acc_plot, speed_plot, work_plot, last_run]  # order of _views
             why_views = [why_dv, why_vt, why_out, why_plot]
-            generate_btn.click(self.generate, settings, views, concurrency_limit=4, concurrency_id="model",
-                               api_name="generate").then(self.why_after_run, [last_run], why_views, api_name=False)
-            prompt.submit(self.generate, settings, views, concurrency_limit=4, concurrency_id="model",
-                          api_name=False).then(self.why_after_run, [last_run], why_views, api_name=False)
+            analysis = [rounds_state, step_round, step_view, beliefs_view, explain_all]
+            for trigger in (generate_btn.click, prompt.submit):
+                trigger(self.clear_analysis, None, analysis + [timer, play_btn], api_name=False, queue=False)
+                trigger(self.generate, settings, views, concurrency_limit=4, concurrency_id="model",
+                        api_name=False).then(self.why_after_run, [last_run], why_views, api_name=False
+                                             ).then(self.after_run, [last_run], analysis, api_name=False)
+            gr.api(self.api_generate, api_name="generate", concurrency_limit=4, concurrency_id="model")
             for slider in (why_dv, why_vt):
                 slider.change(self.why, [last_run, why_dv, why_vt], [why_out, why_plot], api_name=False,
                               trigger_mode="always_last")
-            compare_btn.click(self.compare, settings + [baselines], [compare_status, compare_out, compare_plot],
+            what_if_btn.click(self.what_if, settings[:-1] + [why_dv, why_vt],
+                              [what_if_status, what_if_tokens, what_if_stats, what_if_plot], concurrency_limit=4,
+                              concurrency_id="model", api_name=False)
+            step_round.change(self.show_round, [rounds_state, step_round, last_run], [step_view], api_name=False,
+                              queue=False)
+            prev_btn.click(partial(self.step, delta=-1), [rounds_state, step_round], [step_round], api_name=False,
+                           queue=False)
+            next_btn.click(partial(self.step, delta=1), [rounds_state, step_round], [step_round], api_name=False,
+                           queue=False)
+            play_btn.click(self.play, [playing], [playing, timer, play_btn], api_name=False, queue=False)
+            timer.tick(self.tick, [rounds_state, step_round], [step_round, playing, timer, play_btn], api_name=False)
+            compare_btn.click(self.compare, settings + [baselines, repeats], [compare_status, compare_out, compare_plot],
                               concurrency_limit=4, concurrency_id="model", api_name="compare")
             stop_btn.click(self.stop, None, [status], concurrency_limit=None, api_name="stop")
             load_btn.click(self.load, [model],
-                           [status, info, draft_layer, verify_layer, num_layers, draft_len, verify_threshold],
-                           concurrency_limit=1, api_name="load_model")
-            for control in (method, draft_layer, verify_layer, num_layers):
-                control.change(_depth, [num_layers, draft_layer, verify_layer, method], [depth], api_name=False,
-                               queue=False)
+                           [status, info, draft_layer, verify_layer, num_layers, draft_len, verify_threshold,
+                            head_layers], concurrency_limit=1, api_name="load_model")
+            for control in (method, draft_layer, verify_layer, num_layers, head_layers):
+                control.change(_depth, [num_layers, draft_layer, verify_layer, method, head_layers], [depth],
+                               api_name=False, queue=False)
             preset_choice.input(self.preset, [preset_choice, model],
                          [status, method, policy, draft_layer, verify_layer, draft_len, verify_threshold],
                          api_name=False)
@@ -384,8 +583,29 @@ def _keep_above(d, v, L):
     return (v - 1, v) if v > 1 else (1, 2)
 
 
-def _depth(L, d, v, method_label):
-    return render.depth_html(int(L), int(d), int(v), handlers.METHODS.get(method_label, "hispec"))
+def _depth(L, d, v, method_label, heads=None):
+    """The depth strip, and a warning where an exit in use has no trained head (its raw exit then
+    agrees with the full model far less: on the default model d 3, v 5 gave 0% acceptance)."""
+    method = handlers.METHODS.get(method_label, "hispec")
+    used = {"hispec": (int(d), int(v)), "layerskip": (int(d),)}.get(method, ())
+    untrained = [layer for layer in used if heads and layer not in heads]
+    warning = ""
+    if untrained:
+        warning = render.message_html(
+            f"Exit {' and '.join(map(str, untrained))} has no trained head: a raw exit there rarely agrees with "
+            f"the full model, so expect low acceptance. Trained exits: {', '.join(map(str, heads))}.", "warn")
+    return render.depth_html(int(L), int(d), int(v), method) + warning
+
+
+def _trained_layers(lm) -> list[int]:
+    """The exits with a trained head (empty: raw exits everywhere, or a model trained to exit early)."""
+    return sorted(int(layer) for layer in (getattr(lm.ee, "exit_heads", None) or {}))
+
+
+def _baseline(snap: dict) -> dict[str, float]:
+    """The plain run timed before a what-if run, as a line on its speed chart."""
+    base = snap.get("baseline")
+    return {"plain decoding (real, timed just before)": base["tokens_per_s"]} if base else {}
 
 
 def _visitor(request: gr.Request | None) -> str:
@@ -400,10 +620,18 @@ _APPS: dict[int, App] = {}
 
 
 @gpu(120)
-def _generation_gpu(app_id, model_name, prompt, config, chat, visitor):
+def _generation_gpu(app_id, model_name, prompt, config, chat, visitor, what_if=None):
     app = _APPS[app_id]
     yield from handlers.generation_stream(app.registry, model_name, prompt, config, chat, app._stops[visitor],
-                                          guard=app.guard, visitor=visitor)
+                                          guard=app.guard, visitor=visitor, what_if=what_if)
+
+
+@gpu(30)
+def _beliefs_gpu(app_id, model_name, prompt_ids, token_ids):
+    """What each exit predicts at every generated position: one pass of the model, under its lock."""
+    app = _APPS[app_id]
+    return under_model_lock(app.registry, model_name,
+                            lambda lm: exit_beliefs(lm.ee, prompt_ids, token_ids, tokenizer=lm.tokenizer))
 
 
 @gpu(300)
@@ -414,10 +642,10 @@ def _bench_gpu(app_id, model_name, set_name, count, methods, max_new_tokens, vis
 
 
 @gpu(240)
-def _compare_gpu(app_id, model_name, prompt, config, chat, baselines, visitor):
+def _compare_gpu(app_id, model_name, prompt, config, chat, baselines, visitor, repeats=1):
     app = _APPS[app_id]
     yield from handlers.compare_stream(app.registry, model_name, prompt, config, chat, baselines,
-                                       app._stops[visitor], guard=app.guard, visitor=visitor)
+                                       app._stops[visitor], guard=app.guard, visitor=visitor, repeats=repeats)
 
 
 # Named settings of HiSpec with fixed rounds. The fastest is what the model's trained exits recommend
@@ -449,7 +677,7 @@ def default_model_choices() -> list[str]:
 
 
 def launch_kwargs() -> dict:
-    return dict(css=(ASSETS / "app.css").read_text(), theme=gr.themes.Soft())
+    return dict(css=(ASSETS / "app.css").read_text(), theme=gr.themes.Soft(), head=token_story.EXPLAIN_JS)
 
 
 def main() -> None:

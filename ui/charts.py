@@ -34,8 +34,9 @@ def acceptance_figure(history: list[dict]) -> go.Figure:
     return fig
 
 
-def speed_figure(history: list[dict], baselines: dict[str, float] | None = None) -> go.Figure:
-    """Tokens per second since the start (cumulative) and per round (instantaneous)."""
+def speed_figure(history: list[dict], baselines: dict[str, float] | None = None, synthetic: bool = False) -> go.Figure:
+    """Tokens per second since the start (cumulative) and per round (instantaneous); `baselines`:
+    name -> tokens/s drawn as lines; `synthetic`: a timing-only run, said in the title."""
     t = [row["t"] for row in history]
     fig = go.Figure(go.Scatter(x=t, y=[row["tokens_per_s"] for row in history], mode="lines", name="since the start",
                                hovertemplate="%{y:.1f} tokens/s at %{x:.1f} s<extra></extra>"))
@@ -51,7 +52,8 @@ def speed_figure(history: list[dict], baselines: dict[str, float] | None = None)
         _not_applicable(fig, "no round yet")
     for name, value in (baselines or {}).items():
         fig.add_hline(y=value, line_dash="dot", annotation_text=f"{name} {value:.1f}")
-    fig.update_layout(title="Speed", showlegend=True, xaxis=dict(title="seconds since the start"),
+    title = "SYNTHETIC acceptance (timing only): speed" if synthetic else "Speed"
+    fig.update_layout(title=title, showlegend=True, xaxis=dict(title="seconds since the start"),
                       yaxis=dict(title="tokens / s", rangemode="tozero"), **_LAYOUT)
     return fig
 
@@ -73,18 +75,32 @@ def work_figure(work: dict) -> go.Figure:
 
 
 def compare_figure(rows: list[dict]) -> go.Figure:
-    fig = go.Figure(go.Bar(x=[r["method"] for r in rows], y=[r["tokens_per_s"] for r in rows],
-                           text=[f"{r['tokens_per_s']:.1f}" for r in rows], textposition="auto"))
-    fig.update_layout(title="Tokens per second, same prompt", xaxis=dict(title="method"),
-                      yaxis=dict(title="tokens / s", rangemode="tozero"), **_LAYOUT)
+    """Median tokens per second per method, with the range of its repeats as error bars."""
+    runs = [r.get("runs") or [r["tokens_per_s"]] for r in rows]
+    mid = [r["tokens_per_s"] for r in rows]
+    fig = go.Figure(go.Bar(x=[r["method"] for r in rows], y=mid, text=[f"{m:.1f}" for m in mid], textposition="auto",
+                           name="median of the runs",
+                           error_y=dict(type="data", symmetric=False, array=[max(x) - m for x, m in zip(runs, mid)],
+                                        arrayminus=[m - min(x) for x, m in zip(runs, mid)])))
+    fig.update_layout(title="Tokens per second, same prompt (bars: median; whiskers: range)", showlegend=True,
+                      xaxis=dict(title="method"), yaxis=dict(title="tokens / s", rangemode="tozero"), **_LAYOUT)
     return fig
 
 
 def why_figure(curves: dict[str, list[tuple[float, float]]], points: dict[str, tuple[float, float]],
-               axis_label: str) -> go.Figure:
-    """Predicted speedup over plain decoding against per-token acceptance, with the break-even line
-    and this run's points (`points`: name -> (acceptance, speedup))."""
+               axis_label: str, published: list[dict] | None = None) -> go.Figure:
+    """Predicted speedup over plain decoding against per-token acceptance, with the break-even line,
+    this run's points (`points`: name -> (acceptance, speedup)) and published LayerSkip points
+    (hispec.evaluation.published.load: other models on other hardware, each with its source)."""
     fig = go.Figure()
+    if published:
+        fig.add_trace(go.Scatter(
+            x=[p["x"] for p in published], y=[p["y"] for p in published], mode="markers",
+            name="published LayerSkip checkpoints (other models, GPUs)",
+            marker=dict(size=9, symbol="star", color="#8a8a8a"),
+            customdata=[[p["label"], p["acceptance"], p["draft_len"], p["hardware"], p["source"]] for p in published],
+            hovertemplate="%{customdata[0]}<br>%{y:.2f}× on %{customdata[3]}; token acceptance %{customdata[1]:.1%} "
+                          "of %{customdata[2]} drafts ≈ %{x:.0%} per token<br>%{customdata[4]}<extra></extra>"))
     for name, curve in curves.items():
         fig.add_trace(go.Scatter(x=[a for a, _ in curve], y=[s for _, s in curve], mode="lines", name=name,
                                  hovertemplate="acceptance %{x:.0%}: %{y:.2f}× plain<extra></extra>"))

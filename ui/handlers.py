@@ -4,16 +4,20 @@ run under ZeroGPU's decorator; app.py turns the dicts into components and figure
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Iterator
 
 from hispec.engine.decoding import DecodeConfig, recommended_settings
-from hispec.engine.events import DoneEvent
+from hispec.engine.events import DoneEvent, event_to_dict
+from hispec.engine.policy import plain_rate
 from hispec.errors import HiSpecError
 from hispec.evaluation.metrics import StatsCollector
 from hispec.evaluation.runner import run
+from hispec.evaluation.timing_only import SyntheticAcceptance
 from hispec.evaluation.trace import Trace
 from hispec.serving.limits import Limits
 from hispec.serving.registry import ModelRegistry
@@ -34,7 +38,8 @@ log = logging.getLogger("hispec.app")
 
 METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Lookup (copies earlier text)": "lookup",
            "Autoregressive": "autoregressive"}
-POLICIES = {"Adaptive (auto)": "auto", "Fixed (the settings below)": "fixed"}
+FIXED = "Fixed (the settings below)"
+POLICIES = {"Adaptive (auto)": "auto", FIXED: "fixed"}
 MAX_NEW_TOKENS = Limits.from_env().max_new_tokens
 
 
@@ -46,9 +51,11 @@ def make_config(method_label: str, draft_layer, verify_layer, draft_len, verify_
         raise HiSpecError(f"unknown method '{method_label}'; choose from {', '.join(METHODS)}")
     if policy_label not in POLICIES:
         raise HiSpecError(f"unknown policy '{policy_label}'; choose from {', '.join(POLICIES)}")
-    d, v, n_d, n_i, n_new = (whole_number(name, value) for name, value in (
+    # None (the API's empty fields): the model's recommended setting, filled in when the model is known
+    d, v, n_d, n_i = (None if value is None else whole_number(name, value) for name, value in (
         ("draft layer", draft_layer), ("verify layer", verify_layer), ("draft length", draft_len),
-        ("verify threshold", verify_threshold), ("max new tokens", max_new_tokens)))
+        ("verify threshold", verify_threshold)))
+    n_new = whole_number("max new tokens", max_new_tokens)
     if n_new > limit:
         raise HiSpecError(f"max new tokens {n_new} is over this app's limit of {limit}")
     temperature, top_p = finite_number("temperature", temperature), finite_number("top-p", top_p)
@@ -63,9 +70,14 @@ def make_config(method_label: str, draft_layer, verify_layer, draft_len, verify_
 
 def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, config: DecodeConfig, chat: bool,
                       stop: threading.Event, throttle_s: float = 0.3, charts_every_s: float = 1.0,
-                      guard: Guard = OPEN, visitor: str = "local") -> Iterator[dict]:
-    """Snapshots of one generation: coloured tokens, stats, history rows, status.
-    `charts` in a snapshot says whether to redraw the charts (at most every `charts_every_s`)."""
+                      guard: Guard = OPEN, visitor: str = "local",
+                      what_if: tuple[float, float] | None = None) -> Iterator[dict]:
+    """Snapshots of one generation: coloured tokens, stats, history rows, status; the last one also
+    holds the run's JSON trace (`events`) and its prompt's token ids.
+    `charts` in a snapshot says whether to redraw the charts (at most every `charts_every_s`).
+    `what_if`: (draft → verify, → full model) acceptance: a TIMING ONLY run whose verdicts are drawn at
+    these rates (hispec.evaluation.timing_only), measured against a plain run of the same budget
+    first; its snapshots carry `timing_only` and `baseline`, and its text is not the model's."""
     if not isinstance(prompt, str) or not prompt.strip():
         yield error_update("The prompt is empty: type something or pick an example.")
         return
@@ -85,15 +97,34 @@ def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, con
     lm, config, ids = prepared
     lock = registry.generation_lock(model_name)
     stats, trace, done, charted = StatsCollector(config.method), Trace(), None, 0.0
+    events, extra = [], {}
+    judge = before = None
+    if what_if is not None:
+        judge = SyntheticAcceptance(verify=what_if[0], target=what_if[1], seed=config.seed or 0)
+        before = partial(_plain_baseline, lm, ids, config, stop)
     timer, expired = guard.timer(stop)
     timer.start()
     try:
-        for batch in decode_in_background(lm, ids, config, lock, stop, throttle_s):
+        for batch in decode_in_background(lm, ids, config, lock, stop, throttle_s, judge=judge, before=before):
+            notes = [ev for ev in batch if isinstance(ev, dict)]  # from the plain baseline of a what-if run
+            for note in notes:
+                if "baseline" in note:
+                    extra["baseline"] = note["baseline"]
+                else:
+                    yield note
+            batch = [ev for ev in batch if not isinstance(ev, dict)]
+            if not batch and done is None:
+                continue
             for ev in batch:
                 stats.add(ev)
                 trace.add(ev)
+                events.append(event_to_dict(ev))
                 done = ev if isinstance(ev, DoneEvent) else done
-            snap = _snapshot(stats, trace, config, done, lm)
+            snap = _snapshot(stats, trace, config, done, lm) | extra
+            if done is not None:
+                snap.update(events=events, prompt_ids=list(ids))
+            if judge is not None:
+                snap["timing_only"] = judge.describe()
             if done is not None and expired.is_set():
                 snap["status"] = f"Stopped at this server's time limit of {guard.limits.max_seconds:g} s per request."
             snap["charts"] = done is not None or time.perf_counter() - charted >= charts_every_s
@@ -106,6 +137,16 @@ def generation_stream(registry: ModelRegistry, model_name: str, prompt: str, con
         timer.cancel()
         if done is None:  # the visitor went away or it failed: end the worker's generation
             stop.set()
+
+
+def _plain_baseline(lm, ids: list[int], config: DecodeConfig, stop: threading.Event, emit) -> None:
+    """A plain run (the full model, one token per pass) of the same prompt and budget, timed just
+    before a what-if run under the same lock: the what-if's speed is a ratio to it."""
+    emit({"status": "Timing plain decoding first (the baseline of this what-if run)…"})
+    plain = replace(config, method="autoregressive", verify_layer=None, policy="fixed")
+    r = run(lm.ee, ids, plain, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
+    emit({"baseline": {"tokens_per_s": r.stats["tokens_per_s"], "new_tokens": len(r.token_ids),
+                       "wall_s": r.stats["wall_s"]}})
 
 
 def _snapshot(stats: StatsCollector, trace: Trace, config: DecodeConfig, done: DoneEvent | None, lm) -> dict:
@@ -122,13 +163,23 @@ def _snapshot(stats: StatsCollector, trace: Trace, config: DecodeConfig, done: D
         "text": done.text if done else None,
         "settings": done.settings if done else None,
         "num_layers": lm.ee.num_layers,
+        "plain_tokens_per_s": _plain_rate(lm),
     }
+
+
+def _plain_rate(lm) -> float | None:
+    """Plain decoding's tokens/s by this machine's cost model of the model, if it was timed (the
+    adaptive policy times it; so does "Why this speed")."""
+    costs = getattr(lm.ee, "cost_model", None)
+    return plain_rate(costs, lm.ee.num_layers) if costs is not None else None
 
 
 def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config: DecodeConfig, chat: bool,
                    baselines: list[str], stop: threading.Event, guard: Guard = OPEN,
-                   visitor: str = "local") -> Iterator[dict]:
-    """Run the chosen method and each baseline on the same prompt, one after the other."""
+                   visitor: str = "local", repeats: int = 1) -> Iterator[dict]:
+    """Run the chosen method and each baseline on the same prompt, `repeats` times each, the order
+    reversed every other pass (a machine that speeds up or slows down then favours no method).
+    Each row holds every run's speed; the final update says the order the runs went in."""
     if not isinstance(prompt, str) or not prompt.strip():
         yield error_update("The prompt is empty: type something or pick an example.")
         return
@@ -155,20 +206,27 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
     timer, expired = guard.timer(stop)
     timer.start()
     try:
-        rows = []
-        for c in configs:
-            if stop.is_set():
-                break
-            yield {"status": f"Running {c.method}… ({len(rows) + 1} of {len(configs)})"}
-            r = run(lm.ee, ids, c, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
-            rows.append({"method": c.method if c.policy == "fixed" else f"{c.method} ({c.policy})", "tokens_per_s": r.stats["tokens_per_s"], "new_tokens": len(r.token_ids),
-                         "wall_s": r.stats["wall_s"], "token_ids": r.token_ids, "text": r.text,
-                         "acceptance": r.stats["acceptance"], "finish_reason": r.stats["finish_reason"],
-                         "dtype": r.settings.get("dtype", "float32")})
-        status = ("Comparison done." if len(rows) == len(configs) and not stop.is_set()
+        rows, order, total = {}, [], repeats * len(configs)
+        for rep in range(repeats):
+            for c in (configs if rep % 2 == 0 else configs[::-1]):
+                if stop.is_set():
+                    break
+                name = c.method if c.policy == "fixed" else f"{c.method} ({c.policy})"
+                yield {"status": f"Running {name}… ({len(order) + 1} of {total})"}
+                r = run(lm.ee, ids, c, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
+                order.append(name)
+                row = rows.setdefault(name, {"method": name, "runs": []})
+                row["runs"].append(r.stats["tokens_per_s"])
+                row.update(tokens_per_s=statistics.median(row["runs"]), new_tokens=len(r.token_ids),
+                           wall_s=r.stats["wall_s"], token_ids=r.token_ids, text=r.text,
+                           acceptance=r.stats["acceptance"], full_passes=r.stats["full_passes"],
+                           finish_reason=r.stats["finish_reason"], dtype=r.settings.get("dtype", "float32"))
+        complete = len(order) == total and not stop.is_set()
+        status = ("Comparison done." if complete
                   else f"Stopped at this server's time limit of {guard.limits.max_seconds:g} s per request."
                   if expired.is_set() else "Stopped.")
-        yield {"rows": rows, "done": True, "sampling": config.temperature > 0, "status": status}
+        yield {"rows": list(rows.values()), "order": order, "done": True, "sampling": config.temperature > 0,
+               "status": status}
     except Exception as exc:
         log.exception("comparison failed")
         yield error_update(f"Comparison failed ({type(exc).__name__}: {exc}). The app is still running; try again.")

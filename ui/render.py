@@ -45,7 +45,8 @@ def tokens_html(trace: Trace, draft_layer=None, verify_layer=None, show_rejected
             continue
         text = html.escape(printable(token.text), quote=True)
         title = html.escape(_title(token, draft_layer, verify_layer), quote=True)
-        spans.append(f'<span class="hs-tok hs-{token.css_class}" title="{title}">{text}</span>')
+        spans.append(f'<span class="hs-tok hs-{token.css_class}" title="{title}" data-s="{token.serial}" '
+                     f'tabindex="0">{text}</span>')
     body = "".join(spans) or '<span class="hs-empty">The generated text appears here, token by token.</span>'
     return f'<div class="hs-text">{body}</div>'
 
@@ -139,11 +140,14 @@ def stats_html(s: dict) -> str:
     return f'<table class="hs-stats">{body}</table>'
 
 
-def compare_table(rows: list[dict], sampling: bool = False) -> str:
-    """Speeds side by side; under greedy decoding, whether each output equals the reference."""
+def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | None = None) -> str:
+    """Speeds side by side (median of the repeats, with their range), each method's acceptance and
+    full-model passes next to its ratios, and under greedy decoding whether each output equals the
+    reference; `order`: the order the runs went in."""
     ref = next((r for r in rows if r["method"] == "autoregressive"), rows[0])
-    head = ("<tr><th>method</th><th>tokens</th><th>tokens / s</th>"
+    head = ("<tr><th>method</th><th>tokens</th><th>tokens / s (median, range)</th>"
             + "".join(f"<th>speedup vs {html.escape(r['method'])}</th>" for r in rows)
+            + "<th>acceptance</th><th>full-model passes</th>"
             + f"<th>identical to {html.escape(ref['method'])}</th></tr>")
     body = []
     for r in rows:
@@ -152,9 +156,21 @@ def compare_table(rows: list[dict], sampling: bool = False) -> str:
             for o in rows)
         same = ("n/a: sampled (same distribution, not the same text)" if sampling
                 else "✓ same tokens" if r["token_ids"] == ref["token_ids"] else _difference(r, ref))
+        runs = r.get("runs") or [r["tokens_per_s"]]
+        spread = (f" <span class='hs-hint'>({min(runs):.2f}–{max(runs):.2f}, {len(runs)} runs)</span>"
+                  if len(runs) > 1 else " <span class='hs-hint'>(1 run)</span>")
+        acceptance = ", ".join(f"{html.escape(k)} {v:.0%}" for k, v in (r.get("acceptance") or {}).items()
+                               if v is not None) or "–"
         body.append(f"<tr><td>{html.escape(r['method'])}</td><td>{r['new_tokens']}</td>"
-                    f"<td>{r['tokens_per_s']:.2f}</td>{ratios}<td>{same}</td></tr>")
-    return f'<table class="hs-stats hs-compare">{head}{"".join(body)}</table>'
+                    f"<td>{r['tokens_per_s']:.2f}{spread}</td>{ratios}<td>{acceptance}</td>"
+                    f"<td>{r.get('full_passes', '–')}</td><td>{same}</td></tr>")
+    caption = ""
+    if order:
+        caption = ("<p class='hs-hint'>Run order: " + html.escape(" → ".join(order)) + ". Speeds are medians of "
+                   "the repeats; the order reverses every other pass, so a machine that speeds up or slows down "
+                   "favours no method. Ratios are of medians; a range wider than the gap between two methods "
+                   "means this prompt cannot tell them apart here.</p>")
+    return f'<table class="hs-stats hs-compare">{head}{"".join(body)}</table>{caption}'
 
 
 def _difference(row: dict, ref: dict) -> str:
@@ -165,3 +181,54 @@ def _difference(row: dict, ref: dict) -> str:
         why = (f" ({html.escape(row['dtype'])}: passes over different numbers of tokens can round a near-tie "
                "differently; exactness holds in float32)")
     return f"✗ DIFFERENT from token {first + 1}{why}"
+
+
+# ---- what if: timing-only runs, labelled on every view ------------------------------------
+SYNTHETIC = "SYNTHETIC — timing only"
+
+
+def _what_if_banner(rates: tuple[float, float]) -> str:
+    return (f"<div class='hs-synthetic'><b>{SYNTHETIC}.</b> Each verdict was drawn at random: a draft was kept with "
+            f"probability {rates[0]:.0%} by the verifier and {rates[1]:.0%} by the full model, whatever the model "
+            "predicted. Every layer pass and head ran for real, so the timing is this machine's; the text is "
+            "<b>not</b> the model's output.</div>")
+
+
+def what_if_tokens(tokens: str, rates: tuple[float, float]) -> str:
+    """A what-if run's coloured tokens under its label."""
+    return _what_if_banner(rates) + f"<div class='hs-synthetic-text'>{tokens}</div>"
+
+
+def what_if_stats(snap: dict, rates: tuple[float, float]) -> str:
+    """A what-if run's speed against the plain run timed just before it, every row labelled."""
+    s, base = snap["stats"], snap.get("baseline")
+    rows = [(f"{SYNTHETIC}: tokens / s", f"{s['tokens_per_s']:.2f}")]
+    if base:
+        rows.append(("plain decoding, real, timed just before: tokens / s", f"{base['tokens_per_s']:.2f}"))
+        if base["tokens_per_s"]:
+            rows.append((f"{SYNTHETIC}: speed vs plain", f"<b>{s['tokens_per_s'] / base['tokens_per_s']:.2f}×</b>"))
+    rows += [(f"{SYNTHETIC}: acceptance {k}", _pct(v)) for k, v in s["acceptance"].items()]
+    rows += [(f"{SYNTHETIC}: full-model passes", str(s["full_passes"])),
+             (f"{SYNTHETIC}: new tokens", str(s["new_tokens"]))]
+    body = "".join(f"<tr><td>{html.escape(a)}</td><td>{b}</td></tr>" for a, b in rows)
+    return (f"<table class='hs-stats hs-synthetic-stats' id='hs-what-if-table'>{body}</table>"
+            f"<p class='hs-hint'>Asked for: {rates[0]:.0%} draft → verify, {rates[1]:.0%} → full model (per token, "
+            "drawn independently). Measured acceptance differs by chance, and counts a block's tokens after its "
+            "first rejection as rejected too.</p>")
+
+
+def published_html(points: list[dict]) -> str:
+    """Where the chart's stars come from: each published point with its source."""
+    if not points:
+        return ""
+    items = "".join(
+        f"<li>{html.escape(p['label'])}: {p['y']:.2f}× on {html.escape(p['hardware'])}, token acceptance "
+        f"{p['acceptance']:.1%} of {p['draft_len']} drafts (≈ {p['x']:.0%} per token) — "
+        f"<a href='{html.escape(p['url'], quote=True)}' target='_blank' rel='noopener'>{html.escape(p['source'])}</a></li>"
+        for p in points)
+    return ("<details class='hs-published'><summary>★ Published LayerSkip points on the chart: sources</summary>"
+            "<p class='hs-hint'>Larger models trained to exit early, on GPUs: they show where trained exits sit on "
+            "the acceptance axis, not what this machine would do. Papers count every draft after a block's first "
+            "mismatch as rejected; the chart's axis is per token, so each figure is converted for its number of "
+            "drafts (a + a² + … + a^k = k × the published share).</p>"
+            f"<ul>{items}</ul></details>")

@@ -152,34 +152,45 @@ def in_background(task: Callable[[Callable[[object], None]], None], lock: thread
 
 
 def decode_in_background(lm, ids: list[int], config: DecodeConfig, lock: threading.Lock, stop: threading.Event,
-                         throttle_s: float) -> Iterator[list]:
+                         throttle_s: float, judge: Callable[[str, int], int] | None = None,
+                         before: Callable[[Callable[[object], None]], None] | None = None) -> Iterator[list]:
     """The engine's events of one generation, in batches (see in_background). The decoder is built
     in the worker, under the model's lock: its set-up may time the model (the adaptive policy's
-    cost model), which must not run beside another visitor's generation."""
+    cost model), which must not run beside another visitor's generation.
+    `judge`: TIMING ONLY acceptance (hispec.evaluation.timing_only); `before(emit)`: work run first
+    under the same lock (e.g. a baseline measured side by side), emitting what it likes."""
     def task(emit):
+        if before is not None:
+            before(emit)
         for event in Decoder(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer),
-                             stop=stop).events():
+                             stop=stop, judge=judge).events():
             emit(event)
 
     return in_background(task, lock, throttle_s, "hispec-generation")
 
 
-def model_costs_under_lock(registry: ModelRegistry, model_name: str, exits: tuple[int, ...],
-                           timeout_s: float = 30.0):
-    """This machine's pass and head costs for a model (engine.costs), timed once per model and exit
-    under the model's lock, so that no other visitor's generation runs beside the timing. Raises
-    HiSpecError when the model stays busy for `timeout_s`."""
-    from hispec.engine.costs import model_costs
-
+def under_model_lock(registry: ModelRegistry, model_name: str, work: Callable, timeout_s: float = 30.0):
+    """`work(lm)` with the model's generation lock held, so that no other visitor's generation runs
+    beside it (timings stay clean, caches stay apart). Raises HiSpecError when the model stays busy
+    for `timeout_s`."""
     lm = registry.get(model_name)
-    exits = tuple(e for e in exits if e)
-    known = getattr(lm.ee, "cost_model", None)
-    if known is not None and known.covers(exits):  # timed before: nothing to run, no need to wait
-        return known
     lock = registry.generation_lock(model_name)
     if not lock.acquire(timeout=timeout_s):
         raise HiSpecError("the model is busy with another visitor's generation; try again in a moment")
     try:
-        return model_costs(lm.ee, exits)
+        return work(lm)
     finally:
         lock.release()
+
+
+def model_costs_under_lock(registry: ModelRegistry, model_name: str, exits: tuple[int, ...],
+                           timeout_s: float = 30.0):
+    """This machine's pass and head costs for a model (engine.costs), timed once per model and exit
+    under the model's lock. Raises HiSpecError when the model stays busy for `timeout_s`."""
+    from hispec.engine.costs import model_costs
+
+    exits = tuple(e for e in exits if e)
+    known = getattr(registry.get(model_name).ee, "cost_model", None)
+    if known is not None and known.covers(exits):  # timed before: nothing to run, no need to wait
+        return known
+    return under_model_lock(registry, model_name, lambda lm: model_costs(lm.ee, exits), timeout_s)

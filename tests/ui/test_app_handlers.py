@@ -29,7 +29,7 @@ def registry():
 
 def spans(fragment: str):
     return [(cls, html.unescape(text)) for cls, text in
-            re.findall(r'<span class="hs-tok hs-([a-z-]+)" title="[^"]*">(.*?)</span>', fragment, re.S)]
+            re.findall(r'<span class="hs-tok hs-([a-z-]+)" title="[^"]*"[^>]*>(.*?)</span>', fragment, re.S)]
 
 
 def test_stream_matches_engine_events(registry):
@@ -97,12 +97,20 @@ def test_impossible_layers_are_messages(registry, args, message):
     (("HiSpec", 2, 5, 2, 4, 100000), "max new tokens 100000 is over this app's limit of 512"),
     (("HiSpec", 2, 5, 0, 4, 10), "draft_len must be at least 1"),
     (("HiSpec", 2.5, 5, 2, 4, 10), "draft layer must be a whole number"),
-    (("HiSpec", None, 5, 2, 4, 10), "draft layer must be a whole number"),
+    (("HiSpec", "two", 5, 2, 4, 10), "draft layer must be a whole number"),
     (("Beam search", 2, 5, 2, 4, 10), "unknown method 'Beam search'"),
 ])
 def test_bad_settings(args, message):
     with pytest.raises(HiSpecError, match=re.escape(message)):
         handlers.make_config(*args)
+
+
+def test_empty_settings_take_the_models_own():
+    """None (an API call that leaves a field out) is filled in from the model when it is resolved."""
+    config = handlers.make_config("HiSpec", None, None, None, None, 10)
+    assert (config.draft_layer, config.verify_layer, config.draft_len, config.verify_threshold) == (None,) * 4
+    resolved = config.resolve(8, {"draft": 2, "verify": 5, "draft_len": 1, "verify_threshold": 3})
+    assert (resolved.draft_layer, resolved.verify_layer, resolved.draft_len, resolved.verify_threshold) == (2, 5, 1, 3)
 
 
 @pytest.mark.parametrize("prompt", ["", "   \n", None])

@@ -22,7 +22,9 @@ from gradio_client.exceptions import AppError  # noqa: E402
 import helpers  # noqa: E402
 from hispec.model.early_exit import EarlyExitModel  # noqa: E402
 from hispec.model.loading import LoadedModel  # noqa: E402
+from hispec.engine.events import event_from_dict  # noqa: E402
 from hispec.evaluation.runner import run  # noqa: E402
+from hispec.evaluation.trace import Trace  # noqa: E402
 from hispec.serving.limits import Limits
 from hispec.serving.registry import ModelRegistry  # noqa: E402
 from hispec.text import Detokenizer  # noqa: E402
@@ -101,12 +103,23 @@ def client(served):
 GREEDY = (0.0, 0, 1.0, -1, "Fixed (the settings below)")
 
 
-def call(client: Client, *args, api_name: str, timeout: float = TIMEOUT_S):
-    return client.submit(*args, api_name=api_name).result(timeout=timeout)
+def call(client: Client, *args, api_name: str, timeout: float = TIMEOUT_S, **kwargs):
+    return client.submit(*args, api_name=api_name, **kwargs).result(timeout=timeout)
 
 
-def generate(client: Client, prompt: str, settings=HISPEC, max_new: int = 40, model: str = MODEL, chat=True):
-    return call(client, prompt, model, *settings, max_new, chat, *GREEDY, api_name="/generate")
+def named(settings=HISPEC, max_new: int = 40, model: str = MODEL) -> dict:
+    """The /generate API's named inputs for settings in the page's order (method label first)."""
+    method, d, v, n_d, n_i = settings
+    return dict(model=model, method=handlers.METHODS[method], draft_layer=d, verify_layer=v, draft_len=n_d,
+                verify_threshold=n_i, max_new_tokens=max_new, policy="fixed")
+
+
+def submit(client: Client, prompt: str, settings=HISPEC, max_new: int = 40, model: str = MODEL):
+    return client.submit(prompt=prompt, **named(settings, max_new, model), api_name="/generate")
+
+
+def generate(client: Client, prompt: str, settings=HISPEC, max_new: int = 40, model: str = MODEL) -> dict:
+    return submit(client, prompt, settings, max_new, model).result(timeout=TIMEOUT_S)
 
 
 def expected(lm: LoadedModel, prompt: str, settings=HISPEC, max_new: int = 40, chat=True):
@@ -126,60 +139,71 @@ def committed_text(tokens_html: str) -> str:
     return "".join(text for cls, text in spans(tokens_html) if cls not in REJECTED)
 
 
-def new_tokens(stats_html: str) -> int:
-    match = re.search(r"<td>new tokens</td><td>(\d+)</td>", stats_html or "")
-    assert match, f"no token count in the stats: {stats_html!r}"
-    return int(match.group(1))
-
-
 def plain(message_html: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", message_html or ""))
 
 
-def assert_matches_engine(out, lm, prompt, settings=HISPEC, max_new=40):
-    status, tokens, legend, final, stats = out[:5]
+def assert_matches_engine(out: dict, lm, prompt, settings=HISPEC, max_new=40):
+    """The API's answer is the engine's own run: tokens, text, colours, stats and the whole trace."""
     result, config = expected(lm, prompt, settings, max_new)
-    assert "Done" in plain(status), status
-    assert 'class="hs-tok ' in tokens
+    assert out["token_ids"] == result.token_ids
+    assert out["text"] == result.text
     # the spans show special tokens too (the random model writes <unk>); the text skips them
-    assert committed_text(tokens) == lm.tokenizer.decode(result.token_ids, skip_special_tokens=False)
-    assert tokens == render.tokens_html(result.trace, config.draft_layer, config.verify_layer)
-    assert legend == render.legend_html(result.trace.counts())
-    assert new_tokens(stats) == len(result.token_ids)
-    assert final == result.text
+    assert committed_text(out["html"]) == lm.tokenizer.decode(result.token_ids, skip_special_tokens=False)
+    assert out["html"] == render.tokens_html(result.trace, config.draft_layer, config.verify_layer)
+    assert out["stats"]["new_tokens"] == len(result.token_ids)
+    trace = Trace()
+    for data in out["trace"]:
+        trace.add(event_from_dict(data))
+    assert render.tokens_html(trace, config.draft_layer, config.verify_layer) == out["html"]
 
 
 # ---- (a) one generation -------------------------------------------------------------------------
-def test_generate_api_order(client):
-    """The /generate parameters are in the order these tests (and API users) rely on."""
-    params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
-    labels = [p["label"] for p in params]
-    assert labels == ["Prompt", "Model", "Method", "Draft layer d", "Verify layer v", "draft_len",
-                      "verify_threshold", "Max new tokens", "Use the chat template", "Temperature",
-                      "Top-k (0 = off)", "Top-p (1 = off)", "Seed (-1 = random)", "Policy"], labels
+def test_generate_api_has_named_inputs_and_a_json_answer(client):
+    """/generate takes named parameters with the engine's names, and documents every one."""
+    endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]
+    names = [p["parameter_name"] for p in endpoint["parameters"]]
+    assert names[:6] == ["prompt", "method", "draft_layer", "verify_layer", "draft_len", "verify_threshold"], names
+    assert {"max_new_tokens", "policy", "temperature", "seed", "model"} <= set(names), names
+    assert all(p["parameter_has_default"] for p in endpoint["parameters"][1:]), "only the prompt is required"
 
 
 def test_generate_colours_tokens_and_matches_the_engine(served, client):
     _, lm = served
     out = generate(client, PROMPT, max_new=40)
-    assert len(out) == 8
-    assert plain(out[0]).startswith("Done: max new tokens"), out[0]
-    classes = {cls for cls, _ in spans(out[1])}
+    assert set(out) == {"text", "token_ids", "html", "stats", "settings", "trace"}
+    assert out["stats"]["finish_reason"] == "max_new_tokens"
+    classes = {cls for cls, _ in spans(out["html"])}
     assert "hs-target-wrote" in classes  # the random model's exits disagree: corrections by the full model
     assert not classes & {"hs-drafted", "hs-tentative"}, "nothing may stay pending once done"
     assert_matches_engine(out, lm, PROMPT, max_new=40)
-    assert len([cls for cls, _ in spans(out[1]) if cls not in REJECTED]) == 40
-    acc, speed, work = out[5:]
-    assert all(isinstance(fig, dict) and fig.get("type") == "plotly" for fig in (acc, speed, work))
+    assert len([cls for cls, _ in spans(out["html"]) if cls not in REJECTED]) == 40
+    kinds = [e["type"] for e in out["trace"]]
+    assert kinds[-1] == "done" and {"token", "pass", "round"} <= set(kinds), set(kinds)
+    assert out["settings"]["draft_layer"] == 1 and out["settings"]["verify_layer"] == 2
+
+
+def test_generate_api_fills_in_the_models_settings(served, client):
+    """Layers and lengths left out take the model's recommended settings, as on the page."""
+    _, lm = served
+    out = call(client, prompt=PROMPT, max_new_tokens=12, api_name="/generate")
+    assert out["settings"]["method"] == "hispec" and out["settings"]["policy"] == "fixed"
+    resolved = handlers.make_config("HiSpec", None, None, None, None, 12).resolve(lm.ee.num_layers)
+    assert (out["settings"]["draft_layer"], out["settings"]["verify_layer"]) == (resolved.draft_layer,
+                                                                                  resolved.verify_layer)
+    assert len(out["token_ids"]) == 12
 
 
 # ---- (b) compare ------------------------------------------------------------------------------------
 def test_compare_finds_identical_tokens(client):
     status, table, figure = call(client, PROMPT, MODEL, *HISPEC, 40, True, *GREEDY,
-                                 ["Autoregressive", "LayerSkip (single exit)"], api_name="/compare")
+                                 ["Autoregressive", "LayerSkip (single exit)"], 2, api_name="/compare")
     assert "Comparison done" in plain(status), status
     rows = re.findall(r"<tr><td>(hispec|autoregressive|layerskip)</td><td>(\d+)</td>.*?</tr>", table)
     assert [m for m, _ in rows] == ["hispec", "autoregressive", "layerskip"], table
+    # two runs each, the order reversed on the second pass, each speed with its range
+    assert "Run order: hispec → autoregressive → layerskip → layerskip → autoregressive → hispec" in plain(table)
+    assert table.count("2 runs)") == 3, table
     assert all(int(n) == 40 for _, n in rows), table
     assert table.count("✓ same tokens") == 3, table
     assert "DIFFERENT" not in table
@@ -194,27 +218,21 @@ def test_stop_ends_the_visitors_generation(served, client):
     if handlers.MAX_NEW_TOKENS < budget:
         pytest.skip(f"HISPEC_MAX_NEW_TOKENS={handlers.MAX_NEW_TOKENS} is below this test's budget")
     with slow_full_model(lm, 0.03):  # unstopped, this takes 230 x 30 ms = 7 s at least
-        job = client.submit(LONG_PROMPT, MODEL, *HISPEC, budget, True, *GREEDY, api_name="/generate")
-        deadline = time.monotonic() + 30
-        while not any(isinstance(o, (list, tuple)) and "hs-tok" in (o[1] or "") for o in job.outputs()):
-            assert not job.done(), f"finished before it could be stopped: {job.outputs()[-1:]}"
-            assert time.monotonic() < deadline, "no partial result streamed in"
-            time.sleep(0.05)
-        partial = [o for o in job.outputs() if "hs-tok" in (o[1] or "")][0]
-        assert "Generating" in plain(partial[0]), partial[0]
+        job = submit(client, LONG_PROMPT, max_new=budget)
+        time.sleep(1.5)
+        assert not job.done(), "finished before it could be stopped"
         t0 = time.monotonic()
         stopping = call(client, api_name="/stop")  # same client: same session hash
         assert "Stopping" in plain(stopping)
         final = job.result(timeout=10)
         elapsed = time.monotonic() - t0
-    assert "stopped" in plain(final[0]).lower(), final[0]
-    assert new_tokens(final[4]) < budget
+    assert final["stats"]["finish_reason"] == "stopped", final["stats"]
+    assert 0 < len(final["token_ids"]) < budget
     assert elapsed < 5, f"stop took {elapsed:.1f} s"
     # what was written before the stop is the start of the unstopped greedy text (which ends at EOS)
     unstopped, _ = expected(lm, LONG_PROMPT, max_new=budget)
-    assert new_tokens(final[4]) < len(unstopped.token_ids)
-    written = committed_text(final[1])
-    assert written and lm.tokenizer.decode(unstopped.token_ids).startswith(written), written
+    assert final["token_ids"] == unstopped.token_ids[: len(final["token_ids"])]
+    assert len(final["token_ids"]) < len(unstopped.token_ids)
     # the model is free again, and a stop does not leak into the visitor's next generation
     assert_matches_engine(generate(client, PROMPT, max_new=20), lm, PROMPT, max_new=20)
 
@@ -223,7 +241,7 @@ def test_stop_of_another_visitor_does_not_stop_mine(served):
     _, lm = served
     mine, other = Client(served[0], verbose=False), Client(served[0], verbose=False)
     with slow_full_model(lm, 0.005):
-        job = mine.submit(PROMPT, MODEL, *HISPEC, 60, True, *GREEDY, api_name="/generate")
+        job = submit(mine, PROMPT, max_new=60)
         time.sleep(0.3)
         call(other, api_name="/stop")
         out = job.result(timeout=TIMEOUT_S)
@@ -235,58 +253,54 @@ def test_concurrent_visitors_get_their_own_outputs(served):
     url, lm = served
     a, b = Client(url, verbose=False), Client(url, verbose=False)
     with slow_full_model(lm, 0.005):  # long enough that the two generations overlap
-        jobs = [(PROMPT, a.submit(PROMPT, MODEL, *HISPEC, 50, True, *GREEDY, api_name="/generate")),
-                (OTHER_PROMPT, b.submit(OTHER_PROMPT, MODEL, *HISPEC, 50, True, *GREEDY, api_name="/generate"))]
+        jobs = [(PROMPT, submit(a, PROMPT, max_new=50)), (OTHER_PROMPT, submit(b, OTHER_PROMPT, max_new=50))]
         outs = [(prompt, job.result(timeout=TIMEOUT_S)) for prompt, job in jobs]
-    assert committed_text(outs[0][1][1]) != committed_text(outs[1][1][1])
+    assert outs[0][1]["token_ids"] != outs[1][1]["token_ids"]
     for prompt, out in outs:
         assert_matches_engine(out, lm, prompt, max_new=50)
 
 
-# ---- (e) bad input -----------------------------------------------------------------------------------
+# ---- (e) bad input: an error raised as an error, naming what is wrong -------------------------------
 @pytest.mark.parametrize("case", ["empty prompt", "blank prompt", "draft >= verify", "unreachable model",
-                                  "over the model's context"])
-def test_bad_input_shows_an_error_and_the_app_keeps_serving(served, client, case):
+                                  "over the model's context", "unknown method", "over the app's limit"])
+def test_bad_input_raises_an_error_and_the_app_keeps_serving(served, client, case):
     _, lm = served
-    args = dict(prompt=PROMPT, model=MODEL, settings=HISPEC, max_new=20)
+    args = dict(prompt=PROMPT, **named(max_new=20))
     want = {
         "empty prompt": ("prompt is empty", dict(prompt="")),
         "blank prompt": ("prompt is empty", dict(prompt="   \n ")),
-        "draft >= verify": ("must be below verify layer", dict(settings=("HiSpec", 5, 3, 2, 4))),
+        "draft >= verify": ("must be below verify layer", dict(draft_layer=5, verify_layer=3)),
         "unreachable model": ("could not load model 'facebook/layerskip-llama3.2-1B'",
                               dict(model="facebook/layerskip-llama3.2-1B")),
-        "over the model's context": ("exceeds the model's context", dict(max_new=handlers.MAX_NEW_TOKENS)),
+        "over the model's context": ("exceeds the model's context", dict(max_new_tokens=handlers.MAX_NEW_TOKENS)),
+        "unknown method": ("unknown method 'medusa'; choose from hispec, layerskip", dict(method="medusa")),
+        "over the app's limit": (f"over this app's limit of {handlers.MAX_NEW_TOKENS}",
+                                 dict(max_new_tokens=handlers.MAX_NEW_TOKENS + 1)),
     }[case]
     args.update(want[1])
     if case == "over the model's context" and handlers.MAX_NEW_TOKENS <= 256 - len(lm.encode(PROMPT)):
         pytest.skip(f"HISPEC_MAX_NEW_TOKENS={handlers.MAX_NEW_TOKENS} fits in the tiny model's context")
     t0 = time.monotonic()
-    out = generate(client, args["prompt"], args["settings"], args["max_new"], args["model"])
+    with pytest.raises(AppError) as caught:
+        call(client, api_name="/generate", **args)
     assert time.monotonic() - t0 < 15, "an error must come back fast (no download, no generation)"
-    assert 'hs-msg-error' in out[0], out[0]
-    assert want[0] in plain(out[0]), out[0]
+    assert want[0] in str(caught.value), str(caught.value)
     if case == "unreachable model":
-        assert "offline" in plain(out[0]) or "not reachable" in plain(out[0])
+        assert "offline" in str(caught.value) or "not reachable" in str(caught.value)
     # the app still serves
     assert_matches_engine(generate(client, PROMPT, max_new=20), lm, PROMPT, max_new=20)
 
 
-def test_max_new_tokens_over_the_limit_is_refused(served, client):
-    _, lm = served
-    limit = handlers.MAX_NEW_TOKENS
-    try:
-        out = generate(client, PROMPT, max_new=limit + 1)
-    except AppError as exc:  # the slider itself refuses a value above its maximum
-        message = str(exc)
-        assert str(limit) in message and "maximum" in message, message
-    else:  # or the handler does, in the status
-        assert 'hs-msg-error' in out[0] and f"limit of {limit}" in plain(out[0]), out[0]
-    assert_matches_engine(generate(client, PROMPT, max_new=20), lm, PROMPT, max_new=20)
-
-
 def test_compare_rejects_bad_input_in_its_status(client):
-    status, *_ = call(client, "", MODEL, *HISPEC, 20, True, *GREEDY, ["Autoregressive"], api_name="/compare")
+    status, *_ = call(client, "", MODEL, *HISPEC, 20, True, *GREEDY, ["Autoregressive"], 1, api_name="/compare")
     assert "prompt is empty" in plain(status)
-    status, *_ = call(client, PROMPT, MODEL, "Autoregressive", 1, 2, 2, 4, 20, True, *GREEDY, ["Autoregressive"],
+    status, *_ = call(client, PROMPT, MODEL, "Autoregressive", 1, 2, 2, 4, 20, True, *GREEDY, ["Autoregressive"], 1,
                       api_name="/compare")
     assert "at least one baseline" in plain(status)
+    try:
+        status, *_ = call(client, PROMPT, MODEL, *HISPEC, 20, True, *GREEDY, ["Autoregressive"], 9,
+                          api_name="/compare")
+    except AppError as exc:  # the slider itself refuses a value above its maximum
+        assert "maximum" in str(exc), str(exc)
+    else:  # or the handler does, in the status
+        assert "runs of each method must be 1 to 5" in plain(status), status

@@ -60,7 +60,7 @@ def wait_for_status(page, text: str) -> None:
 
 
 def test_generate_in_the_browser(page, tmp_path):
-    page.get_by_label("Prompt").fill("Hey")
+    page.get_by_label("Prompt", exact=True).fill("Hey")
     page.get_by_role("button", name="Generate", exact=True).click()
     page.wait_for_selector("#hs-tokens .hs-tok")
     wait_for_status(page, "Done")
@@ -83,12 +83,12 @@ def test_generate_in_the_browser(page, tmp_path):
 
 
 def test_empty_prompt_shows_the_error_in_the_status(page):
-    page.get_by_label("Prompt").fill("")
+    page.get_by_label("Prompt", exact=True).fill("")
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "The prompt is empty")
     assert page.locator("#hs-status .hs-msg-error").count() == 1
     # and the page still generates afterwards
-    page.get_by_label("Prompt").fill("xyz")
+    page.get_by_label("Prompt", exact=True).fill("xyz")
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "Done")
     assert page.locator("#hs-tokens .hs-tok").count() > 10
@@ -97,7 +97,7 @@ def test_empty_prompt_shows_the_error_in_the_status(page):
 def test_why_this_speed_follows_the_run_and_the_sliders(page, tmp_path):
     """After a fixed HiSpec run, "Why this speed" shows the run's measured speed next to the cost
     model's prediction and break-even; moving an acceptance slider changes the prediction."""
-    page.get_by_label("Prompt").fill("Hey there")
+    page.get_by_label("Prompt", exact=True).fill("Hey there")
     page.get_by_label("Fixed (the settings below)").check()
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "Done")
@@ -119,12 +119,12 @@ def test_why_this_speed_follows_the_run_and_the_sliders(page, tmp_path):
 
 
 def test_an_error_leaves_nothing_of_the_last_run(page):
-    page.get_by_label("Prompt").fill("Hey")
+    page.get_by_label("Prompt", exact=True).fill("Hey")
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "Done")
     expect(page.locator("#hs-final textarea")).not_to_have_value("")
     assert page.locator("#hs-tokens .hs-tok").count() > 0
-    page.get_by_label("Prompt").fill("")
+    page.get_by_label("Prompt", exact=True).fill("")
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "The prompt is empty")
     page.wait_for_function("() => document.querySelectorAll('#hs-tokens .hs-tok').length === 0")
@@ -167,3 +167,78 @@ def test_the_teaching_preset_lets_drafts_pile_up(page):
     expect(page.locator("#hs-method").get_by_label("HiSpec", exact=True)).to_be_checked()
     page.locator("#hs-preset").get_by_label("Fastest measured").check()
     wait_for_status(page, "Fastest measured")
+
+
+def generate_fixed(page, prompt: str = "Hey there") -> None:
+    """A fixed-rounds HiSpec run (the paper's lengths: drafts pile up), to its end and the views after it."""
+    page.locator("#hs-preset").get_by_label("Teaching (drafts pile up)").check()
+    wait_for_status(page, "Teaching")
+    page.get_by_label("Prompt", exact=True).fill(prompt)
+    page.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_status(page, "Done")
+
+
+def test_step_forward_and_back_through_a_finished_run(page, tmp_path):
+    generate_fixed(page)
+    view = page.locator("#hs-step-view")
+    expect(view).to_contain_text("Round 1 of ")  # the first decoding round, replayed from the events
+    expect(view).to_contain_text("Draft at exit")
+    expect(view).to_contain_text("KV cache length per layer")
+    page.locator("#hs-step-next").click()
+    expect(view).to_contain_text("Round 2 of ")
+    page.locator("#hs-step-next").click()
+    expect(view).to_contain_text("Round 3 of ")
+    page.locator("#hs-step-prev").click()
+    expect(view).to_contain_text("Round 2 of ")
+    page.locator("#hs-step-prev").click()
+    page.locator("#hs-step-prev").click()
+    expect(view).to_contain_text("Prefill")  # round 0: the prompt's own pass
+    page.locator("#hs-step-play").click()  # play steps on by itself
+    expect(view).to_contain_text("Round 2 of ")
+    page.locator("#hs-step-play").click()  # pause
+    shot = tmp_path / "step.png"
+    page.locator("#hs-step-box").screenshot(path=str(shot))
+    assert shot.stat().st_size > 10_000
+
+
+def test_click_a_token_to_read_its_story(page):
+    generate_fixed(page)
+    expect(page.locator("#hs-explain-all .hs-explain").first).to_be_attached()
+    page.locator("#hs-tokens .hs-verify-rejected, #hs-tokens .hs-target-rejected").first.click()
+    story = page.locator("#hs-explain-all .hs-explain:visible")
+    expect(story).to_have_count(1)
+    expect(story).to_contain_text("Proposed by")
+    expect(story).to_contain_text("rejected by")
+    expect(story).to_contain_text("Top candidates of each exit")
+    expect(page.locator("#hs-explain-all .hs-explain-hint")).to_be_hidden()
+    page.locator("#hs-tokens .hs-target-wrote").first.click()  # another token: its story replaces the first
+    expect(page.locator("#hs-explain-all .hs-explain:visible")).to_contain_text("written by the full model itself")
+
+
+def test_open_the_depth_view(page):
+    generate_fixed(page)
+    page.locator("#hs-beliefs-box").get_by_text("What each exit believes").click()
+    grid = page.locator("#hs-beliefs-grid")
+    expect(grid).to_be_visible()
+    expect(grid).to_contain_text("full model (8 layers)")
+    expect(grid).to_contain_text("depth of certainty")
+    assert grid.locator("td[title]").count() > 10  # hover: each cell's top candidates
+
+
+def test_a_what_if_run_is_labelled_synthetic(page):
+    generate_fixed(page)
+    for slider in ("#hs-a-dv", "#hs-a-vt"):
+        box = page.locator(f"{slider} input[type=number]")
+        box.fill("0.95")
+        box.press("Enter")
+    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('95% → full')")
+    page.locator("#hs-what-if-btn").click()
+    page.wait_for_function("() => (document.querySelector('#hs-what-if-status')?.innerText || '').includes('Done')")
+    expect(page.locator("#hs-what-if-tokens")).to_contain_text("SYNTHETIC — timing only")
+    expect(page.locator("#hs-what-if-tokens")).to_contain_text("not the model's output")
+    expect(page.locator("#hs-what-if-stats")).to_contain_text("speed vs plain")
+    for row in page.locator("#hs-what-if-table tr td:first-child").all_inner_texts():
+        assert row.startswith("SYNTHETIC") or "real" in row, row
+    expect(page.locator("#hs-what-if-plot .gtitle")).to_contain_text("SYNTHETIC")
+    # the real run's views keep the real figures
+    expect(page.locator("#hs-tokens")).not_to_contain_text("SYNTHETIC")

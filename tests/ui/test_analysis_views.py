@@ -1,0 +1,171 @@
+"""The views after a run: what-if runs (labelled timing-only, with a plain baseline), Compare's
+repeats, each token's story, the exit warning and the published points."""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+
+import pytest
+from helpers import EOS, char_tokenizer, tiny_model
+
+from hispec.engine.events import TokenEvent, event_from_dict
+from hispec.engine.events import TokenState as S
+from hispec.evaluation import published
+from hispec.evaluation.beliefs import exit_beliefs
+from hispec.evaluation.runner import run
+from hispec.evaluation.trace import Trace
+from hispec.model.early_exit import EarlyExitModel
+from hispec.model.loading import LoadedModel
+from hispec.serving.registry import ModelRegistry
+from ui import handlers, render, token_story
+
+
+@pytest.fixture(scope="module")
+def registry():
+    model = tiny_model("llama", layers=8)
+    model.generation_config.eos_token_id = EOS
+    reg = ModelRegistry()
+    reg.add("tiny", LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t"))
+    return reg
+
+
+def plain(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+# ---- what if: timing-only verdicts, measured against a plain run --------------------------------
+def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(registry):
+    config = handlers.make_config("HiSpec", 2, 4, 2, 4, 30, policy_label=handlers.FIXED)
+    snaps = list(handlers.generation_stream(registry, "tiny", "hello", config, True, threading.Event(),
+                                            what_if=(1.0, 1.0)))
+    assert any("Timing plain decoding first" in s.get("status", "") for s in snaps)
+    final = snaps[-1]
+    assert final["done"] and "timing only" in final["timing_only"] and "not the model's" in final["timing_only"]
+    assert "timing_only" in final["settings"], "the run's own settings say it too"
+    assert final["baseline"]["new_tokens"] == 30 and final["baseline"]["tokens_per_s"] > 0
+    # every verdict accepts: the random model's exits never agree with its full model, yet nothing is rejected
+    assert final["stats"]["acceptance"] == {"draft->verify": 1.0, "verify->target": 1.0}
+    stats = render.what_if_stats(final, (1.0, 1.0))
+    rows = re.findall(r"<tr><td>(.*?)</td>", stats)
+    assert rows and all(r.startswith(render.SYNTHETIC) or "real" in r for r in rows), rows
+    assert "speed vs plain" in stats
+    assert "SYNTHETIC" in render.what_if_tokens(final["html"], (1.0, 1.0))
+
+
+def test_what_if_at_zero_acceptance_rejects_every_draft(registry):
+    config = handlers.make_config("LayerSkip (single exit)", 2, None, 3, 4, 12, policy_label=handlers.FIXED)
+    final = list(handlers.generation_stream(registry, "tiny", "hello", config, True, threading.Event(),
+                                            what_if=(0.0, 0.0)))[-1]
+    assert final["stats"]["acceptance"] == {"draft->target": 0.0}
+    assert final["stats"]["new_tokens"] == 12
+
+
+def test_a_real_run_keeps_its_trace_and_prompt(registry):
+    config = handlers.make_config("HiSpec", 2, 4, 2, 4, 16, policy_label=handlers.FIXED)
+    final = list(handlers.generation_stream(registry, "tiny", "hello", config, True, threading.Event()))[-1]
+    assert "timing_only" not in final and "baseline" not in final
+    lm = registry.get("tiny")
+    assert final["prompt_ids"] == lm.encode("hello", chat=True)
+    assert final["events"][-1]["type"] == "done" and len(final["events"][-1]["token_ids"]) == 16
+    trace = Trace()
+    for data in final["events"]:
+        trace.add(event_from_dict(data))
+    assert render.tokens_html(trace, 2, 4) == final["html"]
+
+
+# ---- Compare: repeats, their spread and their order ----------------------------------------------
+def test_compare_repeats_each_method_in_alternating_order(registry):
+    config = handlers.make_config("HiSpec", 2, 5, 2, 4, 12)
+    final = list(handlers.compare_stream(registry, "tiny", "hello", config, True, ["Autoregressive"],
+                                         threading.Event(), repeats=3))[-1]
+    assert final["order"] == ["hispec", "autoregressive", "autoregressive", "hispec", "hispec", "autoregressive"]
+    rows = {r["method"]: r for r in final["rows"]}
+    assert all(len(r["runs"]) == 3 for r in rows.values())
+    assert all(r["tokens_per_s"] == sorted(r["runs"])[1] for r in rows.values()), "the median of the runs"
+    assert rows["hispec"]["full_passes"] > 0
+    table = render.compare_table(final["rows"], order=final["order"])
+    assert "Run order: hispec → autoregressive → autoregressive → hispec → hispec → autoregressive" in plain(table)
+    assert table.count("3 runs)") == 2
+    assert "draft-&gt;verify" in table or "draft->verify" in table
+
+
+# ---- each token's story -------------------------------------------------------------------------
+def story_of(registry, settings=("HiSpec", 2, 4, 2, 4), temperature=0.0):
+    lm = registry.get("tiny")
+    config = handlers.make_config(*settings, 20, temperature=temperature, seed=1 if temperature else None,
+                                  policy_label=handlers.FIXED).resolve(8)
+    ids = lm.encode("hello", chat=True)
+    r = run(lm.ee, ids, config, eos_ids=lm.eos_ids)
+    beliefs = exit_beliefs(lm.ee, ids, r.token_ids, layers=[2, 4], tokenizer=lm.tokenizer)
+    return r, beliefs, token_story.explain_all_html(r.trace, beliefs, r.settings)
+
+
+def block_of(out: str, serial: int) -> str:
+    match = re.search(rf"<div class='hs-explain' data-s='{serial}' hidden>(.*?)</div>", out, re.S)
+    assert match, f"no story for token {serial}"
+    return plain(match.group(1))
+
+
+def test_every_token_has_a_story_naming_who_proposed_and_who_judged_it(registry):
+    r, beliefs, out = story_of(registry)
+    tokens = list(r.trace)
+    assert out.count("class='hs-explain'") == len(tokens)
+    rejected = [t for t in tokens if t.state is S.VERIFY_REJECTED]
+    assert rejected, "the random model's exits disagree: some drafts are rejected at exit 4"
+    story = block_of(out, rejected[0].serial)
+    assert "Proposed by the draft exit (layer 2)" in story
+    assert "rejected by the intermediate verifier (exit 4)" in story
+    winner = next(t for t in tokens if t.index == rejected[0].index and not t.rejected)
+    assert f"Replaced by {winner.text}" in story
+    # what each exit predicted there: rows for exit 2, exit 4 and the full model, each with candidates
+    assert "exit 2 · raw" in story and "exit 4 · raw" in story and "full model (8 layers)" in story
+    full = beliefs["tokens"][rejected[0].index]["cells"][-1]["top"][0]
+    assert full[0] == r.token_ids[rejected[0].index], "the full model's first choice is the kept token"
+    written = next(t for t in tokens if t.css_class == "target-wrote")
+    assert "written by the full model itself" in block_of(out, written.serial)
+
+
+def test_a_sampled_runs_story_gives_each_judges_chance_of_keeping_a_draft(registry):
+    r, beliefs, out = story_of(registry, ("LayerSkip (single exit)", 2, None, 2, 4), temperature=1.0)
+    drafts = [t for t in r.trace if t.origin == "draft"]
+    assert drafts
+    stories = [block_of(out, t.serial) for t in drafts]
+    assert any("the full model: min(1," in s for s in stories), stories[:2]
+
+
+def test_story_text_is_escaped():
+    trace = Trace()
+    evil = "<script>alert(1)</script>"
+    trace.add(TokenEvent(S.TARGET_WROTE, 0, 0, 5, evil, "target", "target", 1, 0.0))
+    out = token_story.explain_all_html(trace, None, {"draft_layer": 2, "verify_layer": 4})
+    assert "<script>" not in out and "&lt;script&gt;" in out
+    assert "once the run has finished" in plain(out)
+
+
+# ---- controls and sources ------------------------------------------------------------------------
+def test_an_exit_without_a_trained_head_is_warned_about():
+    import app
+
+    out = app._depth(30, 3, 5, "HiSpec", [2, 4, 6, 12])
+    assert "hs-msg-warn" in out and "Exit 3 and 5 has no trained head" in plain(out)
+    assert "Trained exits: 2, 4, 6, 12" in plain(out)
+    assert "hs-msg-warn" not in app._depth(30, 2, 4, "HiSpec", [2, 4, 6, 12])
+    assert "hs-msg-warn" not in app._depth(30, 3, 5, "HiSpec", [])  # raw exits everywhere: nothing to compare
+    assert "hs-msg-warn" not in app._depth(30, 3, 5, "Autoregressive", [2, 4])
+
+
+def test_published_points_carry_sources_and_convert_to_per_token_acceptance(tmp_path):
+    assert published.per_token(published.accepted_share(0.9, 12), 12) == pytest.approx(0.9, abs=1e-9)
+    assert published.per_token(0.5, 1) == pytest.approx(0.5)
+    points = published.load(__import__("app").ASSETS / "published_points.json")
+    assert points and all(p["source"] and p["url"].startswith("https://") for p in points)
+    assert all(p["x"] >= p["acceptance"] for p in points), "blocks lose their tails: per token is higher"
+    (tmp_path / "p.json").write_text('{"points": [{"label": "x", "acceptance": null, "speedup": 2.0, '
+                                     '"draft_len": 4, "source": "s"}]}')
+    assert published.load(tmp_path / "p.json") == [], "a point without an acceptance cannot be plotted"
+    with pytest.raises(ValueError):
+        published.per_token(1.5, 4)
+    out = render.published_html(points)
+    assert out.count("<li>") == len(points) and "arxiv.org" in out

@@ -1,0 +1,150 @@
+"""Click a token, read its story: who proposed it, who judged it, what each exit predicted there,
+and what replaced it. One hidden block per token, shown by the page's script (EXPLAIN_JS) when its
+token is clicked or tapped, so it works without a round trip to the server (ZeroGPU included)."""
+
+from __future__ import annotations
+
+import html
+
+from hispec.engine.events import TokenState as S
+from hispec.evaluation.trace import Trace, TraceToken
+from hispec.text import printable
+
+WHO = {"draft": "the draft exit (layer {d})", "verify": "the intermediate verifier (exit {v})",
+       "target": "the full model", "lookup": "the lookup level (copied from earlier text)"}
+FATE = {
+    "accepted": "accepted by the full model: committed",
+    "copied": "accepted by the full model: committed",
+    "verify-wrote": "written as a correction by the verifier, then accepted by the full model: committed",
+    "target-wrote": "written by the full model itself (a correction, a bonus token or a plain step): committed",
+    "verify-rejected": "rejected by the intermediate verifier (exit {v}) before the full model saw it",
+    "target-rejected": "rejected by the full model",
+    "discarded": "discarded: generation ended inside its block",
+    "tentative": "still tentative when the run ended",
+    "drafted": "still waiting for a verifier when the run ended",
+}
+
+# Shows a token's block when the token is clicked (or Enter is pressed on it); the page loads it once.
+EXPLAIN_JS = """
+<script>
+(() => {
+  function show(tok) {
+    const all = document.querySelector('#hs-explain-all');
+    if (!all) return;
+    const serial = tok.getAttribute('data-s');
+    let found = false;
+    all.querySelectorAll('.hs-explain').forEach((b) => {
+      const on = b.getAttribute('data-s') === serial;
+      b.hidden = !on; found = found || on;
+    });
+    const hint = all.querySelector('.hs-explain-hint');
+    if (hint) hint.hidden = found;
+    document.querySelectorAll('#hs-tokens .hs-selected').forEach((t) => t.classList.remove('hs-selected'));
+    tok.classList.add('hs-selected');
+  }
+  document.addEventListener('click', (e) => {
+    const tok = e.target.closest && e.target.closest('#hs-tokens .hs-tok[data-s]');
+    if (tok) show(tok);
+  });
+  document.addEventListener('keydown', (e) => {
+    const tok = e.target.closest && e.target.closest('#hs-tokens .hs-tok[data-s]');
+    if (tok && (e.key === 'Enter' || e.key === ' ')) { e.preventDefault(); show(tok); }
+  });
+})();
+</script>
+"""
+
+HINT = ("<p class='hs-hint hs-explain-hint'>Click or tap any token above to see which exit proposed it, what each "
+        "stage predicted in its place, and what replaced it.</p>")
+
+
+def _tok(text: str, cls: str = "") -> str:
+    return f"<span class='hs-tok {cls}'>{html.escape(printable(text))}</span>"
+
+
+def _candidates(cell: dict) -> str:
+    return " · ".join(f"{_tok(text)} {prob:.0%}" for _, text, prob in cell["top"])
+
+
+def _prob_of(cell: dict, token_id: int) -> float | None:
+    return next((prob for tid, _, prob in cell["top"] if tid == token_id), None)
+
+
+def _predictions(token: TraceToken, beliefs: dict | None) -> str:
+    """What each exit predicted at the token's position, given the committed text before it."""
+    if not beliefs or token.index >= len(beliefs.get("tokens", [])):
+        return "<p class='hs-hint'>Exit predictions appear once the run has finished.</p>"
+    column = beliefs["tokens"][token.index]
+    rows = []
+    for layer, cell in zip(beliefs["layers"], column["cells"]):
+        mark = "✓" if cell["top"] and cell["top"][0][0] == token.token_id else ""
+        rows.append(f"<tr><td>{html.escape(layer['label'])}</td><td>{_candidates(cell)}</td><td>{mark}</td></tr>")
+    return ("<p>Top candidates of each exit here, given the committed text before this position"
+            " (✓: its first choice is this token):</p>"
+            f"<table class='hs-stats hs-explain-table'>{''.join(rows)}</table>")
+
+
+def _sampling_note(token: TraceToken, beliefs: dict | None, settings: dict) -> str:
+    """Under sampling a judge keeps a token x with probability min(1, p_judge(x) / p_holder(x)), the
+    holder being the level that last proposed or passed it (the engine's speculative sampling)."""
+    if not settings.get("temperature") or not beliefs or token.origin not in ("draft", "verify"):
+        return ""
+    if settings["temperature"] != 1 or settings.get("top_k") or settings.get("top_p", 1) != 1:
+        return ("<p class='hs-hint'>Sampled run: each judge kept this token with probability min(1, p_judge(x) / "
+                "p_holder(x)) over the distributions at this run's temperature, top-k and top-p; the "
+                "probabilities above are plain (temperature 1), so the ratio is not shown here.</p>")
+    if token.index >= len(beliefs.get("tokens", [])):
+        return ""
+    column = beliefs["tokens"][token.index]
+    by_layer = {(lay["layer"], lay["kind"]): cell for lay, cell in zip(beliefs["layers"], column["cells"])}
+    kept = column["token_id"] == token.token_id  # "p" is each exit's probability of the kept token
+
+    def prob(layer):
+        cell = by_layer.get((layer, "trained")) or by_layer.get((layer, "full")) or by_layer.get((layer, "raw"))
+        if cell is None:
+            return None
+        return cell["p"] if kept and "p" in cell else _prob_of(cell, token.token_id)
+
+    d, v, L = settings.get("draft_layer"), settings.get("verify_layer"), settings.get("num_layers")
+    chain = [v, L] if token.origin == "verify" or settings.get("method") != "hispec" else [d, v, L]
+    if settings.get("method") == "layerskip":
+        chain = [d, L]
+    steps = []
+    for holder, judge in zip(chain, chain[1:]):
+        p_h, p_j = prob(holder), prob(judge)
+        if p_h is None or p_j is None or p_h == 0:
+            return ""
+        name = "the full model" if judge == L else f"exit {judge}"
+        steps.append(f"{name}: min(1, {p_j:.1%} / {p_h:.1%}) = <b>{min(1.0, p_j / p_h):.0%}</b>")
+    return ("<p>Sampled run: the chance each judge kept this token — " + "; ".join(steps)
+            + " (each against the level that last held it).</p>")
+
+
+def explain_token(token: TraceToken, trace: Trace, beliefs: dict | None, settings: dict) -> str:
+    d, v = settings.get("draft_layer"), settings.get("verify_layer")
+    who = WHO.get(token.origin, token.origin).format(d=d, v=v)
+    fate = FATE.get(token.css_class, token.css_class).format(d=d, v=v)
+    lines = [f"<p><b>{_tok(token.text, 'hs-' + token.css_class)}</b> · token #{token.index + 1} · round "
+             f"{token.round}</p>", f"<p>Proposed by <b>{html.escape(who)}</b>; {html.escape(fate)}.</p>"]
+    if token.rejected:
+        winner = next((t for t in trace if t.index == token.index and not t.rejected
+                       and t.state in (S.ACCEPTED, S.TARGET_WROTE)), None)
+        if winner is not None:
+            by = WHO.get(winner.origin, winner.origin).format(d=d, v=v)
+            lines.append(f"<p>Replaced by {_tok(winner.text, 'hs-' + winner.css_class)}, written by "
+                         f"{html.escape(by)}.</p>")
+        if token.state is S.VERIFY_REJECTED or token.state is S.TARGET_REJECTED:
+            first = not any(t.index < token.index and t.round == token.round and t.state == token.state
+                            and t.serial != token.serial and t.stage == token.stage for t in trace)
+            if not first:
+                lines.append("<p class='hs-hint'>An earlier token of the same block was rejected first: this one "
+                             "fell with it, whatever the verifier thought of it.</p>")
+    lines.append(_predictions(token, beliefs))
+    lines.append(_sampling_note(token, beliefs, settings))
+    return (f"<div class='hs-explain' data-s='{token.serial}' hidden>" + "".join(lines) + "</div>")
+
+
+def explain_all_html(trace: Trace, beliefs: dict | None, settings: dict) -> str:
+    """Every token's hidden block, with the hint shown while none is selected."""
+    blocks = "".join(explain_token(t, trace, beliefs, settings) for t in trace)
+    return f"<div class='hs-explain-all'>{HINT}{blocks}</div>"
