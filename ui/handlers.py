@@ -143,10 +143,13 @@ def _plain_baseline(lm, ids: list[int], config: DecodeConfig, stop: threading.Ev
     """A plain run (the full model, one token per pass) of the same prompt and budget, timed just
     before a what-if run under the same lock: the what-if's speed is a ratio to it."""
     emit({"status": "Timing plain decoding first (the baseline of this what-if run)…"})
-    plain = replace(config, method="autoregressive", verify_layer=None, policy="fixed")
+    # From the resolved config only what plain decoding uses: its level list (the exits) must go too,
+    # or the "plain" run would still draft at them.
+    plain = replace(config, method="autoregressive", levels=None, draft_layer=None, verify_layer=None,
+                    draft_len=None, verify_threshold=None, policy="fixed").resolve(lm.ee.num_layers)
     r = run(lm.ee, ids, plain, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
     emit({"baseline": {"tokens_per_s": r.stats["tokens_per_s"], "new_tokens": len(r.token_ids),
-                       "wall_s": r.stats["wall_s"]}})
+                       "wall_s": r.stats["wall_s"], "levels": list(r.settings.get("levels") or [])}})
 
 
 def _snapshot(stats: StatsCollector, trace: Trace, config: DecodeConfig, done: DoneEvent | None, lm) -> dict:

@@ -45,6 +45,7 @@ def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(registry)
     assert final["done"] and "timing only" in final["timing_only"] and "not the model's" in final["timing_only"]
     assert "timing_only" in final["settings"], "the run's own settings say it too"
     assert final["baseline"]["new_tokens"] == 30 and final["baseline"]["tokens_per_s"] > 0
+    assert final["baseline"]["levels"] == [], "the baseline is plain decoding: no exit drafts in it"
     # every verdict accepts: the random model's exits never agree with its full model, yet nothing is rejected
     assert final["stats"]["acceptance"] == {"draft->verify": 1.0, "verify->target": 1.0}
     stats = render.what_if_stats(final, (1.0, 1.0))
