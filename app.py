@@ -485,16 +485,19 @@ class App:
                                                elem_id="hs-a-vt")
                         why_out = gr.HTML(WHY_HINT, elem_id="hs-why")
                         why_plot = gr.Plot(label="Predicted speedup vs acceptance", elem_id="hs-why-plot", visible=False)
-                        gr.Markdown("**What if the exits were better?** Run the real engine on this prompt with "
-                                    "verdicts drawn at the sliders' acceptance instead of the model's (timing only: "
-                                    "every pass runs, the text is not the model's), after a real plain run of the "
-                                    "same length. Its figures stay here, labelled, apart from the real ones.")
-                        what_if_btn = gr.Button("What if: run at the sliders' acceptance (synthetic)",
-                                                elem_id="hs-what-if-btn")
-                        what_if_status = gr.HTML("", elem_id="hs-what-if-status")
-                        what_if_tokens = gr.HTML("", elem_id="hs-what-if-tokens")
-                        what_if_stats = gr.HTML("", elem_id="hs-what-if-stats")
-                        what_if_plot = gr.Plot(label="What if (synthetic)", visible=False, elem_id="hs-what-if-plot")
+                        with gr.Column(elem_id="hs-what-if-box"):
+                            gr.Markdown("**What if the exits were better?** Run the real engine on this prompt "
+                                        "with verdicts drawn at the sliders' acceptance instead of the model's "
+                                        "(timing only: every pass runs, the text is not the model's), after a real "
+                                        "plain run of the same length. Its figures stay here, labelled, apart from "
+                                        "the real ones.")
+                            what_if_btn = gr.Button("What if: run at the sliders' acceptance (synthetic)",
+                                                    elem_id="hs-what-if-btn")
+                            what_if_status = gr.HTML("", elem_id="hs-what-if-status")
+                            what_if_tokens = gr.HTML("", elem_id="hs-what-if-tokens")
+                            what_if_stats = gr.HTML("", elem_id="hs-what-if-stats")
+                            what_if_plot = gr.Plot(label="What if (synthetic)", visible=False,
+                                                   elem_id="hs-what-if-plot")
                     with gr.Accordion("What each exit believes", open=False, elem_id="hs-beliefs-box"):
                         beliefs_view = gr.HTML(BELIEFS_HINT, elem_id="hs-beliefs")
                     with gr.Accordion("Compare with a baseline", open=True):
