@@ -4,8 +4,8 @@
     python scripts/screenshots.py [--url URL] [--out assets]
 
 Needs Debian's chromium and the playwright package (scripts/setup.sh --dev). It clicks as a
-visitor would: the teaching preset, one prompt, a token, the next round, the depth view, and a
-what-if run at 90% acceptance; every image is written under --out.
+visitor would: the teaching preset, one prompt, a token, the next round, the depth view, "Why this
+speed" and a what-if run at 90% acceptance; every image is written under --out.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def main() -> None:
         page.get_by_role("button", name="Generate", exact=True).click()
         expect(page.locator("#hs-status")).to_contain_text("Done")
         expect(page.locator("#hs-explain-all .hs-explain").first).to_be_attached()
+        time.sleep(2)  # the charts' last redraw
+        page.screenshot(path=str(args.out / "screenshot.png"))  # the top of the page, as a visitor sees it
         page.locator("#hs-tokens .hs-verify-rejected").first.click()
         time.sleep(1)
         page.locator("#hs-explain-all").screenshot(path=str(args.out / "screenshot_story.png"))

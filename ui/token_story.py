@@ -59,7 +59,10 @@ HINT = ("<p class='hs-hint hs-explain-hint'>Click or tap any token above to see 
 
 
 def _tok(text: str, cls: str = "") -> str:
-    return f"<span class='hs-tok {cls}'>{html.escape(printable(text))}</span>"
+    shown = printable(text)
+    if not shown.strip():  # a space or a line break alone would be an empty chip: show what it is
+        shown = shown.replace(" ", "␣").replace("\n", "↵").replace("\t", "→") or "∅"
+    return f"<span class='hs-tok {cls}'>{html.escape(shown)}</span>"
 
 
 def _candidates(cell: dict) -> str:
