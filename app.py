@@ -71,9 +71,13 @@ With greedy decoding in float32 the text is exactly what the full model alone wo
 *Compare* button checks it. (In bfloat16, the GPU default, rounding can flip a near-tie, and the
 comparison then says at which token.) Speed depends on how often the exits agree with the full model:
 the embedded SmolLM2-135M was not trained to exit early, and the small exit heads trained for it agree
-about 40% of the time, which alone brings speculation to about the speed of plain decoding on a CPU.
-The adaptive policy speculates only where it expects a gain, and the lookup level pays wherever the
-text repeats itself (summaries, code, quotes); LayerSkip-trained checkpoints are built for the exits.
+with it far less often than the exits of LayerSkip-trained checkpoints (their measured agreement is
+under "Model and its exit heads"; "Why this speed" puts this run's acceptance next to the break-even
+point and the published checkpoints'). The adaptive policy speculates only where it expects a gain,
+and the lookup level pays wherever the text repeats itself (summaries, code, quotes).
+
+**After a run**, click any token for its story; step through the rounds; see why it was (or was not)
+faster and what better exits would give; and see what each exit believed at every token.
 """
 
 
@@ -228,12 +232,13 @@ class App:
         try:
             lm = self.registry.get(model_name)
         except HiSpecError as exc:
-            return (render.message_html(str(exc)),) + (gr.skip(),) * 7
+            return (render.message_html(str(exc)),) + (gr.skip(),) * 8
         L, preset = lm.ee.num_layers, model_defaults(lm)
         return (render.message_html(f"Loaded {model_name}.", "info"), model_info(model_name, lm),
                 gr.update(maximum=L - 1, value=preset.draft_layer),
                 gr.update(maximum=L - 1, value=preset.verify_layer), L,
-                gr.update(value=preset.draft_len), gr.update(value=preset.verify_threshold), _trained_layers(lm))
+                gr.update(value=preset.draft_len), gr.update(value=preset.verify_threshold), _trained_layers(lm),
+                settings_by_method(lm))
 
     def preset(self, choice, model_name):
         """HiSpec with fixed rounds at a named setting of this model (see PRESETS)."""
@@ -304,7 +309,8 @@ class App:
         if r.method in ("hispec", "layerskip"):
             points["sliders"] = (a_vt, now)
         label = "acceptance verify → full model, per token" if r.method == "hispec" else "acceptance exit → full model, per token"
-        return (render.why_html(exp, settings, now, a_dv, a_vt) + render.published_html(PUBLISHED),
+        return (render.why_html(exp, settings, now, a_dv, a_vt, run["stats"].get("policy_choices"))
+                + render.published_html(PUBLISHED),
                 gr.Plot(charts.why_figure(curves, points, label, PUBLISHED), visible=bool(curves)))
 
     def why_after_run(self, run):
@@ -390,6 +396,7 @@ class App:
                 with gr.Tab("Demo"):
                     num_layers = gr.State(L)
                     head_layers = gr.State(_trained_layers(lm))
+                    method_settings = gr.State(settings_by_method(lm))
                     with gr.Row():
                         with gr.Column(scale=3):
                             prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below")
@@ -518,9 +525,11 @@ class App:
             analysis = [rounds_state, step_round, step_view, beliefs_view, explain_all]
             for trigger in (generate_btn.click, prompt.submit):
                 trigger(self.clear_analysis, None, analysis + [timer, play_btn], api_name=False, queue=False)
-                trigger(self.generate, settings, views, concurrency_limit=4, concurrency_id="model",
-                        api_name=False).then(self.why_after_run, [last_run], why_views, api_name=False
-                                             ).then(self.after_run, [last_run], analysis, api_name=False)
+                run_event = trigger(self.generate, settings, views, concurrency_limit=4, concurrency_id="model",
+                                    api_name=False)
+                # two views after the run, each on its own: one failing leaves the other
+                run_event.then(self.why_after_run, [last_run], why_views, api_name=False)
+                run_event.then(self.after_run, [last_run], analysis, api_name=False)
             gr.api(self.api_generate, api_name="generate", concurrency_limit=4, concurrency_id="model")
             for slider in (why_dv, why_vt):
                 slider.change(self.why, [last_run, why_dv, why_vt], [why_out, why_plot], api_name=False,
@@ -541,16 +550,19 @@ class App:
             stop_btn.click(self.stop, None, [status], concurrency_limit=None, api_name="stop")
             load_btn.click(self.load, [model],
                            [status, info, draft_layer, verify_layer, num_layers, draft_len, verify_threshold,
-                            head_layers], concurrency_limit=1, api_name="load_model")
+                            head_layers, method_settings], concurrency_limit=1, api_name="load_model")
             for control in (method, draft_layer, verify_layer, num_layers, head_layers):
                 control.change(_depth, [num_layers, draft_layer, verify_layer, method, head_layers], [depth],
                                api_name=False, queue=False)
             preset_choice.input(self.preset, [preset_choice, model],
                          [status, method, policy, draft_layer, verify_layer, draft_len, verify_threshold],
                          api_name=False)
-            # the controls follow the method: only the settings it uses are shown
+            # the controls follow the method: only the settings it uses are shown, and a visitor's pick
+            # of a method sets its own defaults for this model (LayerSkip's exit is the benchmark's)
             method.change(_controls, [method], [draft_layer, verify_layer, draft_len, verify_threshold],
                           api_name=False, queue=False)
+            method.input(_method_defaults, [method, method_settings],
+                         [draft_layer, verify_layer, draft_len, verify_threshold], api_name=False, queue=False)
             # d < v < L as the sliders move: the other slider gives way
             draft_layer.release(_keep_below, [draft_layer, verify_layer, num_layers], [draft_layer, verify_layer],
                                 api_name=False, queue=False)
@@ -568,6 +580,24 @@ def _controls(method_label):
     exits, hierarchy = method in ("hispec", "layerskip"), method == "hispec"
     return (gr.update(visible=exits, label="Draft layer d" if hierarchy else "Exit layer E"),
             gr.update(visible=hierarchy), gr.update(visible=exits), gr.update(visible=hierarchy))
+
+
+def _method_defaults(method_label, by_method):
+    """The model's own settings of the method just picked (see settings_by_method)."""
+    values = (by_method or {}).get(handlers.METHODS.get(method_label, ""))
+    if not values:
+        return (gr.skip(),) * 4
+    return tuple(gr.skip() if x is None else x for x in values)
+
+
+def settings_by_method(lm) -> dict[str, list]:
+    """(d, v, draft_len, verify_threshold) each exit method resolves to on this model, as the
+    benchmark runs it (None: not used): LayerSkip's exit is its own, not HiSpec's draft exit."""
+    L, rec = lm.ee.num_layers, recommended_settings(lm.ee)
+    hispec = DecodeConfig("hispec").resolve(L, rec)
+    layerskip = DecodeConfig("layerskip").resolve(L, rec)
+    return {"hispec": [hispec.draft_layer, hispec.verify_layer, hispec.draft_len, hispec.verify_threshold],
+            "layerskip": [layerskip.draft_layer, None, layerskip.draft_len, None]}
 
 
 def _keep_below(d, v, L):

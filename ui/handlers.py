@@ -192,11 +192,12 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
         return
     def prepare():
         lm = registry.get(model_name)
-        # Baselines keep their fixed meaning (a plain full model, the single exit as set); the chosen
-        # method keeps its policy.
-        configs = [replace(config, method=m, verify_layer=config.verify_layer if m == "hispec" else None,
-                           policy=config.policy if i == 0 else "fixed"
-                           ).resolve(lm.ee.num_layers, recommended_settings(lm.ee)) for i, m in enumerate(methods)]
+        # The chosen method keeps its settings and policy; baselines keep their fixed meaning: a plain
+        # full model, and LayerSkip at the model's own single exit and length (the benchmark's).
+        rec, L = recommended_settings(lm.ee), lm.ee.num_layers
+        configs = [config.resolve(L, rec)] + [
+            replace(config, method=m, draft_layer=None, verify_layer=None, draft_len=None, verify_threshold=None,
+                    policy="fixed").resolve(L, rec) for m in methods[1:]]
         ids = lm.encode(prompt, chat=chat)
         guard.admit(visitor, len(ids), config.max_new_tokens)
         return lm, configs, ids
@@ -223,7 +224,9 @@ def compare_stream(registry: ModelRegistry, model_name: str, prompt: str, config
                 row.update(tokens_per_s=statistics.median(row["runs"]), new_tokens=len(r.token_ids),
                            wall_s=r.stats["wall_s"], token_ids=r.token_ids, text=r.text,
                            acceptance=r.stats["acceptance"], full_passes=r.stats["full_passes"],
-                           finish_reason=r.stats["finish_reason"], dtype=r.settings.get("dtype", "float32"))
+                           finish_reason=r.stats["finish_reason"], dtype=r.settings.get("dtype", "float32"),
+                           settings={k: r.settings.get(k) for k in ("draft_layer", "verify_layer", "draft_len",
+                                                                    "verify_threshold", "policy")})
         complete = len(order) == total and not stop.is_set()
         status = ("Comparison done." if complete
                   else f"Stopped at this server's time limit of {guard.limits.max_seconds:g} s per request."

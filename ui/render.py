@@ -94,7 +94,8 @@ def _pct(x) -> str:
     return "–" if x is None else f"{x:.0%}"
 
 
-def why_html(exp: dict, settings: dict, predicted_now: float, a_dv: float, a_vt: float) -> str:
+def why_html(exp: dict, settings: dict, predicted_now: float, a_dv: float, a_vt: float,
+             plans: dict[str, int] | None = None) -> str:
     """The run's measured speed next to the cost model's prediction, in words and numbers.
     `exp`: evaluation.speed_model.explain(); `predicted_now`: at the sliders' acceptance."""
     method = exp["method"]
@@ -123,8 +124,11 @@ def why_html(exp: dict, settings: dict, predicted_now: float, a_dv: float, a_vt:
     body = "".join(f"<tr><td>{html.escape(a)}</td><td>{b}</td></tr>" for a, b in rows)
     note = ""
     if settings.get("policy") == "auto":
-        note = ("<p class='hs-hint'>This run used the adaptive policy, which changes its plan from round to round "
-                "(see “adaptive plans” in the stats); the prediction is for fixed rounds with these settings.</p>")
+        chosen = ", ".join(f"{html.escape(k)} {n}" for k, n in sorted((plans or {}).items(), key=lambda kv: -kv[1]))
+        note = ("<p class='hs-hint'>This run used the adaptive policy, which picks a plan every round from the "
+                "acceptance measured so far and these costs" + (f" (rounds per plan: {chosen})" if chosen else "")
+                + "; “Step through the run” shows each round's plan and the reason for it. The prediction above "
+                "is for fixed rounds with these settings.</p>")
     return (f"<div class='hs-why'><p>{html.escape(shape)}. A round pays when it commits more tokens per second "
             f"than plain steps would: that takes the acceptance on the right of the break-even point.</p>"
             f"<table class='hs-stats' id='hs-why-table'>{body}</table>{note}"

@@ -92,6 +92,29 @@ def test_compare_repeats_each_method_in_alternating_order(registry):
     assert "draft-&gt;verify" in table or "draft->verify" in table
 
 
+def test_compares_layerskip_baseline_is_the_benchmarks_single_exit(registry):
+    """The chosen method keeps its layers; LayerSkip as a baseline runs at the model's own exit."""
+    from hispec.evaluation.bench import bench_exit
+
+    config = handlers.make_config("HiSpec", 3, 5, 2, 4, 10)
+    final = list(handlers.compare_stream(registry, "tiny", "hello", config, True, ["LayerSkip (single exit)"],
+                                         threading.Event()))[-1]
+    rows = {r["method"]: r for r in final["rows"]}
+    assert (rows["hispec"]["settings"]["draft_layer"], rows["hispec"]["settings"]["verify_layer"]) == (3, 5)
+    assert rows["layerskip"]["settings"]["draft_layer"] == bench_exit(registry.get("tiny")) != 3
+
+
+def test_picking_a_method_sets_its_own_settings_for_the_model(registry):
+    import app
+
+    by_method = app.settings_by_method(registry.get("tiny"))
+    assert by_method["layerskip"][0] == __import__("hispec.evaluation.bench", fromlist=["x"]).bench_exit(
+        registry.get("tiny"))
+    assert app._method_defaults("LayerSkip (single exit)", by_method)[0] == by_method["layerskip"][0]
+    assert app._method_defaults("HiSpec", by_method)[:2] == tuple(by_method["hispec"][:2])
+    assert all(v is not None for v in app._method_defaults("HiSpec", by_method))
+
+
 # ---- each token's story -------------------------------------------------------------------------
 def story_of(registry, settings=("HiSpec", 2, 4, 2, 4), temperature=0.0):
     lm = registry.get("tiny")
@@ -170,3 +193,15 @@ def test_published_points_carry_sources_and_convert_to_per_token_acceptance(tmp_
         published.per_token(1.5, 4)
     out = render.published_html(points)
     assert out.count("<li>") == len(points) and "arxiv.org" in out
+
+
+def test_why_names_the_adaptive_policys_plans():
+    exp = {"method": "hispec", "measured_vs_plain": 1.1, "plain_tokens_per_s": 10.0, "a_dv": 0.5, "a_vt": 0.4,
+           "predicted": 0.9, "break_even": 0.6}
+    settings = {"method": "hispec", "policy": "auto", "draft_layer": 2, "verify_layer": 4, "draft_len": 1,
+                "verify_threshold": 1, "num_layers": 30}
+    out = plain(render.why_html(exp, settings, 0.9, 0.5, 0.4, {"lookup": 14, "exit 2 -> exit 4": 21, "plain": 2}))
+    assert "rounds per plan: exit 2 -> exit 4 21, lookup 14, plain 2" in out
+    assert "Step through the run" in out
+    fixed = plain(render.why_html(exp, dict(settings, policy="fixed"), 0.9, 0.5, 0.4, {"plain": 3}))
+    assert "rounds per plan" not in fixed

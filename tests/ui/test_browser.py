@@ -145,6 +145,8 @@ def test_the_controls_follow_the_method_and_keep_d_below_v(page):
     page.locator("#hs-draft-layer").wait_for(state="visible")
     expect(verify).to_be_hidden()
     expect(page.locator("#hs-draft-layer")).to_contain_text("Exit layer E")
+    # picking LayerSkip sets its own exit for this model, the benchmark's (L/4 = 2 of the tiny model's 8)
+    expect(page.locator("#hs-draft-layer input[type=number]")).to_have_value("2")
     method.get_by_label("HiSpec", exact=True).check()
     verify.wait_for(state="visible")
     # a draft layer at or above the verifier pushes the verifier up

@@ -54,7 +54,7 @@ def test_hostile_model_text_is_shown_as_text(page_url, tmp_path):
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
         page.goto(page_url, wait_until="domcontentloaded")
         page.wait_for_selector("#hs-tokens", timeout=60000)
-        page.get_by_label("Prompt").fill('<script>window.__pwned=9</script><img src=x onerror="window.__pwned=8">')
+        page.get_by_label("Prompt", exact=True).fill('<script>window.__pwned=9</script><img src=x onerror="window.__pwned=8">')
         page.get_by_role("button", name="Generate").click()
         page.wait_for_function("document.querySelector('#hs-status').innerText.includes('Done')", timeout=60000)
         page.wait_for_timeout(500)
@@ -65,5 +65,20 @@ def test_hostile_model_text_is_shown_as_text(page_url, tmp_path):
         text = tokens.inner_text()
         assert "<script>window.__pwned=1</script>" in text or '<img src=x onerror="window.__pwned=2">' in text
         assert "\x1b" not in text
+        # the views after the run show the same text: a round's steps, every exit's beliefs, a token's story
+        page.wait_for_function("(document.querySelector('#hs-step-view')?.innerText || '').includes('Round 1 of')",
+                               timeout=60000)
+        page.wait_for_selector("#hs-explain-all .hs-explain", state="attached", timeout=60000)
+        page.locator("#hs-beliefs-box").get_by_text("What each exit believes").click()
+        page.wait_for_selector("#hs-beliefs-grid", timeout=60000)
+        page.locator("#hs-tokens .hs-tok").first.click()
+        page.wait_for_selector("#hs-explain-all .hs-explain:visible", timeout=60000)
+        page.wait_for_timeout(500)
+        assert page.evaluate("window.__pwned") is None, "a script from model output ran in a view after the run"
+        assert dialogs == []
+        for view in ("#hs-step-view", "#hs-beliefs", "#hs-explain-all"):
+            assert page.locator(f"{view} script, {view} img, {view} iframe, {view} a").count() == 0, view
+            assert "<script>window.__pwned=" in page.locator(view).inner_text() or view == "#hs-explain-all"
+        assert "<script>window.__pwned=" in page.locator("#hs-explain-all .hs-explain:visible").inner_text()
         page.screenshot(path=str(tmp_path / "inert.png"), full_page=True)
         browser.close()
