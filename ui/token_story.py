@@ -24,7 +24,8 @@ FATE = {
     "drafted": "still waiting for a verifier when the run ended",
 }
 
-# Shows a token's block when the token is clicked (or Enter is pressed on it); the page loads it once.
+# Shows a token's block, and the exits' predictions at its position (one table per position, shared by
+# every token proposed there), when the token is clicked or Enter is pressed on it; loaded once per page.
 EXPLAIN_JS = """
 <script>
 (() => {
@@ -32,11 +33,13 @@ EXPLAIN_JS = """
     const all = document.querySelector('#hs-explain-all');
     if (!all) return;
     const serial = tok.getAttribute('data-s');
-    let found = false;
+    let found = false, index = null;
     all.querySelectorAll('.hs-explain').forEach((b) => {
       const on = b.getAttribute('data-s') === serial;
       b.hidden = !on; found = found || on;
+      if (on) index = b.getAttribute('data-i');
     });
+    all.querySelectorAll('.hs-explain-at').forEach((t) => { t.hidden = t.getAttribute('data-i') !== index; });
     const hint = all.querySelector('.hs-explain-hint');
     if (hint) hint.hidden = found;
     document.querySelectorAll('#hs-tokens .hs-selected').forEach((t) => t.classList.remove('hs-selected'));
@@ -73,18 +76,15 @@ def _prob_of(cell: dict, token_id: int) -> float | None:
     return next((prob for tid, _, prob in cell["top"] if tid == token_id), None)
 
 
-def _predictions(token: TraceToken, beliefs: dict | None) -> str:
-    """What each exit predicted at the token's position, given the committed text before it."""
-    if not beliefs or token.index >= len(beliefs.get("tokens", [])):
-        return "<p class='hs-hint'>Exit predictions appear once the run has finished.</p>"
-    column = beliefs["tokens"][token.index]
+def predictions_html(index: int, beliefs: dict) -> str:
+    """What each exit predicted at generated position `index`, given the committed text before it."""
+    column = beliefs["tokens"][index]
     rows = []
     for layer, cell in zip(beliefs["layers"], column["cells"]):
-        mark = "✓" if cell["top"] and cell["top"][0][0] == token.token_id else ""
-        rows.append(f"<tr><td>{html.escape(layer['label'])}</td><td>{_candidates(cell)}</td><td>{mark}</td></tr>")
-    return ("<p>Top candidates of each exit here, given the committed text before this position"
-            " (✓: its first choice is this token):</p>"
-            f"<table class='hs-stats hs-explain-table'>{''.join(rows)}</table>")
+        rows.append(f"<tr><td>{html.escape(layer['label'])}</td><td>{_candidates(cell)}</td></tr>")
+    return (f"<div class='hs-explain-at' data-i='{index}' hidden><p>Top candidates of each exit at position "
+            f"#{index + 1}, given the committed text before it (the token kept there: {_tok(column['text'])}):</p>"
+            f"<table class='hs-stats hs-explain-table'>{''.join(rows)}</table></div>")
 
 
 def _sampling_note(token: TraceToken, beliefs: dict | None, settings: dict) -> str:
@@ -123,31 +123,43 @@ def _sampling_note(token: TraceToken, beliefs: dict | None, settings: dict) -> s
             + " (each against the level that last held it).</p>")
 
 
-def explain_token(token: TraceToken, trace: Trace, beliefs: dict | None, settings: dict) -> str:
+def explain_token(token: TraceToken, winner: TraceToken | None, fell_with_another: bool, beliefs: dict | None,
+                  settings: dict) -> str:
+    """One token's story: who proposed it, who judged it and how, what replaced it (`winner`: the
+    committed token at its position); `fell_with_another`: an earlier token of its block was rejected."""
     d, v = settings.get("draft_layer"), settings.get("verify_layer")
     who = WHO.get(token.origin, token.origin).format(d=d, v=v)
     fate = FATE.get(token.css_class, token.css_class).format(d=d, v=v)
     lines = [f"<p><b>{_tok(token.text, 'hs-' + token.css_class)}</b> · token #{token.index + 1} · round "
              f"{token.round}</p>", f"<p>Proposed by <b>{html.escape(who)}</b>; {html.escape(fate)}.</p>"]
-    if token.rejected:
-        winner = next((t for t in trace if t.index == token.index and not t.rejected
-                       and t.state in (S.ACCEPTED, S.TARGET_WROTE)), None)
-        if winner is not None:
-            by = WHO.get(winner.origin, winner.origin).format(d=d, v=v)
-            lines.append(f"<p>Replaced by {_tok(winner.text, 'hs-' + winner.css_class)}, written by "
-                         f"{html.escape(by)}.</p>")
-        if token.state is S.VERIFY_REJECTED or token.state is S.TARGET_REJECTED:
-            first = not any(t.index < token.index and t.round == token.round and t.state == token.state
-                            and t.serial != token.serial and t.stage == token.stage for t in trace)
-            if not first:
-                lines.append("<p class='hs-hint'>An earlier token of the same block was rejected first: this one "
-                             "fell with it, whatever the verifier thought of it.</p>")
-    lines.append(_predictions(token, beliefs))
+    if token.rejected and winner is not None:
+        by = WHO.get(winner.origin, winner.origin).format(d=d, v=v)
+        lines.append(f"<p>Replaced by {_tok(winner.text, 'hs-' + winner.css_class)}, written by {html.escape(by)}.</p>")
+    if fell_with_another:
+        lines.append("<p class='hs-hint'>An earlier token of the same block was rejected first: this one fell with "
+                     "it, whatever its judge thought of it.</p>")
+    if not beliefs:
+        lines.append("<p class='hs-hint'>Exit predictions appear once the run has finished.</p>")
     lines.append(_sampling_note(token, beliefs, settings))
-    return (f"<div class='hs-explain' data-s='{token.serial}' hidden>" + "".join(lines) + "</div>")
+    return f"<div class='hs-explain' data-s='{token.serial}' data-i='{token.index}' hidden>{''.join(lines)}</div>"
 
 
 def explain_all_html(trace: Trace, beliefs: dict | None, settings: dict) -> str:
-    """Every token's hidden block, with the hint shown while none is selected."""
-    blocks = "".join(explain_token(t, trace, beliefs, settings) for t in trace)
-    return f"<div class='hs-explain-all'>{HINT}{blocks}</div>"
+    """Every token's hidden story and every position's hidden predictions, with the hint shown while
+    no token is selected."""
+    tokens = list(trace)
+    winners = {t.index: t for t in tokens if t.state in (S.ACCEPTED, S.TARGET_WROTE)}
+    first_rejected: dict[tuple[int, str], int] = {}  # (round, judge) -> the first position it rejected
+    for t in tokens:
+        if t.state in (S.VERIFY_REJECTED, S.TARGET_REJECTED):
+            key = (t.round, t.stage)
+            first_rejected[key] = min(first_rejected.get(key, t.index), t.index)
+    blocks = []
+    for t in tokens:
+        fell = (t.state in (S.VERIFY_REJECTED, S.TARGET_REJECTED)
+                and first_rejected.get((t.round, t.stage), t.index) < t.index)
+        blocks.append(explain_token(t, winners.get(t.index), fell, beliefs, settings))
+    if beliefs:
+        positions = sorted({t.index for t in tokens if t.index < len(beliefs.get("tokens", []))})
+        blocks += [predictions_html(i, beliefs) for i in positions]
+    return f"<div class='hs-explain-all'>{HINT}{''.join(blocks)}</div>"

@@ -127,8 +127,14 @@ def story_of(registry, settings=("HiSpec", 2, 4, 2, 4), temperature=0.0):
 
 
 def block_of(out: str, serial: int) -> str:
-    match = re.search(rf"<div class='hs-explain' data-s='{serial}' hidden>(.*?)</div>", out, re.S)
+    match = re.search(rf"<div class='hs-explain' data-s='{serial}' data-i='\d+' hidden>(.*?)</div>", out, re.S)
     assert match, f"no story for token {serial}"
+    return plain(match.group(1))
+
+
+def predictions_at(out: str, index: int) -> str:
+    match = re.search(rf"<div class='hs-explain-at' data-i='{index}' hidden>(.*?)</div>", out, re.S)
+    assert match, f"no predictions at position {index}"
     return plain(match.group(1))
 
 
@@ -143,10 +149,19 @@ def test_every_token_has_a_story_naming_who_proposed_and_who_judged_it(registry)
     assert "rejected by the intermediate verifier (exit 4)" in story
     winner = next(t for t in tokens if t.index == rejected[0].index and not t.rejected)
     assert f"Replaced by {winner.text}" in story
-    # what each exit predicted there: rows for exit 2, exit 4 and the full model, each with candidates
-    assert "exit 2 · raw" in story and "exit 4 · raw" in story and "full model (8 layers)" in story
+    # what each exit predicted there: rows for exit 2, exit 4 and the full model, each with candidates,
+    # once per position (shared by every token proposed there)
+    assert f"data-s='{rejected[0].serial}' data-i='{rejected[0].index}'" in out
+    at = predictions_at(out, rejected[0].index)
+    assert "exit 2 · raw" in at and "exit 4 · raw" in at and "full model (8 layers)" in at
+    assert out.count("class='hs-explain-at'") == len({t.index for t in tokens})
     full = beliefs["tokens"][rejected[0].index]["cells"][-1]["top"][0]
     assert full[0] == r.token_ids[rejected[0].index], "the full model's first choice is the kept token"
+    # a draft after its block's first rejection fell with it, and its story says so
+    fell = [t for t in rejected if any(o.index < t.index and o.round == t.round for o in rejected)]
+    assert fell, "draft_len 2: the second draft of a block falls with the first"
+    assert "fell with it" in block_of(out, fell[0].serial)
+    assert "fell with it" not in story
     written = next(t for t in tokens if t.css_class == "target-wrote")
     assert "written by the full model itself" in block_of(out, written.serial)
 

@@ -211,7 +211,7 @@ def test_click_a_token_to_read_its_story(page):
     expect(story).to_have_count(1)
     expect(story).to_contain_text("Proposed by")
     expect(story).to_contain_text("rejected by")
-    expect(story).to_contain_text("Top candidates of each exit")
+    expect(page.locator("#hs-explain-all .hs-explain-at:visible")).to_contain_text("Top candidates of each exit")
     expect(page.locator("#hs-explain-all .hs-explain-hint")).to_be_hidden()
     page.locator("#hs-tokens .hs-target-wrote").first.click()  # another token: its story replaces the first
     expect(page.locator("#hs-explain-all .hs-explain:visible")).to_contain_text("written by the full model itself")
