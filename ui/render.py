@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 
 from hispec.evaluation.bench import first_difference
-from hispec.evaluation.metrics import stats_rows
+from hispec.evaluation.metrics import pair_name, stats_rows
 from hispec.evaluation.trace import LEGEND, Trace, TraceToken
 from hispec.text import printable
 
@@ -163,7 +163,7 @@ def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | N
         runs = r.get("runs") or [r["tokens_per_s"]]
         spread = (f" <span class='hs-hint'>({min(runs):.2f}–{max(runs):.2f}, {len(runs)} runs)</span>"
                   if len(runs) > 1 else " <span class='hs-hint'>(1 run)</span>")
-        acceptance = ", ".join(f"{html.escape(k)} {v:.0%}" for k, v in (r.get("acceptance") or {}).items()
+        acceptance = ", ".join(f"{html.escape(pair_name(k))} {v:.0%}" for k, v in (r.get("acceptance") or {}).items()
                                if v is not None) or "–"
         body.append(f"<tr><td>{html.escape(r['method'])}</td><td>{r['new_tokens']}</td>"
                     f"<td>{r['tokens_per_s']:.2f}{spread}</td>{ratios}<td>{acceptance}</td>"
@@ -211,7 +211,7 @@ def what_if_stats(snap: dict, rates: tuple[float, float]) -> str:
         rows.append(("plain decoding, real, timed just before: tokens / s", f"{base['tokens_per_s']:.2f}"))
         if base["tokens_per_s"]:
             rows.append((f"{SYNTHETIC}: speed vs plain", f"<b>{s['tokens_per_s'] / base['tokens_per_s']:.2f}×</b>"))
-    rows += [(f"{SYNTHETIC}: acceptance {k}", _pct(v)) for k, v in s["acceptance"].items()]
+    rows += [(f"{SYNTHETIC}: acceptance {pair_name(k)}", _pct(v)) for k, v in s["acceptance"].items()]
     rows += [(f"{SYNTHETIC}: full-model passes", str(s["full_passes"])),
              (f"{SYNTHETIC}: new tokens", str(s["new_tokens"]))]
     body = "".join(f"<tr><td>{html.escape(a)}</td><td>{b}</td></tr>" for a, b in rows)

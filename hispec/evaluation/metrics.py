@@ -159,6 +159,11 @@ class StatsCollector:
         }
 
 
+def pair_name(key: str) -> str:
+    """A level pair as readers see it: "verify->target" -> "verify → full model" (one name for it)."""
+    return " → ".join("full model" if level == "target" else level for level in key.split("->"))
+
+
 def stats_rows(s: dict) -> list[tuple[str, str]]:
     """A run's summary as (label, value) rows, in reading order: the one rendering of the stats that
     the CLI (one line) and the app (a table) both show."""
@@ -167,10 +172,10 @@ def stats_rows(s: dict) -> list[tuple[str, str]]:
 
     rows = [("new tokens", str(s["new_tokens"])), ("time", f"{s['wall_s']:.2f} s"),
             ("tokens / s", f"{s['tokens_per_s']:.2f}")]
-    rows += [(f"acceptance {k}", pct(v)) for k, v in s["acceptance"].items()]
+    rows += [(f"acceptance {pair_name(k)}", pct(v)) for k, v in s["acceptance"].items()]
     in_order = s.get("acceptance_per_token") or {}
     if any(in_order.get(k) != v for k, v in s["acceptance"].items()):  # a block's tail fell with its first rejection
-        rows += [(f"acceptance {k}, per token up to a rejection", pct(v)) for k, v in in_order.items()]
+        rows += [(f"acceptance {pair_name(k)}, per token up to a rejection", pct(v)) for k, v in in_order.items()]
     per_pass = s["tokens_per_full_pass"]
     rows += [("full-model passes", str(s["full_passes"])),
              ("tokens per full pass", "–" if per_pass is None else f"{per_pass:.2f}"),

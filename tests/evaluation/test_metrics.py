@@ -31,8 +31,8 @@ def test_acceptance_counts_every_proposal_and_per_token_stops_at_the_first_rejec
     assert s["acceptance"] == {"draft->target": 3 / 6}  # 3 kept of 6 drafted
     assert s["acceptance_per_token"] == {"draft->target": 3 / 4}  # 3 kept, 1 first rejection
     rows = dict(stats_rows(s))
-    assert rows["acceptance draft->target"] == "50%"
-    assert rows["acceptance draft->target, per token up to a rejection"] == "75%"
+    assert rows["acceptance draft → full model"] == "50%"
+    assert rows["acceptance draft → full model, per token up to a rejection"] == "75%"
 
 
 def test_the_two_agree_when_no_block_loses_a_tail():
