@@ -92,3 +92,15 @@ def ee_of(model) -> EarlyExitModel:
 # (the hosting tests, in Python and in the browser, check it stays text).
 EVIL = ['<script>window.__pwned=1</script>', '<img src=x onerror="window.__pwned=2">',
         '[click](javascript:alert(3))', '\x1b[31mRED\x1b[0m', '\x07\x1b]0;title\x07', '**bold**']
+
+
+def tiny_registry(name: str = "tiny"):
+    """A model registry holding the 8-layer tiny Llama with the character tokenizer, under `name`."""
+    from hispec.model.loading import LoadedModel
+    from hispec.serving.registry import ModelRegistry
+
+    model = tiny_model("llama", layers=8)
+    model.generation_config.eos_token_id = EOS
+    registry = ModelRegistry()
+    registry.add(name, LoadedModel(name, model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t"))
+    return registry

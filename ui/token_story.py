@@ -95,7 +95,7 @@ def _sampling_note(token: TraceToken, beliefs: dict | None, settings: dict) -> s
     if settings["temperature"] != 1 or settings.get("top_k") or settings.get("top_p", 1) != 1:
         return ("<p class='hs-hint'>Sampled run: each judge kept this token with probability min(1, p_judge(x) / "
                 "p_holder(x)) over the distributions at this run's temperature, top-k and top-p; the "
-                "probabilities above are plain (temperature 1), so the ratio is not shown here.</p>")
+                "probabilities in the table are plain (temperature 1), so the ratio is not shown here.</p>")
     if token.index >= len(beliefs.get("tokens", [])):
         return ""
     column = beliefs["tokens"][token.index]

@@ -8,7 +8,7 @@ import re
 import threading
 
 import pytest
-from helpers import EOS, char_tokenizer, tiny_model
+from helpers import tiny_registry
 
 from hispec.engine.events import TokenEvent, event_from_dict
 from hispec.engine.events import TokenState as S
@@ -16,19 +16,12 @@ from hispec.evaluation import published
 from hispec.evaluation.beliefs import exit_beliefs
 from hispec.evaluation.runner import run
 from hispec.evaluation.trace import Trace
-from hispec.model.early_exit import EarlyExitModel
-from hispec.model.loading import LoadedModel
-from hispec.serving.registry import ModelRegistry
 from ui import handlers, render, token_story
 
 
 @pytest.fixture(scope="module")
 def registry():
-    model = tiny_model("llama", layers=8)
-    model.generation_config.eos_token_id = EOS
-    reg = ModelRegistry()
-    reg.add("tiny", LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t"))
-    return reg
+    return tiny_registry()
 
 
 def plain(fragment: str) -> str:

@@ -5,14 +5,11 @@ import re
 import threading
 
 import pytest
-from helpers import EOS, char_tokenizer, tiny_model
+from helpers import tiny_registry
 
-from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import HiSpecError
 from hispec.engine.events import TokenEvent
-from hispec.model.loading import LoadedModel
 from hispec.evaluation.runner import run
-from hispec.serving.registry import ModelRegistry
 from hispec.text import Detokenizer
 from hispec.evaluation.trace import LEGEND
 from ui import charts, handlers, render
@@ -20,11 +17,7 @@ from ui import charts, handlers, render
 
 @pytest.fixture(scope="module")
 def registry():
-    model = tiny_model("llama", layers=8)
-    model.generation_config.eos_token_id = EOS
-    reg = ModelRegistry()
-    reg.add("tiny", LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t"))
-    return reg
+    return tiny_registry()
 
 
 def spans(fragment: str):

@@ -6,14 +6,11 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
-from helpers import EOS, char_tokenizer, tiny_model
+from helpers import tiny_registry
 
 from hispec.engine.decoding import DecodeConfig
-from hispec.model.early_exit import EarlyExitModel
 from hispec.serving.limits import Limits
-from hispec.model.loading import LoadedModel
 from hispec.evaluation.prompts import Prompt
-from hispec.serving.registry import ModelRegistry
 from hispec.evaluation.sweep import Grid, sweep
 from ui import bench_tab, handlers
 from ui.bench_tab import BenchTab, bench_stream, load_report, saved_reports
@@ -23,11 +20,7 @@ SAVED = Path(__file__).resolve().parents[2] / "assets" / "bench" / "bench_cpu_de
 
 @pytest.fixture(scope="module")
 def registry():
-    model = tiny_model("llama", layers=8)
-    model.generation_config.eos_token_id = EOS
-    reg = ModelRegistry()
-    reg.add("tiny", LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t"))
-    return reg
+    return tiny_registry()
 
 
 class Recorder:
