@@ -33,7 +33,7 @@ from hispec.evaluation.trace import Trace
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.session import model_costs_under_lock, under_model_lock
-from ui import bench_tab, charts, exits, handlers, render, token_story
+from ui import bench_tab, charts, exits, handlers, render, stepper, token_story
 from ui.beliefs_view import beliefs_html
 from ui.steps_view import round_html
 
@@ -42,8 +42,6 @@ MAX_REPEATS = 5
 PUBLISHED = published.load(ASSETS / "published_points.json")  # LayerSkip's own figures, with sources
 WHY_HINT = render.message_html("Generate once: the run's acceptance and this machine's pass costs then explain its "
                                "speed here.", "info")
-STEP_HINT = render.message_html("Generate once: each round of the run then shows here, step by step.", "info")
-BELIEFS_HINT = render.message_html("Generate once: what each exit predicted at every token then shows here.", "info")
 DEFAULT_POLICY = "Adaptive (auto)"  # measured faster than every fixed setting (README, Results)
 log = logging.getLogger("hispec.app")
 
@@ -323,16 +321,10 @@ class App:
         return (a_dv, a_vt) + self.why(run, a_dv, a_vt)
 
     # ---- after a run: its rounds step by step, what each exit believed, every token's story ---
-    @staticmethod
-    def clear_analysis():
-        """A new run starts: nothing of the last run's analysis stays."""
-        return (None, gr.update(value=0, maximum=1), STEP_HINT, BELIEFS_HINT, token_story.HINT,
-                gr.Timer(active=False), "Play ▶")
-
     def after_run(self, run):
         """(rounds, round slider, round view, beliefs view, token explanations) of a finished run."""
         if not run or not run.get("events"):
-            return self.clear_analysis()[:5]
+            return stepper.cleared()[:5]
         rounds = replay_from_dicts(run["events"])
         settings, token_ids = run["settings"], run["token_ids"]
         start = 1 if len(rounds) > 1 else 0  # the first decoding round (round 0 is the prompt's prefill)
@@ -348,35 +340,6 @@ class App:
             beliefs, beliefs_view = None, render.message_html(f"What each exit believes: {exc}")
         return (rounds, gr.update(value=start, maximum=max(len(rounds) - 1, 1)), view, beliefs_view,
                 token_story.explain_all_html(trace, beliefs, settings))
-
-    @staticmethod
-    def show_round(rounds, i, run):
-        if not rounds or not run:
-            return STEP_HINT
-        settings = run["settings"]
-        i = min(max(int(i), 0), len(rounds) - 1)
-        return round_html(rounds, i, settings.get("draft_layer"), settings.get("verify_layer"),
-                          settings.get("num_layers"))
-
-    @staticmethod
-    def step(rounds, i, delta):
-        """The round `delta` away, kept inside the run."""
-        if not rounds:
-            return gr.skip()
-        return min(max(int(i) + delta, 0), len(rounds) - 1)
-
-    @staticmethod
-    def play(playing):
-        """Play / pause: a timer steps through the rounds."""
-        playing = not playing
-        return playing, gr.Timer(active=playing), "Pause ⏸" if playing else "Play ▶"
-
-    @staticmethod
-    def tick(rounds, i):
-        """One step of Play; at the last round the timer stops."""
-        if not rounds or int(i) >= len(rounds) - 1:
-            return gr.skip(), False, gr.Timer(active=False), "Play ▶"
-        return int(i) + 1, True, gr.skip(), gr.skip()
 
     # ---- page -------------------------------------------------------------------------------
     def build(self) -> gr.Blocks:
@@ -478,7 +441,7 @@ class App:
                             next_btn = gr.Button("Next ▶", elem_id="hs-step-next", scale=1)
                             step_round = gr.Slider(0, 1, value=0, step=1, label="Round (0 = the prompt's prefill)",
                                                    elem_id="hs-step-round", scale=4)
-                        step_view = gr.HTML(STEP_HINT, elem_id="hs-step-view")
+                        step_view = gr.HTML(stepper.STEP_HINT, elem_id="hs-step-view")
                         timer = gr.Timer(1.0, active=False)
                     with gr.Accordion("Why this speed: the cost model of this machine", open=True, elem_id="hs-why-box"):
                         gr.Markdown("Speculation pays when a round commits more tokens per second than plain steps. "
@@ -506,7 +469,7 @@ class App:
                             what_if_plot = gr.Plot(label="What if (synthetic)", visible=False,
                                                    elem_id="hs-what-if-plot")
                     with gr.Accordion("What each exit believes", open=False, elem_id="hs-beliefs-box"):
-                        beliefs_view = gr.HTML(BELIEFS_HINT, elem_id="hs-beliefs")
+                        beliefs_view = gr.HTML(stepper.BELIEFS_HINT, elem_id="hs-beliefs")
                     with gr.Accordion("Compare with a baseline", open=True):
                         compare_status = gr.HTML("<p class='hs-hint'>“Compare with baseline” runs the same prompt with "
                                                  "the baselines chosen on the right, several times each, and compares "
@@ -524,7 +487,7 @@ class App:
             why_views = [why_dv, why_vt, why_out, why_plot]
             analysis = [rounds_state, step_round, step_view, beliefs_view, explain_all]
             for trigger in (generate_btn.click, prompt.submit):
-                trigger(self.clear_analysis, None, analysis + [timer, play_btn], api_name=False, queue=False)
+                trigger(stepper.cleared, None, analysis + [timer, play_btn], api_name=False, queue=False)
                 run_event = trigger(self.generate, settings, views, concurrency_limit=4, concurrency_id="model",
                                     api_name=False)
                 # two views after the run, each on its own: one failing leaves the other
@@ -537,14 +500,14 @@ class App:
             what_if_btn.click(self.what_if, settings[:-1] + [why_dv, why_vt],
                               [what_if_status, what_if_tokens, what_if_stats, what_if_plot], concurrency_limit=4,
                               concurrency_id="model", api_name=False)
-            step_round.change(self.show_round, [rounds_state, step_round, last_run], [step_view], api_name=False,
+            step_round.change(stepper.show_round, [rounds_state, step_round, last_run], [step_view], api_name=False,
                               queue=False)
-            prev_btn.click(partial(self.step, delta=-1), [rounds_state, step_round], [step_round], api_name=False,
+            prev_btn.click(partial(stepper.step, delta=-1), [rounds_state, step_round], [step_round], api_name=False,
                            queue=False)
-            next_btn.click(partial(self.step, delta=1), [rounds_state, step_round], [step_round], api_name=False,
+            next_btn.click(partial(stepper.step, delta=1), [rounds_state, step_round], [step_round], api_name=False,
                            queue=False)
-            play_btn.click(self.play, [playing], [playing, timer, play_btn], api_name=False, queue=False)
-            timer.tick(self.tick, [rounds_state, step_round], [step_round, playing, timer, play_btn], api_name=False)
+            play_btn.click(stepper.play, [playing], [playing, timer, play_btn], api_name=False, queue=False)
+            timer.tick(stepper.tick, [rounds_state, step_round], [step_round, playing, timer, play_btn], api_name=False)
             compare_btn.click(self.compare, settings + [baselines, repeats], [compare_status, compare_out, compare_plot],
                               concurrency_limit=4, concurrency_id="model", api_name="compare")
             stop_btn.click(self.stop, None, [status], concurrency_limit=None, api_name="stop")

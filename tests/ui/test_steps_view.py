@@ -121,3 +121,16 @@ def test_the_cache_table_compresses_runs_of_layers():
     single = cache_table_html([5, 5, 4], [5, 6, 6])
     assert "<td>layer 1</td><td>5 → 5</td>" in single and "<td>layer 2</td><td>5 → 6</td>" in single
     assert "<td>layer 3</td><td>4 → 6</td>" in single
+
+
+def test_the_stepper_stays_inside_the_run_and_play_stops_at_its_end():
+    from ui import stepper
+
+    rounds = [{"round": r} for r in range(3)]
+    assert stepper.step(rounds, 0, -1) == 0 and stepper.step(rounds, 1, 1) == 2 and stepper.step(rounds, 2, 1) == 2
+    assert stepper.show_round(None, 0, None) == stepper.STEP_HINT
+    playing, timer, label = stepper.play(False)
+    assert playing is True and timer.active is True and label.startswith("Pause")
+    assert stepper.tick(rounds, 0)[:2] == (1, True)
+    at_end = stepper.tick(rounds, 2)
+    assert at_end[1] is False and at_end[2].active is False and at_end[3] == "Play ▶"
