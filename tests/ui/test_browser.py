@@ -178,6 +178,9 @@ def generate_fixed(page, prompt: str = "Hey there") -> None:
     page.get_by_label("Prompt", exact=True).fill(prompt)
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "Done")
+    # the two views that follow the run's end: the sliders take its acceptance, the rounds are replayed
+    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('break-even')")
+    page.wait_for_function("() => (document.querySelector('#hs-step-view')?.innerText || '').includes('Round')")
 
 
 def test_step_forward_and_back_through_a_finished_run(page, tmp_path):
