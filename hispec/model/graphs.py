@@ -7,7 +7,9 @@ CUDA graph replays all of a pass's kernels with one launch. Graphs need fixed sh
 addresses, so:
 
 - keys and values live in a ``StaticKV``: one zero-filled buffer per layer at a fixed capacity,
-  lent to one generation's cache at a time (``new_cache``), so that graphs outlive a generation;
+  lent to one generation's cache at a time (``new_cache``), so that graphs outlive a generation.
+  The graphs belong to their buffers (``StaticKV.graphs``): a pass only ever replays a graph
+  captured on the buffers its own cache holds, whichever thread made or replaced them;
 - a pass is captured once per (first layer, end layer, number of new tokens), the first time it
   is met, from ``LeanPath.run_layers_static``: the positions come from a device tensor filled
   before each replay and attention reads the whole buffer under a mask;
@@ -44,6 +46,9 @@ class StaticKV:
         self.keys = [buffer(w) for w in lean.layers]
         self.values = [buffer(w) for w in lean.layers]
         self.capacity = capacity
+        # Graphs captured on these buffers, by (first layer, end layer, new tokens); only the
+        # cache holding the buffers replays them, so one generation at a time touches them.
+        self.graphs: dict[tuple[int, int, int], _Graph] = {}
         self._owner: weakref.ref | None = None
         self._lock = threading.Lock()  # generations on other threads may ask at the same moment
 
@@ -91,7 +96,7 @@ class LayerGraphs:
             raise ConfigError(f"CUDA graphs need the model on a CUDA device; it is on {ee.device}")
         self.ee, self.lean, self.backend, self.max_tokens = ee, ee.lean, backend, max_tokens
         self.storage: StaticKV | None = None
-        self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        self._lock = threading.Lock()  # generations on several threads ask for buffers at once
         self.pool = torch.cuda.graph_pool_handle() if backend == "cuda" else None
         self.captures = 0
         self.replays = 0
@@ -99,34 +104,39 @@ class LayerGraphs:
 
     def new_cache(self, capacity: int) -> LayerKVCache | None:
         """A cache on the static buffers (None if another generation holds them: it runs eagerly)."""
-        if self.storage is None or capacity > self.storage.capacity:
-            if self.storage is not None and self.storage.in_use():
-                return None
-            size = 256
-            while size < capacity:
-                size *= 2
-            # New buffers, new addresses: graphs captured on the old ones are dropped first.
-            self.graphs.clear()
-            self.storage = None
-            self.lean.rotary_table(size)  # positions up to the capacity, before any capture
-            self.storage = StaticKV(self.lean, size)
-        return self.storage.lend()
+        with self._lock:
+            if self.storage is None or capacity > self.storage.capacity:
+                if self.storage is not None and self.storage.in_use():
+                    return None
+                size = 256
+                while size < capacity:
+                    size *= 2
+                # New buffers, new addresses: the old buffers go, and their graphs with them.
+                self.storage = None
+                self.lean.rotary_table(size)  # positions up to the capacity, before any capture
+                self.storage = StaticKV(self.lean, size)
+            return self.storage.lend()
+
+    @property
+    def graphs(self) -> dict[tuple[int, int, int], _Graph]:
+        """The graphs captured on the current buffers."""
+        return {} if self.storage is None else self.storage.graphs
 
     @torch.inference_mode()
     def run(self, hidden: torch.Tensor, start: int, end: int, cache: LayerKVCache) -> torch.Tensor | None:
         """Layers [start, end) by graph replay, or None where this pass runs eagerly."""
         q_len, past = hidden.shape[1], cache.lengths[start]
-        storage = self.storage
-        if self.disabled or cache.storage is not storage or storage is None or past == 0 \
+        storage = cache.storage  # lent to this cache alone: its graphs are this generation's
+        if self.disabled or storage is None or past == 0 \
                 or q_len > self.max_tokens or past + q_len > storage.capacity:
             return None
         for idx in range(start, end):
             if cache.lengths[idx] != past:  # the stack's invariant: one frontier per segment
                 raise RuntimeError(f"layer {idx} cache holds {cache.lengths[idx]} positions, expected {past}")
         key = (start, end, q_len)
-        graph = self.graphs.get(key)
+        graph = storage.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = _Graph(hidden)
+            graph = storage.graphs[key] = _Graph(hidden)
         graph.base.fill_(past)  # a fill kernel: no synchronisation
         graph.inp.copy_(hidden)
         if graph.fn is None:
@@ -136,7 +146,7 @@ class LayerGraphs:
                 # The warm-up may have written this pass's keys and values; the eager pass
                 # rewrites the same positions (the lengths have not moved).
                 self.disabled = f"capture of layers [{start}, {end}) x {q_len} failed: {exc}"
-                self.graphs.clear()
+                storage.graphs.clear()
                 return None
         if graph.graph is not None:
             graph.graph.replay()

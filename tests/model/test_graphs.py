@@ -183,6 +183,47 @@ def test_generations_on_threads_share_the_buffers_one_at_a_time():
     assert not ee.graphs.storage.in_use()
 
 
+def test_a_generation_asking_for_buffers_while_others_are_made_never_replays_their_graphs(monkeypatch):
+    """CI caught this once: while one thread made the static buffers, a second made its own and
+    captured graphs on them; the first then replayed those graphs over buffers it did not hold.
+    Here the first construction is held up on purpose, and the second thread asks meanwhile."""
+    import threading
+    import time
+
+    import hispec.model.graphs as graphs_module
+
+    model = tiny_model("llama", seed=4)
+    ee = EarlyExitModel(model)
+    ee.set_graphs("emulate")
+    making = threading.Event()
+    real = graphs_module.StaticKV
+
+    class SlowFirst(real):
+        def __init__(self, *args):
+            if not making.is_set():
+                making.set()
+                time.sleep(0.3)
+            super().__init__(*args)
+
+    monkeypatch.setattr(graphs_module, "StaticKV", SlowFirst)
+    prompts = [[7, 3, 19], [11, 40, 2, 8]]
+    config = DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, max_new_tokens=24)
+    results = {}
+
+    def work(i):
+        results[i] = list(_events(ee, prompts[i], config)[-1].token_ids)
+
+    first = threading.Thread(target=work, args=(0,))
+    first.start()
+    assert making.wait(30)
+    second = threading.Thread(target=work, args=(1,))
+    second.start()
+    first.join()
+    second.join()
+    assert [results[i] for i in range(2)] == [hf_greedy(model, p, 24) for p in prompts]
+    assert ee.graphs.replays > 0 and not ee.graphs.storage.in_use()
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
 def test_graph_passes_with_attention_exit_heads_equal_generate(device):
