@@ -5,7 +5,8 @@
 
 Needs Debian's chromium and the playwright package (scripts/setup.sh --dev). It clicks as a
 visitor would: the teaching preset, one prompt, a token, the next round, the depth view, "Why this
-speed" and a what-if run at 90% acceptance; every image is written under --out.
+speed", a what-if run at 90% acceptance, then an adaptive run on a prompt to copy; every
+image is written under --out.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 PROMPT = "Explain in two sentences why the sky is blue."
+COPY_PROMPT = ("Copy this sentence word for word: Speculative decoding lets a cheap drafter propose tokens that "
+               "the expensive target model then verifies in one batched pass.")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 
 
@@ -66,6 +69,21 @@ def main() -> None:
         expect(page.locator("#hs-what-if-status")).to_contain_text("Done")
         time.sleep(2)
         page.locator("#hs-what-if-box").screenshot(path=str(args.out / "screenshot_whatif.png"))
+        # The adaptive policy on a prompt that repeats its input: lookup copies show in purple.
+        page.locator("#hs-method").get_by_label("HiSpec", exact=True).check()
+        page.locator("#hs-policy").get_by_label("Adaptive (auto)").check()
+        page.get_by_label("Prompt", exact=True).fill(COPY_PROMPT)
+        page.get_by_role("button", name="Generate", exact=True).click()
+        expect(page.locator("#hs-status")).to_contain_text("Done")
+        expect(page.locator("#hs-stats")).to_contain_text("adaptive plans")
+        expect(page.locator("#hs-explain-all .hs-explain").first).to_be_attached()
+        time.sleep(2)
+        scrolled = page.evaluate("window.scrollY")  # boxes are in the viewport, the clip in the page
+        top = page.locator("#hs-status").bounding_box()
+        bottom = page.locator("#hs-stats").bounding_box()
+        page.screenshot(path=str(args.out / "screenshot_auto.png"), full_page=True,
+                        clip={"x": 0, "y": scrolled + top["y"] - 10, "width": 1400,
+                              "height": bottom["y"] + bottom["height"] - top["y"] + 20})
         browser.close()
     print(f"screenshots written to {args.out}/")
 
