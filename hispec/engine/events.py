@@ -129,4 +129,6 @@ def event_from_dict(data: dict) -> Event:
     for name in ("serials", "cache_lengths", "token_ids"):
         if name in fields:
             fields[name] = tuple(fields[name])
+    if kind == "done" and isinstance(fields.get("settings"), dict):  # the config's tuples (levels) came back as lists
+        fields["settings"] = {k: tuple(v) if isinstance(v, list) else v for k, v in fields["settings"].items()}
     return cls(**fields)
