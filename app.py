@@ -15,8 +15,10 @@ import html
 import json
 import logging
 import os
+import statistics
 import sys
 import threading
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -169,9 +171,11 @@ class App:
             self._forget_stop(key, stop)
 
     def what_if(self, prompt, model_name, method, draft_layer, verify_layer, draft_len, verify_threshold,
-                max_new_tokens, chat, temperature, top_k, top_p, seed, a_dv, a_vt, request: gr.Request = None):
+                max_new_tokens, chat, temperature, top_k, top_p, seed, a_dv, a_vt, takes=1,
+                request: gr.Request = None):
         """The real engine with TIMING ONLY verdicts drawn at the sliders' acceptance, after a plain
-        run of the same budget: what better exits would give on this machine. Labelled everywhere."""
+        run of the same budget: what better exits would give on this machine. Labelled everywhere.
+        `takes` repeats that pair (plain, then synthetic) for a median and a range."""
         key, stop = self._new_stop(request)
         try:
             yield render.message_html("Starting a what-if run…", "info"), "", "", gr.Plot(None, visible=False)
@@ -183,17 +187,36 @@ class App:
                                           limit=self.limits.max_new_tokens, policy_label=handlers.FIXED)
             rates = (handlers.finite_number("acceptance draft → verify", a_dv),
                      handlers.finite_number("acceptance → full model", a_vt))
-            for snap in _generation_gpu(id(self), model_name, prompt, config, bool(chat), key, rates):
-                if snap.get("error"):
-                    yield render.message_html(snap["error"]), "", "", gr.Plot(None, visible=False)
-                    return
-                if "stats" not in snap:
-                    yield render.message_html(snap["status"], "info"), gr.skip(), gr.skip(), gr.skip()
-                    continue
-                plot = (gr.Plot(charts.speed_figure(snap["history"], _baseline(snap), synthetic=True), visible=True)
-                        if snap.get("charts", True) else gr.skip())
-                yield (render.message_html("What if: " + snap["status"], "info"),
-                       render.what_if_tokens(snap["html"], rates), render.what_if_stats(snap, rates), plot)
+            takes = handlers.whole_number("takes", takes)
+            if not 1 <= takes <= MAX_REPEATS:
+                raise HiSpecError(f"takes must be 1 to {MAX_REPEATS} (got {takes})")
+            finished: list[tuple[float, float]] = []  # (synthetic, plain) tokens/s of each finished take
+            for take in range(1, takes + 1):
+                # each take draws its own verdicts: the judge's seed is the run's seed
+                take_config = config if take == 1 else replace(config, seed=(config.seed or 0) + take - 1)
+                prefix = "What if" + (f" (take {take} of {takes})" if takes > 1 else "") + ": "
+                snap: dict = {}
+                for snap in _generation_gpu(id(self), model_name, prompt, take_config, bool(chat), key, rates):
+                    if snap.get("error"):
+                        yield render.message_html(snap["error"]), "", "", gr.Plot(None, visible=False)
+                        return
+                    if "stats" not in snap:
+                        yield render.message_html(prefix + snap["status"], "info"), gr.skip(), gr.skip(), gr.skip()
+                        continue
+                    if snap["done"] and snap.get("baseline"):
+                        finished.append((snap["stats"]["tokens_per_s"], snap["baseline"]["tokens_per_s"]))
+                    plot = (gr.Plot(charts.speed_figure(snap["history"], _baseline(snap), synthetic=True),
+                                    visible=True) if snap.get("charts", True) else gr.skip())
+                    yield (render.message_html(prefix + snap["status"], "info"),
+                           render.what_if_tokens(snap["html"], rates),
+                           render.what_if_stats(snap, rates, finished, takes), plot)
+                if stop.is_set() or snap.get("stats", {}).get("finish_reason") == "stopped":
+                    break
+            if takes > 1 and finished:
+                ratios = sorted(syn / plain for syn, plain in finished if plain)
+                median = f", median {statistics.median(ratios):.2f}× a plain run" if ratios else ""
+                yield (render.message_html(f"What if: {len(finished)} of {takes} takes done{median} (synthetic, "
+                                           "timing only).", "info"), gr.skip(), gr.skip(), gr.skip())
         except HiSpecError as exc:
             yield render.message_html(str(exc)), "", "", gr.Plot(None, visible=False)
         finally:
@@ -461,8 +484,12 @@ class App:
                                         "(timing only: every pass runs, the text is not the model's), after a real "
                                         "plain run of the same length. Its figures stay here, labelled, apart from "
                                         "the real ones.")
-                            what_if_btn = gr.Button("What if: run at the sliders' acceptance (synthetic)",
-                                                    elem_id="hs-what-if-btn")
+                            with gr.Row(equal_height=True):
+                                what_if_btn = gr.Button("What if: run at the sliders' acceptance (synthetic)",
+                                                        elem_id="hs-what-if-btn", scale=3)
+                                what_if_takes = gr.Slider(1, MAX_REPEATS, value=1, step=1, label="Takes",
+                                                          info="each: a real plain run, then the synthetic one",
+                                                          elem_id="hs-what-if-takes", scale=2)
                             what_if_status = gr.HTML("", elem_id="hs-what-if-status")
                             what_if_tokens = gr.HTML("", elem_id="hs-what-if-tokens")
                             what_if_stats = gr.HTML("", elem_id="hs-what-if-stats")
@@ -497,7 +524,7 @@ class App:
             for slider in (why_dv, why_vt):
                 slider.change(self.why, [last_run, why_dv, why_vt], [why_out, why_plot], api_name=False,
                               trigger_mode="always_last")
-            what_if_btn.click(self.what_if, settings[:-1] + [why_dv, why_vt],
+            what_if_btn.click(self.what_if, settings[:-1] + [why_dv, why_vt, what_if_takes],
                               [what_if_status, what_if_tokens, what_if_stats, what_if_plot], concurrency_limit=4,
                               concurrency_id="model", api_name=False)
             step_round.change(stepper.show_round, [rounds_state, step_round, last_run], [step_view], api_name=False,
@@ -588,7 +615,9 @@ def _depth(L, d, v, method_label, heads=None):
     warning = ""
     if untrained:
         warning = render.message_html(
-            f"Exit {' and '.join(map(str, untrained))} has no trained head: a raw exit there rarely agrees with "
+            (f"Exit {untrained[0]} has no trained head" if len(untrained) == 1 else
+             f"Exits {' and '.join(map(str, untrained))} have no trained head")
+            + ": a raw exit there rarely agrees with "
             f"the full model, so expect low acceptance. Trained exits: {', '.join(map(str, heads))}.", "warn")
     return render.depth_html(int(L), int(d), int(v), method) + warning
 

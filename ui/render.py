@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import statistics
 
 from hispec.evaluation.bench import first_difference
 from hispec.evaluation.metrics import pair_name, stats_rows
@@ -203,14 +204,25 @@ def what_if_tokens(tokens: str, rates: tuple[float, float]) -> str:
     return _what_if_banner(rates) + f"<div class='hs-synthetic-text'>{tokens}</div>"
 
 
-def what_if_stats(snap: dict, rates: tuple[float, float]) -> str:
-    """A what-if run's speed against the plain run timed just before it, every row labelled."""
+def what_if_stats(snap: dict, rates: tuple[float, float], takes: list[tuple[float, float]] = (),
+                  of: int = 1) -> str:
+    """A what-if run's speed against the plain run timed just before it, every row labelled.
+    `takes`: (synthetic, plain) tokens/s of the takes finished so far, of `of` asked for."""
     s, base = snap["stats"], snap.get("baseline")
-    rows = [(f"{SYNTHETIC}: tokens / s", f"{s['tokens_per_s']:.2f}")]
+    this = " (this take)" if of > 1 else ""
+    rows = [(f"{SYNTHETIC}: tokens / s{this}", f"{s['tokens_per_s']:.2f}")]
     if base:
-        rows.append(("plain decoding, real, timed just before: tokens / s", f"{base['tokens_per_s']:.2f}"))
+        rows.append((f"plain decoding, real, timed just before: tokens / s{this}", f"{base['tokens_per_s']:.2f}"))
         if base["tokens_per_s"]:
-            rows.append((f"{SYNTHETIC}: speed vs plain", f"<b>{s['tokens_per_s'] / base['tokens_per_s']:.2f}×</b>"))
+            rows.append((f"{SYNTHETIC}: speed vs plain{this}",
+                         f"<b>{s['tokens_per_s'] / base['tokens_per_s']:.2f}×</b>"))
+    ratios = sorted(syn / plain for syn, plain in takes if plain)
+    if of > 1 and ratios:
+        mid = statistics.median(ratios)
+        rows.append((f"{SYNTHETIC}: speed vs plain, median of {len(ratios)} of {of} takes",
+                     f"<b>{mid:.2f}×</b> (range {ratios[0]:.2f}–{ratios[-1]:.2f}×)"))
+        rows.append((f"{SYNTHETIC}: each take, synthetic / real plain tokens / s",
+                     html.escape(", ".join(f"{syn:.1f} / {plain:.1f}" for syn, plain in takes))))
     rows += [(f"{SYNTHETIC}: acceptance {pair_name(k)}", _pct(v)) for k, v in s["acceptance"].items()]
     rows += [(f"{SYNTHETIC}: full-model passes", str(s["full_passes"])),
              (f"{SYNTHETIC}: new tokens", str(s["new_tokens"]))]
@@ -218,7 +230,10 @@ def what_if_stats(snap: dict, rates: tuple[float, float]) -> str:
     return (f"<table class='hs-stats hs-synthetic-stats' id='hs-what-if-table'>{body}</table>"
             f"<p class='hs-hint'>Asked for: {rates[0]:.0%} draft → verify, {rates[1]:.0%} → full model (per token, "
             "drawn independently). Measured acceptance differs by chance, and counts a block's tokens after its "
-            "first rejection as rejected too.</p>")
+            "first rejection as rejected too. "
+            + ("Each take is a real plain run, then the synthetic run with its own draws."
+               if of > 1 else "One take is noisy (timings on a shared machine vary from run to run): more takes give a median and a range.")
+            + "</p>")
 
 
 def published_html(points: list[dict]) -> str:

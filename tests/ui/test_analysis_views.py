@@ -56,6 +56,27 @@ def test_what_if_at_zero_acceptance_rejects_every_draft(registry):
     assert final["stats"]["new_tokens"] == 12
 
 
+def test_what_if_takes_repeat_plain_then_synthetic_and_give_a_median(registry):
+    import app
+
+    page = app.App(registry, "tiny", ["tiny"])
+    args = ("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, 0.0, 0, 1.0, None, 0.9, 0.9)
+    outs = list(page.what_if(*args, takes=3))
+    statuses = [plain(o[0]) for o in outs if isinstance(o[0], str)]
+    assert sum("take 1 of 3" in st and "Timing plain decoding first" in st for st in statuses) >= 1
+    assert sum("take 3 of 3" in st and "Timing plain decoding first" in st for st in statuses) >= 1
+    assert "3 of 3 takes done, median" in statuses[-1] and "synthetic" in statuses[-1]
+    stats = plain(next(o[2] for o in reversed(outs) if isinstance(o[2], str) and o[2]))
+    assert "median of 3 of 3 takes" in stats and "(this take)" in stats
+    each = re.search(r"each take, synthetic / real plain tokens / s(.*?)SYNTHETIC", stats).group(1)
+    assert len(re.findall(r"[\d.]+ / [\d.]+", each)) == 3, each
+    # one take (the default): no median row, and the hint asks for more takes
+    one = plain(next(o[2] for o in reversed(list(page.what_if(*args))) if isinstance(o[2], str) and o[2]))
+    assert "median of" not in one and "(this take)" not in one and "more takes give a median" in one
+    bad = list(page.what_if(*args, takes=0))
+    assert "takes must be 1 to 5 (got 0)" in plain(bad[-1][0])
+
+
 def test_a_real_run_keeps_its_trace_and_prompt(registry):
     config = handlers.make_config("HiSpec", 2, 4, 2, 4, 16, policy_label=handlers.FIXED)
     final = list(handlers.generation_stream(registry, "tiny", "hello", config, True, threading.Event()))[-1]
@@ -181,7 +202,8 @@ def test_an_exit_without_a_trained_head_is_warned_about():
     import app
 
     out = app._depth(30, 3, 5, "HiSpec", [2, 4, 6, 12])
-    assert "hs-msg-warn" in out and "Exit 3 and 5 has no trained head" in plain(out)
+    assert "hs-msg-warn" in out and "Exits 3 and 5 have no trained head" in plain(out)
+    assert "Exit 5 has no trained head" in plain(app._depth(30, 2, 5, "HiSpec", [2, 4, 6, 12]))
     assert "Trained exits: 2, 4, 6, 12" in plain(out)
     assert "hs-msg-warn" not in app._depth(30, 2, 4, "HiSpec", [2, 4, 6, 12])
     assert "hs-msg-warn" not in app._depth(30, 3, 5, "HiSpec", [])  # raw exits everywhere: nothing to compare
