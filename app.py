@@ -25,12 +25,12 @@ from pathlib import Path
 import gradio as gr
 
 from hispec.engine.decoding import DecodeConfig, recommended_settings
-from hispec.errors import HiSpecError
-from hispec.evaluation.speed_model import RoundSettings, SpeedModel, explain, measured_pairs, per_token
 from hispec.engine.events import event_from_dict
+from hispec.errors import HiSpecError
 from hispec.evaluation import published
 from hispec.evaluation.beliefs import exit_beliefs
 from hispec.evaluation.replay import replay_from_dicts
+from hispec.evaluation.speed_model import RoundSettings, SpeedModel, explain, measured_pairs, per_token
 from hispec.evaluation.trace import Trace
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.serving.registry import ModelRegistry

@@ -10,9 +10,9 @@ import torch
 from helpers import hf_greedy, tiny_model
 
 from hispec.engine.decoding import DecodeConfig, Decoder
-from hispec.model.early_exit import EarlyExitModel
-from hispec.errors import ConfigError
 from hispec.engine.events import DoneEvent, PassEvent, RoundEvent, TokenEvent
+from hispec.errors import ConfigError
+from hispec.model.early_exit import EarlyExitModel
 
 SETTINGS = [
     DecodeConfig("autoregressive"),
