@@ -231,8 +231,9 @@ def what_if_stats(snap: dict, rates: tuple[float, float], takes: list[tuple[floa
             f"<p class='hs-hint'>Asked for: {rates[0]:.0%} draft → verify, {rates[1]:.0%} → full model (per token, "
             "drawn independently). Measured acceptance differs by chance, and counts a block's tokens after its "
             "first rejection as rejected too. "
-            + ("Each take is a real plain run, then the synthetic run with its own draws."
-               if of > 1 else "One take is noisy (timings on a shared machine vary from run to run): more takes give a median and a range.")
+            + ("Each take is a real plain run, then the synthetic run with its own draws." if of > 1 else
+               "One take is noisy (timings on a shared machine vary from run to run): more takes give a median "
+               "and a range.")
             + "</p>")
 
 
