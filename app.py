@@ -191,6 +191,7 @@ class App:
             if not 1 <= takes <= MAX_REPEATS:
                 raise HiSpecError(f"takes must be 1 to {MAX_REPEATS} (got {takes})")
             finished: list[tuple[float, float]] = []  # (synthetic, plain) tokens/s of each finished take
+            tokens_html = stats_html = figure = None  # the last views sent, for the summary after the takes
             for take in range(1, takes + 1):
                 # each take draws its own verdicts: the judge's seed is the run's seed
                 take_config = config if take == 1 else replace(config, seed=(config.seed or 0) + take - 1)
@@ -205,18 +206,25 @@ class App:
                         continue
                     if snap["done"] and snap.get("baseline"):
                         finished.append((snap["stats"]["tokens_per_s"], snap["baseline"]["tokens_per_s"]))
-                    plot = (gr.Plot(charts.speed_figure(snap["history"], _baseline(snap), synthetic=True),
-                                    visible=True) if snap.get("charts", True) else gr.skip())
-                    yield (render.message_html(prefix + snap["status"], "info"),
-                           render.what_if_tokens(snap["html"], rates),
-                           render.what_if_stats(snap, rates, finished, takes), plot)
+                    tokens_html = render.what_if_tokens(snap["html"], rates)
+                    stats_html = render.what_if_stats(snap, rates, finished, takes)
+                    plot = gr.skip()
+                    if snap.get("charts", True):
+                        figure = charts.speed_figure(snap["history"], _baseline(snap), synthetic=True)
+                        plot = gr.Plot(figure, visible=True)
+                    yield render.message_html(prefix + snap["status"], "info"), tokens_html, stats_html, plot
                 if stop.is_set() or snap.get("stats", {}).get("finish_reason") == "stopped":
                     break
             if takes > 1 and finished:
                 ratios = sorted(syn / plain for syn, plain in finished if plain)
                 median = f", median {statistics.median(ratios):.2f}× a plain run" if ratios else ""
+                # The views are sent again rather than skipped: the last message then leaves the chart shown.
+                # Once, in a browser test, it stayed hidden after two takes when this message skipped it
+                # (a chart that starts hidden mounts lazily; Gradio has had races where a stale
+                # visible=False lands after visible=True, gradio-app/gradio#13553).
                 yield (render.message_html(f"What if: {len(finished)} of {takes} takes done{median} (synthetic, "
-                                           "timing only).", "info"), gr.skip(), gr.skip(), gr.skip())
+                                           "timing only).", "info"), tokens_html, stats_html,
+                       gr.Plot(figure, visible=True) if figure is not None else gr.skip())
         except HiSpecError as exc:
             yield render.message_html(str(exc)), "", "", gr.Plot(None, visible=False)
         finally:

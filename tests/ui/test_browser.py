@@ -265,6 +265,6 @@ def test_a_what_if_run_is_labelled_synthetic(page):
     expect(page.locator("#hs-what-if-stats")).to_contain_text("speed vs plain")
     for row in page.locator("#hs-what-if-table tr td:first-child").all_inner_texts():
         assert row.startswith("SYNTHETIC") or "real" in row, row
-    expect(page.locator("#hs-what-if-plot .gtitle")).to_contain_text("SYNTHETIC")
+    expect(page.locator("#hs-what-if-plot .gtitle")).to_contain_text("SYNTHETIC", timeout=WAIT_MS)
     # the real run's views keep the real figures
     expect(page.locator("#hs-tokens")).not_to_contain_text("SYNTHETIC")
