@@ -98,8 +98,6 @@ def _sync(ee) -> None:
 
 def _time_head(ee, layer: int, h: torch.Tensor, repeats: int) -> float:
     """Seconds for one exit (its attention step on a scratch cache included) on the rows of h."""
-    from hispec.engine.cache import LayerKVCache
-
     head = ee.head(layer)
     best = math.inf
     for _ in range(repeats):
@@ -107,7 +105,7 @@ def _time_head(ee, layer: int, h: torch.Tensor, repeats: int) -> float:
         t0 = time.perf_counter()
         x = h
         if getattr(head, "stateful", False):
-            x = head.attend(h, LayerKVCache(1, h.shape[1]), 0)
+            x = head.attend(h, ee.new_head_cache(1, h.shape[1]), 0)
         ee.exit_logits(x, layer)
         _sync(ee)
         best = min(best, time.perf_counter() - t0)

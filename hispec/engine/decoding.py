@@ -19,7 +19,7 @@ import math
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import torch
 
@@ -31,8 +31,10 @@ from hispec.engine.policy import POLICIES, Plan, make_policy
 from hispec.engine.sampling import POINT_MASS, SamplingParams, Selector
 from hispec.engine.stack import StageStack
 from hispec.errors import ConfigError
-from hispec.model.early_exit import EarlyExitModel
 from hispec.text import Detokenizer
+
+if TYPE_CHECKING:
+    from hispec.model.early_exit import EarlyExitModel
 
 METHODS = ("autoregressive", "layerskip", "hispec", "lookup")
 S = TokenState

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from hispec.engine.cache import LayerKVCache
-from hispec.model.early_exit import EarlyExitModel
+if TYPE_CHECKING:
+    from hispec.model.early_exit import EarlyExitModel
 
 
 @dataclass
@@ -51,7 +52,7 @@ class StageStack:
         # Attention exit heads by boundary index, and their KV caches (slot = boundary index).
         self._stateful = {i: head for i, b in enumerate(boundaries[1:-1], 1)
                           if getattr(head := ee.exit_heads.get(b), "stateful", False)}
-        self.head_cache = LayerKVCache(len(boundaries), capacity)
+        self.head_cache = ee.new_head_cache(len(boundaries), capacity)
         self._head_pending: dict[int, list[torch.Tensor]] = {i: [] for i in self._stateful}
         self.head_work: list[tuple[int, int, float]] = []  # drained by the decoder
         self.tokens: list[int] = []

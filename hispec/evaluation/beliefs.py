@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hispec.engine.cache import LayerKVCache
+from hispec.model.cache import LayerKVCache
 from hispec.errors import ConfigError
 from hispec.text import Detokenizer
 

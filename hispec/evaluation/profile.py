@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from hispec.engine.cache import LayerKVCache
+from hispec.model.cache import LayerKVCache
 from hispec.engine.decoding import DecodeConfig, default_draft_layer, recommended_settings
 
 COUNTS = (1, 2, 4, 8, 16)

@@ -15,7 +15,7 @@ import os
 import torch
 from torch import nn
 
-from hispec.engine.cache import LayerKVCache
+from hispec.model.cache import LayerKVCache
 from hispec.errors import ConfigError, ModelLoadError
 from hispec.model.lean import LeanPath
 
@@ -116,6 +116,12 @@ class EarlyExitModel:
             if cache is not None:
                 return cache
         return LayerKVCache(self.num_layers, capacity)
+
+    @staticmethod
+    def new_head_cache(slots: int, capacity: int = 256) -> LayerKVCache:
+        """A plain cache with `slots` independent slots, for attention exit heads (slot = the caller's
+        index of the exit); never on the graphs' static buffers."""
+        return LayerKVCache(slots, capacity)
 
     def embed(self, token_ids: list[int]) -> torch.Tensor:
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)

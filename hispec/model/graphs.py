@@ -29,7 +29,7 @@ import weakref
 
 import torch
 
-from hispec.engine.cache import LayerKVCache
+from hispec.model.cache import LayerKVCache
 from hispec.errors import ConfigError
 
 BACKENDS = ("cuda", "emulate")

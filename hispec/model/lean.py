@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hispec.engine.cache import LayerKVCache
+from hispec.model.cache import LayerKVCache
 from hispec.model.kernel import (
     PACK_LIMIT_BYTES,
     LayerWeights,

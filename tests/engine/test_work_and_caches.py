@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import ee_of
 
-from hispec.engine.cache import LayerKVCache
+from hispec.model.cache import LayerKVCache
 from hispec.engine.decoding import DecodeConfig, Decoder
 from hispec.engine.events import COMMITTED_STATES, PassEvent, RoundEvent, TokenEvent
 from hispec.engine.stack import StageStack

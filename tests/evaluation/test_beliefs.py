@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import char_tokenizer, ee_of, hf_greedy, tiny_model
 
-from hispec.engine.cache import LayerKVCache
+from hispec.model.cache import LayerKVCache
 from hispec.errors import ConfigError, HiSpecError
 from hispec.evaluation.beliefs import exit_beliefs
 from hispec.exits.heads import make_heads
