@@ -167,7 +167,7 @@ def build_model(folder: str | Path, device: str = "cpu"):
     """The packed model as a float32 LlamaForCausalLM; checks the fingerprint recorded at packing."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from hispec.exits.lora import model_fingerprint
+    from hispec.model.lora import model_fingerprint
 
     folder = Path(folder)
     config = AutoConfig.from_pretrained(folder)

@@ -67,7 +67,7 @@ def cmd_prepare(args) -> int:
     from hispec.training.ee_data import save_data, tokenize_prompts
     from gguf_pack import pack_gguf
     from hispec.model.loading import default_gguf_path, default_model_folder, load_model
-    from hispec.exits.lora import model_fingerprint
+    from hispec.model.lora import model_fingerprint
     from hispec.evaluation.prompts import load_sets
 
     torch.set_num_threads(args.threads)
@@ -143,7 +143,7 @@ def pipeline(model, data: dict, out: Path, args, budget_s: float, tiny: bool) ->
     """Continuations -> smoke training -> sized real training -> float32 evaluation -> files in out."""
     import torch
 
-    from hispec.exits import lora
+    from hispec.model import lora
     from hispec.training.ee_data import generate_continuations
     from hispec.training.ee_eval import evaluate, summary_lines
     from hispec.training.ee_train import TrainConfig, train

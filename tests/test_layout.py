@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "model", "exits", "training", "evaluation", "serving", "cli")
+PACKAGES = ("engine", "model", "training", "evaluation", "serving", "cli")
 
 
 @dataclass(frozen=True)

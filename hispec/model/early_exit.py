@@ -190,7 +190,7 @@ class EarlyExitModel:
                     f"so an early exit must be between 1 and {self.num_layers - 1}"
                 )
 
-    # Trained exit heads (hispec/exits/heads.py): the manifest of the heads attached, if any.
+    # Trained exit heads (hispec/model/heads.py): the manifest of the heads attached, if any.
     exit_info: dict | None = None
 
     def attach_exit_heads(self, heads: dict[int, nn.Module], info: dict | None = None) -> None:

@@ -5,7 +5,7 @@ Written once, used by every fast path:
 - the engine's lean path (``lean.LeanPath``: batch 1, the engine's KV cache, or static buffers
   that a CUDA graph replays);
 - batched teacher generation for training data (``training.teacher``: left-padded rows);
-- the attention step of attention exit heads (``exits.heads.ExitAttention``: ``self_attention``
+- the attention step of attention exit heads (``heads.ExitAttention``: ``self_attention``
   only, on the head's own float32 weights).
 
 Each caller says where keys and values go through ``kv(k, v) -> (keys, values)``: append to a cache,

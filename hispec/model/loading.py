@@ -23,7 +23,7 @@ import torch
 from hispec.errors import ConfigError, ModelLoadError
 from hispec.model.early_exit import SUPPORTED_ARCHITECTURES, EarlyExitModel
 from hispec.paths import cache_root
-from hispec.serving.limits import check_fits
+from hispec.model.fits import check_fits
 
 DEFAULT_MODEL = "default"
 DEFAULT_EE_MODEL = "default-ee"  # the default model with its shipped early-exit adapter (assets/default-ee)
@@ -153,7 +153,7 @@ def load_model(
 ) -> LoadedModel:
     """Load a model by one name, ready for the engine. Never runs remote code.
 
-    `exits`: trained exit heads (hispec/exits/heads.py): None finds matching ones automatically
+    `exits`: trained exit heads (hispec/model/heads.py): None finds matching ones automatically
     (the user's cache, then assets/exits/), a folder loads those, 'none' keeps the raw exits."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -165,7 +165,7 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, device)
     adapter = None
     if name == DEFAULT_EE_MODEL:  # the default model + the shipped early-exit LoRA adapter, merged below
-        from hispec.exits.lora import shipped_adapter
+        from hispec.model.lora import shipped_adapter
 
         adapter = shipped_adapter()  # a clear error before any weight is read when it is not shipped
     if name in (DEFAULT_MODEL, DEFAULT_EE_MODEL):
@@ -200,17 +200,17 @@ def load_model(
     except Exception as exc:
         raise ModelLoadError(_explain_load_failure(name, exc)) from exc
     if adapter:
-        from hispec.exits.lora import merge_adapter
+        from hispec.model.lora import merge_adapter
 
         merge_adapter(model, *adapter)
         model.to(torch_dtype)
     if not device_map:
         model.to(device)
     ee = EarlyExitModel(model)
-    from hispec.exits.heads import find_and_attach  # trained exit heads, refused if made for another model
+    from hispec.model.heads import find_and_attach  # trained exit heads, refused if made for another model
 
     if adapter and exits is None:  # its exits are trained into the model: heads of the original do not apply
-        from hispec.exits.lora import exit_defaults
+        from hispec.model.lora import exit_defaults
 
         ee.attach_exit_heads({}, exit_defaults(adapter[0], ee.num_layers))
     else:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from hispec.exits import lora
+from hispec.model import lora
 from hispec.training.ee_forward import ensure_sdpa, head_logits, run_with_exits
 
 Progress = Callable[[str], None]

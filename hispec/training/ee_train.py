@@ -11,7 +11,7 @@ The recipe (LayerSkip, arXiv 2404.16710), on low-rank adapters of the decoder pr
   so the tuned model stays close to the original.
 
 Training writes ``checkpoint.pt`` (adapters, optimizer, step, RNG state) every ``save_every``
-steps, resumes from it, and finishes with ``adapter.safetensors`` + ``manifest.json`` (see hispec/exits/lora.py).
+steps, resumes from it, and finishes with ``adapter.safetensors`` + ``manifest.json`` (see hispec/model/lora.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as grad_checkpoint
 
 from hispec.errors import ConfigError
-from hispec.exits import lora
+from hispec.model import lora
 from hispec.training.ee_data import pack
 from hispec.training.ee_forward import ensure_sdpa, head_logits, run_with_exits
 

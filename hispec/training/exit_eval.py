@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from hispec.exits.heads import ExitHead
+from hispec.model.heads import ExitHead
 from hispec.training.exit_data import TeacherData, segments
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hispec.exits.heads import ExitHead
+from hispec.model.heads import ExitHead
 from hispec.training.exit_data import TeacherData, padded, progress_bar, segments
 
 

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from hispec.errors import ConfigError
-from hispec.exits.heads import ExitHead, make_heads, model_identity
+from hispec.model.heads import ExitHead, make_heads, model_identity
 from hispec.training.exit_data import (
     Progress,
     TeacherData,
@@ -53,7 +53,7 @@ def run(ee, prompts: list[list[int]], layers: list[int], *, eos_ids=(), name: st
     teacher-forced text (collect_forced), never held out. `extra`: more teacher generations (collect)
     for prompts outside `prompts`, training only, never held out. Returns (heads, manifest without the
     save-time fields, the teacher data)."""
-    from hispec.exits.heads import HEAD_TYPES, SAVE_DTYPES
+    from hispec.model.heads import HEAD_TYPES, SAVE_DTYPES
 
     settings = settings or TrainSettings()
     say = log or (lambda msg: None)
@@ -318,7 +318,7 @@ def cli(args) -> int:
     import sys
     from pathlib import Path
 
-    from hispec.exits.heads import candidate_folders, save_heads, user_exits_folder
+    from hispec.model.heads import candidate_folders, save_heads, user_exits_folder
     from hispec.model.loading import load_model
 
     def say(msg: str) -> None:

@@ -229,7 +229,7 @@ def test_a_generation_asking_for_buffers_while_others_are_made_never_replays_the
 def test_graph_passes_with_attention_exit_heads_equal_generate(device):
     """Trained-style attention exit heads (their own KV caches, a vocabulary slice) run eagerly
     between replayed layer passes; greedy output stays the target's, on CPU and on CUDA."""
-    from hispec.exits.heads import make_heads
+    from hispec.model.heads import make_heads
 
     model = tiny_model("llama", seed=2).to(device)
     ee = EarlyExitModel(model)

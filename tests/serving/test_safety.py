@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from helpers import EVIL
 
 from hispec.errors import ConfigError, HiSpecError, ModelLoadError
-from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits, RateLimiter, check_fits
+from hispec.model.fits import check_fits
+from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits, RateLimiter
 from hispec.serving.registry import ModelRegistry
 from hispec.cli.terminal import render
 from hispec.evaluation.trace import Trace

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import save_tiny_folder, tiny_model
 
-from hispec.exits import lora
+from hispec.model import lora
 from hispec.training.ee_data import greedy_continuations, pack
 from hispec.training.ee_eval import evaluate
 from hispec.errors import ConfigError, ModelLoadError
@@ -295,7 +295,7 @@ def test_packed_default_model_rebuilds_bit_exactly(tmp_path, real_model_threads)
 
 @pytest.mark.real_model
 def test_default_ee_merges_the_shipped_adapter(tmp_path, monkeypatch, real_model_threads):
-    from hispec.exits.heads import preferred_layers
+    from hispec.model.heads import preferred_layers
     from hispec.model.loading import load_model
 
     base = load_model("default", device="cpu", dtype="float32", exits="none")

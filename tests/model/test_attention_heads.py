@@ -10,7 +10,7 @@ from helpers import ee_of, hf_greedy, tiny_model
 
 from hispec.engine.decoding import DecodeConfig
 from hispec.errors import ConfigError
-from hispec.exits.heads import ExitHead, load_heads, make_heads, save_heads
+from hispec.model.heads import ExitHead, load_heads, make_heads, save_heads
 from hispec.evaluation.runner import run
 from hispec.engine.stack import StageStack
 from hispec.training.exit_data import frequent_tokens

@@ -10,7 +10,7 @@ from helpers import ee_of, hf_greedy, save_tiny_folder, tiny_model
 
 from hispec.engine.decoding import DecodeConfig
 from hispec.errors import ModelLoadError
-from hispec.exits.heads import (ExitHead, find_and_attach, load_heads, make_heads, model_identity, preferred_layers,
+from hispec.model.heads import (ExitHead, find_and_attach, load_heads, make_heads, model_identity, preferred_layers,
                                save_heads)
 from hispec.evaluation.runner import run
 from hispec.training.exit_data import collect, frequent_tokens
@@ -247,7 +247,7 @@ def test_exits_view_in_the_app(trained):
 
 @pytest.mark.real_model
 def test_shipped_heads_of_the_default_model():
-    from hispec.exits.heads import ASSETS_EXITS, DEFAULT_MODEL_KEY, read_manifest
+    from hispec.model.heads import ASSETS_EXITS, DEFAULT_MODEL_KEY, read_manifest
     from hispec.model.loading import load_model
 
     manifest = read_manifest(ASSETS_EXITS / DEFAULT_MODEL_KEY)
