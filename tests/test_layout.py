@@ -22,14 +22,14 @@ class Import:
     typing_only: bool  # under `if TYPE_CHECKING:`
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def sources() -> dict[str, Path]:
-    files = [*ROOT.glob("hispec/**/*.py"), *ROOT.glob("ui/**/*.py"), ROOT / "app.py"]
-    return {module_name(p): p for p in files}
+def sources(root: Path = ROOT) -> dict[str, Path]:
+    files = [*root.glob("hispec/**/*.py"), *root.glob("ui/**/*.py"), root / "app.py"]
+    return {module_name(p, root): p for p in files if p.is_file()}
 
 
 def _typing_lines(tree: ast.AST) -> set[int]:
@@ -90,22 +90,16 @@ def test_the_packages_exist(graph):
     assert flat == ["hispec.__main__", "hispec.errors", "hispec.paths", "hispec.text"], flat
 
 
-def test_no_import_cycles(graph):
-    modules, found = graph
-    edges: dict[str, set[str]] = {m: set() for m in modules}
-    for imp in found:
-        target = _internal(imp.target, modules)
-        if target and target != imp.source and not imp.typing_only:
-            edges[imp.source].add(target)
-    # Tarjan's strongly connected components: any component with two modules is a cycle
-    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan): every import cycle."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
 
     def visit(v):
         index[v] = low[v] = counter[0]
         counter[0] += 1
         stack.append(v)
         on.add(v)
-        for w in edges[v]:
+        for w in sorted(edges.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -120,12 +114,172 @@ def test_no_import_cycles(graph):
                 if w == v:
                     break
             if len(component) > 1:
-                cycles.append(sorted(component))
+                found.append(sorted(component))
 
     for v in sorted(edges):
         if v not in index:
             visit(v)
-    assert cycles == [], cycles
+    return found
+
+
+def test_no_import_cycles(graph):
+    modules, found = graph
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in found:
+        target = _internal(imp.target, modules)
+        if target and target != imp.source and not imp.typing_only:
+            edges[imp.source].add(target)
+    assert cycles(edges) == [], cycles(edges)
+
+
+# ---- packages: floors that point one way ----------------------------------------------------
+# Bottom first: each sub-package of hispec imports only the floors below it (lazy imports inside
+# functions included); the engine names the model only for annotations. The shared basics
+# (hispec.errors, .text, .paths) import no sub-package and anyone may import them; ui/ and app.py
+# sit above everything, and nothing in hispec imports them.
+FLOORS = ("model", "engine", "evaluation", "serving", "training", "cli")
+BASICS = ("errors", "text", "paths")
+TYPING_ONLY = {("engine", "model")}
+
+
+def package_of(module: str) -> str:
+    """hispec.engine.stack -> engine; hispec.errors -> basics; hispec.__main__ -> cli; ui.x -> ui."""
+    parts = module.split(".")
+    if parts[0] != "hispec":
+        return parts[0]
+    if len(parts) == 1 or parts[1] in BASICS:
+        return "basics"
+    return "cli" if parts[1] == "__main__" else parts[1]
+
+
+def package_imports(modules: dict[str, Path], found: list[Import]) -> dict[tuple[str, str], list[Import]]:
+    """(importing package, imported package) -> the imports behind that edge, typing-only ones too."""
+    edges: dict[tuple[str, str], list[Import]] = {}
+    for imp in found:
+        target = _internal(imp.target, modules)
+        if target:
+            a, b = package_of(imp.source), package_of(target)
+            if a != b:
+                edges.setdefault((a, b), []).append(imp)
+    return edges
+
+
+def package_violations(modules: dict[str, Path], found: list[Import]) -> list[str]:
+    """Every package-level import that breaks the floors, and every package-level cycle."""
+    edges = package_imports(modules, found)
+    bad = []
+    for component in cycles({a: {b for x, b in edges if x == a} for a, _ in edges}):
+        bad.append(f"cycle: {' <-> '.join(component)}")
+    for (a, b), imps in sorted(edges.items()):
+        where = ", ".join(f"{i.source}:{i.line}" for i in imps[:3])
+        if a in ("ui", "app"):
+            continue  # the page may import anything in hispec
+        if b in ("ui", "app"):
+            bad.append(f"{a} imports {b} ({where})")
+        elif a == "basics":
+            bad.append(f"the shared basics import {b} ({where})")
+        elif b == "basics":
+            continue
+        elif a in FLOORS and b in FLOORS and FLOORS.index(b) > FLOORS.index(a):
+            bad.append(f"{a} imports {b}, a floor above it ({where})")
+        elif (a, b) in TYPING_ONLY and not all(i.typing_only for i in imps):
+            runtime = ", ".join(f"{i.source}:{i.line}" for i in imps if not i.typing_only)
+            bad.append(f"{a} imports {b} at run time; annotations only, under TYPE_CHECKING ({runtime})")
+    return bad
+
+
+def test_the_packages_point_one_way(graph):
+    modules, found = graph
+    assert {package_of(m) for m in modules if m.startswith("hispec")} == {*FLOORS, "basics"}
+    assert package_violations(modules, found) == []
+
+
+def _tree(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return sources(root)
+
+
+def test_the_package_rule_catches_lazy_upward_imports_and_cycles(tmp_path):
+    modules = _tree(tmp_path, {
+        "hispec/__init__.py": "",
+        "hispec/errors.py": "",
+        "hispec/model/__init__.py": "",
+        "hispec/model/loading.py": "def load():\n    from hispec.serving.limits import check_fits\n",
+        "hispec/engine/__init__.py": "",
+        "hispec/engine/stack.py": "from hispec.model.loading import load\n",
+        "hispec/serving/__init__.py": "",
+        "hispec/serving/limits.py": "from hispec.model import loading\nfrom hispec.errors import x\n",
+        "ui/__init__.py": "", "ui/page.py": "import hispec.serving.limits\n", "app.py": "",
+    })
+    bad = package_violations(modules, imports(modules))
+    assert "cycle: model <-> serving" in bad
+    assert any(b.startswith("model imports serving, a floor above it (hispec.model.loading:2") for b in bad), bad
+    assert any(b.startswith("engine imports model at run time") for b in bad), bad
+    assert len(bad) == 3, bad  # serving -> model, serving -> basics and ui -> serving are allowed
+
+
+# ---- private members: `obj._name` reached from another module -------------------------------
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _defined(tree: ast.AST) -> set[str]:
+    """Private names a module defines: functions, classes, methods, assigned names and attributes."""
+    names: set[str] = set()
+
+    def target(node):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            for element in node.elts:
+                target(element)
+        elif isinstance(node, ast.Starred):
+            target(node.value)
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                target(t)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            target(node.target)
+    return {n for n in names if _private(n)}
+
+
+def private_reach_ins(modules: dict[str, Path]) -> list[str]:
+    """`x._name` in module A where `_name` is defined in another of these modules and not in A."""
+    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in modules.items()}
+    defined = {name: _defined(tree) for name, tree in trees.items()}
+    bad = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in defined[name]:
+                owners = sorted(m for m, names in defined.items() if node.attr in names)
+                if owners:
+                    bad.append(f"{name}:{node.lineno} {ast.unparse(node)} (defined in {', '.join(owners)})")
+    return bad
+
+
+def test_no_private_members_reached_from_other_modules(graph):
+    modules, _ = graph
+    assert private_reach_ins(modules) == []
+
+
+def test_the_private_member_check_catches_a_reach_in(tmp_path):
+    modules = _tree(tmp_path, {
+        "hispec/data.py": "class Data:\n    def _mask(self):\n        return self._rows\n"
+                          "    def __init__(self):\n        self._rows = 1\n",
+        "hispec/use.py": "def f(d):\n    return d._mask(), d.__class__, d._unknown\n",
+        "ui/__init__.py": "", "app.py": "def g(d):\n    return d._rows\n",
+    })
+    assert sorted(private_reach_ins(modules)) == ["app:2 d._rows (defined in hispec.data)",
+                                                  "hispec.use:2 d._mask (defined in hispec.data)"]
 
 
 def test_the_engine_imports_no_ui_serving_cli_or_transformers(graph):

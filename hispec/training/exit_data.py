@@ -41,14 +41,15 @@ class TeacherData:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def _mask(self, keep: torch.Tensor, num_prompts: int) -> TeacherData:
+    def masked(self, keep: torch.Tensor, num_prompts: int) -> TeacherData:
+        """The positions where `keep` is True, counted as `num_prompts` prompts."""
         return TeacherData(self.layers, {k: v[keep] for k, v in self.hidden.items()}, self.final[keep],
                            self.tokens[keep], self.seq[keep], num_prompts, self.meta, self.generated[keep])
 
     def select(self, prompts: set[int], generated_only: bool = False) -> TeacherData:
         """The positions of these prompts (only those the full model wrote, if asked)."""
         keep = torch.isin(self.seq, torch.tensor(sorted(prompts), dtype=self.seq.dtype))
-        return self._mask(keep & self.generated if generated_only else keep, len(prompts))
+        return self.masked(keep & self.generated if generated_only else keep, len(prompts))
 
     def save(self, path) -> None:
         torch.save({"layers": self.layers, "hidden": self.hidden, "final": self.final, "tokens": self.tokens,

@@ -38,7 +38,7 @@ def evaluate(ee, heads: dict[int, ExitHead], data: TeacherData, chunk: int = 512
     target = torch.cat(targets)[scored]
     raw = {k: torch.cat(v)[scored] for k, v in raw_pred.items()}
     trained = {k: torch.cat(v)[scored] for k, v in pred.items()}
-    data = data._mask(scored, data.num_prompts)
+    data = data.masked(scored, data.num_prompts)
     vocab = next(iter(heads.values())).vocab_ids
     coverage = None
     if vocab is not None:

@@ -88,7 +88,7 @@ def run(ee, prompts: list[list[int]], layers: list[int], *, eos_ids=(), name: st
     extra_generated = extra_prompts = 0
     if extra is not None:  # more of the full model's generations: trained on like the training prompts
         if not prompt_positions and not attention:
-            extra = extra._mask(extra.generated, extra.num_prompts)
+            extra = extra.masked(extra.generated, extra.num_prompts)
         extra_generated, extra_prompts = int(extra.generated.sum()), extra.num_prompts
         parts.append(extra)
         masks.append(extra.generated)
