@@ -64,7 +64,7 @@ def say(msg: str) -> None:
 def cmd_prepare(args) -> int:
     import torch
 
-    from hispec.training.ee_data import save_data, tokenize_prompts
+    from hispec.training.layerskip.data import save_data, tokenize_prompts
     from gguf_pack import pack_gguf
     from hispec.model.loading import default_gguf_path, default_model_folder, load_model
     from hispec.model.lora import model_fingerprint
@@ -144,9 +144,9 @@ def pipeline(model, data: dict, out: Path, args, budget_s: float, tiny: bool) ->
     import torch
 
     from hispec.model import lora
-    from hispec.training.ee_data import generate_continuations
-    from hispec.training.ee_eval import evaluate, summary_lines
-    from hispec.training.ee_train import TrainConfig, train
+    from hispec.training.layerskip.data import generate_continuations
+    from hispec.training.layerskip.evaluation import evaluate, summary_lines
+    from hispec.training.layerskip.train import TrainConfig, train
 
     out.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
@@ -328,7 +328,7 @@ def cmd_stage(args) -> int:
 def cmd_run(args) -> int:
     import torch
 
-    from hispec.training.ee_data import load_data
+    from hispec.training.layerskip.data import load_data
     from hispec.errors import ModelLoadError
     from gguf_pack import build_model, check_parts
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hispec.engine.decoding import DecodeConfig, Decoder, recommended_settings  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 from hispec.evaluation.timing_only import RecordedAcceptance  # noqa: E402
-from hispec.training.exits import heldout_prompts  # noqa: E402
+from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
 
 PATTERNS = {  # gpu_check.py's settings, at this model's exits
     "layerskip": dict(method="layerskip", draft_len=4),

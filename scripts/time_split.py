@@ -28,7 +28,7 @@ from hispec.engine.decoding import DecodeConfig  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 from hispec.evaluation.runner import run  # noqa: E402
 from hispec.text import Detokenizer  # noqa: E402
-from hispec.training.exits import heldout_prompts  # noqa: E402
+from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
 
 
 class CallTimer:

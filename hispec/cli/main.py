@@ -13,7 +13,7 @@ from hispec.errors import HiSpecError
 
 
 def cmd_train_exits(args) -> int:
-    from hispec.training.exits import cli
+    from hispec.training.heads.command import cli
 
     return cli(args)
 
@@ -171,7 +171,7 @@ def _bench_inputs(args):
     if heldout:
         import random
 
-        from hispec.training.exits import heldout_prompts
+        from hispec.training.heads.prompts import heldout_prompts
 
         count = int(heldout[0].partition(":")[2] or 0)
         held = heldout_prompts(lm)
@@ -234,7 +234,7 @@ def compare_table(results) -> str:
 
 
 def cmd_train_ee(args) -> int:
-    from hispec.training.ee_train import run_from_args
+    from hispec.training.layerskip.command import run_from_args
 
     return run_from_args(args, log=lambda msg: print(msg, file=sys.stderr, flush=True))
 

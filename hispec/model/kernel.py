@@ -4,7 +4,7 @@ Written once, used by every fast path:
 
 - the engine's lean path (``lean.LeanPath``: batch 1, the engine's KV cache, or static buffers
   that a CUDA graph replays);
-- batched teacher generation for training data (``training.teacher``: left-padded rows);
+- batched teacher generation for training data (``training.heads.teacher``: left-padded rows);
 - the attention step of attention exit heads (``heads.ExitAttention``: ``self_attention``
   only, on the head's own float32 weights).
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from helpers import ee_of
 
-from hispec.model.cache import LayerKVCache
 from hispec.engine.decoding import DecodeConfig, Decoder
 from hispec.engine.events import COMMITTED_STATES, PassEvent, RoundEvent, TokenEvent
 from hispec.engine.stack import StageStack
+from hispec.model.cache import LayerKVCache
 
 CASES = [
     DecodeConfig("layerskip", draft_layer=3, draft_len=3, max_new_tokens=30),

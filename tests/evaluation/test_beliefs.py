@@ -5,9 +5,9 @@ import pytest
 import torch
 from helpers import char_tokenizer, ee_of, hf_greedy, tiny_model
 
-from hispec.model.cache import LayerKVCache
 from hispec.errors import ConfigError, HiSpecError
 from hispec.evaluation.beliefs import exit_beliefs
+from hispec.model.cache import LayerKVCache
 from hispec.model.heads import make_heads
 
 PROMPT = [5, 17, 42, 8, 63, 21]

@@ -9,13 +9,13 @@ import torch
 from helpers import ee_of, hf_greedy, tiny_model
 
 from hispec.engine.decoding import DecodeConfig
-from hispec.errors import ConfigError
-from hispec.model.heads import ExitHead, load_heads, make_heads, save_heads
-from hispec.evaluation.runner import run
 from hispec.engine.stack import StageStack
-from hispec.training.exit_data import frequent_tokens
-from hispec.training.exit_train import TrainSettings
-from hispec.training.exits import run as train_run
+from hispec.errors import ConfigError
+from hispec.evaluation.runner import run
+from hispec.model.heads import ExitHead, load_heads, make_heads, save_heads
+from hispec.training.heads.data import frequent_tokens
+from hispec.training.heads.pipeline import run as train_run
+from hispec.training.heads.train import TrainSettings
 
 
 def random_prompts(n, seed=0, vocab=100):
@@ -142,7 +142,7 @@ def test_attention_heads_round_trip(trained, tmp_path):
 
 
 def test_teacher_forced_data_is_the_models_prediction_on_the_text():
-    from hispec.training.exit_data import collect_forced
+    from hispec.training.heads.data import collect_forced
 
     model = tiny_model("llama", seed=4)
     ee = ee_of(model)
@@ -159,7 +159,7 @@ def test_teacher_forced_data_is_the_models_prediction_on_the_text():
 
 
 def test_forced_text_is_extra_training_data_never_held_out():
-    from hispec.training.exit_data import collect_forced
+    from hispec.training.heads.data import collect_forced
 
     model = tiny_model("llama", seed=4)
     ee = ee_of(model)
@@ -209,7 +209,7 @@ def test_cli_trains_attention_heads_that_the_engine_loads(tmp_path, monkeypatch,
     result = run(lm.ee, prompt, DecodeConfig(max_new_tokens=20, draft_layer=2, verify_layer=5), eos_ids=lm.eos_ids)
     assert result.token_ids == hf_greedy(lm.model, prompt, 20, eos=2)
     # the prompts the heads were held out from: a clean benchmark set
-    from hispec.training.exits import heldout_prompts
+    from hispec.training.heads.prompts import heldout_prompts
 
     held = heldout_prompts(lm)
     texts = [json.loads(line)["prompt"] for line in prompts.read_text().splitlines()]

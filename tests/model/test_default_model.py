@@ -65,7 +65,7 @@ def test_recorded_acceptance_of_the_default_model_replays_its_own_verdicts(lm):
 
     from hispec.engine.decoding import Decoder, recommended_settings
     from hispec.evaluation.timing_only import RecordedAcceptance
-    from hispec.training.exits import heldout_prompts
+    from hispec.training.heads.prompts import heldout_prompts
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import record_acceptance

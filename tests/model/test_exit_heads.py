@@ -10,12 +10,12 @@ from helpers import ee_of, hf_greedy, save_tiny_folder, tiny_model
 
 from hispec.engine.decoding import DecodeConfig
 from hispec.errors import ModelLoadError
+from hispec.evaluation.runner import run
 from hispec.model.heads import (ExitHead, find_and_attach, load_heads, make_heads, model_identity, preferred_layers,
                                save_heads)
-from hispec.evaluation.runner import run
-from hispec.training.exit_data import collect, frequent_tokens
-from hispec.training.exit_train import TrainSettings
-from hispec.training.exits import run as train_run
+from hispec.training.heads.data import collect, frequent_tokens
+from hispec.training.heads.pipeline import run as train_run
+from hispec.training.heads.train import TrainSettings
 
 
 def random_prompts(n, seed=0, vocab=100):
@@ -79,7 +79,7 @@ def test_training_improves_held_out_agreement(trained):
 
 
 def test_speed_estimate_follows_agreement():
-    from hispec.training.estimate import Sequence, estimate
+    from hispec.training.heads.estimate import Sequence, estimate
 
     target = list(range(200))
     perfect = [Sequence(target, {2: target, 5: target})]

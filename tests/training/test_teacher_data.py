@@ -7,10 +7,10 @@ import pytest
 import torch
 from helpers import ee_of, hf_greedy, tiny_model
 
-from hispec.training.teacher import greedy
-from hispec.training.exit_data import TeacherData, collect, segments
-from hispec.training.exit_train import TrainSettings
-from hispec.training.exits import run as train_run
+from hispec.training.heads.data import TeacherData, collect, segments
+from hispec.training.heads.pipeline import run as train_run
+from hispec.training.heads.teacher import greedy
+from hispec.training.heads.train import TrainSettings
 
 
 def prompts_of(n, seed=0, vocab=100, lengths=(1, 12)):
@@ -171,7 +171,7 @@ def test_cli_more_extra_prompts_keep_the_cached_ones_and_generate_only_the_rest(
 
 @pytest.mark.parametrize("prompt_positions", [True, False])
 def test_adding_layers_to_teacher_data_equals_collecting_them(prompt_positions):
-    from hispec.training.exit_data import add_layers, collect_forced, generation_inputs
+    from hispec.training.heads.data import add_layers, collect_forced, generation_inputs
 
     model = tiny_model("llama", seed=4)
     ee = ee_of(model)

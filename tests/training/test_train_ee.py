@@ -1,4 +1,4 @@
-"""LayerSkip-style early-exit training as LoRA adapters (hispec/train_ee.py, lora.py, ee_eval.py,
+"""LayerSkip-style early-exit training as LoRA adapters (hispec/training/layerskip/, model/lora.py,
 gguf_pack.py, scripts/gpu_train_ee.py), on tiny random models."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 import torch
 from helpers import save_tiny_folder, tiny_model
 
-from hispec.model import lora
-from hispec.training.ee_data import greedy_continuations, pack
-from hispec.training.ee_eval import evaluate
 from hispec.errors import ConfigError, ModelLoadError
-from hispec.training.ee_train import TrainConfig, active_exits, dropout_rates, exit_weights, prepare_model, step_loss, train
+from hispec.model import lora
+from hispec.training.layerskip.data import greedy_continuations, pack
+from hispec.training.layerskip.evaluation import evaluate
+from hispec.training.layerskip.train import TrainConfig, active_exits, dropout_rates, exit_weights, prepare_model, step_loss, train
 
 ROOT = Path(__file__).resolve().parents[2]
 

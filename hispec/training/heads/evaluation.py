@@ -7,15 +7,15 @@ from __future__ import annotations
 import torch
 
 from hispec.model.heads import ExitHead
-from hispec.training.exit_data import TeacherData, segments
+from hispec.training.heads.data import TeacherData, segments
 
 
 @torch.inference_mode()
 def evaluate(ee, heads: dict[int, ExitHead], data: TeacherData, chunk: int = 512) -> tuple[dict, list]:
     """Top-1 agreement with the full model's greedy token, per exit, raw and trained, plus the
     agreement between every pair of trained exits and the vocabulary subset's coverage.
-    Also returns the per-sequence predictions (training.estimate.Sequence) of the trained exits."""
-    from hispec.training.estimate import Sequence
+    Also returns the per-sequence predictions (estimate.Sequence) of the trained exits."""
+    from hispec.training.heads.estimate import Sequence
 
     raw_pred: dict[int, list[torch.Tensor]] = {layer: [] for layer in heads}
     pred: dict[int, list[torch.Tensor]] = {layer: [] for layer in heads}
@@ -63,8 +63,8 @@ def _frac(mask: torch.Tensor) -> float:
 
 def suggest(evaluation: dict, seqs: list, num_layers: int, layers: list[int], subset_heads: bool,
             attention_heads: bool = False) -> dict | None:
-    """The estimated best hispec/layerskip settings among `layers` (see exit_estimate)."""
-    from hispec.training.estimate import best_settings
+    """The estimated best hispec/layerskip settings among `layers` (see estimate)."""
+    from hispec.training.heads.estimate import best_settings
 
     layers = sorted(layers)
     if not layers:

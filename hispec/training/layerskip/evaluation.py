@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from hispec.model import lora
-from hispec.training.ee_forward import ensure_sdpa, head_logits, run_with_exits
+from hispec.training.layerskip.forward import ensure_sdpa, head_logits, run_with_exits
 
 Progress = Callable[[str], None]
 
@@ -119,7 +119,7 @@ def evaluate(model, data: dict, exits: list[int] | None = None, max_seqs: int | 
 @torch.no_grad()
 def _free_run(model, prompts, max_new_tokens: int, eos_ids: set[int]) -> dict:
     """Greedy generations of both models; identical leading tokens per prompt."""
-    from hispec.training.ee_data import greedy_continuations
+    from hispec.training.layerskip.data import greedy_continuations
 
     pad = min(eos_ids) if eos_ids else 0
     batch = len(prompts)  # one batch (left-padded), the same for both models

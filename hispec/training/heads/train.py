@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hispec.model.heads import ExitHead
-from hispec.training.exit_data import TeacherData, padded, progress_bar, segments
+from hispec.training.heads.data import TeacherData, padded, progress_bar, segments
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The forward pass of LayerSkip-style training: the model's own (stock, LoRA-wrapped) decoder
-layers with exits and per-sequence layer dropout, shared by training (ee_train) and evaluation
-(ee_eval).
+layers with exits and per-sequence layer dropout, shared by training (train) and evaluation
+(evaluation).
 
 It deliberately runs transformers' layers, not the lean kernel (hispec.model.kernel): training needs
 autograd through LoRA-wrapped projections and gradient checkpointing, which the inference kernel's

@@ -95,10 +95,10 @@ def collect(model, prompts: list[list[int]], layers: Iterable[int], max_new_toke
     `prompt_positions`, for every prompt position: free extra training data, where the teacher
     is the full model's prediction on the prompt text, and the context attention heads see).
     With `ee` (an EarlyExitModel whose lean path can run this model), the continuations come from
-    batched decoding on the lean path (hispec/training/teacher.py, about 3x faster on CPU than
+    batched decoding on the lean path (hispec/training/heads/teacher.py, about 3x faster on CPU than
     transformers' batched generate); otherwise from `model.generate`."""
     from hispec.model.lean import LeanPath
-    from hispec.training.teacher import greedy
+    from hispec.training.heads.teacher import greedy
 
     lean = (ee.lean or LeanPath(ee)) if ee is not None and ee.stock_reason is None else None
     layers = sorted({int(x) for x in layers})
