@@ -18,10 +18,27 @@ SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 class CostModel:
+    """Seconds per decoder layer for a pass of n new tokens, and per exit head for n rows: measured
+    (``calibrate``, ``observe_*``) or given (``given``: another machine's figures, a test's)."""
+
     def __init__(self):
         self._layer: dict[int, float] = {}  # n tokens -> seconds per layer
         self._head: dict[tuple[int, int], float] = {}  # (exit layer, n rows) -> seconds
         self.calibrated = False
+
+    @classmethod
+    def given(cls, layer: dict[int, float], head: dict[tuple[int, int], float]) -> CostModel:
+        """A cost model of these figures: `layer` maps new tokens to seconds per layer, `head` maps
+        (exit layer, rows) to seconds (the full model's head at exit layer L). Counts as calibrated."""
+        costs = cls()
+        costs._layer, costs._head = dict(layer), dict(head)
+        costs.calibrated = True
+        return costs
+
+    def figures_ms(self) -> dict:
+        """The figures in milliseconds, JSON-ready: per layer by new tokens, per head as 'layer x rows'."""
+        return {"layer": {str(n): round(s * 1e3, 4) for n, s in sorted(self._layer.items())},
+                "head": {f"{e}x{n}": round(s * 1e3, 4) for (e, n), s in sorted(self._head.items())}}
 
     # ---- queries --------------------------------------------------------------------------
     @staticmethod

@@ -79,13 +79,19 @@ def test_training_improves_held_out_agreement(trained):
 
 
 def test_speed_estimate_follows_agreement():
+    from hispec.engine.costs import CostModel
     from hispec.training.heads.estimate import Sequence, estimate
 
     target = list(range(200))
     perfect = [Sequence(target, {2: target, 5: target})]
     wrong = [Sequence(target, {2: [-1] * 200, 5: [-1] * 200})]
-    assert estimate(perfect, 8, "hispec", 2, 5, 2, 4) > 1.5 > 1 > estimate(wrong, 8, "hispec", 2, 5, 2, 4)
-    assert estimate(perfect, 8, "layerskip", 2, draft_len=4) > 1.5 > 1 > estimate(wrong, 8, "layerskip", 2)
+    # a synthetic cost model (seconds): a layer costs a little more for more tokens, the full head most
+    costs = CostModel.given({1: 0.48e-3, 4: 0.50e-3, 8: 0.62e-3},
+                            {(e, n): 2.4e-3 if e == 8 else 0.75e-3 for e in (2, 5, 8) for n in (1, 8)})
+    assert (estimate(perfect, 8, "hispec", 2, 5, 2, 4, costs=costs) > 1.5 > 1
+            > estimate(wrong, 8, "hispec", 2, 5, 2, 4, costs=costs))
+    assert (estimate(perfect, 8, "layerskip", 2, draft_len=4, costs=costs) > 1.5 > 1
+            > estimate(wrong, 8, "layerskip", 2, costs=costs))
 
 
 def test_teacher_data_is_the_models_greedy_output():

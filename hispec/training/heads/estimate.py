@@ -12,13 +12,11 @@ exit at every position (teacher-forced), this module replays the engine's rounds
   unknown: those tokens are wrong by construction (the target discards them), and the verifier
   accepts a draft there with the overall draft-verifier agreement rate (seeded coin).
 
-Time comes from a step-cost table (milliseconds per decoder layer for a pass of n tokens, the
-full LM head, the reduced-vocabulary head, a fixed cost per pass). The defaults are the engine's
-lean path on this project's CPU, 2 threads, fp32, the default model, timed call by call inside
-real autoregressive/layerskip/hispec runs on held-out prompts (not in a loop of repeated calls:
-a full-model pass pushes a head's weights out of the CPU caches, so an exit head costs 0.75 ms
-there against 0.2 ms when called again and again); pass your own for other machines. The result
-is an estimate to rank settings, not a measurement: confirm with `bench --sweep`.
+Time comes from the engine's cost model (hispec.engine.costs.CostModel: seconds per decoder layer
+for a pass of n new tokens, and per exit head, its attention step included, for n rows): measured
+on this machine with the trained heads attached (``measured_costs``), or given (another machine's
+figures, a test's). The result is an estimate to rank settings, not a measurement: confirm with
+`bench --sweep`.
 """
 
 from __future__ import annotations
@@ -26,25 +24,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class StepCosts:
-    layer_1: float = 0.48  # ms per decoder layer, 1 new token
-    layer_4: float = 0.50  # 2-4 new tokens
-    layer_8: float = 0.62  # 5+ new tokens
-    head_full_1: float = 2.4  # full LM head, 1 row (after a full-model pass, as in autoregressive)
-    head_full_n: float = 1.8  # full LM head, several rows (after the verification pass)
-    head_exit: float = 0.75  # an exit head on the reduced vocabulary (any rows)
-    head_attention: float = 0.36  # an attention head's attention step (own KV cache), per call
-    per_pass: float = 0.1  # fixed cost of one stage pass of the engine
-    per_token: float = 0.25  # per committed token: selection, events, text (autoregressive pays it too)
-
-    def layers(self, count: int, tokens: int) -> float:
-        per = self.layer_1 if tokens <= 1 else self.layer_4 if tokens <= 4 else self.layer_8
-        return count * per + self.per_pass
-
-    def head(self, rows: int) -> float:
-        return self.head_full_1 if rows <= 1 else self.head_full_n
+from hispec.engine.costs import CostModel
 
 
 @dataclass
@@ -53,8 +33,25 @@ class Sequence:
     preds: dict[int, list[int]]  # exit layer -> its top-1 at each position (greedy context)
 
 
+def measured_costs(ee, heads: dict) -> CostModel:
+    """This machine's pass costs for `ee` with these exit heads in place (attached for the timing,
+    then the model's own heads are put back)."""
+    before = (dict(ee.exit_heads), ee.exit_info)
+    ee.attach_exit_heads(heads, before[1])
+    try:
+        costs = CostModel()
+        costs.calibrate(ee, tuple(sorted(heads)))
+    finally:
+        ee.attach_exit_heads(*before)
+    return costs
+
+
+def _pass(costs: CostModel, layers: int, tokens: int) -> float:
+    return layers * costs.layer(tokens)
+
+
 def _hispec_time(seq: Sequence, d: int, v: int, L: int, draft_len: int, threshold: int, off_accept: float,
-                 costs: StepCosts, exit_head: float, rng: random.Random) -> tuple[float, int]:
+                 costs: CostModel, rng: random.Random) -> tuple[float, int]:
     g, D, V = seq.target, seq.preds[d], seq.preds[v]
     n, c, t = len(g), 1, 0.0  # the first token comes from the prefill, as in the engine
     pending: list[bool] = []  # tentative tokens after position c: on the greedy path?
@@ -64,11 +61,11 @@ def _hispec_time(seq: Sequence, d: int, v: int, L: int, draft_len: int, threshol
             p = c + len(pending) + len(drafts)
             if p >= n:
                 break
-            t += costs.layers(d, 1) + exit_head
+            t += _pass(costs, d, 1) + costs.head(d, 1)
             ctx = all(pending) and all(ok for _, ok, _ in drafts)
             drafts.append((p, ctx and D[p] == g[p], ctx))
         if drafts:
-            t += costs.layers(v - d, len(drafts)) + exit_head
+            t += _pass(costs, v - d, len(drafts)) + costs.head(v, len(drafts))
             for p, ok, ctx in drafts:
                 if ctx:
                     if D[p] == V[p]:
@@ -85,53 +82,50 @@ def _hispec_time(seq: Sequence, d: int, v: int, L: int, draft_len: int, threshol
             k = len(pending)
             # the newest tentative token goes through every layer (for the bonus row), then
             # layers [v, L) run on the k tentative tokens and the one before them
-            t += costs.layers(d, 1) + costs.layers(v - d, 1) + costs.layers(L - v, k + 1) + costs.head(k + 1)
+            t += _pass(costs, v, 1) + _pass(costs, L - v, k + 1) + costs.head(L, k + 1)
             good = next((i for i, ok in enumerate(pending) if not ok), k)
             c += good + 1  # the matching prefix, then the target's own token
             pending = []
-    return t + (n - 1) * costs.per_token, n - 1
+    return t, n - 1
 
 
-def _layerskip_time(seq: Sequence, e: int, L: int, draft_len: int, costs: StepCosts, exit_head: float) -> tuple[float, int]:
+def _layerskip_time(seq: Sequence, e: int, L: int, draft_len: int, costs: CostModel) -> tuple[float, int]:
     g, D = seq.target, seq.preds[e]
     n, c, t = len(g), 1, 0.0
     while c < n:
         k = min(draft_len, n - c)
-        t += k * (costs.layers(e, 1) + exit_head)
-        t += costs.layers(e, 1) + costs.layers(L - e, k + 1) + costs.head(k + 1)
+        t += k * (_pass(costs, e, 1) + costs.head(e, 1))
+        t += _pass(costs, e, 1) + _pass(costs, L - e, k + 1) + costs.head(L, k + 1)
         good = next((i for i in range(k) if D[c + i] != g[c + i]), k)
         c += good + 1
-    return t + (n - 1) * costs.per_token, n - 1
+    return t, n - 1
 
 
-def autoregressive_ms(L: int, costs: StepCosts) -> float:
-    return costs.layers(L, 1) + costs.head(1) + costs.per_token
+def autoregressive_seconds(L: int, costs: CostModel) -> float:
+    """One plain step: layers [0, L) over one token, then the final head."""
+    return _pass(costs, L, 1) + costs.head(L, 1)
 
 
 def estimate(seqs: list[Sequence], L: int, method: str, d: int, v: int | None = None, draft_len: int = 2,
-             threshold: int = 4, off_accept: float = 0.3, costs: StepCosts | None = None,
-             subset_heads: bool = True, seed: int = 0, attention_heads: bool = False) -> float:
-    """Estimated speedup over autoregressive decoding (time per token ratio)."""
-    costs = costs or StepCosts()
-    exit_head = (costs.head_exit if subset_heads else costs.head_full_1) + (costs.head_attention if attention_heads
-                                                                           else 0.0)
+             threshold: int = 4, off_accept: float = 0.3, *, costs: CostModel, seed: int = 0) -> float:
+    """Estimated speedup over autoregressive decoding (time per token ratio), with these pass costs."""
     rng = random.Random(seed)
     total_t, total_n = 0.0, 0
     for seq in seqs:
         if len(seq.target) < 2:
             continue
         if method == "hispec":
-            t, n = _hispec_time(seq, d, v, L, draft_len, threshold, off_accept, costs, exit_head, rng)
+            t, n = _hispec_time(seq, d, v, L, draft_len, threshold, off_accept, costs, rng)
         else:
-            t, n = _layerskip_time(seq, d, L, draft_len, costs, exit_head)
+            t, n = _layerskip_time(seq, d, L, draft_len, costs)
         total_t, total_n = total_t + t, total_n + n
     if not total_n:
         return 0.0
-    return autoregressive_ms(L, costs) / (total_t / total_n)
+    return autoregressive_seconds(L, costs) / (total_t / total_n)
 
 
 def best_settings(seqs: list[Sequence], L: int, layers: list[int], pair_agreement: dict[str, float],
-                  costs: StepCosts | None = None, subset_heads: bool = True, attention_heads: bool = False) -> dict:
+                  costs: CostModel) -> dict:
     """The best hispec (d, v, draft_len, verify_threshold) and layerskip (exit, draft_len) among
     the trained exits, by estimated speedup; with the estimate of every (d, v) at 2/4."""
     pairs = {}
@@ -141,8 +135,7 @@ def best_settings(seqs: list[Sequence], L: int, layers: list[int], pair_agreemen
             off = pair_agreement.get(f"{d}-{v}", 0.3)
             for n_d in (1, 2, 3, 4):
                 for n_i in (1, 2, 4, 6, 8):  # threshold 1: the full model checks each tentative token
-                    s = estimate(seqs, L, "hispec", d, v, n_d, n_i, off, costs, subset_heads,
-                                 attention_heads=attention_heads)
+                    s = estimate(seqs, L, "hispec", d, v, n_d, n_i, off, costs=costs)
                     if (n_d, n_i) == (2, 4):
                         pairs[f"{d}-{v}"] = round(s, 3)
                     if best_h is None or s > best_h[0]:
@@ -150,12 +143,11 @@ def best_settings(seqs: list[Sequence], L: int, layers: list[int], pair_agreemen
     best_l = None
     for e in layers:
         for k in (1, 2, 3, 4, 6, 8):
-            s = estimate(seqs, L, "layerskip", e, None, k, costs=costs, subset_heads=subset_heads,
-                         attention_heads=attention_heads)
+            s = estimate(seqs, L, "layerskip", e, None, k, costs=costs)
             if best_l is None or s > best_l[0]:
                 best_l = (s, e, k)
     out = {"pairs_at_2_4": pairs, "note": "estimated speedup over autoregressive from held-out exit predictions "
-                                          "and step costs (not a measurement)", "costs_ms": vars(costs or StepCosts())}
+                                          "and pass costs (not a measurement)", "costs_ms": costs.figures_ms()}
     if best_h:
         out["hispec"] = {"speedup": round(best_h[0], 3), "draft": best_h[1], "verify": best_h[2],
                          "draft_len": best_h[3], "verify_threshold": best_h[4]}

@@ -61,17 +61,16 @@ def _frac(mask: torch.Tensor) -> float:
     return round(float(mask.float().mean()), 4) if mask.numel() else 0.0
 
 
-def suggest(evaluation: dict, seqs: list, num_layers: int, layers: list[int], subset_heads: bool,
-            attention_heads: bool = False) -> dict | None:
-    """The estimated best hispec/layerskip settings among `layers` (see estimate)."""
+def suggest(evaluation: dict, seqs: list, num_layers: int, layers: list[int], costs) -> dict | None:
+    """The estimated best hispec/layerskip settings among `layers` with these pass costs (a
+    CostModel; see estimate)."""
     from hispec.training.heads.estimate import best_settings
 
     layers = sorted(layers)
     if not layers:
         return None
     agreement = {k: v["trained"] for k, v in evaluation["pairs"].items()}
-    return best_settings(seqs, num_layers, layers, agreement, subset_heads=subset_heads,
-                         attention_heads=attention_heads)
+    return best_settings(seqs, num_layers, layers, agreement, costs)
 
 
 def default_layers_from(estimate: dict | None) -> dict | None:
@@ -108,6 +107,6 @@ def format_evaluation(manifest: dict) -> str:
         lines.append(f"estimated best layerskip: exit {ls['exit']}, draft_len {ls['draft_len']}: "
                      f"{ls['speedup']:.2f}x autoregressive")
     if est:
-        lines.append("(estimates replay held-out predictions with step costs measured on a 2-core CPU; "
+        lines.append("(estimates replay held-out predictions with pass costs measured on this machine; "
                      "measure with 'python -m hispec bench --sweep layers')")
     return "\n".join(lines)

@@ -26,6 +26,7 @@ import torch
 from hispec.errors import ConfigError
 from hispec.model.heads import HEAD_TYPES, SAVE_DTYPES, ExitHead, make_heads, model_identity
 from hispec.training.heads.data import Progress, TeacherData, collect, frequent_tokens, split_prompts
+from hispec.training.heads.estimate import measured_costs
 from hispec.training.heads.evaluation import default_layers_from, evaluate, suggest
 from hispec.training.heads.train import TrainSettings, round_to, train
 
@@ -110,7 +111,9 @@ def run(ee, prompts: list[list[int]], layers: list[int], *, eos_ids=(), name: st
     train_s = time.perf_counter() - t1
     round_to(heads, SAVE_DTYPES[save_dtype])
     evaluation, seqs = evaluate(ee, heads, held_data)
-    estimate = suggest(evaluation, seqs, ee.num_layers, sorted(pick_from or layers), vocab is not None, attention)
+    pick = sorted(pick_from or layers)
+    costs = measured_costs(ee, {layer: heads[layer] for layer in pick})  # the heads' own costs
+    estimate = suggest(evaluation, seqs, ee.num_layers, pick, costs)
     evaluation["estimate"] = estimate
     defaults = default_layers_from(estimate)
     if defaults:
