@@ -25,10 +25,10 @@ import torch
 
 from hispec.engine.costs import model_costs
 from hispec.engine.events import DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent, TokenEvent, TokenState
-from hispec.engine.levels import EXIT, LOOKUP, build_levels, parse_levels
+from hispec.engine.levels import EXIT, LOOKUP, build_levels, exits_by_role, parse_levels
 from hispec.engine.lookup import LookupIndex
-from hispec.engine.policy import POLICIES, Plan, make_policy
-from hispec.engine.sampling import POINT_MASS, SamplingParams, Selector
+from hispec.engine.policy import POLICIES, Plan, Policy, make_policy
+from hispec.engine.sampling import PointMass, Proposal, SamplingParams, Selector, Verdict
 from hispec.engine.stack import StageStack
 from hispec.errors import ConfigError
 from hispec.text import Detokenizer
@@ -142,6 +142,15 @@ class DecodeConfig:
                        draft_len=_first(self.draft_len, rec.get("draft_len"), DEFAULT_DRAFT_LEN),
                        verify_threshold=threshold, levels=levels)
 
+    def resolve_for(self, ee: EarlyExitModel) -> DecodeConfig:
+        """This configuration resolved for a loaded model: its depth and its trained exits'
+        recommended settings (the one constructor of a runnable configuration)."""
+        return self.resolve(ee.num_layers, recommended_settings(ee))
+
+    def exit_layer(self, role: str) -> int | None:
+        """The exit layer of a role ("draft", "verify") in the resolved level list (None: none)."""
+        return exits_by_role(self.levels or ()).get(role)
+
     def _resolve_list(self, levels: tuple, L: int, rec: dict, threshold: int) -> DecodeConfig:
         exits = [x for x in levels if x != LOOKUP]
         build_levels(levels, L)  # checks the layers
@@ -233,7 +242,7 @@ class Decoder:
         self.syncs = 0  # device-to-host transfers of decisions (drafts, verdicts, target tokens)
         self.decisions: list[tuple[str, int, int]] = []  # every verdict: (stage, pending tokens, accepted)
         self.selector = Selector(SamplingParams(float(cfg.temperature), cfg.top_k, float(cfg.top_p)), cfg.seed)
-        self._proposal: dict[int, object] = {}  # serial -> distribution the token was drawn from (sampling)
+        self._proposal: dict[int, Proposal] = {}  # serial -> what the token was drawn from (sampling)
         self.levels = build_levels(cfg.levels, ee.num_layers)
         # Stack level of each exit / full level (its boundary index); the lookup level has none.
         self._boundary = {}
@@ -242,7 +251,7 @@ class Decoder:
                 self._boundary[i] = len(self._boundary) + 1
         exits = tuple(level.layer for level in self.levels if level.kind == EXIT)
         costs = model_costs(ee, exits) if cfg.policy == "auto" else getattr(ee, "cost_model", None)
-        self.policy = make_policy(cfg.policy, self.levels, cfg, costs, _priors(ee, self.levels))
+        self.policy: Policy = make_policy(cfg.policy, self.levels, cfg, costs, _priors(ee, self.levels))
         self._costs = costs
         self._lookup = LookupIndex() if self.levels[0].kind == LOOKUP else None
         self._holder: dict[int, str] = {}  # serial -> the level that last proposed, wrote or passed it
@@ -323,7 +332,7 @@ class Decoder:
     def _propose_lookup(self, tokens) -> None:
         """The lookup level's proposal: a point mass on each copied token (lossless under sampling)."""
         for token in tokens:
-            self._place(token, S.DRAFTED, "lookup", POINT_MASS)
+            self._place(token, S.DRAFTED, "lookup", PointMass(token))
             self._holder[self.stack.serials[-1]] = f"lookup:{self._lookup_ngram}"
 
     # ---- stages ------------------------------------------------------------------------
@@ -381,15 +390,15 @@ class Decoder:
         """Intermediate level j tentatively accepts the proposals it agrees with and replaces the
         first one it rejects by its own token (also tentative); the rest are thrown away."""
         name = self.levels[j].name
-        n_ok, token, dist, dists = self._judge_block(name, first, logits)
-        for pos in range(first, first + n_ok):
+        verdict = self._judge_block(name, first, logits)
+        for pos in range(first, first + verdict.accepted):
             serial = self.stack.serials[pos]
-            self._proposal[serial] = dists[pos - first]  # now drawn, in effect, from this level's p
+            self._proposal[serial] = verdict.dists[pos - first]  # now drawn, in effect, from this level's p
             self._holder[serial] = name
             self._emit(pos, S.TENTATIVE, name)
-        if first + n_ok < len(self.stack):
-            self._reject_from(first + n_ok, S.VERIFY_REJECTED, name)
-            self._place(token, S.VERIFY_WROTE, name, dist)
+        if first + verdict.accepted < len(self.stack):
+            self._reject_from(first + verdict.accepted, S.VERIFY_REJECTED, name)
+            self._place(verdict.token, S.VERIFY_WROTE, name, verdict.dist)
 
     def _verify_with_target(self) -> None:
         """Run the rest of the model on every pending token; commit the matching prefix,
@@ -402,14 +411,14 @@ class Decoder:
         end = len(stack) if want_bonus else len(stack) - 1
         h = stack.run_to(len(stack.boundaries) - 1, end)
         logits = self._logits(h[0, first - 1 - end :], self.ee.num_layers)  # rows for pending (+ bonus)
-        n_ok, token, _, _ = self._judge_block("target", first, logits)
-        for pos in range(first, first + n_ok):
+        verdict = self._judge_block("target", first, logits)
+        for pos in range(first, first + verdict.accepted):
             if self._commit(pos, S.ACCEPTED):
                 self._reject_from(pos + 1, S.DISCARDED, "target")
                 return
-        if first + n_ok < len(stack):
-            self._reject_from(first + n_ok, S.TARGET_REJECTED, "target")
-        self._write(token, "target")
+        if first + verdict.accepted < len(stack):
+            self._reject_from(first + verdict.accepted, S.TARGET_REJECTED, "target")
+        self._write(verdict.token, "target")
 
     # ---- bookkeeping -------------------------------------------------------------------
     def _start(self) -> StageStack:
@@ -428,9 +437,9 @@ class Decoder:
         self.syncs += 1
         yield from self._drain(stage="prefill")
 
-    def _judge_block(self, stage: str, first: int, logits):
-        """The stage's verdict on the pending tokens from `first` on: (accepted count, the
-        stage's own next token, its distribution, the stage's distribution per row)."""
+    def _judge_block(self, stage: str, first: int, logits) -> Verdict:
+        """The stage's verdict on the pending tokens from `first` on (the timing-only judge's
+        acceptance count instead, when one is given); every judged token is observed by the policy."""
         preds = None
         if self._unsynced is not None:  # drafts still on the device: they travel with this verdict
             preds = self._sync_drafts(logits.argmax(-1))
@@ -442,16 +451,16 @@ class Decoder:
         tokens = self.stack.tokens[first:]
         serials = self.stack.serials[first:]
         proposals = [self._proposal.get(s) for s in serials]
-        n_ok, token, dist, dists = self.selector.judge(tokens, proposals, logits, preds)
+        verdict = self.selector.judge(tokens, proposals, logits, preds)
         key = "target" if stage == "target" else "verify"  # the timing-only judges' two stages
         if self._judge is not None and tokens:  # timing only: the verdict comes from hispec.evaluation.timing_only
             n_ok = self._judge(key, len(tokens))
             row = preds if preds is not None else logits.argmax(-1).tolist()
-            token = row[n_ok] if n_ok < len(row) else None
-        self.decisions.append((key, len(tokens), n_ok))
-        for i, serial in enumerate(serials[: n_ok + 1]):  # judged in order, up to the first rejection
-            self.policy.observe(self._holder.get(serial, "draft"), stage, i < n_ok)
-        return n_ok, token, dist, dists
+            verdict = replace(verdict, accepted=n_ok, token=row[n_ok] if n_ok < len(row) else None)
+        self.decisions.append((key, len(tokens), verdict.accepted))
+        for i, serial in enumerate(serials[: verdict.accepted + 1]):  # judged in order, up to the first rejection
+            self.policy.observe(self._holder.get(serial, "draft"), stage, i < verdict.accepted)
+        return verdict
 
     def _logits(self, hidden, layer: int):
         t0 = time.perf_counter()

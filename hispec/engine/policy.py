@@ -1,5 +1,7 @@
 """Who proposes, how much, who judges, and when the full model runs: one plan per round.
 
+Two policies implement ``Policy``, the decode loop's seam (`plan` per round, `observe` per judged token):
+
 - ``FixedPolicy``: the paper's settings. The bottom level proposes (lookup: its whole match up
   to ``lookup_len``; an exit: ``draft_len`` tokens; when lookup has no match the level above
   drafts instead), every intermediate level above the proposer judges, and the full model runs
@@ -15,12 +17,16 @@ Every plan says why (``Plan.reason``, ``Plan.estimates``); the decoder turns it 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from hispec.engine.costs import CostModel
 from hispec.engine.levels import EXIT, LOOKUP, Level
 
 POLICIES = ("fixed", "auto")
+# The default of the engine, the CLI, the page and the API alike: measured faster than every fixed
+# setting on held-out prompts (README, "Which policy by default").
+DEFAULT_POLICY = "auto"
 
 
 @dataclass(frozen=True)
@@ -76,16 +82,39 @@ def hierarchy_rate(c: CostModel, L: int, d: int, v: int, k: int, T: int, a_dv: f
     return (1 + expected_run(a_vt, t)) / seconds
 
 
-class FixedPolicy:
+class Policy(ABC):
+    """The decode loop's seam: once per round it asks for a plan, and it reports every judged token.
+
+    ``plan(room, pending, match)``: `room` tokens may still be generated, `pending` are proposed and
+    not yet decided by the full model, `match` is the lookup level's proposal (tokens, n-gram length;
+    empty without a lookup level or a match). ``observe(holder, judge, accepted)``: the level that
+    proposed or last wrote a token, the level that judged it, and its verdict, in order up to the
+    first rejection. A policy changes only what runs when, never what is committed: exactness holds
+    for every plan."""
+
+    name: str
+    lookup_len: int
+
+    def lookup_limit(self, room: int) -> int:
+        """At most this many tokens from the lookup level this round."""
+        return min(self.lookup_len, room)
+
+    @abstractmethod
+    def plan(self, room: int, pending: int, match: tuple[list[int], int]) -> Plan:
+        """This round's plan."""
+
+    @abstractmethod
+    def observe(self, holder: str, judge: str, accepted: bool) -> None:
+        """One judged token (see the class docstring)."""
+
+
+class FixedPolicy(Policy):
     name = "fixed"
 
     def __init__(self, levels: tuple[Level, ...], draft_len: int, verify_threshold: int, lookup_len: int):
         self.levels, self.draft_len, self.verify_threshold, self.lookup_len = levels, draft_len, verify_threshold, lookup_len
         self._has_intermediate = any(level.kind == EXIT for level in levels[1:-1]) or (
             levels[0].kind == LOOKUP and len(levels) > 2)
-
-    def lookup_limit(self, room: int) -> int:
-        return min(self.lookup_len, room)
 
     def plan(self, room: int, pending: int, match: tuple[list[int], int]) -> Plan:
         top = len(self.levels) - 1
@@ -123,7 +152,7 @@ class Acceptance:
         return (ok + prior * self.weight) / (n + self.weight)
 
 
-class AutoPolicy:
+class AutoPolicy(Policy):
     """Maximise expected committed tokens per second, round by round.
 
     Candidates: a plain step; the lookup level's match (first k tokens, any k) verified by the
@@ -143,9 +172,6 @@ class AutoPolicy:
         self.acceptance = Acceptance(priors)
         self.L = levels[-1].layer
         self._sticky: Plan | None = None  # a hierarchy plan waiting for its threshold
-
-    def lookup_limit(self, room: int) -> int:
-        return min(self.lookup_len, room)
 
     def observe(self, holder: str, judge: str, accepted: bool) -> None:
         self.acceptance.add(holder, judge, accepted)
@@ -192,7 +218,7 @@ class AutoPolicy:
         return plan
 
 
-def make_policy(name: str, levels, config, costs: CostModel | None, priors: dict):
+def make_policy(name: str, levels, config, costs: CostModel | None, priors: dict) -> Policy:
     if name == "fixed":
         return FixedPolicy(levels, config.draft_len or 1, config.verify_threshold or 1, config.lookup_len)
     if name == "auto":

@@ -42,10 +42,34 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits.softmax(-1)
 
 
-# The proposal of a deterministic proposer (the lookup level): all mass on the proposed token.
-# Accepting x with probability min(1, p(x) / 1) and resampling from normalised max(0, p - 1[x])
-# (p without x) leaves the output distributed exactly as p.
-POINT_MASS = "point_mass"
+@dataclass(frozen=True)
+class PointMass:
+    """The proposal of a deterministic proposer (the lookup level): all mass on one token.
+    Accepting x with probability min(1, p(x) / 1) and resampling from normalised max(0, p - 1[x])
+    (p without x) leaves the output distributed exactly as p."""
+
+    token_id: int
+
+    def over(self, like: torch.Tensor) -> torch.Tensor:
+        """As a distribution over the vocabulary of `like` (one row of probabilities)."""
+        q = torch.zeros_like(like)
+        q[self.token_id] = 1.0
+        return q
+
+
+# What a pending token was drawn from: a distribution (a row of probabilities), a point mass
+# (lookup), or None (greedy: no distribution is kept).
+Proposal = torch.Tensor | PointMass | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A level's judgement of the pending tokens from some position on."""
+
+    accepted: int  # how many of them it accepts, in order (up to its first rejection)
+    token: int | None  # its own next token: the correction at the rejection, or the bonus; None: no row for one
+    dist: torch.Tensor | None  # the distribution `token` was drawn from (sampling; None when greedy)
+    dists: tuple  # the level's distribution per row (sampling; None per row when greedy)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -76,25 +100,25 @@ class Selector:
         probs = warp(logits, self.params)
         return self._draw(probs), probs
 
-    def judge(self, tokens: list[int], proposals: list, logits: torch.Tensor, preds: list[int] | None = None):
-        """Judge pending tokens against a stage's logits (one row per token, plus one more row
-        when a bonus token is possible). Returns (accepted count, next token or None,
-        its distribution, the stage's distributions per row). Greedy: `preds`, the rows'
-        argmax already on the host, saves the transfer."""
+    def judge(self, tokens: list[int], proposals: list[Proposal], logits: torch.Tensor,
+              preds: list[int] | None = None) -> Verdict:
+        """Judge pending tokens, each drawn from its proposal (a distribution, a PointMass, or None
+        when greedy), against a stage's logits (one row per token, plus one more row when a bonus
+        token is possible). Greedy: `preds`, the rows' argmax already on the host, saves the transfer."""
         if self.params.greedy:
             preds = logits.argmax(-1).tolist() if preds is None else preds
             n_ok = 0
             while n_ok < len(tokens) and tokens[n_ok] == preds[n_ok]:
                 n_ok += 1
-            return n_ok, (preds[n_ok] if n_ok < len(preds) else None), None, [None] * len(preds)
+            return Verdict(n_ok, preds[n_ok] if n_ok < len(preds) else None, None, (None,) * len(preds))
         probs = warp(logits, self.params)
+        rows = tuple(probs)
         for i, (x, q) in enumerate(zip(tokens, proposals)):
-            if isinstance(q, str) and q == POINT_MASS:
-                q = torch.zeros_like(probs[i])
-                q[x] = 1.0
+            if isinstance(q, PointMass):
+                q = q.over(probs[i])
             u = float(torch.rand((), generator=self.generator))
             if u * float(q[x]) >= float(probs[i, x]):  # reject with probability 1 - min(1, p/q)
-                return i, self._draw(residual(probs[i], q)), probs[i], list(probs)
+                return Verdict(i, self._draw(residual(probs[i], q)), probs[i], rows)
         if len(probs) > len(tokens):
-            return len(tokens), self._draw(probs[len(tokens)]), probs[len(tokens)], list(probs)
-        return len(tokens), None, None, list(probs)
+            return Verdict(len(tokens), self._draw(probs[len(tokens)]), probs[len(tokens)], rows)
+        return Verdict(len(tokens), None, None, rows)

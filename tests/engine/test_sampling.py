@@ -117,10 +117,10 @@ def _top_prediction_matching(self, tokens, proposals, logits, preds=None):
     probs = sampling.warp(logits, self.params)
     for i, x in enumerate(tokens):
         if x != int(probs[i].argmax()):
-            return i, self._draw(probs[i]), probs[i], list(probs)
+            return sampling.Verdict(i, self._draw(probs[i]), probs[i], tuple(probs))
     if len(probs) > len(tokens):
-        return len(tokens), self._draw(probs[len(tokens)]), probs[len(tokens)], list(probs)
-    return len(tokens), None, None, list(probs)
+        return sampling.Verdict(len(tokens), self._draw(probs[len(tokens)]), probs[len(tokens)], tuple(probs))
+    return sampling.Verdict(len(tokens), None, None, tuple(probs))
 
 
 @pytest.mark.parametrize("broken", ["resample_from_p", "top_prediction_matching"])
@@ -167,7 +167,7 @@ def test_the_test_rejects_a_lookup_rule_that_trusts_copies(model, monkeypatch):
 
     def trusting(self, tokens, proposals, logits, preds=None):
         probs = sampling.warp(logits, self.params)
-        proposals = [probs[i] if isinstance(q, str) else q for i, q in enumerate(proposals)]
+        proposals = [probs[i] if isinstance(q, sampling.PointMass) else q for i, q in enumerate(proposals)]
         return judge(self, tokens, proposals, logits, preds)
 
     monkeypatch.setattr(sampling.Selector, "judge", trusting)
