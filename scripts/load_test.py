@@ -1,21 +1,31 @@
-"""Load and abuse test of the app, loopback only, bounded in count and time.
+"""Load and abuse test of the app over HTTP on loopback: a test that can fail.
 
-Launches the app on a tiny random model (or targets --url), then runs N concurrent gradio_client
-sessions mixing normal requests, Stops at random moments and bad inputs. Reports completed,
-rejected-with-message and failed requests, latency percentiles, and checks that every completed
-greedy output equals the engine's autoregressive output for its prompt (no crossed or corrupted
-caches).
+Serves the app in this process (the tiny random test model, or the real default model with
+--model default) and runs N concurrent gradio_client sessions, each sending R requests through the
+public API with named inputs: normal greedy generations, Stops at random moments from the same
+session, and malformed inputs. It checks every answer:
 
-    python scripts/load_test.py --sessions 20 --requests 3 --json load.json
+  normal   must complete, and its token ids must equal the engine's own greedy output for its prompt
+           (computed before the load starts); an answer equal to another prompt's is counted as
+           `crossed`, any other difference, refusal or error as `failed`
+  stop     must end stopped with a prefix of its prompt's greedy output, or done with all of it
+  bad      must be refused with a readable message (an AppError), never a crash or a hang
+
+The limits are set so that no normal request may be refused (queue and time limit above the load,
+no rate limit): a refusal of a normal request is a failure. Exit code 0 only when nothing failed,
+nothing crossed and every session finished. The JSON report holds the counts, p50/p90/p99 latency,
+the machine and every failure.
+
+    python scripts/load_test.py --sessions 50 --requests 3 --model default --json assets/load/load_cpu_default.json
 """
 
 from __future__ import annotations
 
 import argparse
-import html
 import json
+import os
+import platform
 import random
-import re
 import statistics
 import sys
 import threading
@@ -26,102 +36,162 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 PROMPTS = ["Hi", "Tell me a story", "abc", "2+2=?", "Why is the sky blue?", "Name a color", "ok", "Hello there"]
-SETTINGS = ("HiSpec", 2, 5, 2, 3)
-GREEDY = (0.0, 0, 1.0, -1)
-REJECTED = ("hs-verify-rejected", "hs-target-rejected", "hs-discarded")
+BAD = [({"prompt": ""}, "prompt is empty"), ({"draft_layer": 5, "verify_layer": 3}, "must be below verify layer"),
+       ({"draft_len": 0}, "draft_len must be from 1"), ({"max_new_tokens": 10**400}, "is over this app's limit"),
+       ({"method": ["hispec"]}, "unknown method"), ({"temperature": 1e-300}, "temperature must be 0"),
+       ({"model": "/etc"}, "is not offered on this server")]
 
 
-def committed_text(tokens_html: str) -> str:
-    spans = re.findall(r'<span class="hs-tok (hs-[\w-]+)"[^>]*>(.*?)</span>', tokens_html or "", re.S)
-    return "".join(html.unescape(t) for cls, t in spans if cls not in REJECTED)
+def machine() -> str:
+    flags = ""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+        flags = " (AVX-512)" if "avx512f" in info else " (no AVX-512)"
+    except OSError:
+        name = platform.processor()
+    return f"{name}{flags}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
 
 
-def plain(fragment: str) -> str:
-    return html.unescape(re.sub(r"<[^>]+>", "", fragment or ""))
-
-
-def serve(max_new: int):
-    """The app on the tiny test model; returns (url, close, expected texts by prompt)."""
+def serve(model: str, max_new: int, sessions: int):
+    """The app on loopback; returns (url, close, expected token ids by prompt, LoadedModel)."""
     import torch
-    from helpers import EOS, char_tokenizer, tiny_model
 
     import app
     from hispec.engine.decoding import DecodeConfig
-    from hispec.model.early_exit import EarlyExitModel
-    from hispec.serving.limits import Limits
-    from hispec.model.loading import LoadedModel
     from hispec.evaluation.runner import run
+    from hispec.model.loading import LoadedModel
+    from hispec.serving.limits import Limits
     from hispec.serving.registry import ModelRegistry
     from hispec.text import Detokenizer
 
-    torch.set_num_threads(1)
-    model = tiny_model("llama", layers=8)
-    model.generation_config.eos_token_id = EOS
-    lm = LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "load-test")
-    registry = ModelRegistry(device="cpu", limits=Limits(rate_per_minute=0, queue_size=64, max_seconds=60))
-    registry.add("tiny", lm)
-    expected = {p: lm.tokenizer.decode(run(lm.ee, lm.encode(p), DecodeConfig("autoregressive", max_new_tokens=max_new),
-                                           eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer)).token_ids)
+    if model == "tiny":
+        from helpers import EOS, char_tokenizer, tiny_model
+        from hispec.model.early_exit import EarlyExitModel
+
+        torch.set_num_threads(1)
+        net = tiny_model("llama", layers=8)
+        net.generation_config.eos_token_id = EOS
+        lm = LoadedModel("tiny", net, char_tokenizer(), EarlyExitModel(net), "cpu", "float32", 0.0, "load-test")
+    else:
+        from hispec.model.loading import load_model
+
+        lm = load_model(model, device="cpu")
+    registry = ModelRegistry(device="cpu")
+    registry.add(model, lm)
+    limits = Limits(rate_per_minute=0, global_rate_per_minute=0, queue_size=4 * sessions, max_seconds=3600,
+                    allowed_models=(model,))
+    config = DecodeConfig("autoregressive", max_new_tokens=max_new, policy="fixed")
+    expected = {p: run(lm.ee, lm.encode(p), config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer)).token_ids
                 for p in PROMPTS}
-    demo = app.App(registry, "tiny", ["tiny"]).build()
-    demo.queue(max_size=64).launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True,
-                                   **app.launch_kwargs())
+    demo = app.build(app.serve(registry, model, limits), [model])
+    demo.queue(max_size=8 * sessions, default_concurrency_limit=None).launch(
+        prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **app.launch_kwargs())
     return demo.local_url, demo.close, expected
+
+
+def judge(kind: str, prompt: str, ids: list[int] | None, finish: str | None, expected: dict) -> tuple[str, str]:
+    """(outcome, message) of one answer: completed | crossed | failed."""
+    want = expected[prompt]
+    if kind == "normal":
+        if ids == want:
+            return "completed", ""
+        other = next((p for p, w in expected.items() if p != prompt and w == ids), None)
+        if other is not None:
+            return "crossed", f"got the answer of {other!r}"
+        return "failed", f"output differs from the engine's greedy output ({finish})"
+    if finish == "stopped" and ids == want[: len(ids)]:
+        return "completed", ""
+    if ids == want:
+        return "completed", ""  # finished before the Stop arrived
+    return "failed", f"a stopped output is not a prefix of the greedy output ({finish})"
+
+
+def one_request(client, kind: str, prompt: str, max_new: int, rng: random.Random, expected: dict) -> dict:
+    from gradio_client.exceptions import AppError
+
+    record = {"kind": kind, "prompt": prompt}
+    named = {"prompt": prompt, "max_new_tokens": max_new, "temperature": 0.0}
+    t0 = time.monotonic()
+    try:
+        if kind == "bad":
+            change, words = rng.choice(BAD)
+            record["bad"] = words
+            try:
+                client.predict(**{**named, **change}, api_name="/generate")
+                record.update(outcome="failed", message=f"accepted a malformed input ({words})")
+            except AppError as exc:
+                ok = words in str(exc)
+                record.update(outcome="refused_as_expected" if ok else "failed", message=str(exc)[:160])
+        else:
+            job = client.submit(**named, api_name="/generate")
+            if kind == "stop":
+                time.sleep(rng.uniform(0.0, 1.0))
+                client.predict(api_name="/stop")
+            try:
+                out = job.result(timeout=3600)
+            except AppError as exc:  # a Stop that reached the request while it waited for its turn
+                if kind == "stop" and "Stopped before the generation started" in str(exc):
+                    record.update(outcome="completed", message="stopped while queued", finish="stopped")
+                    record["latency_s"] = round(time.monotonic() - t0, 3)
+                    return record
+                raise
+            outcome, message = judge(kind, prompt, out.get("token_ids"), out["stats"].get("finish_reason"), expected)
+            record.update(outcome=outcome, message=message, finish=out["stats"].get("finish_reason"),
+                          new_tokens=len(out.get("token_ids") or []))
+    except Exception as exc:  # a refusal of a normal request, a crash or a timeout: all failures
+        record.update(outcome="failed", message=f"{type(exc).__name__}: {str(exc)[:200]}")
+    record["latency_s"] = round(time.monotonic() - t0, 3)
+    return record
 
 
 def session(url, n_requests, max_new, rng, expected, deadline, out, lock):
     from gradio_client import Client
 
-    client = Client(url, verbose=False)
+    try:
+        client = Client(url, verbose=False)
+    except Exception as exc:
+        with lock:
+            out.append({"kind": "connect", "outcome": "failed", "message": f"{type(exc).__name__}: {exc}"})
+        return
     for _ in range(n_requests):
         if time.monotonic() > deadline:
             break
         kind = rng.choices(["normal", "stop", "bad"], weights=[6, 2, 2])[0]
-        prompt = rng.choice(PROMPTS)
-        t0 = time.monotonic()
-        record = {"kind": kind, "prompt": prompt}
-        try:
-            if kind == "bad":
-                bad = rng.choice([("", SETTINGS), (prompt, ("HiSpec", 5, 3, 2, 3)), (prompt, ("HiSpec", 2, 5, 0, 3))])
-                result = client.submit(bad[0], "tiny", *bad[1], max_new, True, *GREEDY,
-                                       api_name="/generate").result(timeout=60)
-                status = plain(result[0])
-                record["outcome"] = "rejected_with_message" if "hs-msg-error" in result[0] and status else "failed"
-                record["message"] = status[:120]
-            else:
-                job = client.submit(prompt, "tiny", *SETTINGS, max_new, True, *GREEDY, api_name="/generate")
-                if kind == "stop":
-                    time.sleep(rng.uniform(0, 0.5))
-                    client.predict(api_name="/stop")
-                result = job.result(timeout=60)
-                text, status = committed_text(result[1]), plain(result[0])
-                want = expected.get(prompt)
-                ok = (text == want) if kind == "normal" or "Done" in status else want is None or want.startswith(text)
-                if kind == "stop" and "stopped" not in status.lower() and "Done" not in status:
-                    ok = False
-                record["outcome"] = "completed" if ok and status else "failed"
-                if not ok:
-                    record["message"] = f"output differs: {text[:60]!r} vs {want and want[:60]!r} ({status})"
-        except Exception as exc:  # the app's readable refusal (AppError), or a crash / timeout
-            message = str(exc)
-            readable = type(exc).__name__ == "AppError" and message.strip()
-            record["outcome"] = "rejected_with_message" if readable or "queue" in message.lower() else "failed"
-            record["message"] = f"{type(exc).__name__}: {message[:160]}"
-        record["latency_s"] = time.monotonic() - t0
+        record = one_request(client, kind, rng.choice(PROMPTS), max_new, rng, expected)
         with lock:
             out.append(record)
 
 
+def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dict:
+    latencies = sorted(r["latency_s"] for r in records if r["kind"] == "normal" and r["outcome"] == "completed")
+
+    def pct(q):
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else None
+
+    count = {k: sum(r["outcome"] == k for r in records) for k in ("completed", "refused_as_expected", "crossed",
+                                                                  "failed")}
+    return {"command": "python scripts/load_test.py " + " ".join(sys.argv[1:]), "machine": machine(),
+            "model": args.model, "sessions": args.sessions, "requests_per_session": args.requests,
+            "max_new_tokens": args.max_new_tokens, "seconds": round(seconds, 1), "requests": len(records), **count,
+            "unfinished_sessions": unfinished,
+            "by_kind": {k: sum(r["kind"] == k for r in records) for k in ("normal", "stop", "bad")},
+            "latency_s_normal": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
+                                 "mean": round(statistics.mean(latencies), 3) if latencies else None},
+            "failures": [r for r in records if r["outcome"] in ("failed", "crossed")][:20]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--sessions", type=int, default=20, help="concurrent client sessions")
     parser.add_argument("--requests", type=int, default=3, help="requests per session")
     parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--max-seconds", type=float, default=240, help="stop sending after this long")
+    parser.add_argument("--model", default="tiny", help="'tiny' (a random test model) or 'default' (the real one)")
+    parser.add_argument("--max-seconds", type=float, default=900, help="stop sending new requests after this long")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None, help="write the report here")
+    parser.add_argument("--json", default=None, help="write the report (with every record) here")
     args = parser.parse_args(argv)
-    url, close, expected = serve(args.max_new_tokens)
+    url, close, expected = serve(args.model, args.max_new_tokens, args.sessions)
     records, lock = [], threading.Lock()
     deadline = time.monotonic() + args.max_seconds
     t0 = time.monotonic()
@@ -131,26 +201,17 @@ def main(argv=None) -> int:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=max(1.0, deadline - time.monotonic() + 90))
+        t.join(timeout=max(1.0, deadline - time.monotonic() + 600))
+    seconds = time.monotonic() - t0
     close()
-    latencies = sorted(r["latency_s"] for r in records if r["outcome"] == "completed")
-
-    def pct(q):
-        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 3) if latencies else None
-
-    report = {"sessions": args.sessions, "requests_per_session": args.requests, "seconds": round(time.monotonic() - t0, 1),
-              "completed": sum(r["outcome"] == "completed" for r in records),
-              "rejected_with_message": sum(r["outcome"] == "rejected_with_message" for r in records),
-              "failed": sum(r["outcome"] == "failed" for r in records),
-              "unfinished_sessions": sum(t.is_alive() for t in threads),
-              "latency_s": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
-                            "mean": round(statistics.mean(latencies), 3) if latencies else None},
-              "by_kind": {k: sum(r["kind"] == k for r in records) for k in ("normal", "stop", "bad")},
-              "failures": [r for r in records if r["outcome"] == "failed"][:10]}
+    report = report_of(records, args, seconds, sum(t.is_alive() for t in threads))
     print(json.dumps(report, indent=1))
     if args.json:
-        Path(args.json).write_text(json.dumps({**report, "records": records}, indent=1))
-    return 0 if report["failed"] == 0 and report["unfinished_sessions"] == 0 else 1
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({**report, "records": records}, indent=1) + "\n")
+    ok = (report["failed"] == 0 and report["crossed"] == 0 and report["unfinished_sessions"] == 0
+          and len(records) == args.sessions * args.requests)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

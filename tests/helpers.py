@@ -104,3 +104,13 @@ def tiny_registry(name: str = "tiny"):
     registry = ModelRegistry()
     registry.add(name, LoadedModel(name, model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t"))
     return registry
+
+
+def tiny_server(registry=None, name: str = "tiny", **limits):
+    """A Server (no rate limits unless given) over `registry` (default: tiny_registry(name))."""
+    from hispec.serving.limits import Limits
+    from hispec.serving.session import Server
+
+    registry = registry or tiny_registry(name)
+    limits = {"rate_per_minute": 0, "global_rate_per_minute": 0, "allowed_models": (name,), **limits}
+    return Server(registry, Limits(**limits), default_model=name, throttle_s=0.0)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import html
 import statistics
 
+from hispec.engine.levels import exits_by_role
 from hispec.evaluation.bench import first_difference
+from hispec.evaluation.compare import in_words
 from hispec.evaluation.metrics import pair_name, stats_rows
 from hispec.evaluation.trace import LEGEND, Trace, TraceToken
 from hispec.text import printable
@@ -34,18 +36,26 @@ _STATE_WORDS = {
 }
 
 
-def _title(token: TraceToken, d, v) -> str:
-    words = _STATE_WORDS[token.css_class].format(d=d, v=v)
-    return f"#{token.index} · id {token.token_id} · {words} · round {token.round}"
+def roles_of(settings: dict | None) -> dict[str, int]:
+    """The exit layer of each role ("draft", "verify") a run's settings name, from its levels."""
+    levels = (settings or {}).get("levels")
+    return exits_by_role(tuple(levels)) if levels else {}
 
 
-def tokens_html(trace: Trace, draft_layer=None, verify_layer=None, show_rejected: bool = True) -> str:
+def _title(token: TraceToken, roles: dict[str, int]) -> str:
+    words = _STATE_WORDS[token.css_class].format(d=roles.get("draft", "?"), v=roles.get("verify", "?"))
+    return f"token {token.index + 1} · id {token.token_id} · {words} · round {token.round}"
+
+
+def tokens_html(trace: Trace, settings: dict | None = None, show_rejected: bool = True) -> str:
+    """The coloured tokens of a run; `settings`: its resolved settings (the exits' layers by role)."""
+    roles = roles_of(settings)
     spans = []
     for token in trace:
         if token.rejected and not show_rejected:
             continue
         text = html.escape(printable(token.text), quote=True)
-        title = html.escape(_title(token, draft_layer, verify_layer), quote=True)
+        title = html.escape(_title(token, roles), quote=True)
         spans.append(f'<span class="hs-tok hs-{token.css_class}" title="{title}" data-s="{token.serial}" '
                      f'tabindex="0">{text}</span>')
     body = "".join(spans) or '<span class="hs-empty">The generated text appears here, token by token.</span>'
@@ -139,10 +149,20 @@ def why_html(exp: dict, settings: dict, predicted_now: float, a_dv: float, a_vt:
             "runs are burstier: the measured speed is the fact, the prediction the explanation.</p></div>")
 
 
-def stats_html(s: dict) -> str:
-    """The run's stats as a table (the CLI prints the same rows on one line)."""
-    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in stats_rows(s))
+def stats_html(s: dict, vs_plain: dict | None = None) -> str:
+    """The run's stats as a table (the CLI prints the same rows on one line); `vs_plain`: the
+    measured ratio to plain decoding on this prompt (evaluation.compare.vs_plain), when taken."""
+    rows = stats_rows(s)
+    if vs_plain:
+        rows.insert(3, ("speed vs plain decoding, measured", vs_plain_words(vs_plain)))
+    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f'<table class="hs-stats">{body}</table>'
+
+
+def vs_plain_words(vs: dict) -> str:
+    """'1.31× (1.25–1.40×, 3 pairs)': the measured ratio with its range and the number of pairs."""
+    spread = f" ({vs['low']:.2f}–{vs['high']:.2f}×, {vs['runs']} pairs)" if vs["runs"] > 1 else " (1 pair)"
+    return f"{vs['median']:.2f}×{spread}: {in_words(vs)}"
 
 
 def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | None = None) -> str:
@@ -204,33 +224,32 @@ def what_if_tokens(tokens: str, rates: tuple[float, float]) -> str:
     return _what_if_banner(rates) + f"<div class='hs-synthetic-text'>{tokens}</div>"
 
 
-def what_if_stats(snap: dict, rates: tuple[float, float], takes: list[tuple[float, float]] = (),
-                  of: int = 1) -> str:
+def what_if_stats(s: dict, rates: tuple[float, float], plain=None, takes: list = (), of: int = 1) -> str:
     """A what-if run's speed against the plain run timed just before it, every row labelled.
-    `takes`: (synthetic, plain) tokens/s of the takes finished so far, of `of` asked for."""
-    s, base = snap["stats"], snap.get("baseline")
+    `s`: the synthetic run's stats; `plain`: its take's plain run (evaluation.what_if.PlainTimed);
+    `takes`: the takes finished so far (TakeDone), of `of` asked for."""
     this = " (this take)" if of > 1 else ""
     rows = [(f"{SYNTHETIC}: tokens / s{this}", f"{s['tokens_per_s']:.2f}")]
-    if base:
-        rows.append((f"plain decoding, real, timed just before: tokens / s{this}", f"{base['tokens_per_s']:.2f}"))
-        if base["tokens_per_s"]:
-            rows.append((f"{SYNTHETIC}: speed vs plain{this}",
-                         f"<b>{s['tokens_per_s'] / base['tokens_per_s']:.2f}×</b>"))
-    ratios = sorted(syn / plain for syn, plain in takes if plain)
+    if plain is not None:
+        rows.append((f"plain decoding, real, timed just before: tokens / s{this}", f"{plain.tokens_per_s:.2f}"))
+        if plain.tokens_per_s:
+            rows.append((f"{SYNTHETIC}: speed vs plain{this}", f"<b>{s['tokens_per_s'] / plain.tokens_per_s:.2f}×</b>"))
+    ratios = sorted(t.ratio for t in takes if t.ratio)
     if of > 1 and ratios:
         mid = statistics.median(ratios)
         rows.append((f"{SYNTHETIC}: speed vs plain, median of {len(ratios)} of {of} takes",
                      f"<b>{mid:.2f}×</b> (range {ratios[0]:.2f}–{ratios[-1]:.2f}×)"))
-        rows.append((f"{SYNTHETIC}: each take, synthetic / real plain tokens / s",
-                     html.escape(", ".join(f"{syn:.1f} / {plain:.1f}" for syn, plain in takes))))
-    rows += [(f"{SYNTHETIC}: acceptance {pair_name(k)}", _pct(v)) for k, v in s["acceptance"].items()]
+        rows.append((f"{SYNTHETIC}: each take, synthetic / real plain tokens / s (tokens)",
+                     html.escape(", ".join(f"{t.synthetic_tokens_per_s:.1f} / {t.plain_tokens_per_s:.1f} "
+                                           f"({t.new_tokens})" for t in takes))))
+    rows += [(f"{SYNTHETIC}: acceptance {pair_name(k)}", _pct(v)) for k, v in s["acceptance_per_token"].items()]
     rows += [(f"{SYNTHETIC}: full-model passes", str(s["full_passes"])),
              (f"{SYNTHETIC}: new tokens", str(s["new_tokens"]))]
     body = "".join(f"<tr><td>{html.escape(a)}</td><td>{b}</td></tr>" for a, b in rows)
     return (f"<table class='hs-stats hs-synthetic-stats' id='hs-what-if-table'>{body}</table>"
             f"<p class='hs-hint'>Asked for: {rates[0]:.0%} draft → verify, {rates[1]:.0%} → full model (per token, "
-            "drawn independently). Measured acceptance differs by chance, and counts a block's tokens after its "
-            "first rejection as rejected too. "
+            "drawn independently). Both runs of a take ignore end-of-text and write the whole budget, so they are "
+            "the same length. "
             + ("Each take is a real plain run, then the synthetic run with its own draws." if of > 1 else
                "One take is noisy (timings on a shared machine vary from run to run): more takes give a median "
                "and a range.")

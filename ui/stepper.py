@@ -23,9 +23,8 @@ def show_round(rounds, i, run):
     """Round i of the run, kept inside it."""
     if not rounds or not run:
         return STEP_HINT
-    settings = run["settings"]
     i = min(max(int(i), 0), len(rounds) - 1)
-    return round_html(rounds, i, settings.get("draft_layer"), settings.get("verify_layer"), settings.get("num_layers"))
+    return round_html(rounds, i, run["settings"])
 
 
 def step(rounds, i, delta):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 
+from hispec.engine.levels import exits_by_role
 from hispec.text import printable
 
 _SEP = " · "
@@ -131,19 +132,18 @@ def _outcome(step: dict) -> str:
     return ", ".join(out)
 
 
-def _step_name(step: dict, draft_layer, verify_layer, num_layers) -> str:
+def _step_name(step: dict, roles: dict[str, int]) -> str:
     stage, exit_layer = step["stage"], step.get("exit")
-    if stage == "draft":
-        return f"Draft at exit {exit_layer or draft_layer}" if (exit_layer or draft_layer) else "Draft"
-    if stage == "verify":
-        return (f"Intermediate verify at exit {exit_layer or verify_layer}" if (exit_layer or verify_layer)
-                else "Intermediate verify")
+    if stage in ("draft", "verify"):
+        layer = exit_layer or roles.get(stage)
+        name = "Draft" if stage == "draft" else "Intermediate verify"
+        return f"{name} at exit {layer}" if layer else name
     return {"prefill": "Prefill", "lookup": "Lookup", "target": "Full model", "stop": "Stopped"}.get(
         stage, step.get("title", stage))
 
 
-def _step_html(k: int, step: dict, draft_layer, verify_layer, num_layers) -> str:
-    name = html.escape(_step_name(step, draft_layer, verify_layer, num_layers))
+def _step_html(k: int, step: dict, roles: dict[str, int]) -> str:
+    name = html.escape(_step_name(step, roles))
     if step["stage"] == "lookup":
         work = "copied from earlier text, no layers run"
     elif step["stage"] == "stop":
@@ -180,19 +180,20 @@ def cache_table_html(before: list[int], after: list[int]) -> str:
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-def round_html(rounds: list[dict], i: int, draft_layer=None, verify_layer=None, num_layers=None) -> str:
-    """Round i of a replay as numbered steps, its plan and the KV cache lengths before and after."""
+def round_html(rounds: list[dict], i: int, settings: dict | None = None) -> str:
+    """Round i of a replay as numbered steps, its plan and the KV cache lengths before and after;
+    `settings`: the run's resolved settings (its exits by role)."""
     if not rounds:
         return ('<div id="hs-step" class="hs-steps" data-round=""><span class="hs-empty">'
                 "Generate first: each round of the finished run can then be replayed step by step.</span></div>")
     i = min(max(i, 0), len(rounds) - 1)
     rnd = rounds[i]
-    num_layers = num_layers or len(rnd["cache_after"]) or None
+    roles = exits_by_role(tuple((settings or {}).get("levels") or ()))
     head = [round_label(rounds, i)]
     plan = rnd.get("plan")
     if plan:
         head.append("plan: " + plan["choice"] + (f" ({plan['reason']})" if plan.get("reason") else ""))
-    steps = [_step_html(k, step, draft_layer, verify_layer, num_layers) for k, step in enumerate(rnd["steps"], 1)]
+    steps = [_step_html(k, step, roles) for k, step in enumerate(rnd["steps"], 1)]
     summary = [f"{_plural(rnd['committed_total'], 'token')} committed so far",
                f"{rnd['tentative']} pending", f"layers ran {_ms(rnd['seconds'])}"]
     if rnd.get("wall_seconds") is not None:

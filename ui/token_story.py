@@ -9,6 +9,7 @@ import html
 from hispec.engine.events import TokenState as S
 from hispec.evaluation.trace import Trace, TraceToken
 from hispec.text import printable
+from ui.render import roles_of
 
 WHO = {"draft": "the draft exit (layer {d})", "verify": "the intermediate verifier (exit {v})",
        "target": "the full model", "lookup": "the lookup level (copied from earlier text)"}
@@ -108,10 +109,9 @@ def _sampling_note(token: TraceToken, beliefs: dict | None, settings: dict) -> s
             return None
         return cell["p"] if kept and "p" in cell else _prob_of(cell, token.token_id)
 
-    d, v, L = settings.get("draft_layer"), settings.get("verify_layer"), settings.get("num_layers")
-    chain = [v, L] if token.origin == "verify" or settings.get("method") != "hispec" else [d, v, L]
-    if settings.get("method") == "layerskip":
-        chain = [d, L]
+    roles, L = roles_of(settings), settings.get("num_layers")
+    # the levels that held the token in turn: where it was drafted, the exits above it, the full model
+    chain = [roles[r] for r in ("draft", "verify") if r in roles and (token.origin == "draft" or r == "verify")] + [L]
     steps = []
     for holder, judge in zip(chain, chain[1:]):
         p_h, p_j = prob(holder), prob(judge)
@@ -127,7 +127,8 @@ def explain_token(token: TraceToken, winner: TraceToken | None, fell_with_anothe
                   settings: dict) -> str:
     """One token's story: who proposed it, who judged it and how, what replaced it (`winner`: the
     committed token at its position); `fell_with_another`: an earlier token of its block was rejected."""
-    d, v = settings.get("draft_layer"), settings.get("verify_layer")
+    roles = roles_of(settings)
+    d, v = roles.get("draft"), roles.get("verify")
     who = WHO.get(token.origin, token.origin).format(d=d, v=v)
     fate = FATE.get(token.css_class, token.css_class).format(d=d, v=v)
     lines = [f"<p><b>{_tok(token.text, 'hs-' + token.css_class)}</b> · token #{token.index + 1} · round "

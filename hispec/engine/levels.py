@@ -73,10 +73,24 @@ def build_levels(spec: tuple[str | int, ...], num_layers: int) -> tuple[Level, .
         if not 0 < layer < num_layers:
             raise ConfigError(f"exit layer {layer} is impossible: this model has {num_layers} layers, "
                               f"so an exit level must be between 1 and {num_layers - 1}")
-    names = {1: ["verify" if LOOKUP in spec else "draft"], 2: ["draft", "verify"]}.get(len(exits), [])
+    names = _exit_roles(spec)
     levels = [Level(LOOKUP, 0, "lookup")] if LOOKUP in spec else []
     levels += [Level(EXIT, layer, name) for layer, name in zip(exits, names)]
     return tuple(levels) + (Level(FULL, num_layers, "target"),)
+
+
+def _exit_roles(spec: tuple) -> list[str]:
+    """The role names of a parsed list's exits, bottom up: two exits are draft and verify; a single
+    exit drafts, unless the lookup level is below it, which makes it the verifier."""
+    count = sum(1 for x in spec if x != LOOKUP)
+    return {1: ["verify" if LOOKUP in spec else "draft"], 2: ["draft", "verify"]}.get(count, [])
+
+
+def exits_by_role(spec: tuple | list) -> dict[str, int]:
+    """The exit layer of each role of a level list: ("lookup", 2, 4) -> {"draft": 2, "verify": 4},
+    (4,) -> {"draft": 4}, ("lookup", 4) -> {"verify": 4}, () -> {} (the naming of build_levels)."""
+    spec = parse_levels(tuple(spec))
+    return dict(zip(_exit_roles(spec), [x for x in spec if x != LOOKUP]))
 
 
 def describe(levels: tuple[Level, ...]) -> str:

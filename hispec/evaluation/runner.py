@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Iterator
 
 from hispec.engine.decoding import DecodeConfig, Decoder
-from hispec.engine.events import DoneEvent, Event
+from hispec.engine.events import DoneEvent, Event, event_to_dict
 from hispec.evaluation.metrics import StatsCollector
 from hispec.evaluation.trace import Trace
 from hispec.model.early_exit import EarlyExitModel
@@ -52,3 +52,40 @@ def run(
             done = ev
     return RunResult(config.method, list(prompt_ids), list(done.token_ids), done.text, done.settings,
                      stats.summary(), trace)
+
+
+def plain_config(config: DecodeConfig) -> DecodeConfig:
+    """Plain decoding with the run's budget and sampling: nothing of its levels (a 'plain' run
+    that kept the exit levels would still draft at them)."""
+    return replace(config, method="autoregressive", levels=None, draft_layer=None, verify_layer=None,
+                   draft_len=None, verify_threshold=None, policy="fixed")
+
+
+def events(lm, prompt_ids: list[int], config: DecodeConfig, stop: threading.Event | None = None,
+           judge: Callable[[str, int], int] | None = None, eos_ids: Iterable[int] | None = None) -> Iterator[Event]:
+    """One generation of a loaded model (hispec.model.loading.LoadedModel), event by event: what a
+    served request streams. The decoder is built here, in the worker that runs it: its set-up may
+    time the model (the adaptive policy's cost model), which must happen in the model's turn.
+    `eos_ids`: None stops at the model's own end-of-text tokens; () never stops early."""
+    decoder = Decoder(lm.ee, prompt_ids, config, eos_ids=lm.eos_ids if eos_ids is None else eos_ids,
+                      detok=Detokenizer(lm.tokenizer), stop=stop, judge=judge)
+    yield from decoder.events()
+
+
+class LiveRun:
+    """A generation folded as its events arrive: stats, trace, the JSON trace, the DoneEvent."""
+
+    def __init__(self, method: str = ""):
+        self.stats, self.trace = StatsCollector(method), Trace()
+        self.events: list[dict] = []  # every event as JSON (engine.events.event_to_dict)
+        self.done: DoneEvent | None = None
+
+    def add(self, ev: Event) -> None:
+        self.stats.add(ev)
+        self.trace.add(ev)
+        self.events.append(event_to_dict(ev))
+        if isinstance(ev, DoneEvent):
+            self.done = ev
+
+    def summary(self) -> dict:
+        return self.stats.summary()

@@ -1,17 +1,27 @@
-"""Limits for serving the engine to the public: configurable, shown to users, enforced with
-readable messages. Read from the environment (HISPEC_*); sensible defaults for a shared demo."""
+"""The server's limits for serving the engine to the public: each one named once, with its setting
+(HISPEC_*), its default and the message a visitor sees when it applies (README, Hosting it in public).
+
+The checks that cost nothing come first (serving.session): the prompt's length in characters
+before any templating or tokenizing, the rate per client address, the model allow-list; the
+prompt's length in tokens once it is tokenized.
+"""
 
 from __future__ import annotations
 
 import os
-import threading
-import time
-from collections import defaultdict, deque
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, replace
 
 from hispec.errors import ConfigError, ModelLoadError
 
+DEFAULT_MODEL_NAME = "default"
 LAYERSKIP_CHECKPOINT = "facebook/layerskip-llama3.2-1B"
+ANY_HUB_MODEL = "*"  # in the allow-list: any Hugging Face id (never a local folder)
+# A token of these tokenizers is rarely over 8 characters; a prompt over 8 characters per allowed
+# token cannot fit, so it is refused before the tokenizer sees it (a 5 MiB prompt costs seconds
+# to template and tokenize).
+CHARS_PER_TOKEN = 8
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 
 
 def on_spaces() -> bool:
@@ -22,10 +32,12 @@ def on_spaces() -> bool:
 class Limits:
     max_prompt_tokens: int = 1024
     max_new_tokens: int = 512
-    max_seconds: float = 120.0  # wall time of one request
-    queue_size: int = 16
-    rate_per_minute: int = 12  # generations per visitor per minute (0 = no limit)
-    allowed_models: tuple[str, ...] | None = None  # None = any model name (local use)
+    max_seconds: float = 120.0  # wall time of one request, its wait for the model included
+    queue_size: int = 16  # requests waiting for a model (or its load) before new ones are refused
+    rate_per_minute: int = 12  # requests per client address per minute (0 = no limit)
+    allowed_models: tuple[str, ...] = (DEFAULT_MODEL_NAME,)  # what visitors may choose; "*": any hub id
+    global_rate_per_minute: int = 60  # requests per minute from everyone (0 = no limit)
+    trusted_proxies: tuple[str, ...] = ()  # peers whose X-Forwarded-For names the client ("*": any)
 
     @classmethod
     def from_env(cls, env=None) -> Limits:
@@ -39,27 +51,47 @@ class Limits:
                 value = kind(raw)
             except ValueError:
                 raise ConfigError(f"{name}={raw!r} is not a number") from None
-            if value < 0:
+            if value < 0 or value != value:
                 raise ConfigError(f"{name} must be 0 or more (got {raw})")
             return value
 
-        allowed = env.get("HISPEC_ALLOWED_MODELS")
-        if allowed is not None:
-            models = tuple(m.strip() for m in allowed.split(",") if m.strip())
-            allowed_models = None if models in ((), ("*",)) else models
-        else:  # hosted on Spaces: an allow-list by default; locally any model
-            allowed_models = ("default", LAYERSKIP_CHECKPOINT) if on_spaces() else None
+        def names(name, default):
+            raw = env.get(name)
+            return default if raw is None else tuple(m.strip() for m in raw.split(",") if m.strip())
+
         return cls(number("HISPEC_MAX_PROMPT_TOKENS", cls.max_prompt_tokens),
                    number("HISPEC_MAX_NEW_TOKENS", cls.max_new_tokens),
                    number("HISPEC_MAX_SECONDS", cls.max_seconds, float),
                    number("HISPEC_QUEUE_SIZE", cls.queue_size),
                    number("HISPEC_RATE_LIMIT", cls.rate_per_minute),
-                   allowed_models)
+                   names("HISPEC_ALLOWED_MODELS", cls.allowed_models),
+                   number("HISPEC_GLOBAL_RATE_LIMIT", cls.global_rate_per_minute),
+                   # Spaces serves through its own proxy, the only way in: its forwarded address is the visitor's
+                   names("HISPEC_TRUSTED_PROXIES", ("*",) if on_spaces() else ()))
 
-    def check_model(self, name: str) -> None:
-        if self.allowed_models is not None and name not in self.allowed_models:
-            raise ModelLoadError(f"model '{name}' is not allowed on this server; choose one of: "
-                                 f"{', '.join(self.allowed_models)}")
+    def allowing(self, *models: str) -> Limits:
+        """These limits with the operator's own models (loaded at start) allowed too."""
+        extra = tuple(m for m in models if m and m not in self.allowed_models)
+        return replace(self, allowed_models=self.allowed_models + extra)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.max_prompt_tokens * CHARS_PER_TOKEN
+
+    def check_model(self, name) -> str:
+        """A visitor's model choice, cleaned; refused unless the allow-list names it (or allows any
+        Hugging Face id and it is one). The refusal says what is allowed and nothing of the server's
+        files: a folder that exists and one that does not get the same answer."""
+        shown = name[:60] if isinstance(name, str) else type(name).__name__
+        name = name.strip() if isinstance(name, str) else ""
+        if name in self.allowed_models:
+            return name
+        if ANY_HUB_MODEL in self.allowed_models and _HUB_ID.fullmatch(name) and ".." not in name:
+            return name
+        offered = [m for m in self.allowed_models if m != ANY_HUB_MODEL]
+        extra = " or any Hugging Face id (owner/name)" if ANY_HUB_MODEL in self.allowed_models else ""
+        raise ModelLoadError(f"model {shown!r} is not offered on this server; choose one of: "
+                             f"{', '.join(offered) or 'none'}{extra}")
 
     def check_request(self, prompt_tokens: int, max_new_tokens: int) -> None:
         if prompt_tokens > self.max_prompt_tokens:
@@ -69,35 +101,11 @@ class Limits:
             raise ConfigError(f"max new tokens {max_new_tokens} is over this server's limit of {self.max_new_tokens}")
 
     def describe(self) -> str:
-        models = "any" if self.allowed_models is None else ", ".join(self.allowed_models)
-        rate = f"{self.rate_per_minute} generations per minute per visitor" if self.rate_per_minute else "no rate limit"
-        return (f"Limits: prompt ≤ {self.max_prompt_tokens} tokens · ≤ {self.max_new_tokens} new tokens · "
-                f"≤ {self.max_seconds:g} s per request · {rate} · queue of {self.queue_size} · "
-                f"one generation at a time per model · models: {models}")
-
-
-@dataclass
-class RateLimiter:
-    """At most `per_minute` requests per visitor in any 60-second window."""
-
-    per_minute: int
-    window_s: float = 60.0
-    _seen: dict = field(default_factory=lambda: defaultdict(deque))
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def check(self, visitor: str, now: float | None = None) -> None:
-        if not self.per_minute:
-            return
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            seen = self._seen[visitor]
-            while seen and now - seen[0] >= self.window_s:
-                seen.popleft()
-            if len(seen) >= self.per_minute:
-                wait = self.window_s - (now - seen[0])
-                raise ConfigError(f"rate limit: at most {self.per_minute} generations per minute per visitor; "
-                                  f"try again in {wait:.0f} s")
-            seen.append(now)
-            if len(self._seen) > 10000:  # forget idle visitors
-                for key in [k for k, v in self._seen.items() if not v]:
-                    del self._seen[key]
+        models = ", ".join(m if m != ANY_HUB_MODEL else "any Hugging Face id" for m in self.allowed_models)
+        rate = (f"{self.rate_per_minute} requests per minute per address" if self.rate_per_minute
+                else "no rate limit per address")
+        overall = f" ({self.global_rate_per_minute} from everyone)" if self.global_rate_per_minute else ""
+        return (f"Limits: prompt ≤ {self.max_prompt_tokens} tokens ({self.max_prompt_chars:,} characters) · "
+                f"≤ {self.max_new_tokens} new tokens · ≤ {self.max_seconds:g} s per request, waiting included · "
+                f"{rate}{overall} · {self.queue_size} requests may wait · one job at a time per model · "
+                f"models: {models}")

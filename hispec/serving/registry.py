@@ -1,56 +1,128 @@
-"""Shared models for a multi-user front end: load once, one generation at a time per model.
+"""Shared models for a multi-user front end: each loaded once, for everybody, with its turns.
 
-Not UI: the app (and any server) holds a ModelRegistry; the engine knows nothing of it.
+Loading one model never blocks requests for models already loaded (each name has its own load
+lock; the table's lock is held only to look up or insert). A model in use (leased) is never
+evicted, nor is one the operator loaded at start (pinned); when a new model needs room and every
+loaded one is in use or pinned, the load is refused with a message instead of evicting. Which
+names a visitor may ask for is not decided here: serving.session checks the allow-list first.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 from hispec.errors import ModelLoadError
 from hispec.model.loading import LoadedModel, load_model
-from hispec.serving.limits import Limits
+from hispec.serving.turns import Turns
+
+
+@dataclass(eq=False)
+class _Entry:
+    lm: LoadedModel
+    turns: Turns = field(default_factory=Turns)
+    leases: int = 0
+    pinned: bool = False
 
 
 class ModelRegistry:
     def __init__(self, device: str = "auto", dtype: str = "auto", max_loaded: int = 2,
-                 loader: Callable[..., LoadedModel] = load_model, limits: Limits | None = None):
+                 loader: Callable[..., LoadedModel] = load_model):
         self.device, self.dtype, self.max_loaded = device, dtype, max_loaded
-        self.limits = limits or Limits()
         self._loader = loader
-        self._models: OrderedDict[str, LoadedModel] = OrderedDict()
-        self._gen_locks: dict[str, threading.Lock] = {}
-        self._load_lock = threading.Lock()
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._lock = threading.Lock()  # the table only, never held while loading
+        self._loading: dict[str, threading.Lock] = {}
 
-    def add(self, name: str, lm: LoadedModel) -> None:
-        with self._load_lock:
-            self._models[name] = lm
-            self._gen_locks.setdefault(name, threading.Lock())
+    def add(self, name: str, lm: LoadedModel, pinned: bool = True) -> None:
+        """A model loaded elsewhere (the operator's start model, a test's), pinned by default."""
+        with self._lock:
+            self._entries[name] = _Entry(lm, pinned=pinned)
 
     def loaded(self) -> list[str]:
-        return list(self._models)
+        with self._lock:
+            return list(self._entries)
 
     def get(self, name: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
-        """The model called `name`, loading it (once, for everybody) if needed."""
-        name = (name or "").strip()
+        """The model called `name`, loading it once for everybody if needed."""
+        return self._entry(name, progress).lm
+
+    def acquire(self, name: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
+        """The model, loaded if needed and kept loaded (never evicted) until `release(name)`."""
+        return self._entry(name, progress, lease=True).lm
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            entry = self._entries.get(name.strip())
+            if entry is not None and entry.leases > 0:
+                entry.leases -= 1
+
+    @contextmanager
+    def lease(self, name: str, progress: Callable[[str], None] | None = None) -> Iterator[LoadedModel]:
+        """acquire() and release() around a `with` block."""
+        lm = self.acquire(name, progress)
+        try:
+            yield lm
+        finally:
+            self.release(name)
+
+    def turns(self, name: str) -> Turns:
+        """The queue of jobs on a loaded model (serving.turns)."""
+        with self._lock:
+            entry = self._entries.get(name.strip())
+        if entry is None:
+            raise ModelLoadError(f"model '{name}' is not loaded")
+        return entry.turns
+
+    def in_use(self, name: str) -> int:
+        with self._lock:
+            entry = self._entries.get(name)
+            return entry.leases if entry else 0
+
+    def _entry(self, name: str, progress, lease: bool = False) -> _Entry:
+        name = (name or "").strip() if isinstance(name, str) else ""
         if not name:
             raise ModelLoadError("no model given: use 'default', a Hugging Face id or a local folder")
-        with self._load_lock:
-            if name in self._models:
-                self._models.move_to_end(name)
-                return self._models[name]
-            self.limits.check_model(name)  # before anything could be downloaded
+        found = self._found(name, lease)
+        if found is not None:
+            return found
+        with self._lock:
+            load_lock = self._loading.setdefault(name, threading.Lock())
+        with load_lock:  # one load per name; other names and loaded models go on meanwhile
+            found = self._found(name, lease)
+            if found is not None:
+                return found
+            self._make_room()
             lm = self._loader(name, device=self.device, dtype=self.dtype, progress=progress)
-            while len(self._models) >= self.max_loaded:
-                evicted, _ = self._models.popitem(last=False)
-                self._gen_locks.pop(evicted, None)
-            self._models[name] = lm
-            self._gen_locks[name] = threading.Lock()
-            return lm
+            with self._lock:
+                entry = self._entries[name] = _Entry(lm, leases=int(lease))
+                self._evict_over(keep=name)
+            return entry
 
-    def generation_lock(self, name: str) -> threading.Lock:
-        """Held while a generation runs on the model: its layers are shared, its caches are not."""
-        with self._load_lock:
-            return self._gen_locks.setdefault(name.strip(), threading.Lock())
+    def _found(self, name: str, lease: bool) -> _Entry | None:
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is not None:
+                self._entries.move_to_end(name)
+                entry.leases += int(lease)
+            return entry
+
+    def _evictable(self, keep: str | None = None) -> list[str]:
+        return [n for n, e in self._entries.items() if n != keep and not e.pinned and not e.leases]
+
+    def _make_room(self) -> None:
+        """Refuse a load that could only fit by evicting a model in use or pinned."""
+        with self._lock:
+            if len(self._entries) >= self.max_loaded and not self._evictable():
+                raise ModelLoadError(f"this server already holds {len(self._entries)} models in use; "
+                                     "try again when a generation on another model has finished")
+
+    def _evict_over(self, keep: str) -> None:
+        while len(self._entries) > self.max_loaded:
+            candidates = self._evictable(keep)
+            if not candidates:
+                return  # everything else is in use: over the count for now, never evicting a model in use
+            del self._entries[candidates[0]]  # least recently used first

@@ -1,196 +1,281 @@
-"""One request of the app, served in one place: admission, the model's lock, a wall-time limit,
-and the work in a worker thread whose results stream back.
+"""Every request of the page and the API, from admission to its last update, in one place.
 
-The app's generate, compare and benchmark handlers all go through here, so every request is
-limited, queued and stopped the same way; they only turn what comes back into pages. Updates are
-plain dicts (`{"status": ...}`, `{"error": ..., "done": True}`), so they can cross ZeroGPU's
-decorator.
+    cheap checks (the request's own: sizes, types)   microseconds, before anything else
+    rate limit per client address, then overall
+    the model allow-list
+    room in the queue
+    registered as a job                               from here on a Stop reaches it
+    the model, loaded if needed (progress streamed)   kept loaded until the job ends
+    prepare(model): tokenize, resolve, token limits
+    the model's turn, in arrival order                places streamed; Stop and the time limit apply
+    the work in a worker thread                       its items streamed in batches
+    the end: done, stopped, time limit, failed, or the client left
+
+The time limit counts from admission, the wait included. A client that leaves (Gradio closes the
+update stream when the connection drops) ends its job within a heartbeat; a queued job ends at
+once. The worker releases the model's turn when the work really ends, never before. Updates are
+three small types (serving.updates); the page and the API turn them into what they show.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
-from hispec.engine.decoding import DecodeConfig, Decoder
 from hispec.errors import HiSpecError
-from hispec.serving.limits import Limits, RateLimiter
+from hispec.model.loading import LoadedModel
+from hispec.serving.caller import Caller, caller_of
+from hispec.serving.jobs import LEFT, STOPPED, TIME_LIMIT, Job, Jobs
+from hispec.serving.limits import Limits
+from hispec.serving.ratelimit import RateLimits
 from hispec.serving.registry import ModelRegistry
-from hispec.text import Detokenizer
+from hispec.serving.updates import Ended, Output, Status
 
-log = logging.getLogger("hispec.app")
-WAIT_STEP_S = 0.5
+log = logging.getLogger("hispec.serving")
 
-
-def error_update(message: str) -> dict:
-    """The update that ends a request with a message for the visitor."""
-    return {"error": message, "done": True}
-
-
-def finite_number(name: str, value) -> float:
-    """A visitor's number, or an error naming the field."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise HiSpecError(f"{name} must be a number (got {value!r})") from None
-    if not math.isfinite(number) or isinstance(value, bool):
-        raise HiSpecError(f"{name} must be a finite number (got {value!r})")
-    return number
-
-
-def whole_number(name: str, value) -> int:
-    """A visitor's whole number (3, 3.0, "3"), or an error naming the field."""
-    try:
-        number = math.nan if isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if not math.isfinite(number) or number != int(number):
-        raise HiSpecError(f"{name} must be a whole number (got {value!r})")
-    return int(number)
-
-
-class Guard:
-    """The server's limits for one request: rate limit, prompt size, wall time."""
-
-    def __init__(self, limits: Limits, rate: RateLimiter | None = None):
-        self.limits = limits
-        self.rate = rate or RateLimiter(limits.rate_per_minute)
-
-    def admit(self, visitor: str, prompt_tokens: int, max_new_tokens: int) -> None:
-        self.limits.check_request(prompt_tokens, max_new_tokens)
-        self.rate.check(visitor)
-
-    def timer(self, stop: threading.Event) -> tuple[threading.Timer, threading.Event]:
-        """Sets `stop` once the request has run for the allowed wall time."""
-        expired = threading.Event()
-
-        def fire():
-            expired.set()
-            stop.set()
-
-        timer = threading.Timer(self.limits.max_seconds, fire)
-        timer.daemon = True
-        return timer, expired
-
-
-OPEN = Guard(Limits(max_prompt_tokens=10**9, max_new_tokens=10**9, max_seconds=10**9, rate_per_minute=0))
-
-
-def _acquire(lock: threading.Lock, stop: threading.Event):
-    """Wait for the model, telling the visitor why; gives up (returns False) on Stop."""
-    while not lock.acquire(timeout=WAIT_STEP_S):
-        if stop.is_set():
-            return False
-        yield {"status": "Waiting for another visitor's generation to finish…"}
-    return True
-
-
-def admitted(prepare: Callable, registry: ModelRegistry, model_name: str, stop: threading.Event, what: str):
-    """Run `prepare()` (any error becomes a message), then wait for the model. Returns what
-    `prepare` returned, with the model's generation lock held; None if the request ends here.
-    A generator: `prepared = yield from admitted(...)` passes its updates on."""
-    try:
-        prepared = prepare()
-    except HiSpecError as exc:
-        yield error_update(str(exc))
-        return None
-    except Exception as exc:  # e.g. a tokenizer choking on odd input: a message, never a crash
-        log.exception("could not prepare a %s", what)
-        yield error_update(f"Could not prepare this request ({type(exc).__name__}: {exc}).")
-        return None
-    if not (yield from _acquire(registry.generation_lock(model_name), stop)):
-        yield error_update(f"Stopped before the {what} started.")
-        return None
-    return prepared
-
-
+HEARTBEAT_S = 1.0  # longest silence of an update stream: a dropped client is noticed at the next update
+GRACE_S = 10.0  # after the time limit, how long the stream waits for the work to notice before it ends
+# work(stop, emit): yields (or emits) what the stream passes on; a str is progress text (a Status)
+Work = Callable[[threading.Event, Callable[[object], None]], Iterable[object] | None]
 _END = object()
 
 
-def in_background(task: Callable[[Callable[[object], None]], None], lock: threading.Lock, throttle_s: float,
-                  name: str = "hispec-request") -> Iterator[list]:
-    """Run `task(emit)` in a worker thread (rendering never stalls it, nor enters its timings) and
-    hand what it emits over in batches, at most one batch per `throttle_s`.
-    The worker releases the model's lock when it ends, whatever happens here; an exception in the
-    worker is raised here."""
-    items: queue.Queue = queue.Queue()
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
 
-    def work():
+
+class Server:
+    def __init__(self, registry: ModelRegistry, limits: Limits, default_model: str | None = None,
+                 throttle_s: float = 0.3):
+        self.registry, self.limits, self.throttle_s = registry, limits, throttle_s
+        loaded = registry.loaded()
+        self.default_model = default_model or (loaded[0] if loaded else "default")
+        self.rates = RateLimits(limits.rate_per_minute, limits.global_rate_per_minute)
+        self.jobs = Jobs()
+        self._waiting = 0  # jobs loading a model or waiting for its turn
+        self._lock = threading.Lock()
+
+    def caller(self, request) -> Caller:
+        return caller_of(request, self.limits.trusted_proxies)
+
+    def stop(self, caller: Caller, kinds: Iterable[str] | None = None) -> int:
+        """End the caller's jobs of these kinds, queued or running; how many there were."""
+        return self.jobs.stop(caller.session, kinds)
+
+    # ---- one request ----------------------------------------------------------------------------
+    def submit(self, caller: Caller, request_type, raw: dict) -> Iterator[Status | Output | Ended]:
+        """serve() a request of `request_type` (serving.api) from its raw fields."""
+        return self.serve(caller, request_type.kind, lambda: request_type.parse(raw, self.limits))
+
+    def serve(self, caller: Caller, kind: str, parse: Callable[[], object]) -> Iterator[Status | Output | Ended]:
+        """The updates of one request; the last is always an Ended. `parse()` checks the request's
+        own fields and returns it (serving.api: `.model`, `.what`, `.prepare(lm, limits) -> work`)."""
+        t0 = time.monotonic()
+        job: Job | None = None
+        what = "request"
+        state = {"turns": None, "leased": None, "worker": False}
         try:
-            task(items.put)
-        except BaseException as exc:  # handed to the consumer, raised there
-            items.put(exc)
+            try:
+                request = parse()
+                what = request.what
+                self.rates.admit(caller.address)
+                name = self.limits.check_model(request.model or self.default_model)
+                self._enter_queue()
+            except HiSpecError as exc:
+                yield self._refused(kind, caller, exc)
+                return
+            job = self.jobs.open(caller.session, kind)
+            deadline = t0 + self.limits.max_seconds
+            try:
+                lm = yield from self._lease(name, job, deadline, state)
+                if lm is None:
+                    yield self._ended(job, f"before the {what} started")
+                    return
+                work = request.prepare(lm, self.limits)
+                turns = state["turns"] = self.registry.turns(name)
+                held = yield from self._wait_turn(turns, job, deadline)
+            finally:
+                self._leave_queue()
+            if not held:
+                yield self._ended(job, f"before the {what} started")
+                return
+            yield from self._run(job, work, deadline, state, what)
+        except HiSpecError as exc:
+            yield self._refused(kind, caller, exc)
+        except GeneratorExit:  # the client left: its update stream was closed
+            if job is not None:
+                job.end(LEFT)
+            raise
+        except Exception as exc:  # a tokenizer or loader choking on odd input: a message, never a crash
+            log.exception("%s failed before it started", kind)
+            yield Ended("failed", f"Could not prepare this {what} ({type(exc).__name__}: {exc}).")
         finally:
-            lock.release()
-            items.put(_END)
+            if job is not None:
+                job.end(LEFT)  # no-op when it ended already; a worker still running stops
+                self.jobs.close(job)
+            if not state["worker"]:  # nothing was handed to a worker: give back what was taken here
+                if state["turns"] is not None and job is not None:
+                    state["turns"].release(job)
+                if state["leased"]:
+                    self.registry.release(state["leased"])
 
-    threading.Thread(target=work, name=name, daemon=True).start()
-    finished = False
-    while not finished:
-        batch, deadline = [], None
-        while not finished:
-            if deadline is None:  # block for the first item of a batch: no busy waiting
-                item = items.get()
-                deadline = time.perf_counter() + throttle_s
-            else:
+    def run_now(self, caller: Caller, kind: str, model: str, fn: Callable[[LoadedModel], object],
+                timeout_s: float = 30.0):
+        """`fn(lm)` on the model in its turn, here and now: short follow-ups of a run (what each exit
+        believes, this machine's pass costs). Raises HiSpecError when the model stays busy."""
+        name = self.limits.check_model(model or self.default_model)
+        job = self.jobs.open(caller.session, kind)
+        try:
+            with self.registry.lease(name) as lm:
+                turns = self.registry.turns(name)
+                if not turns.hold(job, timeout_s):
+                    raise HiSpecError("the model is busy with another visitor's request; try again in a moment")
                 try:
-                    item = items.get(timeout=max(0.0, deadline - time.perf_counter()))
+                    return fn(lm)
+                finally:
+                    turns.release(job)
+        finally:
+            self.jobs.close(job)
+
+    # ---- the steps ------------------------------------------------------------------------------
+    def _enter_queue(self) -> None:
+        with self._lock:
+            if self._waiting >= self.limits.queue_size:
+                raise HiSpecError(f"the server is busy: {self._waiting} requests are waiting for the model; "
+                                  "try again in a minute")
+            self._waiting += 1
+
+    def _leave_queue(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+
+    def _lease(self, name: str, job: Job, deadline: float, state: dict):
+        """The model, leased to this job; loaded in a thread (progress streamed) when needed."""
+        if name not in self.registry.loaded():
+            yield Status(f"Loading model {name}… (the first start of the default model converts it, ~20 s)")
+            messages: queue.Queue = queue.Queue()
+            box: dict = {}
+
+            def load():  # the load goes on for everybody even if this request leaves
+                try:
+                    self.registry.get(name, progress=messages.put)
+                except BaseException as exc:
+                    box["error"] = exc
+                finally:
+                    messages.put(_END)
+
+            threading.Thread(target=load, name="hispec-load", daemon=True).start()
+            while True:
+                try:
+                    message = messages.get(timeout=HEARTBEAT_S)
                 except queue.Empty:
+                    if job.stop.is_set() or time.monotonic() >= deadline:
+                        self._out_of_time(job, deadline)
+                        return None
+                    yield Output(())
+                    continue
+                if message is _END:
                     break
+                yield Status(str(message))
+            if "error" in box:
+                raise box["error"]
+        lm = self.registry.acquire(name)
+        state["leased"] = name
+        return lm
+
+    def _wait_turn(self, turns, job: Job, deadline: float):
+        waiting = turns.wait(job, deadline)
+        try:
+            while True:
+                ahead = next(waiting) - 1 + int(turns.busy)  # the ones queued before it, and the one running
+                yield Status(f"Waiting for the model: {ahead} request{'s' if ahead != 1 else ''} ahead of "
+                             "this one (one runs at a time).")
+        except StopIteration as end:
+            if not end.value:
+                self._out_of_time(job, deadline)
+            return bool(end.value)
+        finally:
+            waiting.close()
+
+    def _run(self, job: Job, work: Work, deadline: float, state: dict, what: str):
+        items: queue.Queue = queue.Queue()
+        turns, leased = state["turns"], state["leased"]
+
+        def worker():
+            try:
+                out = work(job.stop, items.put)  # a generator yields its items; other work emits them
+                for item in out or ():
+                    items.put(item)
+            except BaseException as exc:  # handed to the stream, reported there
+                items.put(_Failure(exc))
+            finally:
+                turns.release(job)
+                if leased:
+                    self.registry.release(leased)
+                items.put(_END)
+
+        state["worker"] = True
+        threading.Thread(target=worker, name=f"hispec-{job.kind}-{job.id}", daemon=True).start()
+        while True:
+            batch, done, failure = self._collect(items, job, deadline)
+            notes = [item for item in batch if isinstance(item, str)]  # progress text of the work
+            batch = [item for item in batch if not isinstance(item, str)]
+            if notes:
+                yield Status(notes[-1])
+            if batch or not (done or failure or notes):
+                yield Output(tuple(batch))  # an empty Output is a heartbeat
+            if failure is not None:
+                log.error("%s failed", job.kind, exc_info=failure.exc)
+                yield Ended("failed", f"The {what} failed ({type(failure.exc).__name__}: {failure.exc}). "
+                                      "The app is still running; try again.")
+                return
+            if done:
+                break
+            if time.monotonic() > deadline + GRACE_S:  # the work does not notice: stop waiting for it
+                break
+        yield self._ended(job, "")
+
+    def _collect(self, items: queue.Queue, job: Job, deadline: float):
+        """What the worker emitted over one throttle period (or a heartbeat's silence):
+        (items, worker ended, failure). Sets the time limit once it has passed."""
+        batch: list = []
+        first_by, batch_by = time.monotonic() + HEARTBEAT_S, None
+        while True:
+            now = time.monotonic()
+            self._out_of_time(job, deadline)
+            until = batch_by if batch_by is not None else first_by
+            if not job.stop.is_set():
+                until = min(until, deadline)  # wake at the deadline to tell the work
+            try:
+                item = items.get(timeout=max(0.0, until - now))
+            except queue.Empty:
+                return batch, False, None
             if item is _END:
-                finished = True
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                batch.append(item)
-        if batch or finished:
-            yield batch
+                return batch, True, None
+            if isinstance(item, _Failure):
+                return batch, False, item
+            batch.append(item)
+            if batch_by is None:
+                batch_by = time.monotonic() + self.throttle_s
 
+    @staticmethod
+    def _out_of_time(job: Job, deadline: float) -> None:
+        if time.monotonic() >= deadline:
+            job.end(TIME_LIMIT)
 
-def decode_in_background(lm, ids: list[int], config: DecodeConfig, lock: threading.Lock, stop: threading.Event,
-                         throttle_s: float, judge: Callable[[str, int], int] | None = None,
-                         before: Callable[[Callable[[object], None]], None] | None = None) -> Iterator[list]:
-    """The engine's events of one generation, in batches (see in_background). The decoder is built
-    in the worker, under the model's lock: its set-up may time the model (the adaptive policy's
-    cost model), which must not run beside another visitor's generation.
-    `judge`: TIMING ONLY acceptance (hispec.evaluation.timing_only); `before(emit)`: work run first
-    under the same lock (e.g. a baseline measured side by side), emitting what it likes."""
-    def task(emit):
-        if before is not None:
-            before(emit)
-        for event in Decoder(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer),
-                             stop=stop, judge=judge).events():
-            emit(event)
+    def _ended(self, job: Job, when: str) -> Ended:
+        """The last update: how the job ended; `when`: "before the generation started" or ""."""
+        outcome = job.reason or "done"
+        words = {STOPPED: "Stopped", LEFT: "The client left",
+                 TIME_LIMIT: f"Stopped at this server's time limit of {self.limits.max_seconds:g} s per request"}
+        message = words.get(outcome, "Done")
+        return Ended(outcome, f"{message} {when}." if when else f"{message}.")
 
-    return in_background(task, lock, throttle_s, "hispec-generation")
-
-
-def under_model_lock(registry: ModelRegistry, model_name: str, work: Callable, timeout_s: float = 30.0):
-    """`work(lm)` with the model's generation lock held, so that no other visitor's generation runs
-    beside it (timings stay clean, caches stay apart). Raises HiSpecError when the model stays busy
-    for `timeout_s`."""
-    lm = registry.get(model_name)
-    lock = registry.generation_lock(model_name)
-    if not lock.acquire(timeout=timeout_s):
-        raise HiSpecError("the model is busy with another visitor's generation; try again in a moment")
-    try:
-        return work(lm)
-    finally:
-        lock.release()
-
-
-def model_costs_under_lock(registry: ModelRegistry, model_name: str, exits: tuple[int, ...],
-                           timeout_s: float = 30.0):
-    """This machine's pass and head costs for a model (engine.costs), timed once per model and exit
-    under the model's lock. Raises HiSpecError when the model stays busy for `timeout_s`."""
-    from hispec.engine.costs import model_costs
-
-    exits = tuple(e for e in exits if e)
-    known = getattr(registry.get(model_name).ee, "cost_model", None)
-    if known is not None and known.covers(exits):  # timed before: nothing to run, no need to wait
-        return known
-    return under_model_lock(registry, model_name, lambda lm: model_costs(lm.ee, exits), timeout_s)
+    @staticmethod
+    def _refused(kind: str, caller: Caller, exc: HiSpecError) -> Ended:
+        log.info("refused %s from %s: %s", kind, caller.address, exc)  # one line, no traceback
+        return Ended("refused", str(exc))

@@ -1,24 +1,32 @@
-"""Safe to host in public: limits with readable messages, allowed models, inert model text,
-failure isolation, load, and property-based checks of input validation."""
+"""Safe to host in public: cheap checks first, a rate limit per client address, an allow-list that
+reveals nothing of the server's files, every input checked at the edge with its own message, a
+registry that never evicts a model in use, inert model text, and property-based checks."""
 
 import math
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from helpers import EVIL
+from helpers import EVIL, save_tiny_folder
 
-from hispec.errors import ConfigError, HiSpecError, ModelLoadError
-from hispec.model.fits import check_fits
-from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits, RateLimiter
-from hispec.serving.registry import ModelRegistry
 from hispec.cli.terminal import render
+from hispec.errors import ConfigError, HiSpecError, ModelLoadError
 from hispec.evaluation.trace import Trace
-from ui import handlers
+from hispec.model.fits import check_fits
+from hispec.serving.api import GenerateRequest, LoadRequest
+from hispec.serving.caller import Caller, caller_of, client_address
+from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
+from hispec.serving.ratelimit import RateLimits
+from hispec.serving.registry import ModelRegistry
+from hispec.serving.session import Server
+from hispec.serving.updates import Ended
+
+ME = Caller("tab", "10.0.0.1")
 
 
 @pytest.fixture(scope="module")
@@ -26,105 +34,163 @@ def lm(tiny_loaded):
     return tiny_loaded
 
 
-def registry_with(lm, **limits):
-    reg = ModelRegistry(limits=Limits(**limits))
-    reg.add("tiny", lm)
-    return reg
+def server_with(lm, **limits) -> Server:
+    registry = ModelRegistry()
+    registry.add("tiny", lm)
+    limits.setdefault("allowed_models", ("tiny",))
+    limits.setdefault("rate_per_minute", 0)
+    limits.setdefault("global_rate_per_minute", 0)
+    return Server(registry, Limits(**limits), default_model="tiny", throttle_s=0.0)
 
 
-def stream(reg, prompt="hi", guard=None, visitor="v", **kw):
-    config = handlers.make_config(*kw.pop("settings", ("HiSpec", 2, 5, 2, 3)), kw.pop("max_new", 8))
-    return list(handlers.generation_stream(reg, "tiny", prompt, config, True, threading.Event(),
-                                           guard=guard or handlers.Guard(reg.limits), visitor=visitor))
+def gen(prompt="hi", max_new=8, **kw) -> dict:
+    return {"prompt": prompt, "method": "hispec", "policy": "fixed", "draft_layer": 2, "verify_layer": 5,
+            "draft_len": 2, "verify_threshold": 3, "max_new_tokens": max_new, **kw}
 
 
-# ---- limits, each with its message ------------------------------------------------------------------
-def test_prompt_token_limit(lm):
-    reg = registry_with(lm, max_prompt_tokens=30)
-    out = stream(reg, prompt="x" * 40)
-    assert "the prompt is" in out[-1]["error"] and "over this server's limit of 30" in out[-1]["error"]
+def last(server, raw, caller=ME, kind=GenerateRequest) -> Ended:
+    return list(server.submit(caller, kind, raw))[-1]
 
 
-def test_new_token_limit():
-    with pytest.raises(HiSpecError, match="max new tokens 65 is over this app's limit of 64"):
-        handlers.make_config("HiSpec", 2, 5, 2, 3, 65, limit=64)
+# ---- cheap checks first ------------------------------------------------------------------------------
+def test_a_huge_prompt_is_refused_before_anything_reads_it(lm, monkeypatch):
+    server = server_with(lm)
+    calls = []
+    monkeypatch.setattr(lm, "encode", lambda *a, **k: calls.append(1))
+    big = "x" * (5 * 2**20)  # 5 MiB
+    t0 = time.perf_counter()
+    end = last(server, gen(prompt=big))
+    elapsed = time.perf_counter() - t0
+    assert end.outcome == "refused"
+    assert end.message == ("the prompt is 5,242,880 characters, over this server's limit of 8,192; shorten it")
+    assert calls == [], "no templating or tokenizing before the size check"
+    assert elapsed < 0.1, f"a refusal costs microseconds, this one {elapsed * 1000:.0f} ms"
+
+
+def test_huge_prompts_do_not_slow_another_visitors_generation(lm):
+    server = server_with(lm)
+    box = {}
+    other = threading.Thread(target=lambda: box.setdefault("out", last(server, gen(max_new=20), Caller("b", "b"))))
+    other.start()
+    refused = [last(server, gen(prompt="y" * (5 * 2**20))) for _ in range(8)]
+    other.join(30)
+    assert all(r.outcome == "refused" for r in refused) and box["out"].outcome == "done"
+
+
+def test_the_prompt_token_limit(lm):
+    server = server_with(lm, max_prompt_tokens=30)
+    end = last(server, gen(prompt="x" * 40))
+    assert "the prompt is" in end.message and "over this server's limit of 30" in end.message
+
+
+def test_the_new_token_limit(lm):
+    server = server_with(lm, max_new_tokens=64)
+    assert last(server, gen(max_new=65)).message == "max new tokens 65 is over this app's limit of 64"
     with pytest.raises(ConfigError, match="max new tokens 65 is over this server's limit of 64"):
         Limits(max_new_tokens=64).check_request(5, 65)
 
 
-def test_rate_limit_per_visitor(lm):
-    reg = registry_with(lm, rate_per_minute=2)
-    guard = handlers.Guard(reg.limits)
-    assert stream(reg, guard=guard, visitor="a")[-1]["done"]
-    assert "error" not in stream(reg, guard=guard, visitor="a")[-1]
-    third = stream(reg, guard=guard, visitor="a")[-1]["error"]
-    assert re.search(r"rate limit: at most 2 generations per minute per visitor; try again in \d+ s", third)
-    assert "error" not in stream(reg, guard=guard, visitor="b")[-1]  # other visitors are unaffected
+def test_unpaired_surrogates_are_a_message(lm):
+    assert last(server_with(lm), gen(prompt="abc\ud800")).message == (
+        "the prompt contains characters that are not valid Unicode text (unpaired surrogates); remove them")
 
 
-def test_rate_limiter_window():
-    limiter = RateLimiter(2, window_s=60)
-    limiter.check("x", now=0)
-    limiter.check("x", now=1)
-    with pytest.raises(ConfigError, match="try again in 59 s"):
-        limiter.check("x", now=1)
-    limiter.check("x", now=60.5)  # the first one left the window
+# ---- rate limits -----------------------------------------------------------------------------------
+def test_the_rate_limit_counts_the_address_not_the_session(lm):
+    server = server_with(lm, rate_per_minute=2)
+    sessions = [Caller(f"fresh-client-{i}", "10.9.9.9") for i in range(4)]  # a new client per request
+    outcomes = [last(server, gen(max_new=2), caller).outcome for caller in sessions]
+    assert outcomes == ["done", "done", "refused", "refused"]
+    assert re.fullmatch(r"rate limit: at most 2 requests per minute from one address; try again in \d+ s",
+                        last(server, gen(max_new=2), sessions[0]).message)
+    assert last(server, gen(max_new=2), Caller("other", "10.1.1.1")).outcome == "done"  # others are unaffected
 
 
-def test_wall_time_limit(lm, monkeypatch):
-    import time
+def test_the_overall_rate_limit_and_its_window():
+    rates = RateLimits(per_client=0, overall=2, window_s=60)
+    rates.admit("a", now=0)
+    rates.admit("b", now=1)
+    with pytest.raises(ConfigError, match=r"at most 2 requests per minute from everyone; try again in 59 s"):
+        rates.admit("c", now=1)
+    rates.admit("c", now=60.5)  # the first one left the window
 
-    reg = registry_with(lm, max_seconds=0.3)
-    run_layers = lm.ee.run_layers
 
-    def slow(*args, **kwargs):  # a slow model: every layer-range call takes 50 ms more
-        time.sleep(0.05)
-        return run_layers(*args, **kwargs)
+def test_one_off_visitors_are_forgotten():
+    rates = RateLimits(per_client=5, window_s=60)
+    for i in range(1000):
+        rates.admit(f"10.0.{i // 250}.{i % 250}", now=i * 0.01)
+    assert rates.tracked() == 1000
+    rates.admit("late", now=200)
+    assert rates.tracked() == 1
 
-    monkeypatch.setattr(lm.ee, "run_layers", slow)
-    out = stream(reg, max_new=200)
-    assert out[-1]["status"] == "Stopped at this server's time limit of 0.3 s per request."
-    assert out[-1]["stats"]["finish_reason"] == "stopped" and out[-1]["stats"]["new_tokens"] < 200
-    assert not reg.generation_lock("tiny").locked()
+
+def test_a_forwarded_address_is_believed_only_from_a_trusted_proxy():
+    assert client_address("1.2.3.4", "6.6.6.6", ()) == "1.2.3.4"  # a client cannot choose its address
+    assert client_address("10.0.0.9", "6.6.6.6, 7.7.7.7", ("10.0.0.9",)) == "7.7.7.7"
+    assert client_address("10.0.0.9", "6.6.6.6, 10.0.0.8", ("10.0.0.9", "10.0.0.8")) == "6.6.6.6"
+    assert client_address("10.0.0.9", "6.6.6.6", ("*",)) == "6.6.6.6"
+
+    class Request:
+        session_hash = "abc"
+        client = type("C", (), {"host": "10.0.0.9"})()
+        headers = {"x-forwarded-for": "5.5.5.5"}
+
+    assert caller_of(Request(), ("10.0.0.9",)) == Caller("abc", "5.5.5.5")
+    assert caller_of(Request(), ()) == Caller("abc", "10.0.0.9")
 
 
 def test_limits_from_env_and_hosted_default(monkeypatch):
     env = {"HISPEC_MAX_PROMPT_TOKENS": "100", "HISPEC_MAX_NEW_TOKENS": "50", "HISPEC_MAX_SECONDS": "9.5",
-           "HISPEC_QUEUE_SIZE": "3", "HISPEC_RATE_LIMIT": "4", "HISPEC_ALLOWED_MODELS": "default, a/b"}
+           "HISPEC_QUEUE_SIZE": "3", "HISPEC_RATE_LIMIT": "4", "HISPEC_ALLOWED_MODELS": "default, a/b",
+           "HISPEC_GLOBAL_RATE_LIMIT": "30", "HISPEC_TRUSTED_PROXIES": "10.0.0.1"}
     limits = Limits.from_env(env)
-    assert limits == Limits(100, 50, 9.5, 3, 4, ("default", "a/b"))
+    assert limits == Limits(100, 50, 9.5, 3, 4, ("default", "a/b"), 30, ("10.0.0.1",))
     text = limits.describe()
-    for part in ("prompt ≤ 100 tokens", "≤ 50 new tokens", "≤ 9.5 s per request", "4 generations per minute",
-                 "queue of 3", "models: default, a/b"):
-        assert part in text
-    assert Limits.from_env({}).allowed_models is None  # locally: any model
-    assert Limits.from_env({"HISPEC_ALLOWED_MODELS": "*"}).allowed_models is None
+    for part in ("prompt ≤ 100 tokens (800 characters)", "≤ 50 new tokens", "≤ 9.5 s per request",
+                 "4 requests per minute per address (30 from everyone)", "3 requests may wait",
+                 "models: default, a/b"):
+        assert part in text, text
+    assert Limits.from_env({}).allowed_models == ("default",)  # unset: the embedded default only
+    assert Limits.from_env({}).allowing("my/model").allowed_models == ("default", "my/model")
     monkeypatch.setenv("SPACE_ID", "someone/hispec")
-    assert Limits.from_env({}).allowed_models == ("default", LAYERSKIP_CHECKPOINT)
+    assert Limits.from_env({}).trusted_proxies == ("*",)  # Spaces' proxy is the only way in
     with pytest.raises(ConfigError, match="HISPEC_RATE_LIMIT='many' is not a number"):
         Limits.from_env({"HISPEC_RATE_LIMIT": "many"})
 
 
-# ---- models ----------------------------------------------------------------------------------------------
-def test_disallowed_model_is_refused_without_any_download(lm):
+# ---- models: an allow-list that says nothing of the server's files ---------------------------------
+def test_a_local_folder_and_an_unlisted_id_get_the_same_refusal_without_paths(lm, tmp_path):
     def loader(*a, **k):
         raise AssertionError("the loader must not even be called")
 
-    reg = ModelRegistry(limits=Limits(allowed_models=("tiny",)), loader=loader)
-    reg.add("tiny", lm)
-    out = stream(reg)
-    assert out[-1]["done"] and "error" not in out[-1]
-    with pytest.raises(ModelLoadError, match="model 'evil/model' is not allowed on this server; choose one of: tiny"):
-        reg.get("evil/model")
-    config = handlers.make_config("HiSpec", 2, 5, 2, 3, 8)
-    snaps = list(handlers.generation_stream(reg, "evil/model", "hi", config, True, threading.Event()))
-    assert "is not allowed on this server" in snaps[-1]["error"]
+    folder = save_tiny_folder(tmp_path / "secret-model")
+    registry = ModelRegistry(loader=loader)
+    registry.add("tiny", lm)
+    server = Server(registry, Limits(rate_per_minute=0, allowed_models=("tiny",)), throttle_s=0.0)
+    messages = {}
+    for name in (str(folder), str(tmp_path / "missing"), "evil/model", "~", "../../etc", str(Path.home())):
+        end = last(server, gen(model=name))
+        assert end.outcome == "refused"
+        messages[name] = end.message.replace(repr(name[:60]), "NAME")
+        assert str(tmp_path) not in end.message.replace(repr(name[:60]), "") and str(Path.home()) not in \
+            end.message.replace(repr(name[:60]), "")
+    assert set(messages.values()) == {"model NAME is not offered on this server; choose one of: tiny"}
+    assert last(server, {"model": str(folder)}, kind=LoadRequest).message == messages[str(folder)].replace(
+        "NAME", repr(str(folder)[:60]))
+    assert last(server, gen(max_new=2)).outcome == "done"
+
+
+def test_any_hub_id_never_means_a_local_folder(lm, tmp_path):
+    limits = Limits(allowed_models=("tiny", "*"))
+    assert limits.check_model("facebook/layerskip-llama3.2-1B") == "facebook/layerskip-llama3.2-1B"
+    for name in (str(tmp_path), "./model", "a/b/c", "/abs/path", "~/x", "a/..", "..x/y z"):
+        with pytest.raises(ModelLoadError, match="not offered on this server"):
+            limits.check_model(name)
 
 
 def test_remote_code_is_never_trusted(tmp_path, monkeypatch):
     import transformers
 
-    from helpers import save_tiny_folder
     from hispec.model.loading import load_model
 
     folder = save_tiny_folder(tmp_path / "m")
@@ -149,42 +215,88 @@ def test_model_too_big_for_memory_is_refused():
     check_fits("small", 2**20, "cpu", free_memory=2**30)
 
 
-# ---- model text stays text ------------------------------------------------------------------------------
+# ---- the registry: loads beside loaded models, never evicts one in use --------------------------------
+def test_loading_one_model_does_not_block_a_loaded_one(lm):
+    started, release = threading.Event(), threading.Event()
+
+    def slow_loader(name, **kw):
+        started.set()
+        release.wait(10)
+        return lm
+
+    registry = ModelRegistry(loader=slow_loader)
+    registry.add("tiny", lm)
+    loading = threading.Thread(target=registry.get, args=("new",), daemon=True)
+    loading.start()
+    started.wait(5)
+    t0 = time.monotonic()
+    assert registry.get("tiny") is lm
+    assert time.monotonic() - t0 < 0.5, "a loaded model is served while another loads"
+    release.set()
+    loading.join(5)
 
 
-def evil_trace():
-    from hispec.engine.events import TokenEvent, TokenState
-
-    trace = Trace()
-    for i, text in enumerate(EVIL):
-        trace.add(TokenEvent(TokenState.TARGET_WROTE, i, i, 5, text, "target", "target", 1, 0.0))
-    return trace
-
-
-def test_terminal_output_is_inert():
-    out = render(evil_trace(), color=True)
-    assert "\x07" not in out and "\x1b]" not in out
-    # the only escape sequences left are our own colour codes
-    assert re.sub(r"\x1b\[[0-9;]*m", "", out).count("\x1b") == 0
-    assert "\\x1b[31mRED" in out and "<script>" in out  # shown as text
+def test_a_model_in_use_is_never_evicted(lm):
+    registry = ModelRegistry(loader=lambda name, **kw: lm, max_loaded=1)
+    with registry.lease("a"):
+        with pytest.raises(ModelLoadError, match="already holds 1 models in use"):
+            registry.get("b")
+        assert registry.loaded() == ["a"]
+    registry.get("b")  # "a" is free now: it makes room
+    assert registry.loaded() == ["b"]
+    registry.add("pinned", lm)  # the operator's own model stays
+    registry.get("c")
+    assert "pinned" in registry.loaded()
 
 
-# ---- property-based validation ------------------------------------------------------------------------
-numbers = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_infinity=True), st.none(),
-                    st.text(max_size=5), st.booleans(),
+# ---- every input checked at the edge, each with its own message ------------------------------------
+@pytest.mark.parametrize("field, value, message", [
+    ("max_new_tokens", 10**400, "max new tokens " + "1" + "0" * 38 + "… is over this app's limit of 512"),
+    ("max_new_tokens", "many", "max new tokens must be a whole number (got 'many')"),
+    ("max_new_tokens", True, "max new tokens must be a whole number (got True)"),
+    ("draft_layer", 2.5, "draft layer must be a whole number (got 2.5)"),
+    ("draft_layer", 10**30, "draft layer must be from 1 to 10000"),
+    ("method", ["hispec"], "unknown method ['hispec']; choose from hispec, layerskip, lookup, autoregressive"),
+    ("method", "medusa", "unknown method 'medusa'; choose from"),
+    ("policy", "greedy", "unknown policy 'greedy'; choose from"),
+    ("temperature", math.nan, "temperature must be a finite number (got nan)"),
+    ("temperature", 1e-300, "temperature must be 0 (greedy) or from 0.01 to 5 (got 1e-300)"),
+    ("temperature", 1e300, "temperature must be from 0 to 5 (got 1e+300)"),
+    ("temperature", [1], "temperature must be a number (got [1])"),
+    ("seed", 2**64, "seed must be from 0 to 9223372036854775807 (got 18446744073709551616)"),
+    ("seed", -5, "seed must be from 0 to 9223372036854775807 (got -5)"),
+    ("top_p", 0, "top_p must be in (0, 1] (got 0.0)"),
+    ("top_k", -1, "top-k must be from 0 to 1000000 (got -1)"),
+    ("chat", "yes", "chat must be true or false (got 'yes')"),
+    ("prompt", ["hi"], "the prompt must be text (got list)"),
+    ("prompt", None, "the prompt must be text (got NoneType)"),
+    ("model", {"a": 1}, "model must be a short name (got {'a': 1})"),
+    ("baseline", 9, "baseline must be from 0 to 5 (got 9)"),
+    ("color", "red", "unknown field 'color'; the fields are: prompt, method"),
+])
+def test_each_malformed_input_gets_its_own_message(lm, field, value, message):
+    end = last(server_with(lm), gen(**{field: value}))
+    assert end.outcome == "refused" and end.message.startswith(message), end.message
+
+
+numbers = st.one_of(st.integers(-10**6, 10**6), st.integers(-10**500, 10**500), st.floats(allow_nan=True),
+                    st.none(), st.text(max_size=5), st.booleans(), st.lists(st.integers(), max_size=2),
                     st.sampled_from([math.inf, -math.inf, math.nan, 1e300, -0.0, 2.5, "inf", "nan", "3", " 4 "]))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(["HiSpec", "LayerSkip (single exit)", "Autoregressive", "nope", ""]),
-       numbers, numbers, numbers, numbers, numbers, numbers, numbers, numbers, numbers)
-def test_make_config_never_crashes(method, d, v, nd, ni, mx, t, k, p, seed):
+@given(st.sampled_from(["hispec", "layerskip", "autoregressive", "lookup", "nope", "", None, 3]),
+       numbers, numbers, numbers, numbers, numbers, numbers, numbers, numbers, numbers, numbers)
+def test_a_request_parses_or_names_what_is_wrong(method, d, v, nd, ni, mx, t, k, p, seed, chat):
+    raw = dict(prompt="hi", method=method, draft_layer=d, verify_layer=v, draft_len=nd, verify_threshold=ni,
+               max_new_tokens=mx, temperature=t, top_k=k, top_p=p, seed=seed, chat=chat)
     try:
-        config = handlers.make_config(method, d, v, nd, ni, mx, t, k, p, seed)
+        request = GenerateRequest.parse(raw, Limits())
     except HiSpecError as exc:
-        assert str(exc)
+        assert str(exc) and len(str(exc)) < 400
     else:
-        assert config.max_new_tokens <= handlers.MAX_NEW_TOKENS
+        assert 1 <= request.max_new_tokens <= Limits().max_new_tokens
+        request.decode_config().validate()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -193,21 +305,28 @@ def test_make_config_never_crashes(method, d, v, nd, ni, mx, t, k, p, seed):
        d=st.one_of(st.integers(1, 3), st.integers(-3, 12)), v=st.one_of(st.integers(4, 7), st.integers(-3, 12)),
        nd=st.one_of(st.integers(1, 4), st.integers(-1, 6)), ni=st.one_of(st.integers(1, 4), st.integers(-1, 6)),
        mx=st.one_of(st.integers(0, 40), st.integers(-5, 400)), chat=st.booleans())
-def test_generation_stream_gives_a_result_or_a_message(lm, prompt, d, v, nd, ni, mx, chat):
-    reg = registry_with(lm, max_prompt_tokens=200, max_new_tokens=40, max_seconds=20, rate_per_minute=0)
-    try:
-        config = handlers.make_config("HiSpec", d, v, nd, ni, mx, limit=40)
-    except HiSpecError:
-        return
-    snaps = list(handlers.generation_stream(reg, "tiny", prompt, config, chat, threading.Event(),
-                                            guard=handlers.Guard(reg.limits)))
-    last = snaps[-1]
-    assert last["done"]
-    if "error" in last:
-        assert isinstance(last["error"], str) and last["error"]
-    else:
-        assert last["stats"]["new_tokens"] <= min(40, max(mx, 0))
-    assert not reg.generation_lock("tiny").locked()
+def test_a_request_gives_a_result_or_a_message(lm, prompt, d, v, nd, ni, mx, chat):
+    server = server_with(lm, max_prompt_tokens=200, max_new_tokens=40, max_seconds=20)
+    updates = list(server.submit(ME, GenerateRequest, gen(prompt, mx, draft_layer=d, verify_layer=v, draft_len=nd,
+                                                          verify_threshold=ni, chat=chat)))
+    end = updates[-1]
+    assert isinstance(end, Ended) and end.message
+    assert end.outcome in ("done", "refused"), end
+    assert not server.registry.turns("tiny").busy and server.jobs.of() == []
+
+
+# ---- model text stays text ------------------------------------------------------------------------------
+def test_terminal_output_is_inert():
+    from hispec.engine.events import TokenEvent, TokenState
+
+    trace = Trace()
+    for i, text in enumerate(EVIL):
+        trace.add(TokenEvent(TokenState.TARGET_WROTE, i, i, 5, text, "target", "target", 1, 0.0))
+    out = render(trace, color=True)
+    assert "\x07" not in out and "\x1b]" not in out
+    # the only escape sequences left are our own colour codes
+    assert re.sub(r"\x1b\[[0-9;]*m", "", out).count("\x1b") == 0
+    assert "\\x1b[31mRED" in out and "<script>" in out  # shown as text
 
 
 # ---- load (short form; the full run is scripts/load_test.py) -----------------------------------------
@@ -215,14 +334,27 @@ def test_load_short_form(capsys):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import load_test
 
-    code = load_test.main(["--sessions", "20", "--requests", "1", "--max-new-tokens", "12", "--max-seconds", "90"])
+    code = load_test.main(["--sessions", "12", "--requests", "2", "--max-new-tokens", "12", "--max-seconds", "90"])
     report = capsys.readouterr().out
     assert code == 0, report
-    assert '"failed": 0' in report and '"unfinished_sessions": 0' in report
+    assert '"failed": 0' in report and '"crossed": 0' in report and '"unfinished_sessions": 0' in report
 
 
-def test_unpaired_surrogates_are_a_message(lm):
-    reg = registry_with(lm)
-    out = stream(reg, prompt="abc\ud800")
-    assert out[-1]["error"] == ("the prompt contains characters that are not valid Unicode text "
-                                "(unpaired surrogates); remove them")
+def test_the_load_test_fails_when_answers_cross(capsys, monkeypatch):
+    """The check is shown to catch what it checks: with every prompt's expected answer replaced by the
+    next prompt's, each normal answer is another session's and must be counted as crossed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import load_test
+
+    original = load_test.serve
+
+    def swapped(*args, **kwargs):
+        url, close, expected = original(*args, **kwargs)
+        prompts = list(expected)
+        return url, close, {p: expected[prompts[(i + 1) % len(prompts)]] for i, p in enumerate(prompts)}
+
+    monkeypatch.setattr(load_test, "serve", swapped)
+    code = load_test.main(["--sessions", "3", "--requests", "3", "--max-new-tokens", "12", "--seed", "1"])
+    report = capsys.readouterr().out
+    assert code == 1, report
+    assert '"crossed": 0' not in report, report

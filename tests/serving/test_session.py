@@ -1,40 +1,307 @@
-"""The serving session's timing of a model's costs: under the model's lock, once per model and exit."""
+"""The request path (serving.session.Server): admission, the model's turn in arrival order, the
+worker, Stop of queued and running jobs, the time limit counted from admission, clients that leave,
+and failures that end only their own request."""
 
+from __future__ import annotations
+
+import contextlib
+import threading
 import time
 
 import pytest
+from helpers import EOS, char_tokenizer, tiny_model
 
+from hispec.engine.decoding import DecodeConfig
+from hispec.engine.events import DoneEvent
 from hispec.errors import HiSpecError
+from hispec.evaluation.runner import run
+from hispec.model.early_exit import EarlyExitModel
+from hispec.model.loading import LoadedModel
+from hispec.serving.api import CompareRequest, GenerateRequest
+from hispec.serving.caller import Caller
+from hispec.serving.jobs import Job
 from hispec.serving.limits import Limits
 from hispec.serving.registry import ModelRegistry
-from hispec.serving.session import model_costs_under_lock
+from hispec.serving.session import Server
+from hispec.serving.updates import Ended, Output, Status
+from hispec.text import Detokenizer
+
+ME, OTHER = Caller("tab-1", "10.0.0.1"), Caller("tab-2", "10.0.0.2")
+
+
+def tiny_lm(name="tiny") -> LoadedModel:
+    model = tiny_model("llama", layers=8)
+    model.generation_config.eos_token_id = EOS
+    return LoadedModel(name, model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")
 
 
 @pytest.fixture
-def registry(tiny_loaded):
-    reg = ModelRegistry(limits=Limits(rate_per_minute=0))
-    reg.add("tiny", tiny_loaded)
-    tiny_loaded.ee.cost_model = None  # every test times afresh
-    return reg
+def server():
+    registry = ModelRegistry()
+    registry.add("tiny", tiny_lm())
+    return Server(registry, Limits(rate_per_minute=0, global_rate_per_minute=0, allowed_models=("tiny",)),
+                  default_model="tiny", throttle_s=0.0)
 
 
-def test_costs_are_timed_under_the_lock_and_only_once(registry):
-    lock = registry.generation_lock("tiny")
-    lock.acquire()  # another visitor's generation is running
+@contextlib.contextmanager
+def slow(lm, seconds: float):
+    """Every layer-range call of the model takes `seconds` more."""
+    original = lm.ee.run_layers
+
+    def slowed(*args, **kwargs):
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    lm.ee.run_layers = slowed
+    try:
+        yield
+    finally:
+        lm.ee.run_layers = original
+
+
+def gen(prompt="hi", max_new=8, **kw) -> dict:
+    return {"prompt": prompt, "method": "hispec", "policy": "fixed", "draft_layer": 2, "verify_layer": 5,
+            "draft_len": 2, "verify_threshold": 3, "max_new_tokens": max_new, "chat": True, **kw}
+
+
+def events_of(updates) -> list:
+    return [item for u in updates if isinstance(u, Output) for item in u.items if not isinstance(item, dict)]
+
+
+def done_of(updates) -> DoneEvent | None:
+    return next((e for e in reversed(events_of(updates)) if isinstance(e, DoneEvent)), None)
+
+
+def in_thread(fn):
+    box = {}
+    thread = threading.Thread(target=lambda: box.setdefault("out", fn()), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def wait_until(condition, timeout=10.0):
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.01)
+
+
+def expected_ids(lm, prompt, max_new):
+    config = DecodeConfig("autoregressive", max_new_tokens=max_new, policy="fixed")
+    return run(lm.ee, lm.encode(prompt), config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer)).token_ids
+
+
+# ---- the stream ------------------------------------------------------------------------------------
+def test_a_generation_streams_its_events_and_ends_done(server):
+    updates = list(server.submit(ME, GenerateRequest, gen(max_new=12)))
+    assert isinstance(updates[-1], Ended) and updates[-1].outcome == "done" and updates[-1].ok
+    assert sum(isinstance(u, Ended) for u in updates) == 1, "exactly one end, the last update"
+    lm = server.registry.get("tiny")
+    assert list(done_of(updates).token_ids) == expected_ids(lm, "hi", 12)
+    assert not server.registry.turns("tiny").busy and server.registry.in_use("tiny") == 0
+
+
+def test_requests_take_turns_in_arrival_order(server):
+    lm = server.registry.get("tiny")
+    finished = []
+
+    def one(i):
+        out = list(server.submit(Caller(f"tab-{i}", f"10.0.1.{i}"), GenerateRequest, gen(max_new=3)))
+        finished.append(i)
+        return out
+
+    with slow(lm, 0.02):
+        first, _ = in_thread(lambda: one(0))
+        wait_until(lambda: server.registry.turns("tiny").busy)
+        threads = []
+        for i in (1, 2, 3):
+            threads.append(in_thread(lambda i=i: one(i)))
+            wait_until(lambda i=i: server.registry.turns("tiny").waiting == i)
+        for t, _ in [(first, None), *threads]:
+            t.join(30)
+    assert finished == [0, 1, 2, 3]
+
+
+def test_a_waiting_request_says_its_place():
+    registry = ModelRegistry()
+    registry.add("tiny", tiny_lm())
+    server = Server(registry, Limits(rate_per_minute=0, allowed_models=("tiny",)), throttle_s=0.0)
+    turns = registry.turns("tiny")
+    holder = Job(0, "another-visitor", "generate")
+    assert turns.hold(holder, 1.0)
+    try:
+        stream = server.submit(ME, GenerateRequest, gen())
+        status = next(u for u in stream if isinstance(u, Status) and "Waiting" in u.text)
+        assert status.text.startswith("Waiting for the model: 1 request ahead")
+        server.stop(ME)
+        assert list(stream)[-1] == Ended("stopped", "Stopped before the generation started.")
+    finally:
+        turns.release(holder)
+    assert not turns.busy and turns.waiting == 0
+
+
+# ---- stop -------------------------------------------------------------------------------------------
+def test_stop_of_a_queued_job_ends_it_at_once_and_it_never_runs(server):
+    lm = server.registry.get("tiny")
+    with slow(lm, 0.02):
+        running, box = in_thread(lambda: list(server.submit(OTHER, GenerateRequest, gen(max_new=40))))
+        wait_until(lambda: server.registry.turns("tiny").busy)
+        queued, qbox = in_thread(lambda: list(server.submit(ME, GenerateRequest, gen(max_new=40))))
+        wait_until(lambda: server.registry.turns("tiny").waiting == 1)
+        t0 = time.monotonic()
+        assert server.stop(ME, ("generate",)) == 1
+        queued.join(5)
+        assert time.monotonic() - t0 < 2, "a queued job ends at once"
+        server.stop(OTHER)
+        running.join(30)
+    assert qbox["out"][-1] == Ended("stopped", "Stopped before the generation started.")
+    assert not events_of(qbox["out"]), "the stopped job never ran"
+    assert box["out"][-1].outcome == "stopped"
+
+
+def test_stop_reaches_the_first_request_after_the_second_ended():
+    registry = ModelRegistry()
+    lm = tiny_lm()
+    registry.add("tiny", lm)
+    registry.add("other", tiny_lm("other"))
+    server = Server(registry, Limits(rate_per_minute=0, allowed_models=("tiny", "other")), throttle_s=0.0)
+    with slow(lm, 0.01):
+        first, box = in_thread(lambda: list(server.submit(ME, GenerateRequest, gen(max_new=200))))
+        wait_until(lambda: registry.turns("tiny").busy)
+        # the same tab's second request runs on the other model and ends first: its end must not take
+        # the first request's Stop with it
+        second = list(server.submit(ME, GenerateRequest, gen(max_new=5, model="other")))
+        assert second[-1].outcome == "done" and first.is_alive()
+        assert server.stop(ME) == 1
+        first.join(10)
+    assert box["out"][-1].outcome == "stopped"
+    assert 0 < len(done_of(box["out"]).token_ids) < 200
+
+
+def test_another_visitors_stop_does_not_stop_mine(server):
+    lm = server.registry.get("tiny")
+    with slow(lm, 0.005):
+        mine, box = in_thread(lambda: list(server.submit(ME, GenerateRequest, gen(max_new=30))))
+        wait_until(lambda: server.registry.turns("tiny").busy)
+        assert server.stop(OTHER) == 0
+        mine.join(30)
+    assert box["out"][-1].outcome == "done"
+    assert list(done_of(box["out"]).token_ids) == expected_ids(lm, "hi", 30)
+
+
+def test_generate_and_compare_from_one_tab_ending_together(server):
+    lm = server.registry.get("tiny")
+    results = []
+    for _ in range(5):
+        g, gbox = in_thread(lambda: list(server.submit(ME, GenerateRequest, gen(max_new=4))))
+        c, cbox = in_thread(lambda: list(server.submit(ME, CompareRequest, {"generate": gen(max_new=4),
+                                                                            "baselines": ["autoregressive"],
+                                                                            "repeats": 1})))
+        g.join(30), c.join(30)
+        results.append((gbox["out"][-1], cbox["out"][-1]))
+        assert list(done_of(gbox["out"]).token_ids) == expected_ids(lm, "hi", 4)
+    assert all(a.outcome == "done" and b.outcome == "done" for a, b in results), results
+    assert server.jobs.of() == []
+
+
+# ---- the time limit, clients that leave, failures --------------------------------------------------
+def test_the_time_limit_counts_the_wait_for_the_model():
+    registry = ModelRegistry()
+    registry.add("tiny", tiny_lm())
+    server = Server(registry, Limits(rate_per_minute=0, max_seconds=0.5, allowed_models=("tiny",)), throttle_s=0.0)
+    holder = Job(0, "another-visitor", "generate")
+    assert registry.turns("tiny").hold(holder, 1.0)
+    try:
+        t0 = time.monotonic()
+        last = list(server.submit(ME, GenerateRequest, gen()))[-1]
+        assert time.monotonic() - t0 < 2
+    finally:
+        registry.turns("tiny").release(holder)
+    assert last == Ended("time limit", "Stopped at this server's time limit of 0.5 s per request before the "
+                                       "generation started.")
+
+
+def test_a_running_generation_stops_at_the_time_limit_and_keeps_what_it_wrote():
+    registry = ModelRegistry()
+    lm = tiny_lm()
+    registry.add("tiny", lm)
+    server = Server(registry, Limits(rate_per_minute=0, max_seconds=0.4, allowed_models=("tiny",)), throttle_s=0.0)
+    with slow(lm, 0.03):
+        updates = list(server.submit(ME, GenerateRequest, gen(max_new=200)))
+    assert updates[-1].outcome == "time limit"
+    assert 0 < len(done_of(updates).token_ids) < 200
+    assert not registry.turns("tiny").busy
+
+
+def test_a_client_that_leaves_frees_the_model_within_a_second(server):
+    lm = server.registry.get("tiny")
+    passes = []
+    original = lm.ee.run_layers
+
+    def counted(*args, **kwargs):
+        passes.append(time.monotonic())
+        time.sleep(0.01)
+        return original(*args, **kwargs)
+
+    lm.ee.run_layers = counted
+    try:
+        stream = server.submit(ME, GenerateRequest, gen(max_new=240))
+        for update in stream:
+            if events_of([update]):
+                break
+        left = time.monotonic()
+        stream.close()  # what Gradio does when the connection drops
+        wait_until(lambda: not server.registry.turns("tiny").busy, timeout=3)
+    finally:
+        lm.ee.run_layers = original
+    assert time.monotonic() - left < 2
+    assert not [t for t in passes if t > left + 1.0], "the model kept running after the client left"
+    assert server.jobs.of() == [] and server.registry.in_use("tiny") == 0
+
+
+def test_a_failure_inside_a_generation_ends_only_that_request(server):
+    lm = server.registry.get("tiny")
+    original = lm.ee.exit_logits
+
+    def boom(*a, **k):
+        raise RuntimeError("simulated out of memory")
+
+    lm.ee.exit_logits = boom
+    try:
+        last = list(server.submit(ME, GenerateRequest, gen()))[-1]
+    finally:
+        lm.ee.exit_logits = original
+    assert last.outcome == "failed" and "The generation failed (RuntimeError: simulated out of memory)" in last.message
+    assert not server.registry.turns("tiny").busy
+    ok = list(server.submit(OTHER, GenerateRequest, gen(max_new=10)))
+    assert ok[-1].outcome == "done" and list(done_of(ok).token_ids) == expected_ids(lm, "hi", 10)
+
+
+def test_the_queue_is_bounded():
+    registry = ModelRegistry()
+    registry.add("tiny", tiny_lm())
+    server = Server(registry, Limits(rate_per_minute=0, queue_size=1, allowed_models=("tiny",)), throttle_s=0.0)
+    holder = Job(0, "another-visitor", "generate")
+    assert registry.turns("tiny").hold(holder, 1.0)
+    try:
+        waiting = server.submit(ME, GenerateRequest, gen())
+        next(u for u in waiting if isinstance(u, Status) and "Waiting" in u.text)
+        refused = list(server.submit(OTHER, GenerateRequest, gen()))
+        assert refused == [Ended("refused", "the server is busy: 1 requests are waiting for the model; try again "
+                                            "in a minute")]
+        waiting.close()
+    finally:
+        registry.turns("tiny").release(holder)
+
+
+def test_short_follow_ups_wait_for_the_models_turn_and_give_up(server):
+    turns = server.registry.turns("tiny")
+    holder = Job(0, "another-visitor", "generate")
+    assert turns.hold(holder, 1.0)
     try:
         with pytest.raises(HiSpecError, match="busy with another visitor"):
-            model_costs_under_lock(registry, "tiny", (2, 5), timeout_s=0.2)
+            server.run_now(ME, "costs", "tiny", lambda lm: 1, timeout_s=0.2)
     finally:
-        lock.release()
-    costs = model_costs_under_lock(registry, "tiny", (2, 5))
-    assert costs.covers((2, 5)) and costs.head(2, 1) > 0 and costs.layer(1) > 0
-    lock.acquire()
-    try:  # timed before: returned at once, without waiting for the model
-        t0 = time.monotonic()
-        assert model_costs_under_lock(registry, "tiny", (2, 5), timeout_s=5) is costs
-        assert time.monotonic() - t0 < 1
-        with pytest.raises(HiSpecError):  # a new exit needs a timing, so it waits
-            model_costs_under_lock(registry, "tiny", (3,), timeout_s=0.2)
-    finally:
-        lock.release()
-    assert not lock.locked()
+        turns.release(holder)
+    assert server.run_now(ME, "costs", "tiny", lambda lm: lm.ee.num_layers) == 8
+    assert not turns.busy and server.jobs.of() == []

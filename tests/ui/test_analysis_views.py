@@ -5,23 +5,29 @@ from __future__ import annotations
 
 import html
 import re
-import threading
+from pathlib import Path
 
 import pytest
-from helpers import tiny_registry
+from helpers import tiny_server
 
-from hispec.engine.events import TokenEvent, event_from_dict
+from hispec.engine.decoding import DecodeConfig
+from hispec.engine.events import DoneEvent, TokenEvent, event_from_dict
 from hispec.engine.events import TokenState as S
-from hispec.evaluation import published
+from hispec.evaluation import published, runner
+from hispec.evaluation import what_if as what_ifs
 from hispec.evaluation.beliefs import exit_beliefs
 from hispec.evaluation.runner import run
 from hispec.evaluation.trace import Trace
-from ui import handlers, render, token_story
+from hispec.serving.api import CompareRequest, WhatIfRequest
+from hispec.serving.caller import LOCAL
+from hispec.serving.updates import Output
+from ui import controls, labels, render, token_story
+from ui.controller import Handlers, page_request, settings_by_method
 
 
 @pytest.fixture(scope="module")
-def registry():
-    return tiny_registry()
+def server():
+    return tiny_server()
 
 
 def plain(fragment: str) -> str:
@@ -29,111 +35,122 @@ def plain(fragment: str) -> str:
 
 
 # ---- what if: timing-only verdicts, measured against a plain run --------------------------------
-def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(registry):
-    config = handlers.make_config("HiSpec", 2, 4, 2, 4, 30, policy_label=handlers.FIXED)
-    snaps = list(handlers.generation_stream(registry, "tiny", "hello", config, True, threading.Event(),
-                                            what_if=(1.0, 1.0)))
-    assert any("Timing plain decoding first" in s.get("status", "") for s in snaps)
-    final = snaps[-1]
-    assert final["done"] and "timing only" in final["timing_only"] and "not the model's" in final["timing_only"]
-    assert "timing_only" in final["settings"], "the run's own settings say it too"
-    assert final["baseline"]["new_tokens"] == 30 and final["baseline"]["tokens_per_s"] > 0
-    assert final["baseline"]["levels"] == [], "the baseline is plain decoding: no exit drafts in it"
-    # every verdict accepts: the random model's exits never agree with its full model, yet nothing is rejected
-    assert final["stats"]["acceptance"] == {"draft->verify": 1.0, "verify->target": 1.0}
-    stats = render.what_if_stats(final, (1.0, 1.0))
+def what_if(server, settings=("HiSpec", 2, 4, 2, 4), max_new=30, rates=(1.0, 1.0), takes=1):
+    h = Handlers(server)
+    return list(h.what_if("hello", "tiny", *settings, max_new, True, 0.0, 0, 1.0, -1, *rates, takes=takes))
+
+
+def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(server):
+    lm = server.registry.get("tiny")
+    raw = {"generate": page_request("hello", "tiny", "HiSpec", 2, 4, 2, 4, 30, True), "a_dv": 1.0, "a_vt": 1.0,
+           "takes": 1}
+    items = [i for u in server.submit(LOCAL, WhatIfRequest, raw) if isinstance(u, Output) for i in u.items]
+    plain_run = next(i for i in items if isinstance(i, what_ifs.PlainTimed))
+    assert plain_run.new_tokens == 30 and plain_run.tokens_per_s > 0, "the whole budget, end-of-text ignored"
+    done = next(i for i in items if isinstance(i, DoneEvent))
+    assert "timing only" in done.settings["timing_only"] and "not the model's" in done.settings["timing_only"]
+    assert len(done.token_ids) == 30, "the synthetic run is as long as the plain one"
+    take = next(i for i in items if isinstance(i, what_ifs.TakeDone))
+    assert take.new_tokens == 30 and take.ratio > 0
+    plain_config = runner.plain_config(DecodeConfig("hispec", 2, 4, 2, 4, 30, policy="fixed")).resolve_for(lm.ee)
+    assert plain_config.levels == (), "the baseline is plain decoding: no exit drafts in it"
+    outs = what_if(server)
+    status, tokens, stats, plot = outs[-1]
+    assert "1 of 1 takes done" in plain(status) and plot.visible
     rows = re.findall(r"<tr><td>(.*?)</td>", stats)
     assert rows and all(r.startswith(render.SYNTHETIC) or "real" in r for r in rows), rows
     assert "speed vs plain" in stats
-    assert "SYNTHETIC" in render.what_if_tokens(final["html"], (1.0, 1.0))
+    # every verdict accepts: the random model's exits never agree with its full model, yet nothing is rejected
+    assert "acceptance draft → verify</td><td>100%" in stats and "acceptance verify → full model</td><td>100%" in stats
+    assert "SYNTHETIC" in tokens
 
 
-def test_what_if_at_zero_acceptance_rejects_every_draft(registry):
-    config = handlers.make_config("LayerSkip (single exit)", 2, None, 3, 4, 12, policy_label=handlers.FIXED)
-    final = list(handlers.generation_stream(registry, "tiny", "hello", config, True, threading.Event(),
-                                            what_if=(0.0, 0.0)))[-1]
-    assert final["stats"]["acceptance"] == {"draft->target": 0.0}
-    assert final["stats"]["new_tokens"] == 12
+def test_what_if_at_zero_acceptance_rejects_every_draft(server):
+    outs = what_if(server, ("LayerSkip (single exit)", 2, None, 3, 4), 12, (0.0, 0.0))
+    stats = outs[-1][2]
+    assert "acceptance draft → full model</td><td>0%" in stats
+    assert "new tokens</td><td>12<" in stats
 
 
-def test_what_if_takes_repeat_plain_then_synthetic_and_give_a_median(registry):
-    import app
-
-    page = app.App(registry, "tiny", ["tiny"])
-    args = ("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, 0.0, 0, 1.0, None, 0.9, 0.9)
-    outs = list(page.what_if(*args, takes=3))
+def test_what_if_takes_repeat_plain_then_synthetic_and_give_a_median(server):
+    outs = what_if(server, max_new=12, rates=(0.9, 0.9), takes=3)
     statuses = [plain(o[0]) for o in outs if isinstance(o[0], str)]
-    assert sum("take 1 of 3" in st and "Timing plain decoding first" in st for st in statuses) >= 1
-    assert sum("take 3 of 3" in st and "Timing plain decoding first" in st for st in statuses) >= 1
+    assert any("Take 1 of 3: timing plain decoding" in st for st in statuses)
+    assert any("Take 3 of 3: timing plain decoding" in st for st in statuses)
     assert "3 of 3 takes done, median" in statuses[-1] and "synthetic" in statuses[-1]
-    stats = plain(next(o[2] for o in reversed(outs) if isinstance(o[2], str) and o[2]))
+    stats = plain(outs[-1][2])
     assert "median of 3 of 3 takes" in stats and "(this take)" in stats
-    each = re.search(r"each take, synthetic / real plain tokens / s(.*?)SYNTHETIC", stats).group(1)
-    assert len(re.findall(r"[\d.]+ / [\d.]+", each)) == 3, each
-    # one take (the default): no median row, and the hint asks for more takes
-    one = plain(next(o[2] for o in reversed(list(page.what_if(*args))) if isinstance(o[2], str) and o[2]))
+    each = re.search(r"each take, synthetic / real plain tokens / s \(tokens\)(.*?)SYNTHETIC", stats).group(1)
+    assert len(re.findall(r"[\d.]+ / [\d.]+ \(12\)", each)) == 3, each
+    one = plain(what_if(server, max_new=12, rates=(0.9, 0.9), takes=1)[-1][2])
     assert "median of" not in one and "(this take)" not in one and "more takes give a median" in one
-    bad = list(page.what_if(*args, takes=0))
-    assert "takes must be 1 to 5 (got 0)" in plain(bad[-1][0])
+    assert "takes must be from 1 to 5 (got 0)" in plain(what_if(server, takes=0)[-1][0])
+    assert "needs HiSpec or LayerSkip" in plain(what_if(server, ("Autoregressive", 2, 4, 2, 4))[-1][0])
 
 
-def test_a_real_run_keeps_its_trace_and_prompt(registry):
-    config = handlers.make_config("HiSpec", 2, 4, 2, 4, 16, policy_label=handlers.FIXED)
-    final = list(handlers.generation_stream(registry, "tiny", "hello", config, True, threading.Event()))[-1]
-    assert "timing_only" not in final and "baseline" not in final
-    lm = registry.get("tiny")
-    assert final["prompt_ids"] == lm.encode("hello", chat=True)
-    assert final["events"][-1]["type"] == "done" and len(final["events"][-1]["token_ids"]) == 16
+def test_a_real_run_keeps_its_trace_and_prompt(server):
+    lm = server.registry.get("tiny")
+    h = Handlers(server)
+    outs = list(h.generate("hello", "tiny", "HiSpec", 2, 4, 2, 4, 16, True, policy=labels.FIXED, baseline=0))
+    kept = outs[-1][-1]
+    assert kept["prompt_ids"] == lm.encode("hello", chat=True)
+    assert kept["events"][-1]["type"] == "done" and len(kept["events"][-1]["token_ids"]) == 16
+    assert "timing_only" not in kept["settings"] and kept["vs_plain"] is None
     trace = Trace()
-    for data in final["events"]:
+    for data in kept["events"]:
         trace.add(event_from_dict(data))
-    assert render.tokens_html(trace, 2, 4) == final["html"]
+    assert render.tokens_html(trace, kept["settings"]) == outs[-1][1]
 
 
 # ---- Compare: repeats, their spread and their order ----------------------------------------------
-def test_compare_repeats_each_method_in_alternating_order(registry):
-    config = handlers.make_config("HiSpec", 2, 5, 2, 4, 12)
-    final = list(handlers.compare_stream(registry, "tiny", "hello", config, True, ["Autoregressive"],
-                                         threading.Event(), repeats=3))[-1]
+def compare_rows(server, settings=("HiSpec", 2, 5, 2, 4), baselines=("autoregressive",), repeats=3):
+    raw = {"generate": page_request("hello", "tiny", *settings, 12, True, policy=labels.FIXED),
+           "baselines": list(baselines), "repeats": repeats}
+    return next(i for u in server.submit(LOCAL, CompareRequest, raw) if isinstance(u, Output) for i in u.items)
+
+
+def test_compare_repeats_each_method_in_alternating_order(server):
+    final = compare_rows(server)
     assert final["order"] == ["hispec", "autoregressive", "autoregressive", "hispec", "hispec", "autoregressive"]
     rows = {r["method"]: r for r in final["rows"]}
     assert all(len(r["runs"]) == 3 for r in rows.values())
     assert all(r["tokens_per_s"] == sorted(r["runs"])[1] for r in rows.values()), "the median of the runs"
     assert rows["hispec"]["full_passes"] > 0
+    assert rows["hispec"]["vs_plain"]["runs"] == 3 and rows["autoregressive"]["vs_plain"] is None
+    assert rows["hispec"]["ran"] == "exit 2 → exit 5 → full model; fixed rounds, draft_len 2, verify_threshold 4"
     table = render.compare_table(final["rows"], order=final["order"])
     assert "Run order: hispec → autoregressive → autoregressive → hispec → hispec → autoregressive" in plain(table)
     assert table.count("3 runs)") == 2
     assert "draft → verify" in table
 
 
-def test_compares_layerskip_baseline_is_the_benchmarks_single_exit(registry):
+def test_compares_layerskip_baseline_is_the_benchmarks_single_exit(server):
     """The chosen method keeps its layers; LayerSkip as a baseline runs at the model's own exit."""
     from hispec.evaluation.bench import bench_exit
 
-    config = handlers.make_config("HiSpec", 3, 5, 2, 4, 10)
-    final = list(handlers.compare_stream(registry, "tiny", "hello", config, True, ["LayerSkip (single exit)"],
-                                         threading.Event()))[-1]
+    final = compare_rows(server, ("HiSpec", 3, 5, 2, 4), ("layerskip",), 1)
     rows = {r["method"]: r for r in final["rows"]}
     assert (rows["hispec"]["settings"]["draft_layer"], rows["hispec"]["settings"]["verify_layer"]) == (3, 5)
-    assert rows["layerskip"]["settings"]["draft_layer"] == bench_exit(registry.get("tiny")) != 3
+    assert rows["layerskip"]["settings"]["draft_layer"] == bench_exit(server.registry.get("tiny")) != 3
 
 
-def test_picking_a_method_sets_its_own_settings_for_the_model(registry):
-    import app
+def test_picking_a_method_sets_its_own_settings_for_the_model(server):
+    from hispec.evaluation.bench import bench_exit
 
-    by_method = app.settings_by_method(registry.get("tiny"))
-    assert by_method["layerskip"][0] == __import__("hispec.evaluation.bench", fromlist=["x"]).bench_exit(
-        registry.get("tiny"))
-    assert app._method_defaults("LayerSkip (single exit)", by_method)[0] == by_method["layerskip"][0]
-    assert app._method_defaults("HiSpec", by_method)[:2] == tuple(by_method["hispec"][:2])
-    assert all(v is not None for v in app._method_defaults("HiSpec", by_method))
+    lm = server.registry.get("tiny")
+    by_method = settings_by_method(lm)
+    assert by_method["layerskip"][0] == bench_exit(lm)
+    assert controls.method_defaults("LayerSkip (single exit)", by_method)[0] == by_method["layerskip"][0]
+    assert controls.method_defaults("HiSpec", by_method)[:2] == tuple(by_method["hispec"][:2])
+    assert all(v is not None for v in controls.method_defaults("HiSpec", by_method))
 
 
 # ---- each token's story -------------------------------------------------------------------------
-def story_of(registry, settings=("HiSpec", 2, 4, 2, 4), temperature=0.0):
-    lm = registry.get("tiny")
-    config = handlers.make_config(*settings, 20, temperature=temperature, seed=1 if temperature else None,
-                                  policy_label=handlers.FIXED).resolve(8)
+def story_of(server, settings=("hispec", 2, 4, 2, 4), temperature=0.0):
+    lm = server.registry.get("tiny")
+    method, d, v, n_d, n_i = settings
+    config = DecodeConfig(method, d, v, n_d, n_i, 20, temperature=temperature, seed=1 if temperature else None,
+                          policy="fixed").resolve(8)
     ids = lm.encode("hello", chat=True)
     r = run(lm.ee, ids, config, eos_ids=lm.eos_ids)
     beliefs = exit_beliefs(lm.ee, ids, r.token_ids, layers=[2, 4], tokenizer=lm.tokenizer)
@@ -152,8 +169,8 @@ def predictions_at(out: str, index: int) -> str:
     return plain(match.group(1))
 
 
-def test_every_token_has_a_story_naming_who_proposed_and_who_judged_it(registry):
-    r, beliefs, out = story_of(registry)
+def test_every_token_has_a_story_naming_who_proposed_and_who_judged_it(server):
+    r, beliefs, out = story_of(server)
     tokens = list(r.trace)
     assert out.count("class='hs-explain'") == len(tokens)
     rejected = [t for t in tokens if t.state is S.VERIFY_REJECTED]
@@ -180,8 +197,8 @@ def test_every_token_has_a_story_naming_who_proposed_and_who_judged_it(registry)
     assert "written by the full model itself" in block_of(out, written.serial)
 
 
-def test_a_sampled_runs_story_gives_each_judges_chance_of_keeping_a_draft(registry):
-    r, beliefs, out = story_of(registry, ("LayerSkip (single exit)", 2, None, 2, 4), temperature=1.0)
+def test_a_sampled_runs_story_gives_each_judges_chance_of_keeping_a_draft(server):
+    r, beliefs, out = story_of(server, ("layerskip", 2, None, 2, 4), temperature=1.0)
     drafts = [t for t in r.trace if t.origin == "draft"]
     assert drafts
     stories = [block_of(out, t.serial) for t in drafts]
@@ -192,28 +209,26 @@ def test_story_text_is_escaped():
     trace = Trace()
     evil = "<script>alert(1)</script>"
     trace.add(TokenEvent(S.TARGET_WROTE, 0, 0, 5, evil, "target", "target", 1, 0.0))
-    out = token_story.explain_all_html(trace, None, {"draft_layer": 2, "verify_layer": 4})
+    out = token_story.explain_all_html(trace, None, {"levels": (2, 4)})
     assert "<script>" not in out and "&lt;script&gt;" in out
     assert "once the run has finished" in plain(out)
 
 
 # ---- controls and sources ------------------------------------------------------------------------
 def test_an_exit_without_a_trained_head_is_warned_about():
-    import app
-
-    out = app._depth(30, 3, 5, "HiSpec", [2, 4, 6, 12])
+    out = controls.depth(30, 3, 5, "HiSpec", [2, 4, 6, 12])
     assert "hs-msg-warn" in out and "Exits 3 and 5 have no trained head" in plain(out)
-    assert "Exit 5 has no trained head" in plain(app._depth(30, 2, 5, "HiSpec", [2, 4, 6, 12]))
+    assert "Exit 5 has no trained head" in plain(controls.depth(30, 2, 5, "HiSpec", [2, 4, 6, 12]))
     assert "Trained exits: 2, 4, 6, 12" in plain(out)
-    assert "hs-msg-warn" not in app._depth(30, 2, 4, "HiSpec", [2, 4, 6, 12])
-    assert "hs-msg-warn" not in app._depth(30, 3, 5, "HiSpec", [])  # raw exits everywhere: nothing to compare
-    assert "hs-msg-warn" not in app._depth(30, 3, 5, "Autoregressive", [2, 4])
+    assert "hs-msg-warn" not in controls.depth(30, 2, 4, "HiSpec", [2, 4, 6, 12])
+    assert "hs-msg-warn" not in controls.depth(30, 3, 5, "HiSpec", [])  # raw exits everywhere: nothing to compare
+    assert "hs-msg-warn" not in controls.depth(30, 3, 5, "Autoregressive", [2, 4])
 
 
 def test_published_points_carry_sources_and_convert_to_per_token_acceptance(tmp_path):
     assert published.per_token(published.accepted_share(0.9, 12), 12) == pytest.approx(0.9, abs=1e-9)
     assert published.per_token(0.5, 1) == pytest.approx(0.5)
-    points = published.load(__import__("app").ASSETS / "published_points.json")
+    points = published.load(Path(__file__).resolve().parents[2] / "assets" / "published_points.json")
     assert points and all(p["source"] and p["url"].startswith("https://") for p in points)
     assert all(p["x"] >= p["acceptance"] for p in points), "blocks lose their tails: per token is higher"
     (tmp_path / "p.json").write_text('{"points": [{"label": "x", "acceptance": null, "speedup": 2.0, '

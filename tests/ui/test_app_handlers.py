@@ -1,23 +1,34 @@
-"""The app's streaming handlers on a tiny model: spans and chart data match the engine's events."""
+"""The page's generation on a tiny model, from the visitor's values to the components: spans and
+chart data match the engine's events; bad values are messages; the run ends as it should."""
 
 import html
 import re
 import threading
 
 import pytest
-from helpers import tiny_registry
+from helpers import tiny_server
 
-from hispec.errors import HiSpecError
+from hispec.engine.decoding import DecodeConfig
 from hispec.engine.events import TokenEvent
+from hispec.engine.policy import DEFAULT_POLICY
+from hispec.errors import HiSpecError
 from hispec.evaluation.runner import run
-from hispec.text import Detokenizer
 from hispec.evaluation.trace import LEGEND
-from ui import charts, handlers, render
+from hispec.serving.api import GenerateRequest
+from hispec.serving.caller import LOCAL
+from hispec.serving.jobs import Job
+from hispec.serving.limits import Limits
+from hispec.text import Detokenizer
+from ui import charts, labels, render
+from ui.controller import Handlers, page_request
+from ui.generate_view import GenerateView
+
+HISPEC = ("HiSpec", 2, 5, 2, 3)
 
 
 @pytest.fixture(scope="module")
-def registry():
-    return tiny_registry()
+def server():
+    return tiny_server()
 
 
 def spans(fragment: str):
@@ -25,33 +36,41 @@ def spans(fragment: str):
             re.findall(r'<span class="hs-tok hs-([a-z-]+)" title="[^"]*"[^>]*>(.*?)</span>', fragment, re.S)]
 
 
-def test_stream_matches_engine_events(registry):
-    lm = registry.get("tiny")
-    config = handlers.make_config("HiSpec", 2, 5, 2, 3, 30)
-    snaps = list(handlers.generation_stream(registry, "tiny", "hello there", config, True, threading.Event(),
-                                            throttle_s=0.0))
-    final = snaps[-1]
-    assert final["done"] and final["status"].startswith("Done")
-    # the same generation straight from the engine
+def page_run(server, prompt="hello there", settings=HISPEC, max_new=30, chat=True, policy=labels.FIXED, **kw):
+    """The page's generate handler: every output tuple it yields, and the view it folded."""
+    raw = page_request(prompt, "tiny", *settings, max_new, chat, policy=policy, **kw)
+    view = GenerateView("tiny")
+    outs = [view.update(u) for u in server.submit(LOCAL, GenerateRequest, raw)]
+    return outs, view
+
+
+def test_the_page_matches_the_engines_events(server):
+    lm = server.registry.get("tiny")
+    outs, view = page_run(server)
+    status, tokens_html, _, final_text, stats_html, *_, kept = outs[-1]
+    assert "Done" in status and kept is not None
     events = []
-    ref = run(lm.ee, lm.encode("hello there"), config.resolve(8), eos_ids=lm.eos_ids,
-              detok=Detokenizer(lm.tokenizer), on_event=events.append)
-    shown = spans(final["html"])
+    config = DecodeConfig("hispec", 2, 5, 2, 3, 30, policy="fixed").resolve(8)
+    ref = run(lm.ee, lm.encode("hello there"), config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer),
+              on_event=events.append)
+    shown = spans(tokens_html)
     tokens = [ev for ev in events if isinstance(ev, TokenEvent)]
     assert len(shown) == len({ev.serial for ev in tokens})
     committed = "".join(t for cls, t in shown if cls in ("accepted", "verify-wrote", "target-wrote"))
-    assert committed.replace("</s>", "") == ref.text
+    assert committed.replace("</s>", "") == ref.text == final_text
     rejected = sum(cls in ("verify-rejected", "target-rejected") for cls, _ in shown)
     assert rejected == sum(ev.state.value.endswith("rejected") for ev in tokens)
     # chart data: one history row per round, the last one agreeing with the final stats
-    assert [row["round"] for row in final["history"]] == list(range(1, ref.stats["rounds"] + 1))
-    assert final["history"][-1]["draft->verify"] == ref.stats["acceptance"]["draft->verify"]
-    assert final["stats"]["acceptance"] == ref.stats["acceptance"]
-    fig = charts.acceptance_figure(final["history"])
+    history = view.run.stats.history
+    assert [row["round"] for row in history] == list(range(1, ref.stats["rounds"] + 1))
+    assert history[-1]["draft->verify"] == ref.stats["acceptance"]["draft->verify"]
+    assert kept["stats"]["acceptance"] == ref.stats["acceptance"]
+    assert kept["token_ids"] == ref.token_ids and kept["prompt_ids"] == lm.encode("hello there")
+    fig = charts.acceptance_figure(history)
     assert {trace.name for trace in fig.data} == {"draft → verify", "verify → full model"}
-    work = charts.work_figure(final["stats"]["layer_tokens"])
+    work = charts.work_figure(kept["stats"]["layer_tokens"])
     assert sum(sum(t.y) for t in work.data) == sum(
-        v for s in final["stats"]["layer_tokens"]["by_stage"].values() for v in s.values())
+        v for s in kept["stats"]["layer_tokens"]["by_stage"].values() for v in s.values())
 
 
 def test_charts_name_their_axes_and_say_when_they_have_nothing():
@@ -66,126 +85,129 @@ def test_charts_name_their_axes_and_say_when_they_have_nothing():
         assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text and fig.layout.showlegend
 
 
-def test_stream_is_incremental(registry):
-    config = handlers.make_config("LayerSkip (single exit)", 3, 5, 3, 4, 40)
-    snaps = [s for s in handlers.generation_stream(registry, "tiny", "abc", config, False, threading.Event(),
-                                                   throttle_s=0.0) if "html" in s]
-    assert len(snaps) > 3
-    counts = [len(spans(s["html"])) for s in snaps]
-    assert counts == sorted(counts) and counts[0] < counts[-1]
-    assert sum(s["charts"] for s in snaps) >= 1 and snaps[-1]["charts"]
+def test_the_text_grows_as_the_run_streams(server):
+    outs, _ = page_run(server, "abc", ("LayerSkip (single exit)", 3, 5, 3, 4), 40, chat=False)
+    counts = [len(spans(o[1])) for o in outs if isinstance(o[1], str)]
+    assert len(counts) > 3 and counts == sorted(counts) and counts[0] < counts[-1]
 
 
-@pytest.mark.parametrize("args, message", [
-    (("HiSpec", 5, 5, 2, 4, 10), "draft layer 5 must be below verify layer 5"),
-    (("HiSpec", 2, 9, 2, 4, 10), "verify layer 9 is impossible"),
+@pytest.mark.parametrize("settings, message", [
+    (("HiSpec", 5, 5, 2, 4), "draft layer 5 must be below verify layer 5"),
+    (("HiSpec", 2, 9, 2, 4), "verify layer 9 is impossible"),
 ])
-def test_impossible_layers_are_messages(registry, args, message):
-    config = handlers.make_config(*args)
-    snaps = list(handlers.generation_stream(registry, "tiny", "hi", config, True, threading.Event()))
-    assert len(snaps) == 1 and message in snaps[0]["error"]
+def test_impossible_layers_are_messages(server, settings, message):
+    outs, _ = page_run(server, "hi", settings, 10)
+    assert message in outs[-1][0] and "hs-msg-error" in outs[-1][0]
+    assert outs[-1][-1] is None, "no run is kept"
 
 
-@pytest.mark.parametrize("args, message", [
-    (("HiSpec", 2, 5, 2, 4, 100000), "max new tokens 100000 is over this app's limit of 512"),
-    (("HiSpec", 2, 5, 0, 4, 10), "draft_len must be at least 1"),
-    (("HiSpec", 2.5, 5, 2, 4, 10), "draft layer must be a whole number"),
-    (("HiSpec", "two", 5, 2, 4, 10), "draft layer must be a whole number"),
-    (("Beam search", 2, 5, 2, 4, 10), "unknown method 'Beam search'"),
+@pytest.mark.parametrize("values, message", [
+    (dict(max_new_tokens=100000), "max new tokens 100000 is over this app's limit of 512"),
+    (dict(draft_len=0), "draft_len must be from 1 to 64 (got 0)"),
+    (dict(draft_layer=2.5), "draft layer must be a whole number (got 2.5)"),
+    (dict(draft_layer="two"), "draft layer must be a whole number (got 'two')"),
+    (dict(method="Beam search"), "unknown method 'Beam search'; choose from"),
+    (dict(policy="Greedy"), "unknown policy 'Greedy'; choose from"),
 ])
-def test_bad_settings(args, message):
+def test_bad_settings(values, message):
+    raw = page_request("hi", "tiny", *HISPEC, 10, True)
+    raw.update({k: labels.method_name(v) if k == "method" else v for k, v in values.items()})
     with pytest.raises(HiSpecError, match=re.escape(message)):
-        handlers.make_config(*args)
+        GenerateRequest.parse(raw, Limits())
 
 
 def test_empty_settings_take_the_models_own():
     """None (an API call that leaves a field out) is filled in from the model when it is resolved."""
-    config = handlers.make_config("HiSpec", None, None, None, None, 10)
+    request = GenerateRequest.parse({"prompt": "hi", "max_new_tokens": 10, "policy": "fixed"}, Limits())
+    config = request.decode_config()
     assert (config.draft_layer, config.verify_layer, config.draft_len, config.verify_threshold) == (None,) * 4
     resolved = config.resolve(8, {"draft": 2, "verify": 5, "draft_len": 1, "verify_threshold": 3})
     assert (resolved.draft_layer, resolved.verify_layer, resolved.draft_len, resolved.verify_threshold) == (2, 5, 1, 3)
 
 
-@pytest.mark.parametrize("prompt", ["", "   \n", None])
-def test_empty_prompt(registry, prompt):
-    config = handlers.make_config("HiSpec", 2, 5, 2, 4, 10)
-    snaps = list(handlers.generation_stream(registry, "tiny", prompt, config, True, threading.Event()))
-    assert snaps == [{"error": "The prompt is empty: type something or pick an example.", "done": True}]
+@pytest.mark.parametrize("prompt", ["", "   \n"])
+def test_empty_prompt(server, prompt):
+    outs, _ = page_run(server, prompt)
+    assert "The prompt is empty: type something or pick an example." in outs[-1][0]
 
 
-def test_prompt_too_long(registry):
-    config = handlers.make_config("HiSpec", 2, 5, 2, 4, 200)
-    snaps = list(handlers.generation_stream(registry, "tiny", "x" * 100, config, False, threading.Event()))
-    assert "exceeds the model's context of 256 tokens" in snaps[-1]["error"]
+def test_prompt_too_long_for_the_model(server):
+    outs, _ = page_run(server, "x" * 100, max_new=200, chat=False)
+    assert "exceeds the model's context of 256 tokens" in html.unescape(outs[-1][0])
 
 
-def test_waits_for_the_model_and_gives_up_on_stop(registry):
-    lock = registry.generation_lock("tiny")
-    stop = threading.Event()
-    config = handlers.make_config("Autoregressive", 2, 5, 2, 4, 5)
-    lock.acquire()
+def test_stop_keeps_what_was_generated_and_says_how_much(server):
+    raw = page_request("hi", "tiny", *HISPEC, 200, False, policy=labels.FIXED)
+    view, out = GenerateView("tiny"), None
+    caller = LOCAL
+    for update in server.submit(caller, GenerateRequest, raw):
+        out = view.update(update)
+        if view.run.stats.new_tokens >= 5:
+            server.stop(caller)
+    kept = out[-1]
+    assert kept["stats"]["finish_reason"] == "stopped"
+    n = kept["stats"]["new_tokens"]
+    assert 5 <= n < 200
+    assert f"Stopped after {n} tokens." in out[0]
+    assert not server.registry.turns("tiny").busy
+
+
+def test_a_stop_while_waiting_says_so(server):
+    turns = server.registry.turns("tiny")
+    holder = Job(0, "another-visitor", "generate")
+    assert turns.hold(holder, 1.0)
     try:
-        stream = handlers.generation_stream(registry, "tiny", "hi", config, True, stop)
-        assert "Waiting for another visitor" in next(stream)["status"]
-        stop.set()
-        assert next(stream)["error"] == "Stopped before the generation started."
+        outs = []
+        for out in Handlers(server).generate("hi", "tiny", *HISPEC, 5, True, policy=labels.FIXED):
+            outs.append(out)
+            if "Waiting" in out[0]:
+                server.stop(LOCAL)
     finally:
-        lock.release()
-    assert not lock.locked()
+        turns.release(holder)
+    assert "Stopped before the generation started." in outs[-1][0]
 
 
-def test_stop_keeps_what_was_generated(registry):
-    stop = threading.Event()
-    config = handlers.make_config("HiSpec", 2, 5, 2, 4, 200)
-    last = None
-    for snap in handlers.generation_stream(registry, "tiny", "hi", config, False, stop, throttle_s=0.0):
-        last = snap
-        if snap.get("stats", {}).get("new_tokens", 0) >= 5:
-            stop.set()
-    assert last["done"] and last["stats"]["finish_reason"] == "stopped"
-    assert 5 <= last["stats"]["new_tokens"] < 200
-    assert not registry.generation_lock("tiny").locked()
-
-
-def test_an_exception_inside_generation_is_a_message_and_frees_the_model(registry, monkeypatch):
-    lm = registry.get("tiny")
+def test_an_exception_inside_generation_is_a_message_and_frees_the_model(server, monkeypatch):
+    lm = server.registry.get("tiny")
 
     def boom(*a, **k):
         raise RuntimeError("simulated out of memory")
 
     monkeypatch.setattr(lm.ee, "exit_logits", boom)
-    config = handlers.make_config("HiSpec", 2, 5, 2, 4, 10)
-    snaps = list(handlers.generation_stream(registry, "tiny", "hi", config, True, threading.Event()))
-    assert "Generation failed (RuntimeError: simulated out of memory)" in snaps[-1]["error"]
-    assert not registry.generation_lock("tiny").locked()
+    outs, _ = page_run(server, "hi", max_new=10)
+    assert "The generation failed (RuntimeError: simulated out of memory)" in outs[-1][0]
+    assert not server.registry.turns("tiny").busy
     monkeypatch.undo()
-    ok = list(handlers.generation_stream(registry, "tiny", "hi", config, True, threading.Event()))
-    assert ok[-1]["done"] and "error" not in ok[-1]
+    outs, _ = page_run(server, "hi", max_new=10)
+    assert "Done" in outs[-1][0] and outs[-1][-1] is not None
 
 
-def test_compare_checks_identical_output(registry):
-    config = handlers.make_config("HiSpec", 2, 5, 2, 4, 24)
-    snaps = list(handlers.compare_stream(registry, "tiny", "hello", config, True,
-                                         ["Autoregressive", "LayerSkip (single exit)"], threading.Event()))
-    rows = snaps[-1]["rows"]
-    assert [r["method"] for r in rows] == ["hispec", "autoregressive", "layerskip"]
-    assert rows[0]["token_ids"] == rows[1]["token_ids"] == rows[2]["token_ids"]
-    table = render.compare_table(rows)
+def test_compare_checks_identical_output(server):
+    outs = list(Handlers(server).compare("hello", "tiny", *HISPEC, 24, True, 0.0, 0, 1.0, -1, labels.FIXED,
+                                         ["Autoregressive", "LayerSkip (single exit)"], 1))
+    table = next(o[1] for o in reversed(outs) if o[1] and isinstance(o[1], str))
+    rows = re.findall(r"<tr><td>(hispec|autoregressive|layerskip)</td>", table)
+    assert rows == ["hispec", "autoregressive", "layerskip"]
     assert table.count("✓ same tokens") == 3 and "DIFFERENT" not in table
-    assert all(r["dtype"] == "float32" for r in rows)
-    rows[2] = dict(rows[2], token_ids=rows[2]["token_ids"][:-1] + [0])
-    assert f"✗ DIFFERENT from token {len(rows[2]['token_ids'])}</td>" in render.compare_table(rows)
-    rows[2]["dtype"] = "bfloat16"  # on a GPU: near-ties may round differently, and the table says so
+    assert "Comparison done" in outs[-1][0]
+
+
+def test_a_difference_and_half_precision_are_named():
+    rows = [{"method": "autoregressive", "token_ids": [1, 2, 3], "tokens_per_s": 10.0, "new_tokens": 3,
+             "dtype": "float32"},
+            {"method": "hispec", "token_ids": [1, 2, 4], "tokens_per_s": 12.0, "new_tokens": 3, "dtype": "float32"}]
+    assert "✗ DIFFERENT from token 3" in render.compare_table(rows)
+    rows[1]["dtype"] = "bfloat16"  # on a GPU: near-ties may round differently, and the table says so
     assert "bfloat16: passes over different numbers of tokens can round a near-tie" in render.compare_table(rows)
 
 
 def test_model_text_is_escaped_in_spans():
+    from hispec.engine.events import TokenState
     from hispec.evaluation.trace import Trace
 
     trace = Trace()
     evil = '<script>alert(1)</script><img src=x onerror="alert(2)">\x1b[31m'
-    trace.add(TokenEvent(__import__("hispec.engine.events", fromlist=["TokenState"]).TokenState.TARGET_WROTE,
-                         0, 0, 5, evil, "target", "target", 1, 0.0))
+    trace.add(TokenEvent(TokenState.TARGET_WROTE, 0, 0, 5, evil, "target", "target", 1, 0.0))
     out = render.tokens_html(trace)
     assert "<script>" not in out and "<img" not in out and "\x1b" not in out
     assert "&lt;script&gt;" in out and "\\x1b[31m" in out
@@ -197,9 +219,19 @@ def test_legend_names_every_colour():
         assert f"hs-{cls}" in out and html.escape(label) in out
 
 
-def test_policy_and_prompt_lookup_in_the_app():
-    config = handlers.make_config("Lookup (copies earlier text)", 2, 5, 2, 4, 10, policy_label="Adaptive (auto)")
-    assert (config.method, config.policy) == ("lookup", "auto")
-    assert handlers.make_config("HiSpec", 2, 5, 2, 4, 10).policy == "fixed"
-    with pytest.raises(HiSpecError, match="unknown policy 'Greedy'; choose from Adaptive"):
-        handlers.make_config("HiSpec", 2, 5, 2, 4, 10, policy_label="Greedy")
+def test_policy_labels_and_one_default():
+    assert labels.policy_name(labels.DEFAULT_POLICY_LABEL) == DEFAULT_POLICY
+    assert labels.method_name("Lookup (copies earlier text)") == "lookup"
+    raw = page_request("hi", "tiny", "Lookup (copies earlier text)", 2, 5, 2, 4, 10, True, policy=labels.ADAPTIVE)
+    request = GenerateRequest.parse(raw, Limits())
+    assert (request.method, request.policy) == ("lookup", "auto")
+
+
+def test_stop_with_nothing_running_says_so(server):
+    assert "Nothing to stop" in Handlers(server).stop(None)
+
+
+def test_threads_are_not_left_behind(server):
+    before = threading.active_count()
+    page_run(server, "hi", max_new=5)
+    assert threading.active_count() <= before + 1

@@ -25,10 +25,12 @@ from hispec.model.loading import LoadedModel  # noqa: E402
 from hispec.engine.events import event_from_dict  # noqa: E402
 from hispec.evaluation.runner import run  # noqa: E402
 from hispec.evaluation.trace import Trace  # noqa: E402
-from hispec.serving.limits import Limits
+from hispec.engine.decoding import DecodeConfig  # noqa: E402
+from hispec.engine.policy import DEFAULT_POLICY  # noqa: E402
+from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits  # noqa: E402
 from hispec.serving.registry import ModelRegistry  # noqa: E402
 from hispec.text import Detokenizer  # noqa: E402
-from ui import handlers, render  # noqa: E402
+from ui import labels, render  # noqa: E402
 
 MODEL = "tiny"
 LAYERS = 8
@@ -65,13 +67,14 @@ def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     lm = lm or tiny_loaded_model()
-    registry = ModelRegistry(device="cpu", limits=limits or Limits(rate_per_minute=0))
+    registry = ModelRegistry(device="cpu")
     registry.add(MODEL, lm)
-    demo = app.App(registry, MODEL, [MODEL]).build()
+    limits = limits or Limits(rate_per_minute=0, global_rate_per_minute=0, allowed_models=(LAYERSKIP_CHECKPOINT,))
+    demo = app.build(app.serve(registry, MODEL, limits), [MODEL])
     port = free_port()
     try:
-        demo.queue(max_size=registry.limits.queue_size).launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port,
-                                       quiet=True, **app.launch_kwargs())
+        demo.queue(max_size=64, default_concurrency_limit=None).launch(
+            prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.launch_kwargs())
         yield f"http://127.0.0.1:{port}/", lm
     finally:
         demo.close()
@@ -110,7 +113,7 @@ def call(client: Client, *args, api_name: str, timeout: float = TIMEOUT_S, **kwa
 def named(settings=HISPEC, max_new: int = 40, model: str = MODEL) -> dict:
     """The /generate API's named inputs for settings in the page's order (method label first)."""
     method, d, v, n_d, n_i = settings
-    return dict(model=model, method=handlers.METHODS[method], draft_layer=d, verify_layer=v, draft_len=n_d,
+    return dict(model=model, method=labels.METHODS[method], draft_layer=d, verify_layer=v, draft_len=n_d,
                 verify_threshold=n_i, max_new_tokens=max_new, policy="fixed")
 
 
@@ -124,7 +127,9 @@ def generate(client: Client, prompt: str, settings=HISPEC, max_new: int = 40, mo
 
 def expected(lm: LoadedModel, prompt: str, settings=HISPEC, max_new: int = 40, chat=True):
     """What the engine alone writes for these settings, and the config the app resolves."""
-    config = handlers.make_config(*settings, max_new).resolve(lm.ee.num_layers)
+    method, d, v, n_d, n_i = settings
+    config = DecodeConfig(labels.METHODS[method], d, v if method == "HiSpec" else None, n_d, n_i, max_new,
+                          policy="fixed").resolve(lm.ee.num_layers)
     result = run(lm.ee, lm.encode(prompt, chat=chat), config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer))
     return result, config
 
@@ -150,12 +155,12 @@ def assert_matches_engine(out: dict, lm, prompt, settings=HISPEC, max_new=40):
     assert out["text"] == result.text
     # the spans show special tokens too (the random model writes <unk>); the text skips them
     assert committed_text(out["html"]) == lm.tokenizer.decode(result.token_ids, skip_special_tokens=False)
-    assert out["html"] == render.tokens_html(result.trace, config.draft_layer, config.verify_layer)
+    assert out["html"] == render.tokens_html(result.trace, result.settings)
     assert out["stats"]["new_tokens"] == len(result.token_ids)
     trace = Trace()
     for data in out["trace"]:
         trace.add(event_from_dict(data))
-    assert render.tokens_html(trace, config.draft_layer, config.verify_layer) == out["html"]
+    assert render.tokens_html(trace, out["settings"]) == out["html"]
 
 
 # ---- (a) one generation -------------------------------------------------------------------------
@@ -187,8 +192,8 @@ def test_generate_api_fills_in_the_models_settings(served, client):
     """Layers and lengths left out take the model's recommended settings, as on the page."""
     _, lm = served
     out = call(client, prompt=PROMPT, max_new_tokens=12, api_name="/generate")
-    assert out["settings"]["method"] == "hispec" and out["settings"]["policy"] == "fixed"
-    resolved = handlers.make_config("HiSpec", None, None, None, None, 12).resolve(lm.ee.num_layers)
+    assert out["settings"]["method"] == "hispec" and out["settings"]["policy"] == DEFAULT_POLICY
+    resolved = DecodeConfig("hispec", max_new_tokens=12).resolve(lm.ee.num_layers)
     assert (out["settings"]["draft_layer"], out["settings"]["verify_layer"]) == (resolved.draft_layer,
                                                                                   resolved.verify_layer)
     assert len(out["token_ids"]) == 12
@@ -215,8 +220,8 @@ def test_compare_finds_identical_tokens(client):
 def test_stop_ends_the_visitors_generation(served, client):
     _, lm = served
     budget = 230  # chat-wrapped "Yo" is 20 tokens; the tiny model's context is 256
-    if handlers.MAX_NEW_TOKENS < budget:
-        pytest.skip(f"HISPEC_MAX_NEW_TOKENS={handlers.MAX_NEW_TOKENS} is below this test's budget")
+    if Limits().max_new_tokens < budget:
+        pytest.skip(f"HISPEC_MAX_NEW_TOKENS={Limits().max_new_tokens} is below this test's budget")
     with slow_full_model(lm, 0.03):  # unstopped, this takes 230 x 30 ms = 7 s at least
         job = submit(client, LONG_PROMPT, max_new=budget)
         time.sleep(1.5)
@@ -262,7 +267,8 @@ def test_concurrent_visitors_get_their_own_outputs(served):
 
 # ---- (e) bad input: an error raised as an error, naming what is wrong -------------------------------
 @pytest.mark.parametrize("case", ["empty prompt", "blank prompt", "draft >= verify", "unreachable model",
-                                  "over the model's context", "unknown method", "over the app's limit"])
+                                  "unlisted model", "a local folder", "over the model's context", "unknown method",
+                                  "over the app's limit"])
 def test_bad_input_raises_an_error_and_the_app_keeps_serving(served, client, case):
     _, lm = served
     args = dict(prompt=PROMPT, **named(max_new=20))
@@ -272,14 +278,17 @@ def test_bad_input_raises_an_error_and_the_app_keeps_serving(served, client, cas
         "draft >= verify": ("must be below verify layer", dict(draft_layer=5, verify_layer=3)),
         "unreachable model": ("could not load model 'facebook/layerskip-llama3.2-1B'",
                               dict(model="facebook/layerskip-llama3.2-1B")),
-        "over the model's context": ("exceeds the model's context", dict(max_new_tokens=handlers.MAX_NEW_TOKENS)),
+        "unlisted model": ("model 'evil/model' is not offered on this server; choose one of: "
+                           "facebook/layerskip-llama3.2-1B, tiny", dict(model="evil/model")),
+        "a local folder": ("model '/tmp' is not offered on this server", dict(model="/tmp")),
+        "over the model's context": ("exceeds the model's context", dict(max_new_tokens=Limits().max_new_tokens)),
         "unknown method": ("unknown method 'medusa'; choose from hispec, layerskip", dict(method="medusa")),
-        "over the app's limit": (f"over this app's limit of {handlers.MAX_NEW_TOKENS}",
-                                 dict(max_new_tokens=handlers.MAX_NEW_TOKENS + 1)),
+        "over the app's limit": (f"over this app's limit of {Limits().max_new_tokens}",
+                                 dict(max_new_tokens=Limits().max_new_tokens + 1)),
     }[case]
     args.update(want[1])
-    if case == "over the model's context" and handlers.MAX_NEW_TOKENS <= 256 - len(lm.encode(PROMPT)):
-        pytest.skip(f"HISPEC_MAX_NEW_TOKENS={handlers.MAX_NEW_TOKENS} fits in the tiny model's context")
+    if case == "over the model's context" and Limits().max_new_tokens <= 256 - len(lm.encode(PROMPT)):
+        pytest.skip(f"HISPEC_MAX_NEW_TOKENS={Limits().max_new_tokens} fits in the tiny model's context")
     t0 = time.monotonic()
     with pytest.raises(AppError) as caught:
         call(client, api_name="/generate", **args)

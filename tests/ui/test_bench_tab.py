@@ -1,19 +1,23 @@
 """The app's Benchmark tab on a tiny model: saved reports, the live run, its lock and limits."""
 
+import html
 import os
 import threading
 from pathlib import Path
 
 import gradio as gr
 import pytest
-from helpers import tiny_registry
+from helpers import tiny_registry, tiny_server
 
 from hispec.engine.decoding import DecodeConfig
-from hispec.serving.limits import Limits
 from hispec.evaluation.prompts import Prompt
 from hispec.evaluation.sweep import Grid, sweep
-from ui import bench_tab, handlers
-from ui.bench_tab import BenchTab, bench_stream, load_report, saved_reports
+from hispec.serving.api import BenchRequest
+from hispec.serving.caller import LOCAL, Caller
+from hispec.serving.jobs import Job
+from hispec.serving.updates import Ended, Status
+from ui import bench_tab
+from ui.bench_tab import BenchTab, load_report, saved_reports
 
 SAVED = Path(__file__).resolve().parents[2] / "assets" / "bench" / "bench_cpu_default.json"
 
@@ -21,6 +25,11 @@ SAVED = Path(__file__).resolve().parents[2] / "assets" / "bench" / "bench_cpu_de
 @pytest.fixture(scope="module")
 def registry():
     return tiny_registry()
+
+
+@pytest.fixture(scope="module")
+def server(registry):
+    return tiny_server(registry)
 
 
 class Recorder:
@@ -42,7 +51,7 @@ def test_the_saved_default_report_renders_as_table_and_charts():
     assert len(figs) == 3 and figs[0].layout.title.text.startswith("Tokens per second")
 
 
-def test_newest_report_first_and_a_sweep_renders_heatmaps(registry, tmp_path):
+def test_newest_report_first_and_a_sweep_renders_heatmaps(registry, server, tmp_path):
     lm = registry.get("tiny")
     report = sweep(lm, {"s": [Prompt("h", "hello")]}, [Grid("layers", (1, 2), (3, 4))],
                    DecodeConfig("hispec", max_new_tokens=6), json_path=str(tmp_path / "sweep.json"), warmup=False)
@@ -51,7 +60,7 @@ def test_newest_report_first_and_a_sweep_renders_heatmaps(registry, tmp_path):
     os.utime(tmp_path / "old.json", (1, 1))
     os.utime(tmp_path / "broken.json", (2, 2))
     assert [p.name for p in saved_reports(tmp_path)] == ["sweep.json", "broken.json", "old.json"]
-    tab = BenchTab(registry, handlers.OPEN, folder=tmp_path)
+    tab = BenchTab(server, folder=tmp_path)
     table, *plots = tab.show_saved(None)  # None: the newest
     assert "<b>Sweep</b>: tiny · 8 layers" in table and "layers sweep (draft_len=2, verify_threshold=4)" in table
     assert len(plots) == bench_tab.PLOTS
@@ -63,12 +72,12 @@ def test_newest_report_first_and_a_sweep_renders_heatmaps(registry, tmp_path):
     assert "Could not read the report broken.json" in table and not any(p["visible"] for p in plots)
     table, *plots = tab.show_saved("old.json")
     assert "<td>hispec</td>" in table and [p["visible"] for p in plots] == [True, True, True, False]
-    empty = BenchTab(registry, handlers.OPEN, folder=tmp_path / "none")
+    empty = BenchTab(server, folder=tmp_path / "none")
     assert "No saved report" in empty.show_saved(None)[0]
 
 
-def test_live_tiny_run_through_the_handler(registry):
-    tab = BenchTab(registry, handlers.OPEN)
+def test_live_tiny_run_through_the_handler(server):
+    tab = BenchTab(server)
     progress = Recorder()
     status, table, *plots = tab.run_live("tiny", "examples", 2, ["hispec", "autoregressive"], 8,
                                          progress=progress)
@@ -77,85 +86,85 @@ def test_live_tiny_run_through_the_handler(registry):
     assert "NO" not in table  # every greedy output equals the autoregressive one
     assert [p["visible"] for p in plots] == [True] * bench_tab.LIVE_PLOTS
     fractions = [f for f, _ in progress.calls]
-    assert fractions[0] == 0.0 and 0.5 in fractions and fractions[-1] == 1.0
+    assert fractions[0] == 0.0 and 0.5 in fractions
     assert any("Prompt 1 of 2 done (examples/chat)" in d for _, d in progress.calls)
-    assert not tab.stops  # the visitor's stop flag is forgotten
-    assert registry.generation_lock("tiny").acquire(blocking=False)  # and the model's lock is free
-    registry.generation_lock("tiny").release()
+    assert server.jobs.of() == []  # the request is forgotten
+    assert not server.registry.turns("tiny").busy  # and the model is free
 
 
-def test_live_run_waits_for_the_generation_lock(registry):
-    lock = registry.generation_lock("tiny")
-    lock.acquire()
-    stream = bench_stream(registry, "tiny", "examples", 1, ["autoregressive"], 4, threading.Event())
+def test_live_run_waits_for_the_models_turn(server):
+    turns = server.registry.turns("tiny")
+    holder = Job(0, "another-visitor", "generate")
+    assert turns.hold(holder, 1.0)
+    raw = {"set_name": "examples", "count": 1, "methods": ["autoregressive"], "max_new_tokens": 4}
+    stream = server.submit(LOCAL, BenchRequest, raw)
     try:
-        first = next(stream)
-        assert first["status"] == "Waiting for another visitor's generation to finish…"
+        first = next(u for u in stream if isinstance(u, Status) and "Waiting" in u.text)
+        assert first.text.startswith("Waiting for the model: 1 request ahead")
     finally:
-        lock.release()
-    snaps = list(stream)
-    assert snaps[-1]["done"] and len(snaps[-1]["report"]["records"]) == 1
-    assert lock.acquire(blocking=False)
-    lock.release()
+        turns.release(holder)
+    updates = list(stream)
+    report = next(i for u in updates if hasattr(u, "items") for i in u.items if isinstance(i, dict))
+    assert updates[-1].outcome == "done" and len(report["records"]) == 1
+    assert not turns.busy
 
 
-def test_stop_before_the_start_and_after_a_prompt(registry):
-    lock = registry.generation_lock("tiny")
-    lock.acquire()
-    stop = threading.Event()
-    stream = bench_stream(registry, "tiny", "examples", 2, ["autoregressive"], 4, stop)
+def test_stop_before_the_start_and_after_a_prompt(server):
+    turns = server.registry.turns("tiny")
+    holder = Job(0, "another-visitor", "generate")
+    me = Caller("bench-tab", "10.0.0.3")
+    assert turns.hold(holder, 1.0)
+    raw = {"set_name": "examples", "count": 2, "methods": ["autoregressive"], "max_new_tokens": 4}
     try:
-        next(stream)
-        stop.set()
-        assert list(stream)[-1]["error"] == "Stopped before the benchmark started."
+        stream = server.submit(me, BenchRequest, raw)
+        next(u for u in stream if isinstance(u, Status) and "Waiting" in u.text)
+        server.stop(me, ("bench",))
+        assert list(stream)[-1] == Ended("stopped", "Stopped before the benchmark started.")
     finally:
-        lock.release()
-    stop = threading.Event()
-    snaps = []
-    for snap in bench_stream(registry, "tiny", "examples", 3, ["autoregressive", "hispec"], 4, stop):
-        snaps.append(snap)
-        if snap.get("status", "").startswith("Prompt 1 of 3"):
-            stop.set()
-    final = snaps[-1]
-    assert final["report"]["stopped"] and final["status"] == "Stopped: showing the 1 of 3 prompt(s) done."
-    assert len(final["report"]["records"]) == 2
+        turns.release(holder)
+    tab, progress = BenchTab(server), Recorder()
+
+    def stop_after_the_first(fraction, desc=None):
+        progress(fraction, desc)
+        if desc and desc.startswith("Prompt 1 of 3"):
+            server.stop(LOCAL, ("bench",))
+
+    status, table, *_ = tab.run_live("tiny", "examples", 3, ["autoregressive", "hispec"], 4,
+                                     progress=stop_after_the_first)
+    assert "Stopped: showing the 1 of 3 prompt(s) done." in status, status
+    assert table.count("<td>hispec</td>") >= 1
 
 
 @pytest.mark.parametrize("args, message", [
-    (("examples", 0, ["hispec"], 8), "number of prompts must be between 1 and 5"),
+    (("examples", 0, ["hispec"], 8), "number of prompts must be from 1 to 5"),
     (("examples", 2, [], 8), "pick at least one method of autoregressive"),
-    (("examples", 2, ["beam"], 8), "pick at least one method"),
+    (("examples", 2, ["beam"], 8), "unknown method 'beam'"),
     (("examples", 2, ["hispec"], 65), "max new tokens must be between 1 and 64 for a live benchmark"),
     (("examples", 2, ["hispec"], 2.5), "max new tokens must be a whole number"),
     (("gsm8k", 2, ["hispec"], 8), "unknown prompt set 'gsm8k'; choose from examples, sharegpt"),
 ])
-def test_bad_live_settings_are_messages(registry, args, message):
-    snaps = list(bench_stream(registry, "tiny", *args, threading.Event()))
-    assert len(snaps) == 1 and message in snaps[0]["error"]
+def test_bad_live_settings_are_messages(server, args, message):
+    status, *_ = BenchTab(server).run_live("tiny", *args, progress=Recorder())
+    assert message in html.unescape(status) and "hs-msg-error" in status
 
 
 def test_live_run_respects_the_server_limits(registry):
-    guard = handlers.Guard(Limits(max_prompt_tokens=20, max_new_tokens=10, rate_per_minute=1))
-    snaps = list(bench_stream(registry, "tiny", "examples", 1, ["hispec"], 12, threading.Event(), guard=guard))
-    assert "max new tokens must be between 1 and 10" in snaps[-1]["error"]  # the server's own limit
-    snaps = list(bench_stream(registry, "tiny", "examples", 1, ["hispec"], 8, threading.Event(), guard=guard))
-    assert "over this server's limit of 20" in snaps[-1]["error"]
-    guard = handlers.Guard(Limits(rate_per_minute=1))
-    tab = BenchTab(registry, guard)
+    strict = tiny_server(registry, max_prompt_tokens=20, max_new_tokens=10)
+    status, *_ = BenchTab(strict).run_live("tiny", "examples", 1, ["hispec"], 12, progress=Recorder())
+    assert "max new tokens must be between 1 and 10" in status  # the server's own limit
+    status, *_ = BenchTab(strict).run_live("tiny", "examples", 1, ["hispec"], 8, progress=Recorder())
+    assert "over this server&#x27;s limit of 20" in status
+    limited = tiny_server(registry, rate_per_minute=1)
+    tab = BenchTab(limited)
     tab.run_live("tiny", "examples", 1, ["autoregressive"], 4, progress=Recorder())
     status, *_ = tab.run_live("tiny", "examples", 1, ["autoregressive"], 4, progress=Recorder())
-    assert "rate limit: at most 1 generations per minute" in status
+    assert "rate limit: at most 1 requests per minute from one address" in status
 
 
-def test_the_app_has_the_benchmark_tab(registry):
-    from app import App
+def test_the_app_has_the_benchmark_tab(server):
+    import app
 
-    app = App(registry, "tiny", ["tiny"])
-    demo = app.build()
+    demo = app.build(server, ["tiny"])
     tabs = [b for b in demo.blocks.values() if isinstance(b, gr.Tab)]
     assert [t.label for t in tabs] == ["Demo", "Benchmark"]
     assert "benchmark" in {fn.api_name for fn in demo.fns.values()}
-    # the app's live run goes through its (ZeroGPU-ready) stream, with the app's guard
-    status, table, *_ = app.bench.run_live("tiny", "examples", 1, ["autoregressive", "hispec"], 4,
-                                           progress=Recorder())
-    assert "Done: 1 prompt(s) × 2 method(s)" in status and "<td>hispec</td>" in table

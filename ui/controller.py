@@ -1,0 +1,295 @@
+"""The page's event handlers: a visitor's values in, serving's updates out as components.
+
+No threads, locks or timers here: every request goes to serving (hispec.serving.session.Server),
+which admits it, queues it, runs it and ends it; these functions name the request and turn its
+updates into what the page shows.
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from hispec.engine.costs import model_costs
+from hispec.engine.events import Event, event_from_dict
+from hispec.errors import HiSpecError
+from hispec.evaluation import published, what_if as what_ifs
+from hispec.evaluation.beliefs import exit_beliefs
+from hispec.evaluation.replay import replay_from_dicts
+from hispec.evaluation.speed_model import curves_for, measured_pairs, per_token
+from hispec.evaluation.trace import Trace
+from hispec.serving.api import CompareRequest, GenerateRequest, LoadRequest, WhatIfRequest
+from hispec.serving.session import Server
+from hispec.serving.updates import Ended, Output, Status
+from ui import charts, controls, exits, labels, render, stepper, token_story
+from ui.beliefs_view import beliefs_html
+from ui.generate_view import GenerateView, cleared
+from ui.steps_view import round_html
+
+GENERATION_KINDS = ("generate", "compare", "what_if")  # what the page's Stop ends
+WHY_HINT = render.message_html("Generate once: the run's acceptance and this machine's pass costs then explain its "
+                               "speed here.", "info")
+
+
+def page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens, chat,
+                 temperature=0.0, top_k=0, top_p=1.0, seed=-1, policy=labels.DEFAULT_POLICY_LABEL,
+                 baseline=0) -> dict:
+    """The page's values as GenerateRequest's raw fields (labels mapped to the engine's names)."""
+    return {"prompt": prompt, "model": model, "method": labels.method_name(method),
+            "policy": labels.policy_name(policy), "draft_layer": draft_layer, "verify_layer": verify_layer,
+            "draft_len": draft_len, "verify_threshold": verify_threshold, "max_new_tokens": max_new_tokens,
+            "chat": bool(chat), "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
+            "baseline": baseline}
+
+
+class Handlers:
+    def __init__(self, server: Server, published_points: list[dict] | None = None):
+        self.server = server
+        self.published = published_points or []
+
+    # ---- generate, stop ---------------------------------------------------------------------------
+    def generate(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
+                 chat, temperature=0.0, top_k=0, top_p=1.0, seed=-1, policy=labels.DEFAULT_POLICY_LABEL,
+                 baseline=0, request: gr.Request = None):
+        yield cleared(render.message_html("Starting…", "info"))  # nothing of the last run stays
+        raw = page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
+                           max_new_tokens, chat, temperature, top_k, top_p, seed, policy, baseline)
+        view = GenerateView(model)
+        for update in self.server.submit(self.server.caller(request), GenerateRequest, raw):
+            yield view.update(update)
+
+    def stop(self, request: gr.Request = None) -> str:
+        n = self.server.stop(self.server.caller(request), GENERATION_KINDS)
+        return render.message_html("Stopping…" if n else "Nothing to stop: no request of yours is running.", "info")
+
+    def api_generate(self, request: gr.Request = None, **fields):
+        """/generate: progress as {"status": ...} while it runs, then the result (serving.api.
+        generate_response); bad input raises an error naming what is wrong and what is allowed."""
+        from hispec.serving.api import generate_response
+
+        view = GenerateView(fields.get("model") or self.server.default_model)
+        for update in self.server.submit(self.server.caller(request), GenerateRequest, fields):
+            if isinstance(update, Ended):
+                if not update.ok:
+                    raise gr.Error(update.message, print_exception=False)
+                if view.run.done is None:  # stopped (or out of time) before it started
+                    raise gr.Error(update.message, print_exception=False)
+                yield generate_response(view.run, view.tokens(), view.vs_plain)
+                return
+            view.update(update)
+            yield {"status": update.text if isinstance(update, Status) else
+                   f"generating: {view.run.stats.new_tokens} tokens"}
+
+    # ---- what if, compare -----------------------------------------------------------------------
+    def what_if(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
+                chat, temperature, top_k, top_p, seed, a_dv, a_vt, takes=what_ifs.DEFAULT_TAKES,
+                request: gr.Request = None):
+        """The real engine with TIMING ONLY verdicts at the sliders' acceptance, each take after a
+        real plain run of the same length: what better exits would give on this machine."""
+        yield render.message_html("Starting a what-if run…", "info"), "", "", gr.Plot(None, visible=False)
+        raw = {"generate": page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
+                                        max_new_tokens, chat, temperature, top_k, top_p, seed),
+               "a_dv": a_dv, "a_vt": a_vt, "takes": takes}
+        view = WhatIfView()
+        for update in self.server.submit(self.server.caller(request), WhatIfRequest, raw):
+            yield view.update(update)
+
+    def compare(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
+                chat, temperature, top_k, top_p, seed, policy=labels.DEFAULT_POLICY_LABEL,
+                baselines=("Autoregressive",), repeats=3, request: gr.Request = None):
+        raw = {"generate": page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
+                                        max_new_tokens, chat, temperature, top_k, top_p, seed, policy),
+               "baselines": [labels.BASELINES.get(b, b) for b in baselines or []], "repeats": repeats}
+        yield render.message_html("Starting the comparison…", "info"), "", gr.Plot(None, visible=False)
+        sampling, table, figure = bool(temperature), gr.skip(), gr.skip()
+        for update in self.server.submit(self.server.caller(request), CompareRequest, raw):
+            if isinstance(update, Status):
+                yield render.message_html(update.text, "info"), gr.skip(), gr.skip()
+            elif isinstance(update, Output):
+                for item in update.items:
+                    table = render.compare_table(item["rows"], sampling=sampling, order=item["order"])
+                    figure = gr.Plot(charts.compare_figure(item["rows"]), visible=True)
+                    yield gr.skip(), table, figure
+            else:  # the last update sends the result again: the stream ends on it (and its chart shown)
+                yield (render.message_html("Comparison done." if update.outcome == "done" else update.message,
+                                           "info" if update.ok else "error"), table, figure)
+
+    # ---- the model ------------------------------------------------------------------------------
+    def load(self, model, request: gr.Request = None):
+        """Load a model (the allow-list applies), then set the controls to its own settings."""
+        for update in self.server.submit(self.server.caller(request), LoadRequest, {"model": model}):
+            if isinstance(update, Status):
+                yield (render.message_html(update.text, "info"),) + (gr.skip(),) * 8
+            elif isinstance(update, Output) and update.items:
+                lm = update.items[0]
+                L, preset = lm.ee.num_layers, model_defaults(lm)
+                yield (render.message_html(f"Loaded {model}.", "info"), model_info(model, lm),
+                       gr.update(maximum=L - 1, value=preset.draft_layer),
+                       gr.update(maximum=L - 1, value=preset.verify_layer), L,
+                       gr.update(value=preset.draft_len), gr.update(value=preset.verify_threshold),
+                       trained_layers(lm), settings_by_method(lm))
+            elif isinstance(update, Ended) and not update.ok:
+                yield (render.message_html(update.message),) + (gr.skip(),) * 8
+
+    def loaded(self, model):
+        """A model already loaded, by a name the visitor may use (a preset reads its settings)."""
+        name = self.server.limits.check_model(model or self.server.default_model)
+        if name not in self.server.registry.loaded():
+            raise HiSpecError(f"model '{name}' is not loaded yet: press Load first")
+        return self.server.registry.get(name)
+
+    def preset(self, choice, model):
+        """HiSpec with fixed rounds at a named setting of this model (controls.PRESETS)."""
+        try:
+            lm = self.loaded(model)
+        except HiSpecError as exc:
+            return (render.message_html(str(exc)),) + (gr.skip(),) * 6
+        return controls.preset_values(choice, model_defaults(lm))
+
+    # ---- why this speed -------------------------------------------------------------------------
+    def why(self, run, a_dv, a_vt, request: gr.Request = None):
+        """The run's speed next to the cost model's prediction, at the sliders' acceptance."""
+        if not run:
+            return WHY_HINT, gr.skip()
+        settings = run["settings"]
+        exits_used = tuple(e for e in (settings.get("draft_layer"), settings.get("verify_layer")) if e)
+        try:
+            costs = self._costs(run["model"], exits_used, request)
+        except HiSpecError as exc:
+            return render.message_html(str(exc)), gr.skip()
+        data = curves_for(run["stats"], settings, costs, settings.get("num_layers"), float(a_dv), float(a_vt))
+        view = (render.why_html(data["explain"], settings, data["now"], float(a_dv), float(a_vt),
+                                run["stats"].get("policy_choices")) + render.published_html(self.published))
+        return view, gr.Plot(charts.why_figure(data["curves"], data["points"], data["axis"], self.published),
+                             visible=bool(data["curves"]))
+
+    def _costs(self, model: str, exits_used: tuple[int, ...], request):
+        lm = self.loaded(model)
+        known = getattr(lm.ee, "cost_model", None)
+        if known is not None and known.covers(exits_used):  # timed before: nothing to run, no need to wait
+            return known
+        return self.server.run_now(self.server.caller(request), "costs", model,
+                                   lambda lm: model_costs(lm.ee, exits_used))
+
+    def why_after_run(self, run, request: gr.Request = None):
+        """After a run: the sliders take the measured acceptance, and the view is redrawn."""
+        if not run:  # a new run starting, or an error: the last run's explanation goes too
+            return gr.skip(), gr.skip(), WHY_HINT, gr.Plot(None, visible=False)
+        a_dv, a_vt = measured_pairs(per_token(run["stats"]), run["settings"].get("method", ""))
+        a_vt = 0.5 if a_vt is None else round(a_vt, 2)
+        a_dv = a_vt if a_dv is None else round(a_dv, 2)
+        return (a_dv, a_vt) + self.why(run, a_dv, a_vt, request)
+
+    # ---- after a run: its rounds, what each exit believed, every token's story ------------------
+    def after_run(self, run, request: gr.Request = None):
+        """(rounds, round slider, round view, beliefs view, token explanations) of a finished run."""
+        if not run or not run.get("events"):
+            return stepper.cleared()[:5]
+        rounds = replay_from_dicts(run["events"])
+        settings, token_ids = run["settings"], run["token_ids"]
+        start = 1 if len(rounds) > 1 else 0  # the first decoding round (round 0 is the prompt's prefill)
+        view = round_html(rounds, start, settings)
+        trace = Trace()
+        for data in run["events"]:
+            trace.add(event_from_dict(data))
+        try:
+            beliefs = None
+            if token_ids and run.get("prompt_ids"):
+                beliefs = self.server.run_now(self.server.caller(request), "beliefs", run["model"], lambda lm: exit_beliefs(
+                    lm.ee, run["prompt_ids"], token_ids, tokenizer=lm.tokenizer))
+            beliefs_view = beliefs_html(beliefs) if beliefs else render.message_html("No token was generated.", "info")
+        except HiSpecError as exc:
+            beliefs, beliefs_view = None, render.message_html(f"What each exit believes: {exc}")
+        return (rounds, gr.update(value=start, maximum=max(len(rounds) - 1, 1)), view, beliefs_view,
+                token_story.explain_all_html(trace, beliefs, settings))
+
+
+def stale_panels() -> tuple:
+    """A new run starts: the last run's what-if and comparison panels are emptied, not left beside it
+    (what_if status, tokens, stats, chart; compare table, chart)."""
+    return ("", "", "", gr.Plot(None, visible=False), "", gr.Plot(None, visible=False))
+
+
+class WhatIfView:
+    """A what-if request's updates as (status, tokens, stats, chart), every view labelled synthetic."""
+
+    def __init__(self):
+        self.take: what_ifs.TakeStarted | None = None
+        self.run = None  # the current take's synthetic run (evaluation.runner.LiveRun)
+        self.plain: what_ifs.PlainTimed | None = None
+        self.done: list[what_ifs.TakeDone] = []
+
+    def update(self, update):
+        if isinstance(update, Status):
+            return (render.message_html("What if: " + update.text, "info"),) + (gr.skip(),) * 3
+        if isinstance(update, Ended):
+            if not update.ok:
+                return render.message_html(update.message), "", "", gr.Plot(None, visible=False)
+            # the views are sent again with the summary, so that the stream ends with the chart shown
+            return (render.message_html(self._summary(update), "info"),) + self._views()
+        changed = False
+        for item in update.items:
+            if isinstance(item, what_ifs.TakeStarted):
+                self.take, self.run = item, GenerateView("").run
+            elif isinstance(item, what_ifs.PlainTimed):
+                self.plain = item
+            elif isinstance(item, what_ifs.TakeDone):
+                self.done.append(item)
+                changed = True
+            elif isinstance(item, Event) and self.run is not None:
+                self.run.add(item)
+                changed = True
+        return (gr.skip(),) + self._views() if changed else (gr.skip(),) * 4
+
+    def _summary(self, ended: Ended) -> str:
+        of = self.take.of if self.take else 0
+        if ended.outcome != "done":
+            return f"What if: {ended.message} {len(self.done)} of {of} takes finished."
+        summary = what_ifs.Summary(tuple(self.done), of)
+        median = f", median {summary.median:.2f}× a plain run" if summary.median else ""
+        return f"What if: {len(self.done)} of {of} takes done{median} (synthetic, timing only)."
+
+    def _views(self):
+        if self.run is None or not self.run.events:
+            return "", "", gr.Plot(None, visible=False)
+        rates = self.take.rates
+        settings = self.run.done.settings if self.run.done else {}
+        tokens = render.what_if_tokens(render.tokens_html(self.run.trace, settings), rates)
+        stats = render.what_if_stats(self.run.summary(), rates, self.plain, self.done, self.take.of)
+        lines = {"plain decoding (real, timed just before)": self.plain.tokens_per_s} if self.plain else {}
+        figure = charts.speed_figure(list(self.run.stats.history), lines, synthetic=True)
+        return tokens, stats, gr.Plot(figure, visible=True)
+
+
+# ---- what the page shows of a model --------------------------------------------------------------
+def model_defaults(lm):
+    """HiSpec's settings for this model: its trained exits' recommendation, else the engine's defaults."""
+    from hispec.engine.decoding import DecodeConfig
+
+    return DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
+
+
+def settings_by_method(lm) -> dict[str, list]:
+    """(d, v, draft_len, verify_threshold) each exit method resolves to on this model, as the
+    benchmark runs it (None: not used): LayerSkip's exit is its own, not HiSpec's draft exit."""
+    from hispec.engine.decoding import DecodeConfig
+
+    hispec = DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
+    layerskip = DecodeConfig("layerskip", policy="fixed").resolve_for(lm.ee)
+    return {"hispec": [hispec.draft_layer, hispec.verify_layer, hispec.draft_len, hispec.verify_threshold],
+            "layerskip": [layerskip.draft_layer, None, layerskip.draft_len, None]}
+
+
+def trained_layers(lm) -> list[int]:
+    """The exits with a trained head (empty: raw exits everywhere, or a model trained to exit early)."""
+    return sorted(int(layer) for layer in (getattr(lm.ee, "exit_heads", None) or {}))
+
+
+def model_info(name: str, lm) -> str:
+    return (f"**{html.escape(name)}** · {lm.ee.num_layers} layers · {lm.device} · {lm.dtype} · "
+            f"loaded in {lm.load_s:.1f} s\n\n" + exits.exits_html(getattr(lm.ee, "exit_info", None)))
+
+
+def load_published(path) -> list[dict]:
+    return published.load(path)

@@ -1,0 +1,78 @@
+"""The settings column's own behaviour: which controls a method uses, its defaults on this model,
+d < v < L as the sliders move, the depth strip and the presets. Plain functions of the controls'
+values; nothing here runs the model."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ui import labels, render
+
+# Named settings of HiSpec with fixed rounds. The fastest is what the model's trained exits recommend
+# (measured on held-out prompts; on the default model draft_len 1 and threshold 1, where HiSpec is
+# layerskip at v with a pre-filter at d and "tentative" never shows); the teaching preset is the
+# paper's N_d = 2, N_i = 4, where drafts pile up as tentative tokens before the full model runs.
+FASTEST, TEACHING = "Fastest measured", "Teaching (drafts pile up)"
+PAPER_LENGTHS = (2, 4)
+PRESETS = {FASTEST: "the trained exits' recommended layers and lengths (the fastest fixed setting measured).",
+           TEACHING: "the same layers with the paper's draft_len 2 and verify_threshold 4: tentative tokens "
+                     "pile up before the full model runs, slower here but every stage shows."}
+PRESET_HELP = f"{FASTEST}: {PRESETS[FASTEST]} {TEACHING}: {PRESETS[TEACHING]}"
+
+
+def shown_for(method_label):
+    """Which of draft layer, verify layer, draft_len and verify_threshold the method uses."""
+    method = labels.METHODS.get(method_label, "hispec")
+    exits, hierarchy = method in ("hispec", "layerskip"), method == "hispec"
+    return (gr.update(visible=exits, label="Draft layer d" if hierarchy else "Exit layer E"),
+            gr.update(visible=hierarchy), gr.update(visible=exits), gr.update(visible=hierarchy))
+
+
+def method_defaults(method_label, by_method):
+    """The model's own settings of the method just picked (controller.settings_by_method)."""
+    values = (by_method or {}).get(labels.METHODS.get(method_label, ""))
+    if not values:
+        return (gr.skip(),) * 4
+    return tuple(gr.skip() if x is None else x for x in values)
+
+
+def keep_below(d, v, L):
+    """The draft layer moved: the verifier stays above it (or the draft stays below L - 1)."""
+    d, v, L = int(d), int(v), int(L)
+    if d < v:
+        return gr.skip(), gr.skip()
+    return (d, d + 1) if d + 1 < L else (L - 2, L - 1)
+
+
+def keep_above(d, v, L):
+    """The verify layer moved: the draft stays below it."""
+    d, v = int(d), int(v)
+    if d < v:
+        return gr.skip(), gr.skip()
+    return (v - 1, v) if v > 1 else (1, 2)
+
+
+def depth(L, d, v, method_label, heads=None):
+    """The depth strip, and a warning where an exit in use has no trained head (its raw exit then
+    agrees with the full model far less: on the default model d 3, v 5 gave 0% acceptance)."""
+    method = labels.METHODS.get(method_label, "hispec")
+    used = {"hispec": (int(d), int(v)), "layerskip": (int(d),)}.get(method, ())
+    untrained = [layer for layer in used if heads and layer not in heads]
+    warning = ""
+    if untrained:
+        warning = render.message_html(
+            (f"Exit {untrained[0]} has no trained head" if len(untrained) == 1 else
+             f"Exits {' and '.join(map(str, untrained))} have no trained head")
+            + ": a raw exit there rarely agrees with "
+            f"the full model, so expect low acceptance. Trained exits: {', '.join(map(str, heads))}.", "warn")
+    return render.depth_html(int(L), int(d), int(v), method) + warning
+
+
+def preset_values(choice, fastest) -> tuple:
+    """(status, method, policy, d, v, draft_len, verify_threshold) of a preset; `fastest`: the
+    model's fixed HiSpec settings (controller.model_defaults)."""
+    if choice not in PRESETS:
+        return (gr.skip(),) * 7
+    n_d, n_i = (fastest.draft_len, fastest.verify_threshold) if choice == FASTEST else PAPER_LENGTHS
+    return (render.message_html(f"Preset: {choice}. {PRESETS[choice]}", "info"), "HiSpec", labels.FIXED,
+            fastest.draft_layer, fastest.verify_layer, n_d, n_i)

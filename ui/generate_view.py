@@ -1,0 +1,101 @@
+"""A generation's update stream (serving) as the page's components, update by update.
+
+Outputs, in this order: status, tokens, legend, final text, stats, the three charts, and the
+finished run kept for the views below it (None until the run has ended).
+"""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from hispec.engine.events import Event
+from hispec.evaluation.runner import LiveRun
+from hispec.evaluation.trace import Trace
+from hispec.serving.updates import Ended, Output, Status
+from ui import charts, render
+
+OUTPUTS = 9
+CHARTS_EVERY_S = 1.0  # the charts are redrawn at most this often while a run streams
+
+
+def cleared(status: str) -> tuple:
+    """Views with nothing of an earlier run left: empty text, stats and charts, no run kept."""
+    return (status, render.tokens_html(Trace()), render.legend_html(), "", "", None, None, None, None)
+
+
+def stopped_message(ended: Ended, new_tokens: int) -> str:
+    """What the status says when a run ended early (and kept what it wrote)."""
+    if ended.outcome == "stopped":
+        return f"Stopped after {new_tokens} token{'s' if new_tokens != 1 else ''}."
+    if ended.outcome == "time limit":
+        return f"{ended.message.rstrip('.')}, after {new_tokens} tokens."
+    return ended.message
+
+
+class GenerateView:
+    """Folds one generation's updates; `update(u)` returns the page's outputs for it."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.run = LiveRun()
+        self.vs_plain: dict | None = None
+        self.prompt_ids: list[int] | None = None
+        self._charted = 0.0
+
+    def update(self, update) -> tuple:
+        if isinstance(update, Status):
+            return (render.message_html(update.text, "info"),) + (gr.skip(),) * (OUTPUTS - 1)
+        if isinstance(update, Output):
+            return self._output(update.items)
+        return self._ended(update)
+
+    def _output(self, items: tuple) -> tuple:
+        events = [item for item in items if isinstance(item, Event)]
+        for item in items:
+            if isinstance(item, dict):
+                self.vs_plain = item.get("vs_plain", self.vs_plain)
+                self.prompt_ids = item.get("prompt_ids", self.prompt_ids)
+        for ev in events:
+            self.run.add(ev)
+        if not events:
+            return (gr.skip(),) * OUTPUTS
+        stats = self.run.summary()
+        done = self.run.done is not None
+        status = ("Done: " + stats["finish_reason"].replace("_", " ") + "." if done
+                  else f"Generating… {stats['new_tokens']} tokens")
+        return (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),
+                self.run.done.text if done else gr.skip(), render.stats_html(stats)) + self._charts(stats, done) + (
+                    gr.skip(),)
+
+    def _ended(self, ended: Ended) -> tuple:
+        if not ended.ok or self.run.done is None:
+            return cleared(render.message_html(ended.message, "error" if not ended.ok else "info"))
+        stats = self.run.summary()
+        if ended.outcome == "done":
+            status = f"Done: {stats['finish_reason'].replace('_', ' ')}."
+        else:
+            status = stopped_message(ended, stats["new_tokens"])
+        return (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),
+                self.run.done.text, render.stats_html(stats, self.vs_plain)) + self._charts(stats, True) + (
+                    self.kept(),)
+
+    def tokens(self) -> str:
+        settings = self.run.done.settings if self.run.done else {}
+        return render.tokens_html(self.run.trace, settings)
+
+    def _charts(self, stats: dict, force: bool) -> tuple:
+        if not force and time.perf_counter() - self._charted < CHARTS_EVERY_S:
+            return (gr.skip(),) * 3
+        self._charted = time.perf_counter()
+        history = list(self.run.stats.history)
+        return (charts.acceptance_figure(history), charts.speed_figure(history),
+                charts.work_figure(stats["layer_tokens"]))
+
+    def kept(self) -> dict:
+        """The finished run, for the views after it (why this speed, step through, beliefs, stories)."""
+        done = self.run.done
+        return {"model": self.model_name, "stats": self.run.summary(), "settings": done.settings,
+                "events": self.run.events, "prompt_ids": self.prompt_ids,
+                "token_ids": list(done.token_ids), "vs_plain": self.vs_plain}
