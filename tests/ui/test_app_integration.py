@@ -57,8 +57,9 @@ def tiny_loaded_model() -> LoadedModel:
 
 
 @contextlib.contextmanager
-def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None):
-    """The app's page on the tiny model, served on a free loopback port; yields (url, LoadedModel).
+def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None, servers: list | None = None):
+    """The app's page on the tiny model, served on a free loopback port; yields (url, LoadedModel);
+    `servers`, when given, receives the app's serving.session.Server.
 
     Torch runs single-threaded meanwhile: the generation runs in a worker thread of the server,
     and two intra-op threads on a busy 2-core machine make these tiny matmuls ~100x slower."""
@@ -70,7 +71,10 @@ def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None):
     registry = ModelRegistry(device="cpu")
     registry.add(MODEL, lm)
     limits = limits or Limits(rate_per_minute=0, global_rate_per_minute=0, allowed_models=(LAYERSKIP_CHECKPOINT,))
-    demo = app.build(app.serve(registry, MODEL, limits), [MODEL])
+    server = app.serve(registry, MODEL, limits)
+    if servers is not None:
+        servers.append(server)
+    demo = app.build(server, [MODEL])
     port = free_port()
     try:
         demo.queue(max_size=64, default_concurrency_limit=None).launch(
@@ -83,12 +87,21 @@ def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None):
 
 @contextlib.contextmanager
 def slow_full_model(lm: LoadedModel, seconds: float):
-    """Every pass through the last layer sleeps: a generation that takes long enough to stop."""
-    handle = lm.model.model.layers[-1].register_forward_pre_hook(lambda module, args: time.sleep(seconds))
+    """Every layer pass that reaches the last layer sleeps first: a generation that takes long
+    enough to stop. (The engine's lean path runs the layers' arithmetic itself, not the modules'
+    forward, so a forward hook would never fire: the layer-range call is what is slowed.)"""
+    original = lm.ee.run_layers
+
+    def slowed(hidden, start, end, cache):
+        if end == lm.ee.num_layers and start < end:
+            time.sleep(seconds)
+        return original(hidden, start, end, cache)
+
+    lm.ee.run_layers = slowed
     try:
         yield
     finally:
-        handle.remove()
+        del lm.ee.run_layers  # the instance attribute goes: the method is back
 
 
 @pytest.fixture(scope="module")
@@ -313,3 +326,81 @@ def test_compare_rejects_bad_input_in_its_status(client):
         assert "maximum" in str(exc), str(exc)
     else:  # or the handler does, in the status
         assert "runs of each method must be 1 to 5" in plain(status), status
+
+
+# ---- (f) hosting: clients that leave, a full queue, the server log ----------------------------------
+ABANDON = """
+import sys, time
+from gradio_client import Client
+client = Client(sys.argv[1], verbose=False)
+client.submit(prompt="Yo", method="autoregressive", max_new_tokens=200, policy="fixed", api_name="/generate")
+print("submitted", flush=True)
+time.sleep(60)
+"""
+
+
+def test_an_abandoned_generate_call_frees_the_model_within_seconds(tmp_path):
+    import subprocess
+    import sys
+
+    servers = []
+    with serve_tiny_app(servers=servers) as (url, lm):
+        turns = servers[0].registry.turns(MODEL)
+        with slow_full_model(lm, 0.05):  # unabandoned, 200 tokens take 10 s at least
+            script = tmp_path / "abandon.py"
+            script.write_text(ABANDON)
+            proc = subprocess.Popen([sys.executable, str(script), url], stdout=subprocess.PIPE, text=True)
+            assert proc.stdout.readline().strip() == "submitted"
+            t0 = time.monotonic()
+            while not turns.busy:
+                assert time.monotonic() - t0 < 20, "the generation never started"
+                time.sleep(0.05)
+            proc.kill()  # the client dies mid-generation
+            proc.wait()
+            killed = time.monotonic()
+            while turns.busy:
+                assert time.monotonic() - killed < 5, "the model is still busy 5 s after its client left"
+                time.sleep(0.05)
+        assert servers[0].jobs.of() == []
+        # the next visitor is served at once, and right
+        out = generate(Client(url, verbose=False), PROMPT, max_new=20)
+        assert_matches_engine(out, lm, PROMPT, max_new=20)
+
+
+def test_stop_is_never_refused_and_reaches_a_queued_job_when_the_queue_is_full():
+    limits = Limits(rate_per_minute=0, global_rate_per_minute=0, queue_size=1, allowed_models=(MODEL,))
+    servers = []
+    with serve_tiny_app(limits=limits, servers=servers) as (url, lm):
+        server = servers[0]
+        running, waiting, late = (Client(url, verbose=False) for _ in range(3))
+        with slow_full_model(lm, 0.05):
+            first = submit(running, LONG_PROMPT, max_new=150)
+            t0 = time.monotonic()
+            while not server.registry.turns(MODEL).busy:
+                assert time.monotonic() - t0 < 20
+                time.sleep(0.05)
+            queued = submit(waiting, PROMPT, max_new=20)
+            while server.registry.turns(MODEL).waiting < 1:
+                assert time.monotonic() - t0 < 20
+                time.sleep(0.05)
+            with pytest.raises(AppError, match="the server is busy: 1 requests are waiting"):
+                generate(late, OTHER_PROMPT, max_new=5)  # the queue is full: new work is refused
+            assert "Stopping" in plain(call(waiting, api_name="/stop"))  # but a Stop never is
+            with pytest.raises(AppError, match="Stopped before the generation started"):
+                queued.result(timeout=10)
+            call(running, api_name="/stop")
+            assert first.result(timeout=20)["stats"]["finish_reason"] == "stopped"
+
+
+def test_a_refused_request_writes_one_line_to_the_log_and_no_traceback(served, client, capfd, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="hispec.serving")
+    capfd.readouterr()
+    for _ in range(3):
+        with pytest.raises(AppError):
+            call(client, api_name="/generate", prompt="", max_new_tokens=5)
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+    refusals = [r for r in caplog.records if r.getMessage().startswith("refused generate")]
+    assert len(refusals) == 3 and all("\n" not in r.getMessage() for r in refusals)
