@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.engine.decoding import DecodeConfig, Decoder, recommended_settings  # noqa: E402
+from hispec.engine.decoding import DecodeConfig, Decoder  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 from hispec.evaluation.timing_only import RecordedAcceptance  # noqa: E402
 from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
@@ -53,8 +53,7 @@ def main() -> int:
     prompts = [q for qs in heldout_prompts(lm).values() for q in qs][: args.prompts]
     patterns = {}
     for name, settings in PATTERNS.items():
-        config = DecodeConfig(max_new_tokens=args.max_new_tokens, **settings).resolve(
-            lm.ee.num_layers, recommended_settings(lm.ee))
+        config = DecodeConfig(max_new_tokens=args.max_new_tokens, **settings).resolve_for(lm.ee)
         runs, tokens = record(lm, prompts, config)
         model = "SmolLM2-135M-Instruct" if lm.name == "default" else lm.name
         exits = (f"d={config.draft_layer} v={config.verify_layer}" if name == "hispec"

@@ -7,8 +7,9 @@ import sys
 from dataclasses import replace
 
 from hispec.cli.parsers import build_parser
-from hispec.engine.decoding import METHODS, DecodeConfig, recommended_settings
+from hispec.engine.decoding import METHODS, DecodeConfig
 from hispec.engine.levels import parse_method
+from hispec.engine.policy import DEFAULT_POLICY
 from hispec.errors import HiSpecError
 
 
@@ -24,7 +25,8 @@ def cmd_profile(args) -> int:
 
     if args.context < 1 or args.repeats < 1:
         raise HiSpecError("--context and --repeats must be at least 1")
-    lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr),
+                    weights=_one_format(args))
     if args.stock:
         lm.ee.set_lean(False)
     if args.context + 16 > lm.ee.context_limit:
@@ -70,10 +72,10 @@ def cmd_generate(args) -> int:
     for config in configs.values():  # bad numbers fail before the model loads
         config.validate()
     lm = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                    progress=lambda msg: print(msg, file=sys.stderr), exits=args.exits)
+                    progress=lambda msg: print(msg, file=sys.stderr), exits=args.exits, weights=_one_format(args))
     if args.cuda_graphs:
         lm.ee.set_graphs("cuda")
-    configs = {m: c.resolve(lm.ee.num_layers, recommended_settings(lm.ee)) for m, c in configs.items()}
+    configs = {m: c.resolve_for(lm.ee) for m, c in configs.items()}
     detok = Detokenizer(lm.tokenizer)
     color = not args.no_color and sys.stdout.isatty()
     for p in prompts:
@@ -106,15 +108,25 @@ def cmd_bench(args) -> int:
         return cmd_sweep(args)
     from hispec.evaluation.bench import check_methods
 
+    from hispec.evaluation.bench import expand_weights
+    from hispec.model.loading import load_model
+
     methods = [m.strip() for m in (args.methods or ",".join(BENCH_METHODS)).split(",") if m.strip()]
+    formats = _formats(args)
+    methods = expand_weights(methods, formats)
     check_methods(methods)
-    base, sets, lm = _bench_inputs(args)
+    base, sets, lm = _bench_inputs(args, formats[0])
+    models = {formats[0]: lm}
+    for fmt in formats[1:]:  # the same model in the other formats, side by side in this process
+        models[fmt] = load_model(args.model, device=args.device, dtype=args.dtype, exits=args.exits, weights=fmt,
+                                 progress=lambda m: print(m, file=sys.stderr))
 
     def progress(done, total, what):
         print(f"[{done}/{total}] {what}", file=sys.stderr, flush=True)
 
     report = benchmark(lm, sets, methods, base, args.layerskip_exit, json_path=args.json,
-                       warmup=not args.no_warmup, progress=progress)
+                       warmup=not args.no_warmup, progress=progress, models=models if len(models) > 1 else None,
+                       host=True)
     if args.html:
         write_html(report, args.html)
     if args.svg:
@@ -129,6 +141,10 @@ def cmd_bench(args) -> int:
             share = f"  time in layer passes {r['layers_share']:.0%}" if r.get("layers_share") is not None else ""
             print(f"{set_name:<{width}}{m:<16}{r['tokens_per_s']:>9.2f} tok/s  {r['speedup_vs'].get(ref, 1.0):>6.2f}x vs {ref}"
                   f"  outputs equal: {_equality(r)}{share}")
+    for fmt, b in (report.get("memory_bound") or {}).items():
+        if b.get("step_ms"):
+            print(f"{fmt}: plain step {b['step_ms']:.2f} ms = {b['step_over_bound']:.2f}x its memory bound "
+                  f"({b['weight_bytes'] / 1e6:.1f} MB at {b['read_gbs']:.1f} GB/s read = {b['bound_ms']:.2f} ms)")
     if not report["summary"]["all"]["all_outputs_equal"] and lm.dtype != "float32":
         print(f"note: in {lm.dtype}, passes over different numbers of tokens can round a "
               "near-tie differently, so outputs may differ from autoregressive; exactness holds in float32",
@@ -145,7 +161,26 @@ def _equality(summary: dict) -> str:
     return f"NO ({summary['outputs_differ']} of {summary['prompts']} differ{where})"
 
 
-def _bench_inputs(args):
+def _formats(args) -> list[str]:
+    """--weights as a list of formats (fp32,q4), each checked; default $HISPEC_WEIGHTS, else fp32."""
+    from hispec.model.loading import resolve_weights
+
+    if args.weights is None:
+        return [resolve_weights(None)]
+    formats = [resolve_weights(f) for f in args.weights.split(",") if f.strip()]
+    if not formats or len(set(formats)) < len(formats):
+        raise HiSpecError(f"--weights {args.weights}: give fp32, q4 or fp32,q4")
+    return formats
+
+
+def _one_format(args) -> str:
+    formats = _formats(args)
+    if len(formats) > 1:
+        raise HiSpecError(f"--weights {args.weights}: this command loads one format (fp32 or q4); bench runs several")
+    return formats[0]
+
+
+def _bench_inputs(args, weights: str | None = None):
     """bench/sweep: the base settings (checked before the model loads), prompt sets and model."""
     from hispec.evaluation.prompts import load_sets
     from hispec.model.loading import load_model
@@ -154,7 +189,7 @@ def _bench_inputs(args):
         raise HiSpecError(f"bench takes level lists as methods, joined by '+': --methods "
                           f"{args.levels.replace(',', '+')} (not --levels)")
     base = DecodeConfig("hispec", args.draft_layer, args.verify_layer, args.draft_len, args.verify_threshold,
-                        args.max_new_tokens, policy=getattr(args, "policy", "fixed"),
+                        args.max_new_tokens, policy=getattr(args, "policy", DEFAULT_POLICY),
                         lookup_len=getattr(args, "lookup_len", 8))
     base.validate()
     # 'heldout[:N]': the exit heads' held-out prompts (N per held-out set), known once the model is loaded
@@ -165,7 +200,7 @@ def _bench_inputs(args):
     if heldout and not heldout[0].partition(":")[2].isdigit() and heldout[0] != "heldout":
         raise HiSpecError(f"'{heldout[0]}': write heldout or heldout:N (N prompts per held-out set)")
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr),
-                    exits=args.exits)
+                    exits=args.exits, weights=weights or _one_format(args))
     if args.cuda_graphs:
         lm.ee.set_graphs("cuda")
     if heldout:
@@ -178,7 +213,7 @@ def _bench_inputs(args):
         if count:
             held = {k: random.Random(args.seed).sample(v, min(count, len(v))) for k, v in held.items()}
         sets = {**held, **sets}
-    base.resolve(lm.ee.num_layers, recommended_settings(lm.ee))
+    base.resolve_for(lm.ee)
     return base, sets, lm
 
 

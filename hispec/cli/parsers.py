@@ -6,14 +6,12 @@ from __future__ import annotations
 import argparse
 
 from hispec.engine.decoding import DEFAULT_DRAFT_LEN, DEFAULT_LAYERS, DEFAULT_VERIFY_THRESHOLD, METHODS, DecodeConfig
-from hispec.engine.policy import POLICIES
+from hispec.engine.policy import DEFAULT_POLICY, POLICIES
 from hispec.evaluation.bench import BENCH_METHODS
 from hispec.training.heads import command as train_exits
 from hispec.training.layerskip import command as train_ee
 
 _CONFIG = DecodeConfig()
-# The CLI's and the app's policy: auto was measured faster than every fixed setting (README, Results).
-DEFAULT_POLICY = "auto"
 RECOMMENDED = "the trained exits' recommendation when the model has them"
 
 EPILOG = """examples:
@@ -84,6 +82,10 @@ def engine_options() -> argparse.ArgumentParser:
     g.add_argument("--exits", default=None, metavar="FOLDER|none",
                    help="trained exit heads: a folder made by train-exits, or 'none' for the raw exits "
                         "(default: the heads found for this model, if any)")
+    g.add_argument("--weights", default=None, metavar="fp32|q4",
+                   help="the weights' format: fp32 (the GGUF dequantised to float32) or q4 (the default model's own "
+                        "4-bit GGUF blocks through the 4-bit CPU kernel: about 5x fewer bytes a step); bench takes "
+                        "fp32,q4 to run every method in both, side by side (default: $HISPEC_WEIGHTS, else fp32)")
     g.add_argument("--cuda-graphs", action="store_true",
                    help="replay the decode loop's layer passes (up to 16 new tokens) from CUDA graphs: one launch "
                         "per pass instead of one per kernel (CUDA and the lean path only; off by default, not yet "
@@ -211,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--context", type=whole_number, default=128, help="tokens already in the cache (default 128)")
     prof.add_argument("--repeats", type=whole_number, default=20, help="timed calls per figure; medians (default 20)")
     prof.add_argument("--stock", action="store_true", help="make the engine use transformers' stock layers")
+    prof.add_argument("--weights", default=None, metavar="fp32|q4",
+                      help="the weights' format (see generate --help; default: $HISPEC_WEIGHTS, else fp32)")
     prof.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
     train_exits.add_parser(sub, parents=[model], whole_number=whole_number, formatter_class=raw)

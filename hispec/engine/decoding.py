@@ -27,7 +27,7 @@ from hispec.engine.costs import model_costs
 from hispec.engine.events import DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent, TokenEvent, TokenState
 from hispec.engine.levels import EXIT, LOOKUP, build_levels, exits_by_role, parse_levels
 from hispec.engine.lookup import LookupIndex
-from hispec.engine.policy import POLICIES, Plan, Policy, make_policy
+from hispec.engine.policy import DEFAULT_POLICY, POLICIES, Plan, Policy, make_policy
 from hispec.engine.sampling import PointMass, Proposal, SamplingParams, Selector, Verdict
 from hispec.engine.stack import StageStack
 from hispec.errors import ConfigError
@@ -75,7 +75,7 @@ class DecodeConfig:
     # method's preset (see the module docstring). Exit layers here take precedence over
     # draft_layer / verify_layer.
     levels: tuple | None = None
-    policy: str = "fixed"  # fixed: the settings above, every round; auto: planned per round (hispec.engine.policy)
+    policy: str = DEFAULT_POLICY  # auto: planned per round (hispec.engine.policy); fixed: the settings above, every round
     lookup_len: int = 8  # the lookup level proposes at most this many tokens per round
 
     def validate(self) -> None:
@@ -220,7 +220,7 @@ class Decoder:
         judge: Callable[[str, int], int] | None = None,
         defer_sync: bool | None = None,
     ):
-        self.config = config.resolve(ee.num_layers, recommended_settings(ee))
+        self.config = config.resolve_for(ee)
         if not prompt_ids:
             raise ConfigError("the prompt is empty: give at least one token of text")
         if len(prompt_ids) + self.config.max_new_tokens > ee.context_limit:

@@ -32,12 +32,23 @@ from hispec.text import Detokenizer
 HF = ("hf_generate", "hf_early_exit", "hf_lookup")
 BENCH_METHODS = ("autoregressive", "hf_generate", "hf_early_exit", "hf_lookup", "layerskip", "lookup", "hispec")
 HF_LOOKUP_TOKENS = 10  # generate(prompt_lookup_num_tokens=10), as in transformers' documentation
+LLAMACPP = "llamacpp"  # llama.cpp's plain decoding of the same GGUF file (optional: hispec/evaluation/llamacpp.py)
+WEIGHTS = ("fp32", "q4")  # METHOD@FORMAT runs a method on the model in that format (benchmark's `models`)
+
+
+def split_weights(method: str) -> tuple[str, str | None]:
+    """'hispec/auto@q4' -> ('hispec/auto', 'q4'); no tag -> (method, None)."""
+    name, _, weights = method.partition("@")
+    return name, weights or None
 
 
 def check_methods(methods: list[str]) -> None:
     """Each name a bench method, one of ours with /fixed or /auto, or a level list (see levels.parse_method)."""
     for m in methods:
-        if m in HF:
+        m, weights = split_weights(m)
+        if weights is not None and weights not in WEIGHTS:
+            raise ConfigError(f"'{m}@{weights}': the weights after @ are {' or '.join(WEIGHTS)}")
+        if m in HF or m == LLAMACPP:
             continue
         name = m.partition("/")[0]
         if name not in METHODS and "+" not in name and not name.startswith("exit") and not name.isdigit():
@@ -70,6 +81,11 @@ def bench_exit(lm: LoadedModel) -> int:
 def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, layerskip_exit: int | None = None) -> dict:
     """One generation of one method; the record the report aggregates. `base` holds hispec's
     layers; layerskip and generate(assistant_early_exit) use `layerskip_exit` (default L/4)."""
+    if method == LLAMACPP:
+        from hispec.evaluation import llamacpp
+
+        return llamacpp.run(lm, ids, base.max_new_tokens)
+    method = split_weights(method)[0]
     exit_layer = layerskip_exit or bench_exit(lm)
     if method not in HF:
         spec = parse_method(method, METHODS)
@@ -96,7 +112,18 @@ def environment(lm: LoadedModel) -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(),
             "processor": platform.processor() or platform.machine(), "device": lm.device, "dtype": lm.dtype,
-            "model": lm.name, "layers": lm.ee.num_layers}
+            "weights": getattr(lm, "weights", "fp32"), "model": lm.name, "layers": lm.ee.num_layers}
+
+
+def expand_weights(methods: list[str], formats: list[str]) -> list[str]:
+    """With several weight formats, every method without a tag once per format (METHOD@FORMAT),
+    format by format; llamacpp and tagged methods as written. One format: the methods unchanged."""
+    if len(formats) < 2:
+        return list(methods)
+    out = []
+    for fmt in formats:
+        out += [f"{m}@{fmt}" for m in methods if m != LLAMACPP and split_weights(m)[1] is None]
+    return out + [m for m in methods if m == LLAMACPP or split_weights(m)[1] is not None]
 
 
 def warmup_ids(lm: LoadedModel, sets: dict[str, list[Prompt]], new_tokens: int = 8) -> list[int] | None:
@@ -112,22 +139,37 @@ def warmup_ids(lm: LoadedModel, sets: dict[str, list[Prompt]], new_tokens: int =
 def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str], base: DecodeConfig,
               layerskip_exit: int | None = None, json_path: str | None = None, warmup: bool = True,
               progress: Callable[[int, int, str], None] | None = None,
-              stop: threading.Event | None = None) -> dict:
+              stop: threading.Event | None = None, models: dict[str, LoadedModel] | None = None,
+              host: bool = False) -> dict:
     """Run `methods` on every prompt of `sets`; `progress(done, total, what)` is called after every
     prompt (after the JSON is written). `stop`, once set, ends the run before the next method: the
-    prompt in progress is dropped (its methods would not be comparable) and the report says `stopped`."""
-    resolved = replace(base, method="hispec").resolve(lm.ee.num_layers, recommended_settings(lm.ee))
+    prompt in progress is dropped (its methods would not be comparable) and the report says `stopped`.
+    `models`: the same model in other weight formats by name ('fp32', 'q4'): a method written
+    METHOD@FORMAT runs on that one (the others on `lm`). `host`: record the machine and its memory
+    bandwidth at the start and the end, and each format's plain step against its memory bound."""
+    models = dict(models or {})
+    if any(m == LLAMACPP for m in methods):
+        from hispec.evaluation import llamacpp
+
+        llamacpp.check(lm)  # before any prompt runs
+    on = lambda method: models.get(split_weights(method)[1], lm)  # noqa: E731
+    resolved = replace(base, method="hispec").resolve_for(lm.ee)
     report = {"environment": environment(lm), "methods": methods, "max_new_tokens": base.max_new_tokens,
               "settings": {"policy": base.policy, "lookup_len": base.lookup_len, "draft_layer": resolved.draft_layer, "verify_layer": resolved.verify_layer,
                            "layerskip_exit": layerskip_exit or bench_exit(lm),
                            "draft_len": resolved.draft_len, "verify_threshold": resolved.verify_threshold,
                            "layerskip_draft_len": replace(base, method="layerskip", draft_layer=layerskip_exit or
-                                                          bench_exit(lm)).resolve(
-                               lm.ee.num_layers, recommended_settings(lm.ee)).draft_len},
+                                                          bench_exit(lm)).resolve_for(lm.ee).draft_len},
               "records": [], "summary": {}, "complete": False}
+    if models:
+        report["weights"] = {fmt: getattr(m, "weights", "fp32") for fmt, m in models.items()}
+    if host:
+        from hispec.evaluation import host as host_info
+
+        report["host"] = host_info.describe()
     first = warmup_ids(lm, sets) if warmup else None
     for method in methods if first is not None else []:
-        run_one(lm, method, first, replace(base, max_new_tokens=8), layerskip_exit)
+        run_one(on(method), method, first, replace(base, max_new_tokens=8), layerskip_exit)
     total, done = sum(len(v) for v in sets.values()), 0
     for set_name, prompts in sets.items():
         for prompt in prompts:
@@ -146,7 +188,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
             for method in order:
                 if stop is not None and stop.is_set():
                     break
-                rec = run_one(lm, method, ids, base, layerskip_exit)
+                rec = run_one(on(method), method, ids, base, layerskip_exit)
                 rows.append({"set": set_name, "prompt_id": prompt.id, "method": method,
                              "prompt_tokens": len(ids), **rec})
             if len(rows) < len(order):  # stopped in the middle of this prompt: drop it
@@ -163,6 +205,13 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
     report["complete"] = not report["stopped"]
     if report["records"]:
         report["summary"] = summarise(report["records"], methods)
+    if host:
+        from hispec.model.q4 import weight_bytes
+
+        host_info.finish(report["host"])
+        formats = {split_weights(m)[1] for m in methods if split_weights(m)[1]} or {getattr(lm, "weights", "fp32")}
+        report["memory_bound"] = host_info.memory_bound(report, {f: weight_bytes(models.get(f, lm).model)
+                                                                 for f in sorted(formats)})
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=1))
     return report
@@ -175,12 +224,14 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
     for set_name in sorted({r["set"] for r in records}) + ["all"]:
         rows = [r for r in records if set_name == "all" or r["set"] == set_name]
         reference = "autoregressive" if "autoregressive" in methods else methods[0]
-        ref_ids = {r["prompt_id"]: r["token_ids"] for r in rows if r["method"] == reference}
         per = {}
         for m in methods:
             mine = [r for r in rows if r["method"] == m]
             if not mine:
                 continue
+            own = f"autoregressive@{split_weights(m)[1]}"  # a format's methods against its own plain decoding
+            ref_ids = {r["prompt_id"]: r["token_ids"] for r in rows
+                       if r["method"] == (own if own in methods else reference)}
             tps = [r["tokens_per_s"] for r in mine]
             acc: dict[str, list[float]] = {}
             for r in mine:

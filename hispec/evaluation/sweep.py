@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from hispec.engine.decoding import DecodeConfig, default_draft_layer, default_verify_layer, recommended_settings
+from hispec.engine.decoding import DecodeConfig, default_draft_layer, default_verify_layer
 from hispec.errors import ConfigError
 from hispec.evaluation.bench import environment, iqr, mean_or_none, run_one, warmup_ids
 from hispec.evaluation.prompts import Prompt
@@ -184,13 +184,13 @@ def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], bas
     after every prompt (after the JSON is written). `stop`, once set, ends the sweep before the
     next point; the prompt in progress is dropped, the report says `stopped`."""
     L = lm.ee.num_layers
-    base = replace(base, method="hispec").resolve(L, recommended_settings(lm.ee))
+    base = replace(base, method="hispec").resolve_for(lm.ee)
     for g in grids:
         g.check(L)
     points: list[tuple[Grid | None, int | None, int | None]] = [(None, None, None)]
     points += [(g, r, c) for g in grids for r, c in g.cells()]
     # the engine's defaults for this model (its trained exits' recommendation where it has one)
-    preset = DecodeConfig("hispec").resolve(L, recommended_settings(lm.ee))
+    preset = DecodeConfig("hispec").resolve_for(lm.ee)
     defaults = {"draft_layer": preset.draft_layer, "verify_layer": preset.verify_layer,
                 "draft_len": preset.draft_len, "verify_threshold": preset.verify_threshold}
     report = {

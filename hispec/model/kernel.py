@@ -60,7 +60,10 @@ def fused(linears: list[nn.Linear], pack: bool) -> Projection:
 
     Unpacked (GPU, large models), the modules' own weights become views into the fused tensor,
     so fusing costs no memory and transformers' stock layers keep working on the same storage.
+    Linears on a file's 4-bit blocks (``q4.Q4Linear``) fuse their own way: their blocks, stacked.
     """
+    if hasattr(linears[0], "fuse"):
+        return linears[0].fuse(linears)
     weight = linears[0].weight.detach()
     if len(linears) > 1:
         weight = torch.cat([m.weight.detach() for m in linears])

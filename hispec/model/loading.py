@@ -30,6 +30,7 @@ DEFAULT_EE_MODEL = "default-ee"  # the default model with its shipped early-exit
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MARKER = "hispec-cache.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHTS = ("fp32", "q4")  # the weights' format; HISPEC_WEIGHTS sets the default (fp32)
 
 Progress = Callable[[str], None]
 
@@ -44,6 +45,7 @@ class LoadedModel:
     dtype: str
     load_s: float
     source: str
+    weights: str = "fp32"  # fp32, or q4: the GGUF file's own 4-bit blocks (hispec/model/q4.py)
 
     @property
     def eos_ids(self) -> set[int]:
@@ -150,8 +152,13 @@ def load_model(
     device_map: str | None = None,
     progress: Progress | None = None,
     exits: str | None = None,
+    weights: str | None = None,
 ) -> LoadedModel:
     """Load a model by one name, ready for the engine. Never runs remote code.
+
+    `weights`: 'fp32' (the file dequantised to float32 once) or 'q4' (the default model's own GGUF
+    blocks, 4-bit layers and 8-bit embedding, through hispec/model/q4.py; CPU, float32 activations);
+    None reads $HISPEC_WEIGHTS, else fp32.
 
     `exits`: trained exit heads (hispec/model/heads.py): None finds matching ones automatically
     (the user's cache, then assets/exits/), a folder loads those, 'none' keeps the raw exits."""
@@ -161,6 +168,9 @@ def load_model(
         raise ModelLoadError("no model given: use 'default', a Hugging Face id or a local folder")
     name = name.strip()
     t0 = time.perf_counter()
+    weights = resolve_weights(weights)
+    if weights == "q4":
+        device, dtype = _q4_checks(name, device, dtype, device_map)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     adapter = None
@@ -206,6 +216,11 @@ def load_model(
         model.to(torch_dtype)
     if not device_map:
         model.to(device)
+    if weights == "q4":
+        from hispec.model.q4 import load_gguf_weights
+
+        _say(progress, "Swapping the float32 weights for the GGUF file's own 4-bit blocks")
+        load_gguf_weights(model, default_gguf_path())
     ee = EarlyExitModel(model)
     from hispec.model.heads import find_and_attach  # trained exit heads, refused if made for another model
 
@@ -217,7 +232,29 @@ def load_model(
         find_and_attach(ee, name, source, exits, progress)
     load_s = time.perf_counter() - t0
     _say(progress, f"Loaded {name} ({ee.num_layers} layers) in {load_s:.1f} s")
-    return LoadedModel(name, model, tokenizer, ee, device, str(torch_dtype).replace("torch.", ""), load_s, source)
+    return LoadedModel(name, model, tokenizer, ee, device, str(torch_dtype).replace("torch.", ""), load_s, source,
+                       weights)
+
+
+def resolve_weights(weights: str | None = None) -> str:
+    """'fp32' or 'q4'; None reads $HISPEC_WEIGHTS (the app's setting), else fp32."""
+    value = (weights if weights is not None else os.environ.get("HISPEC_WEIGHTS", "") or "fp32").strip().lower()
+    if value not in WEIGHTS:
+        where = "HISPEC_WEIGHTS" if weights is None else "weights"
+        raise ConfigError(f"{where}='{value}': choose fp32 (float32 weights) or q4 (the GGUF file's 4-bit blocks)")
+    return value
+
+
+def _q4_checks(name: str, device: str, dtype: str, device_map: str | None) -> tuple[str, str]:
+    """The device and dtype of a q4 model (CPU, float32 activations), or a clear refusal."""
+    if name != DEFAULT_MODEL:
+        raise ConfigError(f"--weights q4 runs the 4-bit blocks of a GGUF file: the default model's "
+                          f"({DEFAULT_GGUF}); '{name}' has none, so load it with --weights fp32")
+    if device not in ("auto", "cpu") or device_map:
+        raise ConfigError("--weights q4 runs on the CPU (an x86 AVX2/AVX-512 kernel): use --device cpu or auto")
+    if dtype not in ("auto", "float32"):
+        raise ConfigError(f"--weights q4 computes in float32 between its 4-bit products; --dtype {dtype} does not apply")
+    return "cpu", "float32"
 
 
 def estimate_bytes(config, dtype: torch.dtype) -> int:

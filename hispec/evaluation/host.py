@@ -1,0 +1,113 @@
+"""The machine a benchmark ran on, and the memory bound of a decode step on it.
+
+Machines of this project's kind differ (with or without AVX-512, shared cores), so every absolute
+figure carries its host: CPU model, whether it has AVX-512, which kernels torch and the 4-bit kernel
+use, threads, and the memory bandwidth measured in the same process (a copy and a sum of 256 MiB
+with torch, on the threads the models use). A plain decode step has to read every weight once, so
+weight bytes / read bandwidth is the floor of its time: ``memory_bound`` sets the benchmark's
+plain-decoding steps against it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+BANDWIDTH_BYTES = 256 * 2**20
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return sorted(f for f in flags if f.startswith(("avx", "fma", "f16c", "amx")))
+    except OSError:
+        pass
+    return []
+
+
+def bandwidth(repeats: int = 7) -> dict:
+    """GB/s of a 256 MiB copy (read + write counted) and a 256 MiB sum (read), medians and bests."""
+    src = torch.ones(BANDWIDTH_BYTES // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch every page once
+    copy, read = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        copy.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        src.sum()
+        read.append(time.perf_counter() - t)
+    gbs = lambda n, ts: (round(n / statistics.median(ts) / 1e9, 2), round(n / min(ts) / 1e9, 2))  # noqa: E731
+    (copy_med, copy_best), (read_med, read_best) = gbs(2 * BANDWIDTH_BYTES, copy), gbs(BANDWIDTH_BYTES, read)
+    return {"copy_gbs": copy_med, "copy_gbs_best": copy_best, "read_gbs": read_med, "read_gbs_best": read_best,
+            "bytes": BANDWIDTH_BYTES, "threads": torch.get_num_threads()}
+
+
+def describe(measure_bandwidth: bool = True) -> dict:
+    from hispec.model import q4_kernel
+
+    flags = cpu_flags()
+    info = {"cpu": cpu_model(), "avx512": "avx512f" in flags, "flags": flags, "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
+            "onednn_max_cpu_isa_env": os.environ.get("ONEDNN_MAX_CPU_ISA"), "q4_kernel_isa": q4_kernel.host_isa(),
+            "loadavg_start": _loadavg()}
+    if measure_bandwidth:
+        info["bandwidth_start"] = bandwidth()
+    return info
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return None
+
+
+def finish(host: dict, measure_bandwidth: bool = True) -> dict:
+    """The end of a run: bandwidth and load again (a shared machine changes during a run)."""
+    host["loadavg_end"] = _loadavg()
+    if measure_bandwidth:
+        host["bandwidth_end"] = bandwidth()
+    return host
+
+
+def memory_bound(report: dict, weight_bytes: dict[str, int]) -> dict:
+    """Per weights format: bytes a plain step reads, the floor that sets at the run's read bandwidth
+    (the lower of its start and end medians), the measured plain step (1 / autoregressive tokens/s, the
+    prefill included) and their ratio."""
+    host = report.get("host") or {}
+    reads = [host.get(k, {}).get("read_gbs") for k in ("bandwidth_start", "bandwidth_end")]
+    reads = [r for r in reads if r]
+    if not reads:
+        return {}
+    read = min(reads)
+    per = (report.get("summary") or {}).get("all", {}).get("methods", {})
+    out = {}
+    for fmt, nbytes in weight_bytes.items():
+        bound_ms = nbytes / (read * 1e9) * 1e3
+        entry = {"weight_bytes": nbytes, "read_gbs": read, "bound_ms": round(bound_ms, 3)}
+        ar = per.get(f"autoregressive@{fmt}") or (per.get("autoregressive") if len(weight_bytes) == 1 else None)
+        if ar and ar.get("tokens_per_s"):
+            step = 1e3 / ar["tokens_per_s"]
+            entry.update(step_ms=round(step, 3), step_over_bound=round(step / bound_ms, 3))
+        out[fmt] = entry
+    return out

@@ -1,0 +1,264 @@
+// HiSpec's 4-bit CPU kernel: y = x @ W.T with W kept in the GGUF file's own block formats.
+//
+// Q4_1 (the default model's decoder layers): blocks of 32 weights along the input dimension,
+// 16 bytes of 4-bit values q (byte j: weight j in the low nibble, weight j + 16 in the high one),
+// a float16 scale d and minimum m per block:  w = d * q + m.
+// Q8_0 (its embedding, tied to the LM head): blocks of 32 signed bytes q and a float16 scale d:
+// w = d * q.
+//
+// The arithmetic (per output element, per block b of 32 weights):
+//     t_b = sum_i q_i * x_i       the block's integers widened to floats in registers, lane by lane
+//     acc = fma(d_b, t_b, acc)    blocks in order, one accumulator per element
+//     y   = lanes(acc) [+ sum_b m_b * sum(x_b)]    a fixed lane tree; Q4_1's minimum term apart
+// No float weight is ever formed in memory: the file's bytes are read and widened in registers.
+// Mathematically this is x . (d * q + m); in float32 it rounds differently from a product with the
+// dequantised weights (the float32 path), which is why the two formats' outputs can part after a
+// while. (Widening to w = fma(d, q, m) first, the float32 path's exact weights, costs a multiply-add
+// per vector more: slower on one-token steps, measured; see hispec/model/q4.py.)
+//
+// Batch invariance: every output element (row r, column n) is accumulated in its own registers in
+// the order above, which the block and lane layout alone fix. Tiles of rows only decide which rows
+// share a decoded block, never how one is summed; threads split the columns, never a sum. So a
+// row's bits do not depend on how many rows a call carries. Built with -ffp-contract=off: the
+// compiler fuses nothing on its own.
+//
+// One source, two builds: -mavx512f -mavx512bw -mavx512vl (16 lanes) or -mavx2 -mfma -mf16c
+// (8 lanes). They give different bits (different lane sums); each is exact to itself.
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+namespace {
+
+constexpr int QK = 32;  // weights per block
+constexpr int NA = 2;   // accumulators per output element
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define HISPEC_ISA "avx512"
+constexpr int VL = 16;
+typedef __m512 vf;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vset1(float a) { return _mm512_set1_ps(a); }
+inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline float vsum(vf v) {  // a fixed tree: 16 -> 8 -> 4 -> 2 -> 1
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+// 16 bytes of nibbles -> q as floats: w[0] = weights 0..15 (low nibbles), w[1] = 16..31 (high)
+inline void q4_values(const uint8_t *q, vf w[2]) {
+    __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+    w[0] = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+    w[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+}
+inline void q8_values(const int8_t *q, vf w[2]) {
+    w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+    w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
+}
+// (rows, columns) tiles: columns per tile for a tile of R rows
+constexpr int ROWS = 8;  // rows per tile (a column's blocks are decoded once per tile)
+#else
+#define HISPEC_ISA "avx2"
+constexpr int VL = 8;
+typedef __m256 vf;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vset1(float a) { return _mm256_set1_ps(a); }
+inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline float vsum(vf v) {  // 8 -> 4 -> 2 -> 1
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+// w[0..3] = weights 0..7, 8..15 (low nibbles of bytes 0..7, 8..15), 16..23, 24..31 (high nibbles)
+inline void q4_values(const uint8_t *q, vf w[4]) {
+    __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8)));
+    __m256i mask = _mm256_set1_epi32(15);
+    w[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, mask));
+    w[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, mask));
+    w[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+    w[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+}
+inline void q8_values(const int8_t *q, vf w[4]) {
+    for (int j = 0; j < 4; j++)
+        w[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * j))));
+}
+constexpr int ROWS = 4;
+#endif
+
+constexpr int NV = QK / VL;  // vectors per block
+
+inline float half(uint16_t h) { return _cvtsh_ss(h); }
+
+// Q4_1: per column n, nb blocks of 16 bytes of nibbles, nb float16 scales d and minimums m.
+struct Q41 {
+    const uint8_t *qs;
+    const uint16_t *d;
+    const uint16_t *m;
+    int64_t nb;
+    static constexpr bool has_min = true;
+    inline void values(int64_t n, int64_t b, vf w[NV]) const { q4_values(qs + (n * nb + b) * (QK / 2), w); }
+};
+
+// Q8_0: per column n, nb blocks of 32 signed bytes and nb float16 scales d.
+struct Q80 {
+    const int8_t *qs;
+    const uint16_t *d;
+    const uint16_t *m = nullptr;
+    int64_t nb;
+    static constexpr bool has_min = false;
+    inline void values(int64_t n, int64_t b, vf w[NV]) const { q8_values(qs + (n * nb + b) * QK, w); }
+};
+
+// sum_b m[b] * s[b] over nb blocks in a fixed order: 8 at a time, then the tail one by one.
+inline float min_term(const uint16_t *m, const float *s, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b))), _mm256_loadu_ps(s + b), acc);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float total = _mm_cvtss_f32(h);
+    for (; b < nb; b++) {
+        float p = half(m[b]) * s[b];
+        total = total + p;
+    }
+    return total;
+}
+
+// Rows [0, R) of x (row stride ldx; block sums sx, row stride nb) times column n of W -> out[r * ldo + n].
+// Per element and block b: t = q_b . x_b over the block's integers as floats, lane by lane (a product
+// and an FMA per vector), then acc = fma(d_b, t, acc); at the end the lanes' fixed tree, plus
+// sum_b m_b * sum(x_b) for Q4_1. One accumulator per element, blocks in order.
+template <int R, class W>
+inline __attribute__((always_inline)) void column(const float *x, int64_t ldx, const float *sx, const W &w, int64_t n,
+                                                  float *out, int64_t ldo) {
+    vf acc[R];
+    for (int r = 0; r < R; r++) acc[r] = vzero();
+    for (int64_t b = 0; b < w.nb; b++) {
+        vf q[NV];
+        w.values(n, b, q);
+        vf dv = vset1(half(w.d[n * w.nb + b]));
+        const float *xb = x + b * QK;
+        for (int r = 0; r < R; r++) {
+            const float *xr = xb + r * ldx;
+            vf t = vmul(q[0], vload(xr));
+            for (int j = 1; j < NV; j++) t = vfma(q[j], vload(xr + j * VL), t);
+            acc[r] = vfma(dv, t, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float total = vsum(acc[r]);
+        if constexpr (W::has_min) total = total + min_term(w.m + n * w.nb, sx + r * w.nb, w.nb);
+        out[r * ldo + n] = total;
+    }
+}
+
+// Columns [n0, n1) for a tile of R rows.
+template <int R, class W>
+void columns(const float *x, int64_t ldx, const float *sx, const W &w, int64_t n0, int64_t n1, float *out,
+             int64_t ldo) {
+    for (int64_t n = n0; n < n1; n++) column<R>(x, ldx, sx, w, n, out, ldo);
+}
+
+template <class W>
+void rows_tile(int R, const float *x, int64_t ldx, const float *sx, const W &w, int64_t n0, int64_t n1, float *out,
+               int64_t ldo) {
+    switch (R) {
+    case 1: columns<1>(x, ldx, sx, w, n0, n1, out, ldo); break;
+    case 2: columns<2>(x, ldx, sx, w, n0, n1, out, ldo); break;
+    case 3: columns<3>(x, ldx, sx, w, n0, n1, out, ldo); break;
+    case 4: columns<4>(x, ldx, sx, w, n0, n1, out, ldo); break;
+    default:
+        if constexpr (ROWS > 4) {
+            switch (R) {
+            case 5: columns<5 <= ROWS ? 5 : 1>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 6: columns<6 <= ROWS ? 6 : 1>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 7: columns<7 <= ROWS ? 7 : 1>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 8: columns<8 <= ROWS ? 8 : 1>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            }
+        }
+    }
+}
+
+// Per-row block sums of x (Q4_1's minimum term), each in the same fixed order.
+void block_sums(const float *x, int64_t M, int64_t K, float *sx) {
+    int64_t nb = K / QK;
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *p = x + r * K + b * QK;
+            vf s = vload(p);
+            for (int j = 1; j < NV; j++) s = vadd(s, vload(p + j * VL));
+            sx[r * nb + b] = vsum(s);
+        }
+}
+
+constexpr int64_t COLS_PER_TASK = 32;
+
+template <class W>
+void matmul(const float *x, int64_t M, int64_t K, const W &w, int64_t N, float *out, int64_t ldo, int nthreads) {
+    int64_t nb = K / QK;
+    float local[16 * 64];
+    float *sx = nullptr;
+    if (W::has_min) {
+        sx = M * nb <= 16 * 64 ? local : (float *)malloc(sizeof(float) * M * nb);
+        block_sums(x, M, K, sx);
+    }
+    int64_t tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
+        for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
+            int R = (int)(M - r0 < ROWS ? M - r0 : ROWS);
+            rows_tile(R, x + r0 * K, K, sx ? sx + r0 * nb : nullptr, w, n0, n1, out + r0 * ldo, ldo);
+        }
+    }
+    if (sx && sx != local) free(sx);
+}
+
+}  // namespace
+
+extern "C" {
+
+// out[M, ldo] (its first N columns) = x[M, K] @ W[N, K].T, W in Q4_1 (K a multiple of 32).
+void hispec_q41_matmul(const float *x, int64_t M, int64_t K, const uint8_t *qs, const uint16_t *d,
+                       const uint16_t *m, int64_t N, float *out, int64_t ldo, int nthreads) {
+    Q41 w{qs, d, m, K / QK};
+    matmul(x, M, K, w, N, out, ldo, nthreads);
+}
+
+// out[M, ldo] (its first N columns) = x[M, K] @ W[N, K].T, W in Q8_0 (K a multiple of 32).
+void hispec_q80_matmul(const float *x, int64_t M, int64_t K, const int8_t *qs, const uint16_t *d, int64_t N,
+                       float *out, int64_t ldo, int nthreads) {
+    Q80 w{qs, d, nullptr, K / QK};
+    matmul(x, M, K, w, N, out, ldo, nthreads);
+}
+
+// Rows `ids` of a Q8_0 matrix as float32 (the embedding lookup): out[i, :] = d * q, exact.
+void hispec_q80_rows(const int64_t *ids, int64_t count, int64_t K, const int8_t *qs, const uint16_t *d,
+                     float *out) {
+    int64_t nb = K / QK;
+    for (int64_t i = 0; i < count; i++) {
+        const int8_t *q = qs + ids[i] * K;
+        const uint16_t *dd = d + ids[i] * nb;
+        for (int64_t b = 0; b < nb; b++) {
+            float s = half(dd[b]);
+            for (int j = 0; j < QK; j++) out[i * K + b * QK + j] = s * (float)q[b * QK + j];
+        }
+    }
+}
+
+const char *hispec_q4_isa(void) { return HISPEC_ISA; }
+
+}  // extern "C"

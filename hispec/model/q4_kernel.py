@@ -1,0 +1,184 @@
+"""The 4-bit CPU kernel (csrc/q4_kernel.cpp): built at first use, loaded with ctypes.
+
+The source is plain C++ with x86 intrinsics and OpenMP, no torch headers, so a build takes a few
+seconds. It is compiled once per instruction set and cached as
+``<build dir>/q4_kernel-<isa>-<hash>.so`` (the hash covers the source, the flags and the compiler),
+written to a temporary name and renamed into place, so concurrent first uses never load half a file.
+The build dir is ``$HISPEC_BUILD_DIR``, else ``.build/`` in the repository (git-ignored), else
+``<HiSpec cache>/build``. Compiled files are never committed.
+
+Two builds of one source:
+
+- ``avx512`` (``-mavx512f -mavx512bw -mavx512vl``), chosen on hosts with AVX-512;
+- ``avx2`` (``-mavx2 -mfma -mf16c``), chosen on the others, and wherever torch's own kernels are held
+  to AVX2 (``ATEN_CPU_CAPABILITY=avx2``), so that one environment variable emulates a host without
+  AVX-512 for every kernel at once. ``HISPEC_Q4_ISA=avx2|avx512`` overrides the choice.
+
+The two give different last bits (different lane sums); each is batch-invariant on its own (see the
+source's header). The library links libgomp by its soname, so inside a process that imported torch
+it shares torch's OpenMP runtime and thread pool instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from hispec.errors import ModelLoadError
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "q4_kernel.cpp"
+REPO_BUILD = Path(__file__).resolve().parents[2] / ".build"
+ISA_FLAGS = {
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+}
+COMMON_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+
+_lock = threading.Lock()
+_libs: dict[str, ctypes.CDLL] = {}
+_failures: dict[str, str] = {}
+
+
+class KernelUnavailable(ModelLoadError):
+    """The 4-bit kernel cannot run here (no x86 AVX2, no C++ compiler, a failed build)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def host_isa() -> str | None:
+    """The build this process uses: 'avx512', 'avx2', or None where neither can run."""
+    forced = os.environ.get("HISPEC_Q4_ISA", "").strip().lower()
+    flags = _cpu_flags()
+    has_avx2 = {"avx2", "fma", "f16c"} <= flags
+    has_avx512 = has_avx2 and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags
+    if forced in ISA_FLAGS:
+        return forced if (forced == "avx2" and has_avx2) or (forced == "avx512" and has_avx512) else None
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() in ("avx2", "default"):
+        return "avx2" if has_avx2 else None
+    return "avx512" if has_avx512 else "avx2" if has_avx2 else None
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+
+
+def build_dir() -> Path:
+    if os.environ.get("HISPEC_BUILD_DIR"):
+        return Path(os.environ["HISPEC_BUILD_DIR"])
+    if os.access(REPO_BUILD.parent, os.W_OK) and (REPO_BUILD.parent / "hispec").is_dir():
+        return REPO_BUILD
+    from hispec.paths import cache_root
+
+    return cache_root() / "build"
+
+
+def _compiler_version(cxx: str) -> str:
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def library_path(isa: str, cxx: str) -> Path:
+    digest = hashlib.sha1()
+    for part in (SOURCE.read_bytes(), " ".join(COMMON_FLAGS + ISA_FLAGS[isa]).encode(), _compiler_version(cxx).encode()):
+        digest.update(part)
+    return build_dir() / f"q4_kernel-{isa}-{digest.hexdigest()[:12]}.so"
+
+
+def build(isa: str) -> Path:
+    """Compile the kernel for `isa` unless the cached build is there; return its path."""
+    cxx = compiler()
+    if cxx is None:
+        raise KernelUnavailable("the 4-bit kernel is compiled at first use and needs a C++ compiler (g++), "
+                                "which this host lacks: install g++ (apt-get install g++) or use --weights fp32")
+    path = library_path(isa, cxx)
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], str(SOURCE), "-o", tmp]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise KernelUnavailable(f"building the 4-bit kernel failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def lib() -> ctypes.CDLL:
+    """The host's build, chosen and loaded once per process (the products' fast path)."""
+    global _host_lib
+    if _host_lib is None:
+        _host_lib = load()
+    return _host_lib
+
+
+_host_lib: ctypes.CDLL | None = None
+
+
+def load(isa: str | None = None) -> ctypes.CDLL:
+    """The kernel library for `isa` (default: host_isa()), built if needed. Raises KernelUnavailable."""
+    isa = isa or host_isa()
+    if isa is None:
+        raise KernelUnavailable("the 4-bit kernel needs an x86-64 CPU with AVX2, FMA and F16C (or AVX-512 for "
+                                "its AVX-512 build); use --weights fp32 on this host")
+    with _lock:
+        if isa in _libs:
+            return _libs[isa]
+        if isa in _failures:
+            raise KernelUnavailable(_failures[isa])
+        try:
+            lib = ctypes.CDLL(str(build(isa)))
+        except KernelUnavailable as exc:
+            _failures[isa] = str(exc)
+            raise
+        except OSError as exc:
+            _failures[isa] = f"the 4-bit kernel was built but does not load: {exc}"
+            raise KernelUnavailable(_failures[isa]) from None
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.hispec_q41_matmul.argtypes = [p, i64, i64, p, p, p, i64, p, i64, ctypes.c_int]
+        lib.hispec_q41_matmul.restype = None
+        lib.hispec_q80_matmul.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
+        lib.hispec_q80_matmul.restype = None
+        lib.hispec_q80_rows.argtypes = [p, i64, i64, p, p, p]
+        lib.hispec_q80_rows.restype = None
+        lib.hispec_q4_isa.restype = ctypes.c_char_p
+        _libs[isa] = lib
+        return lib
+
+
+def unavailable_reason(isa: str | None = None) -> str | None:
+    """None when the kernel loads here; otherwise why not (for skips and error messages)."""
+    try:
+        load(isa)
+    except KernelUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def threads() -> int:
+    return max(1, torch.get_num_threads())
