@@ -76,7 +76,8 @@ def _wire_runs(p, h: Handlers) -> None:
         run.then(h.why_after_run, [p.last_run], why_views, api_name=False)
         run.then(h.after_run, [p.last_run], analysis, api_name=False)
     p.compare_btn.click(h.compare, settings + [p.policy, p.baselines, p.repeats],
-                        [p.compare_status, p.compare_out, p.compare_plot], concurrency_limit=None, api_name="compare")
+                        [p.status, p.compare_status, p.compare_out, p.compare_plot], concurrency_limit=None,
+                        api_name="compare")
     p.what_if_btn.click(h.what_if, settings + [p.why_dv, p.why_vt, p.what_if_takes],
                         [p.what_if_status, p.what_if_tokens, p.what_if_stats, p.what_if_plot],
                         concurrency_limit=None, api_name=False)
@@ -117,9 +118,11 @@ def _wire_controls(p, h: Handlers) -> None:
     p.method.input(controls.method_defaults, [p.method, p.method_settings],
                    [p.draft_layer, p.verify_layer, p.draft_len, p.verify_threshold], api_name=False, queue=False)
     p.draft_layer.release(controls.keep_below, [p.draft_layer, p.verify_layer, p.num_layers],
-                          [p.draft_layer, p.verify_layer], api_name=False, queue=False)
+                          [p.draft_layer, p.verify_layer, p.status], api_name=False, queue=False)
     p.verify_layer.release(controls.keep_above, [p.draft_layer, p.verify_layer, p.num_layers],
-                           [p.draft_layer, p.verify_layer], api_name=False, queue=False)
+                           [p.draft_layer, p.verify_layer, p.status], api_name=False, queue=False)
+    for control in (p.method, p.policy, p.draft_layer, p.verify_layer, p.draft_len, p.verify_threshold):
+        control.input(controls.custom, None, [p.preset_choice], api_name=False, queue=False)
     p.show_rejected.change(None, [p.show_rejected], None, api_name=False, queue=False,
                            js="(show) => { document.querySelector('#hs-tokens')"
                               ".classList.toggle('hs-hide-rejected', !show); return []; }")

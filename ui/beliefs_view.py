@@ -26,7 +26,10 @@ CAPTION = (
 def _show(text: str) -> str:
     """Model text as safe, visible HTML text on one line (newlines and tabs as arrows, other control
     characters shown as escapes, markup escaped)."""
-    return html.escape(printable(text.replace("\n", "↵").replace("\t", "→")), quote=True)
+    shown = printable(text.replace("\n", "↵").replace("\t", "→"))
+    if not shown.strip():  # a space alone would be an empty cell: show what it is
+        shown = shown.replace(" ", "␣") or "∅"
+    return html.escape(shown, quote=True)
 
 
 def _pct(p: float) -> str:

@@ -98,22 +98,28 @@ class Handlers:
     def compare(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
                 chat, temperature, top_k, top_p, seed, policy=labels.DEFAULT_POLICY_LABEL,
                 baselines=("Autoregressive",), repeats=3, request: gr.Request = None):
+        """(top status, compare status, table, chart): the progress shows at the top of the page too."""
         raw = {"generate": page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
                                         max_new_tokens, chat, temperature, top_k, top_p, seed, policy),
                "baselines": [labels.BASELINES.get(b, b) for b in baselines or []], "repeats": repeats}
-        yield render.message_html("Starting the comparison…", "info"), "", gr.Plot(None, visible=False)
+        starting = render.message_html("Compare: starting…", "info")
+        yield starting, starting, "", gr.Plot(None, visible=False)  # nothing of an earlier comparison stays
         sampling, table, figure = bool(temperature), gr.skip(), gr.skip()
         for update in self.server.submit(self.server.caller(request), CompareRequest, raw):
             if isinstance(update, Status):
-                yield render.message_html(update.text, "info"), gr.skip(), gr.skip()
+                status = render.message_html("Compare: " + update.text, "info")
+                yield status, status, gr.skip(), gr.skip()
             elif isinstance(update, Output):
                 for item in update.items:
                     table = render.compare_table(item["rows"], sampling=sampling, order=item["order"])
                     figure = gr.Plot(charts.compare_figure(item["rows"]), visible=True)
-                    yield gr.skip(), table, figure
+                    yield gr.skip(), gr.skip(), table, figure
+            elif not update.ok:
+                error = render.message_html(update.message)
+                yield error, error, "", gr.Plot(None, visible=False)
             else:  # the last update sends the result again: the stream ends on it (and its chart shown)
-                yield (render.message_html("Comparison done." if update.outcome == "done" else update.message,
-                                           "info" if update.ok else "error"), table, figure)
+                done = render.message_html("Comparison done." if update.outcome == "done" else update.message, "info")
+                yield done, done, table, figure
 
     # ---- the model ------------------------------------------------------------------------------
     def load(self, model, request: gr.Request = None):

@@ -17,7 +17,13 @@ PAPER_LENGTHS = (2, 4)
 PRESETS = {FASTEST: "the trained exits' recommended layers and lengths (the fastest fixed setting measured).",
            TEACHING: "the same layers with the paper's draft_len 2 and verify_threshold 4: tentative tokens "
                      "pile up before the full model runs, slower here but every stage shows."}
+CUSTOM = "Custom (your own settings)"  # shown once a setting a preset set is changed
 PRESET_HELP = f"{FASTEST}: {PRESETS[FASTEST]} {TEACHING}: {PRESETS[TEACHING]}"
+
+
+def custom():
+    """A setting that a preset controls was changed by hand: the preset no longer holds."""
+    return CUSTOM
 
 
 def shown_for(method_label):
@@ -37,19 +43,31 @@ def method_defaults(method_label, by_method):
 
 
 def keep_below(d, v, L):
-    """The draft layer moved: the verifier stays above it (or the draft stays below L - 1)."""
+    """The draft layer moved: the verifier stays above it (or the draft stays below L - 1); the
+    status says which slider gave way. (d, v, status)"""
     d, v, L = int(d), int(v), int(L)
     if d < v:
-        return gr.skip(), gr.skip()
-    return (d, d + 1) if d + 1 < L else (L - 2, L - 1)
+        return gr.skip(), gr.skip(), gr.skip()
+    new_d, new_v = (d, d + 1) if d + 1 < L else (L - 2, L - 1)
+    return new_d, new_v, _announce(d, v, new_d, new_v, L)
 
 
 def keep_above(d, v, L):
-    """The verify layer moved: the draft stays below it."""
-    d, v = int(d), int(v)
+    """The verify layer moved: the draft stays below it. (d, v, status)"""
+    d, v, L = int(d), int(v), int(L)
     if d < v:
-        return gr.skip(), gr.skip()
-    return (v - 1, v) if v > 1 else (1, 2)
+        return gr.skip(), gr.skip(), gr.skip()
+    new_d, new_v = (v - 1, v) if v > 1 else (1, 2)
+    return new_d, new_v, _announce(d, v, new_d, new_v, L)
+
+
+def _announce(d, v, new_d, new_v, L) -> str:
+    moved = []
+    if new_d != d:
+        moved.append(f"draft layer {d} → {new_d}")
+    if new_v != v:
+        moved.append(f"verify layer {v} → {new_v}")
+    return render.message_html(f"Adjusted: {', '.join(moved)} (the exits must keep 0 < d < v < {L}).", "info")
 
 
 def depth(L, d, v, method_label, heads=None):

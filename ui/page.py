@@ -95,7 +95,7 @@ def _run_column(p, setup: Setup) -> None:
 
 def _settings_column(p, setup: Setup) -> None:
     L, preset = setup.num_layers, setup.preset
-    p.preset_choice = gr.Radio(list(controls.PRESETS), value=None, label="Presets (HiSpec, fixed rounds)",
+    p.preset_choice = gr.Radio([*controls.PRESETS, controls.CUSTOM], value=None, label="Presets (HiSpec, fixed rounds)",
                                elem_id="hs-preset", info=controls.PRESET_HELP)
     p.method = gr.Radio(list(labels.METHODS), value="HiSpec", label="Method", elem_id="hs-method")
     p.policy = gr.Radio(list(labels.POLICIES), value=labels.DEFAULT_POLICY_LABEL, label="Policy", elem_id="hs-policy",

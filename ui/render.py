@@ -166,19 +166,16 @@ def vs_plain_words(vs: dict) -> str:
 
 
 def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | None = None) -> str:
-    """Speeds side by side (median of the repeats, with their range), each method's acceptance and
-    full-model passes next to its ratios, and under greedy decoding whether each output equals the
-    reference; `order`: the order the runs went in."""
+    """One row per method that ran: what it ran (levels, policy, lengths, the adaptive policy's plans),
+    its speed (median of the repeats, with their range), its speed against plain decoding in words
+    (pass by pass), its acceptance and full-model passes, and under greedy decoding whether its
+    output equals plain decoding's; `order`: the order the runs went in."""
     ref = next((r for r in rows if r["method"] == "autoregressive"), rows[0])
-    head = ("<tr><th>method</th><th>tokens</th><th>tokens / s (median, range)</th>"
-            + "".join(f"<th>speedup vs {html.escape(r['method'])}</th>" for r in rows)
-            + "<th>acceptance</th><th>full-model passes</th>"
-            + f"<th>identical to {html.escape(ref['method'])}</th></tr>")
+    head = ("<tr><th>method</th><th>what ran</th><th>tokens</th><th>tokens / s (median, range)</th>"
+            "<th>vs plain decoding</th><th>acceptance</th><th>full-model passes</th>"
+            f"<th>identical to {html.escape(ref['method'])}</th></tr>")
     body = []
     for r in rows:
-        ratios = "".join(
-            f"<td>{r['tokens_per_s'] / o['tokens_per_s']:.2f}×</td>" if o["tokens_per_s"] else "<td>–</td>"
-            for o in rows)
         same = ("n/a: sampled (same distribution, not the same text)" if sampling
                 else "✓ same tokens" if r["token_ids"] == ref["token_ids"] else _difference(r, ref))
         runs = r.get("runs") or [r["tokens_per_s"]]
@@ -186,15 +183,22 @@ def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | N
                   if len(runs) > 1 else " <span class='hs-hint'>(1 run)</span>")
         acceptance = ", ".join(f"{html.escape(pair_name(k))} {v:.0%}" for k, v in (r.get("acceptance") or {}).items()
                                if v is not None) or "–"
-        body.append(f"<tr><td>{html.escape(r['method'])}</td><td>{r['new_tokens']}</td>"
-                    f"<td>{r['tokens_per_s']:.2f}{spread}</td>{ratios}<td>{acceptance}</td>"
+        ran = html.escape(r.get("ran") or r["method"])
+        if r.get("plans"):
+            plans = ", ".join(f"{k} {n}" for k, n in sorted(r["plans"].items(), key=lambda kv: -kv[1]))
+            ran += f"<br><span class='hs-hint'>plans (rounds): {html.escape(plans)}</span>"
+        vs = ("the reference" if r["method"] == "autoregressive" else
+              vs_plain_words(r["vs_plain"]) if r.get("vs_plain") else "– (plain decoding was not run)")
+        body.append(f"<tr><td>{html.escape(r['method'])}</td><td>{ran}</td><td>{r['new_tokens']}</td>"
+                    f"<td>{r['tokens_per_s']:.2f}{spread}</td><td>{html.escape(vs)}</td><td>{acceptance}</td>"
                     f"<td>{r.get('full_passes', '–')}</td><td>{same}</td></tr>")
     caption = ""
     if order:
         caption = ("<p class='hs-hint'>Run order: " + html.escape(" → ".join(order)) + ". Speeds are medians of "
                    "the repeats; the order reverses every other pass, so a machine that speeds up or slows down "
-                   "favours no method. Ratios are of medians; a range wider than the gap between two methods "
-                   "means this prompt cannot tell them apart here.</p>")
+                   "favours no method. “vs plain decoding” is the median of each pass's ratio (the two runs of a "
+                   "pass are neighbours in time); when its range holds 1× this prompt cannot tell the two apart "
+                   "here.</p>")
     return f'<table class="hs-stats hs-compare">{head}{"".join(body)}</table>{caption}'
 
 

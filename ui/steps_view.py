@@ -47,7 +47,7 @@ def _chip_class(token: dict, kind: str) -> str:
 
 def _chip(token: dict, kind: str) -> str:
     text = html.escape(printable(token["text"]), quote=True)
-    title = html.escape(f"#{token['index']} · id {token['token_id']} · {token['state'].replace('_', ' ')}"
+    title = html.escape(f"token {token['index'] + 1} · id {token['token_id']} · {token['state'].replace('_', ' ')}"
                         f" · written by {token['origin']}", quote=True)
     return f'<span class="hs-tok hs-{_chip_class(token, kind)}" title="{title}">{text}</span>'
 

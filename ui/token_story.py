@@ -83,8 +83,8 @@ def predictions_html(index: int, beliefs: dict) -> str:
     rows = []
     for layer, cell in zip(beliefs["layers"], column["cells"]):
         rows.append(f"<tr><td>{html.escape(layer['label'])}</td><td>{_candidates(cell)}</td></tr>")
-    return (f"<div class='hs-explain-at' data-i='{index}' hidden><p>Top candidates of each exit at position "
-            f"#{index + 1}, given the committed text before it (the token kept there: {_tok(column['text'])}):</p>"
+    return (f"<div class='hs-explain-at' data-i='{index}' hidden><p>Top candidates of each exit at "
+            f"token {index + 1}, given the committed text before it (the token kept there: {_tok(column['text'])}):</p>"
             f"<table class='hs-stats hs-explain-table'>{''.join(rows)}</table></div>")
 
 
@@ -123,15 +123,49 @@ def _sampling_note(token: TraceToken, beliefs: dict | None, settings: dict) -> s
             + " (each against the level that last held it).</p>")
 
 
+_JUDGED = {S.TENTATIVE: "kept by {who} (tentative)", S.VERIFY_REJECTED: "rejected by {who}",
+           S.ACCEPTED: "accepted by the full model (committed)", S.TARGET_REJECTED: "rejected by the full model",
+           S.TARGET_WROTE: "committed", S.DISCARDED: "discarded (the run ended inside its block)"}
+
+
+def _who(level: str, d, v) -> str:
+    return WHO.get(level, level).format(d=d, v=v)
+
+
+def _life(token: TraceToken, d, v) -> str:
+    """One token's life in words: how it entered the sequence and every verdict on it, with rounds."""
+    state, stage, r = token.history[0] if token.history else (token.born, token.origin, token.round)
+    if state is S.DRAFTED:
+        born = "copied by the lookup level" if token.origin == "lookup" else f"drafted by {_who(token.origin, d, v)}"
+    else:
+        born = f"written by {_who(token.origin, d, v)}"
+    steps = [f"{born} in round {r}"]
+    for state, stage, r in token.history[1:]:
+        if state in _JUDGED and not (state is S.TARGET_WROTE and token.born is S.TARGET_WROTE):
+            steps.append(f"{_JUDGED[state].format(who=_who(stage, d, v))} in round {r}")
+    return ", then ".join(steps)
+
+
+def chain_html(token: TraceToken, trace: Trace, d, v) -> str:
+    """Every token that held this token's position, in order, each with its life: the whole chain
+    from the first draft to the token committed there (the clicked one marked)."""
+    items = []
+    for t in trace.at(token.index):
+        mark = " <b>← this one</b>" if t.serial == token.serial else ""
+        items.append(f"<li>{_tok(t.text, 'hs-' + t.css_class)}: {html.escape(_life(t, d, v))}.{mark}</li>")
+    return f"<p>Everything that happened at token {token.index + 1}:</p><ol class='hs-chain'>{''.join(items)}</ol>"
+
+
 def explain_token(token: TraceToken, winner: TraceToken | None, fell_with_another: bool, beliefs: dict | None,
-                  settings: dict) -> str:
+                  settings: dict, trace: Trace | None = None) -> str:
     """One token's story: who proposed it, who judged it and how, what replaced it (`winner`: the
-    committed token at its position); `fell_with_another`: an earlier token of its block was rejected."""
+    committed token at its position), and the whole chain of tokens at its position; `fell_with_another`:
+    an earlier token of its block was rejected."""
     roles = roles_of(settings)
     d, v = roles.get("draft"), roles.get("verify")
     who = WHO.get(token.origin, token.origin).format(d=d, v=v)
     fate = FATE.get(token.css_class, token.css_class).format(d=d, v=v)
-    lines = [f"<p><b>{_tok(token.text, 'hs-' + token.css_class)}</b> · token #{token.index + 1} · round "
+    lines = [f"<p><b>{_tok(token.text, 'hs-' + token.css_class)}</b> · token {token.index + 1} · round "
              f"{token.round}</p>", f"<p>Proposed by <b>{html.escape(who)}</b>; {html.escape(fate)}.</p>"]
     if token.rejected and winner is not None:
         by = WHO.get(winner.origin, winner.origin).format(d=d, v=v)
@@ -139,6 +173,8 @@ def explain_token(token: TraceToken, winner: TraceToken | None, fell_with_anothe
     if fell_with_another:
         lines.append("<p class='hs-hint'>An earlier token of the same block was rejected first: this one fell with "
                      "it, whatever its judge thought of it.</p>")
+    if trace is not None and len(trace.at(token.index)) > 1:
+        lines.append(chain_html(token, trace, d, v))
     if not beliefs:
         lines.append("<p class='hs-hint'>Exit predictions appear once the run has finished.</p>")
     lines.append(_sampling_note(token, beliefs, settings))
@@ -159,7 +195,7 @@ def explain_all_html(trace: Trace, beliefs: dict | None, settings: dict) -> str:
     for t in tokens:
         fell = (t.state in (S.VERIFY_REJECTED, S.TARGET_REJECTED)
                 and first_rejected.get((t.round, t.stage), t.index) < t.index)
-        blocks.append(explain_token(t, winners.get(t.index), fell, beliefs, settings))
+        blocks.append(explain_token(t, winners.get(t.index), fell, beliefs, settings, trace))
     if beliefs:
         positions = sorted({t.index for t in tokens if t.index < len(beliefs.get("tokens", []))})
         blocks += [predictions_html(i, beliefs) for i in positions]

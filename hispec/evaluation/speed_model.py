@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hispec.engine.costs import CostModel
-from hispec.engine.policy import exit_rate, hierarchy_rate, plain_rate
+from hispec.engine.policy import exit_rate, hierarchy_rate, lookup_rate, plain_rate
 
 # stats' acceptance keys (holder->judge) of the pairs each method's prediction needs
 PAIRS = {"layerskip": ("draft->target",), "hispec": ("draft->verify", "verify->target")}
@@ -25,7 +25,7 @@ PAIRS = {"layerskip": ("draft->target",), "hispec": ("draft->verify", "verify->t
 class RoundSettings:
     """What a fixed round does: the exits and lengths of a resolved DecodeConfig."""
 
-    method: str  # autoregressive, layerskip or hispec
+    method: str  # autoregressive, lookup, layerskip or hispec
     draft_layer: int | None = None  # layerskip: its exit
     verify_layer: int | None = None
     draft_len: int = 1
@@ -50,6 +50,8 @@ class SpeedModel:
             rate = exit_rate(c, L, r.draft_layer, r.draft_len, a_vt)
         elif r.method == "hispec" and r.draft_layer and r.verify_layer:
             rate = hierarchy_rate(c, L, r.draft_layer, r.verify_layer, r.draft_len, r.verify_threshold, a_dv, a_vt)
+        elif r.method == "lookup":
+            rate = lookup_rate(c, L, r.draft_len, a_vt)
         else:
             return 1.0
         return rate / plain_rate(c, L)
@@ -134,3 +136,69 @@ def curves_for(stats: dict, settings: dict, costs: CostModel, num_layers: int, a
     axis = ("acceptance verify → full model, per token" if r.method == "hispec"
             else "acceptance exit → full model, per token")
     return {"explain": exp, "now": now, "curves": curves, "points": points, "axis": axis}
+
+
+# ---- a run plan by plan (evaluation.plans), measured and predicted ------------------------------
+def plan_settings(kind: str, draft_len: int, verify_at: int) -> RoundSettings:
+    """The fixed round a plan kind of evaluation.plans stands for."""
+    words = kind.split()
+    if kind == "lookup":
+        return RoundSettings("lookup", draft_len=draft_len)
+    if "->" in kind:  # "exit 2 -> exit 4"
+        return RoundSettings("hispec", int(words[1]), int(words[4]), draft_len, verify_at)
+    if words and words[0] == "exit":
+        return RoundSettings("layerskip", int(words[1]), None, draft_len)
+    return RoundSettings("autoregressive")
+
+
+def plan_acceptance(acceptance: dict) -> tuple[float | None, float | None]:
+    """(a_dv, a_vt) of one plan's per-token acceptance: draft -> verify, and the level just below
+    the full model -> full model (whichever level that is in this plan)."""
+    to_full = [v for k, v in acceptance.items() if k.endswith("->target") and v is not None]
+    return acceptance.get("draft->verify"), (to_full[0] if to_full else None)
+
+
+def explain_plans(rows, costs: CostModel, num_layers: int, plain_tokens_per_s: float | None = None) -> list[dict]:
+    """Each plan that ran (evaluation.plans.PlanRow) with the cost model's figures at its measured
+    acceptance: predicted speedup over a plain step, its break-even acceptance, and the predicted
+    tokens/s once the model's plain step is calibrated to the measured plain runs
+    (`plain_tokens_per_s`; None: the cost model's own plain step)."""
+    model = SpeedModel(costs, num_layers)
+    scale = (plain_tokens_per_s / plain_rate(costs, num_layers)) if plain_tokens_per_s else 1.0
+    out = []
+    for row in rows:
+        r = plan_settings(row.kind, row.draft_len, row.verify_at)
+        a_dv, a_vt = plan_acceptance(row.acceptance)
+        item = {"kind": row.kind, "rounds": row.rounds, "new_tokens": row.new_tokens, "share": row.share,
+                "measured_tokens_per_s": row.tokens_per_s, "a_dv": a_dv, "a_vt": a_vt,
+                "draft_len": row.draft_len, "verify_at": row.verify_at, "predicted": None, "break_even": None,
+                "predicted_tokens_per_s": None}
+        if r.method == "autoregressive":
+            item.update(predicted=1.0, predicted_tokens_per_s=plain_rate(costs, num_layers) * scale)
+        elif a_vt is not None:
+            predicted = model.speedup(r, a_dv if a_dv is not None else a_vt, a_vt)
+            item.update(predicted=predicted, break_even=model.break_even(r, a_dv),
+                        predicted_tokens_per_s=predicted * plain_rate(costs, num_layers) * scale)
+        out.append(item)
+    return out
+
+
+def run_prediction(plans: list[dict]) -> float | None:
+    """The whole run's predicted speedup over plain decoding: each plan's committed tokens at its
+    predicted rate against the same tokens at plain speed (decoding only, the prefill apart)."""
+    tokens = sum(p["new_tokens"] for p in plans)
+    if not tokens or any(p["predicted"] is None for p in plans if p["new_tokens"]):
+        return None
+    plain_s = tokens  # in units of a plain step
+    predicted_s = sum(p["new_tokens"] / p["predicted"] for p in plans if p["new_tokens"])
+    return plain_s / predicted_s if predicted_s > 0 else None
+
+
+def acceptance_interval(a: float | None, judged: int, z: float = 1.645) -> tuple[float, float] | None:
+    """A 90% interval of a per-token acceptance measured on `judged` tokens (Wilson's)."""
+    if a is None or judged <= 0:
+        return None
+    denom = 1 + z * z / judged
+    centre = (a + z * z / (2 * judged)) / denom
+    half = z * ((a * (1 - a) / judged + z * z / (4 * judged * judged)) ** 0.5) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)

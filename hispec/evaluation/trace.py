@@ -3,7 +3,7 @@ latest state. The CLI's coloured text and the app's coloured spans both render a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hispec.engine.events import COMMITTED_STATES, Event, TokenEvent
 from hispec.engine.events import TokenState as S
@@ -33,6 +33,7 @@ class TraceToken:
     stage: str
     round: int
     born: S = S.DRAFTED  # the token's first state: how it entered the sequence
+    history: list = field(default_factory=list)  # every (state, stage that decided it, round), in order
 
     @property
     def css_class(self) -> str:
@@ -58,13 +59,18 @@ class Trace:
             return
         token = self.tokens.get(ev.serial)
         if token is None:
-            self.tokens[ev.serial] = TraceToken(ev.serial, ev.index, ev.token_id, ev.text, ev.origin,
-                                                ev.state, ev.stage, ev.round, ev.state)
+            token = self.tokens[ev.serial] = TraceToken(ev.serial, ev.index, ev.token_id, ev.text, ev.origin,
+                                                        ev.state, ev.stage, ev.round, ev.state)
         else:
             token.state, token.stage, token.round = ev.state, ev.stage, ev.round
+        token.history.append((ev.state, ev.stage, ev.round))
 
     def __iter__(self):
         return iter(self.tokens.values())
+
+    def at(self, index: int) -> list[TraceToken]:
+        """Every token that held generated position `index`, in the order they came."""
+        return [t for t in self if t.index == index]
 
     def counts(self) -> dict[str, int]:
         out = {cls: 0 for cls, _, _ in LEGEND}

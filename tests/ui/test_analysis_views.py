@@ -250,3 +250,29 @@ def test_why_names_the_adaptive_policys_plans():
     assert "Step through the run" in out
     fixed = plain(render.why_html(exp, dict(settings, policy="fixed"), 0.9, 0.5, 0.4, {"plain": 3}))
     assert "rounds per plan" not in fixed
+
+
+def test_the_story_of_a_token_replaced_twice_tells_the_whole_chain(server):
+    """A draft rejected by the verifier, whose own token the full model then rejected and replaced:
+    the story names all three, who wrote and who judged each, and in which round."""
+    r, _, out = story_of(server)
+    chains = {}
+    for t in r.trace:
+        chains.setdefault(t.index, []).append(t)
+    index, chain = next((i, ts) for i, ts in sorted(chains.items())
+                        if [t.css_class for t in ts][:1] == ["verify-rejected"]
+                        and any(t.born is S.VERIFY_WROTE and t.css_class == "target-rejected" for t in ts)
+                        and ts[-1].css_class == "target-wrote")
+    first, second, last = chain[0], next(t for t in chain if t.born is S.VERIFY_WROTE), chain[-1]
+    story = block_of(out, first.serial)
+    assert f"Everything that happened at token {index + 1}:" in story
+    assert (f"{first.text}: drafted by the draft exit (layer 2) in round {first.history[0][2]}, then rejected by "
+            f"the intermediate verifier (exit 4) in round {first.history[-1][2]}.") in story
+    assert (f"{second.text}: written by the intermediate verifier (exit 4) in round {second.history[0][2]}, then "
+            f"rejected by the full model in round {second.history[-1][2]}.") in story
+    assert f"{last.text}: written by the full model in round {last.history[0][2]}." in story
+    assert story.index(first.text + ":") < story.index(second.text + ":") < story.rindex(last.text + ":")
+    assert "← this one" in story
+    # the tooltip, the story and the step-through count tokens alike, from 1
+    assert f"token {index + 1} · id" in render.tokens_html(r.trace, r.settings)
+    assert f"token {index + 1} · round" in story

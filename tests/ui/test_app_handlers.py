@@ -185,11 +185,13 @@ def test_an_exception_inside_generation_is_a_message_and_frees_the_model(server,
 def test_compare_checks_identical_output(server):
     outs = list(Handlers(server).compare("hello", "tiny", *HISPEC, 24, True, 0.0, 0, 1.0, -1, labels.FIXED,
                                          ["Autoregressive", "LayerSkip (single exit)"], 1))
-    table = next(o[1] for o in reversed(outs) if o[1] and isinstance(o[1], str))
+    table = outs[-1][2]
     rows = re.findall(r"<tr><td>(hispec|autoregressive|layerskip)</td>", table)
     assert rows == ["hispec", "autoregressive", "layerskip"]
     assert table.count("✓ same tokens") == 3 and "DIFFERENT" not in table
-    assert "Comparison done" in outs[-1][0]
+    assert "Comparison done" in outs[-1][0] and "Comparison done" in outs[-1][1], "the top status says it too"
+    assert any("Compare: Running hispec" in o[0] for o in outs if isinstance(o[0], str)), "progress at the top"
+    assert "fixed rounds, draft_len 2, verify_threshold 3" in table and "the reference" in table
 
 
 def test_a_difference_and_half_precision_are_named():

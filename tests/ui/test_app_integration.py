@@ -214,10 +214,10 @@ def test_generate_api_fills_in_the_models_settings(served, client):
 
 # ---- (b) compare ------------------------------------------------------------------------------------
 def test_compare_finds_identical_tokens(client):
-    status, table, figure = call(client, PROMPT, MODEL, *HISPEC, 40, True, *GREEDY,
+    _, status, table, figure = call(client, PROMPT, MODEL, *HISPEC, 40, True, *GREEDY,
                                  ["Autoregressive", "LayerSkip (single exit)"], 2, api_name="/compare")
     assert "Comparison done" in plain(status), status
-    rows = re.findall(r"<tr><td>(hispec|autoregressive|layerskip)</td><td>(\d+)</td>.*?</tr>", table)
+    rows = re.findall(r"<tr><td>(hispec|autoregressive|layerskip)</td><td>.*?</td><td>(\d+)</td>.*?</tr>", table)
     assert [m for m, _ in rows] == ["hispec", "autoregressive", "layerskip"], table
     # two runs each, the order reversed on the second pass, each speed with its range
     assert "Run order: hispec → autoregressive → layerskip → layerskip → autoregressive → hispec" in plain(table)
@@ -314,13 +314,13 @@ def test_bad_input_raises_an_error_and_the_app_keeps_serving(served, client, cas
 
 
 def test_compare_rejects_bad_input_in_its_status(client):
-    status, *_ = call(client, "", MODEL, *HISPEC, 20, True, *GREEDY, ["Autoregressive"], 1, api_name="/compare")
+    _, status, *_ = call(client, "", MODEL, *HISPEC, 20, True, *GREEDY, ["Autoregressive"], 1, api_name="/compare")
     assert "prompt is empty" in plain(status)
-    status, *_ = call(client, PROMPT, MODEL, "Autoregressive", 1, 2, 2, 4, 20, True, *GREEDY, ["Autoregressive"], 1,
+    _, status, *_ = call(client, PROMPT, MODEL, "Autoregressive", 1, 2, 2, 4, 20, True, *GREEDY, ["Autoregressive"], 1,
                       api_name="/compare")
     assert "at least one baseline" in plain(status)
     try:
-        status, *_ = call(client, PROMPT, MODEL, *HISPEC, 20, True, *GREEDY, ["Autoregressive"], 9,
+        _, status, *_ = call(client, PROMPT, MODEL, *HISPEC, 20, True, *GREEDY, ["Autoregressive"], 9,
                           api_name="/compare")
     except AppError as exc:  # the slider itself refuses a value above its maximum
         assert "maximum" in str(exc), str(exc)

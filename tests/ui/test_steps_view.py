@@ -8,6 +8,8 @@ from hispec.evaluation.replay import replay
 from ui.render import COLORS
 from ui.steps_view import cache_table_html, round_html, round_label
 
+SETTINGS = {"levels": (1, 2), "num_layers": 4}  # exits 1 and 2 of a 4-layer model
+
 EVIL = "<script>alert(1)</script>"
 
 
@@ -76,44 +78,44 @@ def test_labels():
     assert round_label(rs, 1) == "Round 1 of 2"
     assert round_label(rs, 99) == "Round 2 of 2"  # clamped
     assert round_label([], 0) == ""
-    fragment = round_html(rs, 1, 1, 2, 4)
+    fragment = round_html(rs, 1, SETTINGS)
     assert 'id="hs-step"' in fragment and 'data-round="1"' in fragment
     assert "Round 1 of 2" in fragment
-    assert 'data-round=""' in round_html([], 0, 1, 2, 4)
+    assert 'data-round=""' in round_html([], 0, SETTINGS)
 
 
 def test_steps_are_numbered_in_order_with_their_work():
-    steps = _steps(round_html(rounds(), 1, 1, 2, 4))
+    steps = _steps(round_html(rounds(), 1, SETTINGS))
     assert len(steps) == 3
     assert steps[0].startswith("① Draft at exit 1: layer 1 + exit head ran 2× on 1 token each, 2.0 ms — proposed")
     assert steps[1].startswith("② Intermediate verify at exit 2: layer 2 + exit head on 2 tokens, 2.0 ms — kept")
     assert steps[2].startswith("③ Full model: layers 3–4 on 3 tokens (after layers 1–2 on 1 token to catch up), "
                                "5.0 ms — committed")
     assert "wrote bonus" in steps[2]
-    stopped = _steps(round_html(rounds(), 2, 1, 2, 4))
+    stopped = _steps(round_html(rounds(), 2, SETTINGS))
     assert stopped[-1].startswith("③ Stopped") and "discarded" in stopped[-1]
-    assert "generation stopped inside this round" in round_html(rounds(), 2, 1, 2, 4)
+    assert "generation stopped inside this round" in round_html(rounds(), 2, SETTINGS)
 
 
 def test_chips_use_the_trace_classes():
-    fragment = round_html(rounds(), 1, 1, 2, 4)
+    fragment = round_html(rounds(), 1, SETTINGS)
     classes = re.findall(r'class="hs-tok hs-([a-z-]+)"', fragment)
     assert set(classes) <= set(COLORS)
     # drafted, kept, rejected by the verifier, the verifier's token, accepted drafts, the bonus
     assert {"drafted", "tentative", "verify-rejected", "verify-wrote", "accepted", "target-wrote"} <= set(classes)
-    assert "hs-discarded" in round_html(rounds(), 2, 1, 2, 4)
+    assert "hs-discarded" in round_html(rounds(), 2, SETTINGS)
 
 
 def test_model_text_is_escaped():
-    prefill = round_html(rounds(), 0, 1, 2, 4)
+    prefill = round_html(rounds(), 0, SETTINGS)
     assert EVIL not in prefill and "<script" not in prefill
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in prefill
-    one = round_html(rounds(), 1, 1, 2, 4)
+    one = round_html(rounds(), 1, SETTINGS)
     assert "<b>d</b>" not in one and "&lt;b&gt;d&lt;/b&gt;" in one
 
 
 def test_the_cache_table_compresses_runs_of_layers():
-    fragment = round_html(rounds(), 2, 1, 2, 4)
+    fragment = round_html(rounds(), 2, SETTINGS)
     assert "KV cache length per layer: before → after" in fragment
     rows = [re.sub(r"<[^>]+>", "|", row).strip("|").replace("||", "|").split("|")
             for row in re.findall(r"<tr>(.*?)</tr>", fragment) if "<td" in row]
