@@ -75,9 +75,9 @@ def hf_greedy(model, prompt, n, device):
     return out[0, len(prompt):].tolist()
 
 
-SETTINGS = [DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=2, draft_len=3),
-            DecodeConfig("hispec"), DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3,
-                                                 verify_threshold=2)]
+SETTINGS = [DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=2, draft_len=3, policy="fixed"),
+            DecodeConfig("hispec", policy="fixed"), DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3,
+                                                 verify_threshold=2, policy="fixed")]
 
 
 def exactness(device, quick):
@@ -142,7 +142,8 @@ def bf16_mismatch(device, quick):
             diff, first = 0, []
             for prompt, ref in refs:
                 ids = run(ee, prompt, DecodeConfig(config.method, config.draft_layer, config.verify_layer,
-                                                   config.draft_len, config.verify_threshold, n_new)).token_ids
+                                                   config.draft_len, config.verify_threshold, n_new,
+                                                   policy=config.policy)).token_ids
                 if ids != ref:
                     diff += 1
                     first.append(next(i for i, (a, b) in enumerate(zip(ids, ref)) if a != b))
@@ -195,9 +196,10 @@ def step_costs(ee, d, v, device, reps):
 def side_by_side(ee, prompt, d, v, n_new, ar_tps, ls_judge, hs_judge) -> dict:
     """layerskip (exit v, draft_len 4) and hispec (d, v, draft_len 2, threshold 4) under timing-only
     acceptance judges: tokens/s, ratios, acceptance reached, passes and syncs per round."""
-    ls = run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new), judge=ls_judge)
+    ls = run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new, policy="fixed"),
+             judge=ls_judge)
     hs = run(ee, prompt, DecodeConfig("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
-                                      max_new_tokens=n_new), judge=hs_judge)
+                                      max_new_tokens=n_new, policy="fixed"), judge=hs_judge)
     return dict(layerskip_tokens_per_s=ls.stats["tokens_per_s"], hispec_tokens_per_s=hs.stats["tokens_per_s"],
                 layerskip_vs_ar=ls.stats["tokens_per_s"] / ar_tps, hispec_vs_ar=hs.stats["tokens_per_s"] / ar_tps,
                 hispec_vs_layerskip=hs.stats["tokens_per_s"] / ls.stats["tokens_per_s"],
@@ -235,10 +237,10 @@ def timings(shape, device, dtype, quick, modes=("eager", "graphs")):
         # warm-up (and, with graphs, the captures), then alternate methods so noise hits all alike
         run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=8))
         for p_dv, p_vt in RATES[:1]:
-            run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new),
+            run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new, policy="fixed"),
                 judge=SyntheticAcceptance(1.0, p_vt, seed=1))
             run(ee, prompt, DecodeConfig("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
-                                         max_new_tokens=n_new), judge=SyntheticAcceptance(p_dv, p_vt, seed=1))
+                                         max_new_tokens=n_new, policy="fixed"), judge=SyntheticAcceptance(p_dv, p_vt, seed=1))
         part = {"warmup_s": round(time.perf_counter() - t0, 2),
                 "step_ms": step_costs(ee, d, v, device, 3 if quick else 10)}
         ar = []

@@ -68,8 +68,9 @@ def main():
     prompt = list(range(3, 131))
     methods = {
         "autoregressive": (DecodeConfig("autoregressive", max_new_tokens=args.new), None),
-        "layerskip@0.9": (DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=args.new), (1.0, 0.9)),
-        "hispec@0.9/0.9": (DecodeConfig("hispec", d, v, 2, 4, max_new_tokens=args.new), (0.9, 0.9)),
+        "layerskip@0.9": (DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=args.new, policy="fixed"),
+                          (1.0, 0.9)),
+        "hispec@0.9/0.9": (DecodeConfig("hispec", d, v, 2, 4, max_new_tokens=args.new, policy="fixed"), (0.9, 0.9)),
     }
     report = {"shape": args.shape, "layers": L, "d": d, "v": v, "graphs": args.cuda_graphs, "runs": {}}
     for name, (cfg, rates) in methods.items():  # warm-up

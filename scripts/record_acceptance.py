@@ -24,8 +24,8 @@ from hispec.evaluation.timing_only import RecordedAcceptance  # noqa: E402
 from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
 
 PATTERNS = {  # gpu_check.py's settings, at this model's exits
-    "layerskip": dict(method="layerskip", draft_len=4),
-    "hispec": dict(method="hispec", draft_len=2, verify_threshold=4),
+    "layerskip": dict(method="layerskip", draft_len=4, policy="fixed"),
+    "hispec": dict(method="hispec", draft_len=2, verify_threshold=4, policy="fixed"),
 }
 
 

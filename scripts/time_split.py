@@ -79,8 +79,8 @@ def main() -> int:
     timer = CallTimer(lm.ee)
     report = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads, "methods": {}}
     for method in args.methods.split(","):
-        config = DecodeConfig(method, max_new_tokens=args.max_new_tokens)
-        run(lm.ee, lm.encode(prompts[0].text, chat=prompts[0].chat), DecodeConfig(method, max_new_tokens=8),
+        config = DecodeConfig(method, max_new_tokens=args.max_new_tokens, policy="fixed")
+        run(lm.ee, lm.encode(prompts[0].text, chat=prompts[0].chat), DecodeConfig(method, max_new_tokens=8, policy="fixed"),
             eos_ids=lm.eos_ids)  # warm-up
         timer.reset()
         wall, tokens = 0.0, 0

@@ -75,7 +75,7 @@ class DecodeConfig:
     # method's preset (see the module docstring). Exit layers here take precedence over
     # draft_layer / verify_layer.
     levels: tuple | None = None
-    policy: str = DEFAULT_POLICY  # auto: planned per round (hispec.engine.policy); fixed: the settings above, every round
+    policy: str = DEFAULT_POLICY  # auto: planned per round (hispec.engine.policy); fixed: the settings above
     lookup_len: int = 8  # the lookup level proposes at most this many tokens per round
 
     def validate(self) -> None:

@@ -86,10 +86,10 @@ def _exit_roles(spec: tuple) -> list[str]:
     return {1: ["verify" if LOOKUP in spec else "draft"], 2: ["draft", "verify"]}.get(count, [])
 
 
-def exits_by_role(spec: tuple | list) -> dict[str, int]:
+def exits_by_role(spec: str | tuple | list) -> dict[str, int]:
     """The exit layer of each role of a level list: ("lookup", 2, 4) -> {"draft": 2, "verify": 4},
     (4,) -> {"draft": 4}, ("lookup", 4) -> {"verify": 4}, () -> {} (the naming of build_levels)."""
-    spec = parse_levels(tuple(spec))
+    spec = parse_levels(spec)
     return dict(zip(_exit_roles(spec), [x for x in spec if x != LOOKUP]))
 
 

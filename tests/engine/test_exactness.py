@@ -8,14 +8,14 @@ from hispec.evaluation.runner import run
 
 SETTINGS = [
     dict(method="autoregressive"),
-    dict(method="layerskip", draft_layer=1, draft_len=1),
-    dict(method="layerskip", draft_layer=4, draft_len=4),
-    dict(method="layerskip", draft_layer=7, draft_len=3),
-    dict(method="hispec"),
-    dict(method="hispec", draft_layer=1, verify_layer=2, draft_len=1, verify_threshold=1),
-    dict(method="hispec", draft_layer=2, verify_layer=6, draft_len=3, verify_threshold=2),
-    dict(method="hispec", draft_layer=3, verify_layer=7, draft_len=4, verify_threshold=6),
-    dict(method="hispec", draft_layer=6, verify_layer=7, draft_len=2, verify_threshold=5),
+    dict(method="layerskip", draft_layer=1, draft_len=1, policy="fixed"),
+    dict(method="layerskip", draft_layer=4, draft_len=4, policy="fixed"),
+    dict(method="layerskip", draft_layer=7, draft_len=3, policy="fixed"),
+    dict(method="hispec", policy="fixed"),
+    dict(method="hispec", draft_layer=1, verify_layer=2, draft_len=1, verify_threshold=1, policy="fixed"),
+    dict(method="hispec", draft_layer=2, verify_layer=6, draft_len=3, verify_threshold=2, policy="fixed"),
+    dict(method="hispec", draft_layer=3, verify_layer=7, draft_len=4, verify_threshold=6, policy="fixed"),
+    dict(method="hispec", draft_layer=6, verify_layer=7, draft_len=2, verify_threshold=5, policy="fixed"),
 ]
 PROMPTS = [[5, 17, 33, 2, 9, 41], [70]]
 
@@ -44,7 +44,7 @@ def test_greedy_with_eos_stops_where_generate_stops(method):
         prompt = [first, (first * 7) % 12]
         ref = hf_greedy(model, prompt, 30, eos=EOS)
         result = run(ee, prompt, DecodeConfig(method=method, max_new_tokens=30, draft_layer=2,
-                                              verify_layer=5 if method == "hispec" else None),
+                                              verify_layer=5 if method == "hispec" else None, policy="fixed"),
                      eos_ids=[EOS])
         assert result.token_ids == ref
         if ref and ref[-1] == EOS and len(ref) < 30:

@@ -55,7 +55,7 @@ def test_levels_carry_the_role_names_of_the_presets():
 
 
 def test_presets_resolve_to_their_level_lists():
-    resolve = lambda **kw: DecodeConfig(**kw).resolve(8).levels  # noqa: E731
+    resolve = lambda **kw: DecodeConfig(**{"policy": "fixed", **kw}).resolve(8).levels  # noqa: E731
     assert resolve(method="autoregressive") == ()
     assert resolve(method="layerskip") == (2,)
     assert resolve(method="hispec") == (1, 2)
@@ -137,7 +137,7 @@ def test_lookup_tokens_are_judged_by_the_exit_above_it():
     model = tiny_model("llama", seed=5)
     ee = ee_of(model)
     events = list(Decoder(ee, PROMPTS[0], DecodeConfig(levels=("lookup", 4), max_new_tokens=30, verify_threshold=2,
-                                                        lookup_len=4)).events())
+                                                        lookup_len=4, policy="fixed")).events())
     copied = {e.serial for e in events if isinstance(e, TokenEvent) and e.origin == "lookup"}
     assert copied
     judged = [e for e in events if isinstance(e, TokenEvent) and e.serial in copied

@@ -10,7 +10,7 @@ from hispec.engine.events import TokenEvent, TokenState
 from hispec.evaluation.runner import run
 from hispec.text import Detokenizer
 
-METHODS = [DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=2, draft_len=4),
+METHODS = [DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=2, draft_len=4, policy="fixed"),
            DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=5)]
 
 
@@ -105,7 +105,8 @@ def test_stop_discards_pending_tokens(tiny_llama):
         if isinstance(ev, TokenEvent) and ev.state is TokenState.DRAFTED and ev.index >= 6:
             stop.set()  # lands in the middle of a draft block
 
-    config = DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=8, max_new_tokens=60)
+    config = DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=8, max_new_tokens=60,
+                          policy="fixed")
     r = run(ee_of(tiny_llama), [5, 6, 7], config, on_event=on_event, stop=stop)
     final = {t.serial: t.state for t in r.trace}
     assert not {TokenState.DRAFTED, TokenState.TENTATIVE, TokenState.VERIFY_WROTE} & set(final.values())

@@ -10,10 +10,10 @@ from hispec.engine.events import RoundEvent, TokenEvent, TokenState
 from hispec.evaluation.metrics import StatsCollector
 
 SETTINGS = [
-    DecodeConfig("layerskip", draft_layer=3, draft_len=4),
-    DecodeConfig("layerskip", draft_layer=1, draft_len=1),
-    DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4),
-    DecodeConfig("hispec", draft_layer=1, verify_layer=2, draft_len=1, verify_threshold=1),
+    DecodeConfig("layerskip", draft_layer=3, draft_len=4, policy="fixed"),
+    DecodeConfig("layerskip", draft_layer=1, draft_len=1, policy="fixed"),
+    DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4, policy="fixed"),
+    DecodeConfig("hispec", draft_layer=1, verify_layer=2, draft_len=1, verify_threshold=1, policy="fixed"),
 ]
 
 
@@ -42,14 +42,15 @@ def test_deferred_drafts_give_the_same_greedy_output(config):
 def test_one_transfer_per_verification_decision():
     model = tiny_model("llama", seed=4)
     ee = EarlyExitModel(model)
-    config = DecodeConfig("layerskip", draft_layer=3, draft_len=4, max_new_tokens=40)
+    config = DecodeConfig("layerskip", draft_layer=3, draft_len=4, max_new_tokens=40, policy="fixed")
     eager, _, eager_stats = _run(ee, [7, 3, 19], config, False)
     deferred, events, stats = _run(ee, [7, 3, 19], config, True)
     rounds = sum(isinstance(e, RoundEvent) for e in events)
     # layerskip: the prefill's token, then one verdict per round (the drafts travel with it).
     assert stats["host_syncs"] == 1 + rounds
     assert eager_stats["host_syncs"] == 1 + rounds + eager_stats["drafted"]
-    hispec = DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4, max_new_tokens=40)
+    hispec = DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4, max_new_tokens=40,
+                          policy="fixed")
     _, events, stats = _run(ee, [7, 3, 19], hispec, True)
     rounds = sum(isinstance(e, RoundEvent) for e in events)
     # hispec: one verdict per round at the verifier, plus one per full verification.
@@ -65,8 +66,9 @@ def test_eos_drafted_mid_block_cuts_the_block():
     for first in range(3, 12):
         prompt = [first, (first * 7) % 12]
         ref = hf_greedy(model, prompt, 30, eos=EOS)
-        for config in (DecodeConfig("layerskip", draft_layer=2, draft_len=5, max_new_tokens=30),
-                       DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=4, max_new_tokens=30)):
+        for config in (DecodeConfig("layerskip", draft_layer=2, draft_len=5, max_new_tokens=30, policy="fixed"),
+                       DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=4, max_new_tokens=30,
+                                    policy="fixed")):
             _, events, _ = _run(ee, prompt, config, True, eos=[EOS])
             assert list(events[-1].token_ids) == ref
             drafted_eos = {e.serial for e in events if isinstance(e, TokenEvent) and e.state is TokenState.DRAFTED

@@ -12,9 +12,11 @@ from hispec.engine.stack import StageStack
 from hispec.model.cache import LayerKVCache
 
 CASES = [
-    DecodeConfig("layerskip", draft_layer=3, draft_len=3, max_new_tokens=30),
-    DecodeConfig("hispec", draft_layer=1, verify_layer=4, draft_len=2, verify_threshold=3, max_new_tokens=30),
-    DecodeConfig("hispec", draft_layer=5, verify_layer=6, draft_len=4, verify_threshold=2, max_new_tokens=30),
+    DecodeConfig("layerskip", draft_layer=3, draft_len=3, max_new_tokens=30, policy="fixed"),
+    DecodeConfig("hispec", draft_layer=1, verify_layer=4, draft_len=2, verify_threshold=3,
+                 max_new_tokens=30, policy="fixed"),
+    DecodeConfig("hispec", draft_layer=5, verify_layer=6, draft_len=4, verify_threshold=2,
+                 max_new_tokens=30, policy="fixed"),
 ]
 
 
@@ -49,7 +51,7 @@ def test_stats_split_useful_and_wasted_work(tiny_llama):
     ee = ee_of(tiny_llama)
     from hispec.evaluation.runner import run
 
-    r = run(ee, [3, 14, 15], DecodeConfig("hispec", 2, 4, max_new_tokens=24))
+    r = run(ee, [3, 14, 15], DecodeConfig("hispec", 2, 4, max_new_tokens=24, policy="fixed"))
     work = r.stats["layer_tokens"]
     # 23 tokens after the prefill token went through all 8 layers; the last one is never run.
     assert work["useful"] == 23 * 8
@@ -68,7 +70,7 @@ def test_stats_time_each_stages_layer_passes(tiny_llama):
         if isinstance(ev, PassEvent):
             passes[ev.stage] += ev.seconds
 
-    s = run(ee, [3, 14, 15], DecodeConfig("hispec", 2, 4, max_new_tokens=24), on_event=seen).stats
+    s = run(ee, [3, 14, 15], DecodeConfig("hispec", 2, 4, max_new_tokens=24, policy="fixed"), on_event=seen).stats
     assert set(s["stage_s"]) == {"prefill", "draft", "verify", "target"}
     assert all(v > 0 for v in s["stage_s"].values())
     assert s["stage_s"] == pytest.approx(dict(passes))

@@ -52,7 +52,7 @@ def test_report_schema_ratios_and_equality(lm, tmp_path):
     sets = {"mine": [Prompt("h", "hello"), Prompt("a", "abc", chat=False)], "more": [Prompt("x", "xyz")]}
     path = tmp_path / "b.json"
     seen = []
-    benchmark(lm, sets, METHODS, DecodeConfig("hispec", 2, 5, max_new_tokens=12), layerskip_exit=4,
+    benchmark(lm, sets, METHODS, DecodeConfig("hispec", 2, 5, max_new_tokens=12, policy="fixed"), layerskip_exit=4,
                        json_path=str(path), progress=lambda d, t, w: seen.append(json.loads(path.read_text())))
     assert [len(s["records"]) for s in seen] == [5, 10, 15]  # written after every prompt
     saved = json.loads(path.read_text())
@@ -130,7 +130,7 @@ def test_cli_bench_writes_json_and_html(tmp_path, capsys):
 
 def test_html_report_from_a_report(lm, tmp_path):
     report = benchmark(lm, {"s": [Prompt("h", "hello")]}, ["autoregressive", "hispec"],
-                       DecodeConfig("hispec", 2, 5, max_new_tokens=6), warmup=False)
+                       DecodeConfig("hispec", 2, 5, max_new_tokens=6, policy="fixed"), warmup=False)
     write_html(report, str(tmp_path / "x.html"))
     assert "<table>" in (tmp_path / "x.html").read_text()
 
@@ -140,7 +140,8 @@ def test_stop_ends_the_run_and_keeps_whole_prompts_only(lm):
 
     stop = threading.Event()
     sets = {"s": [Prompt("h", "hello"), Prompt("a", "abc")]}
-    report = benchmark(lm, sets, ["autoregressive", "hispec"], DecodeConfig("hispec", 2, 5, max_new_tokens=6),
+    report = benchmark(lm, sets, ["autoregressive", "hispec"],
+                       DecodeConfig("hispec", 2, 5, max_new_tokens=6, policy="fixed"),
                        warmup=False, progress=lambda d, t, w: stop.set(), stop=stop)
     assert report["stopped"] is True and report["complete"] is False
     assert [r["prompt_id"] for r in report["records"]] == ["h", "h"]

@@ -16,11 +16,11 @@ from hispec.evaluation.replay import replay, replay_from_dicts
 PROMPT = [3, 14, 15, 92, 65, 3, 14, 15]  # repeats itself: the lookup level finds matches
 CASES = {
     "hispec": DecodeConfig("hispec", draft_layer=2, verify_layer=4, draft_len=2, verify_threshold=4,
-                           max_new_tokens=20),
-    "layerskip": DecodeConfig("layerskip", draft_layer=2, draft_len=3, max_new_tokens=16),
+                           max_new_tokens=20, policy="fixed"),
+    "layerskip": DecodeConfig("layerskip", draft_layer=2, draft_len=3, max_new_tokens=16, policy="fixed"),
     "autoregressive": DecodeConfig("autoregressive", max_new_tokens=8),
     "lookup-2-4": DecodeConfig("hispec", levels=("lookup", 2, 4), draft_len=2, verify_threshold=3,
-                               max_new_tokens=16),
+                               max_new_tokens=16, policy="fixed"),
 }
 
 
@@ -148,7 +148,7 @@ def test_a_stopped_generation_replays(tiny_llama):
     stop = threading.Event()
     events = []
     config = DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=8,
-                          max_new_tokens=60)
+                          max_new_tokens=60, policy="fixed")
     for ev in decode(ee_of(tiny_llama), [5, 6, 7], config, stop=stop):
         events.append(ev)
         if isinstance(ev, TokenEvent) and ev.state is S.DRAFTED and ev.index >= 6:

@@ -68,7 +68,7 @@ def test_the_prediction_is_the_adaptive_policys_own_score():
 
 def test_explain_a_real_run():
     ee = EarlyExitModel(tiny_model("llama", layers=8))
-    r = run(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=24))
+    r = run(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
     costs = flat_costs()
     exp = explain(r.stats, r.settings, costs, 8)
     a_dv, a_vt = measured_pairs(r.stats["acceptance_per_token"], "hispec")  # the model's a: up to first rejections

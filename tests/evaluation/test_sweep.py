@@ -28,8 +28,8 @@ def lm(tiny_loaded):
 def swept(lm, tmp_path_factory):
     path = tmp_path_factory.mktemp("sweep") / "s.json"
     seen = []
-    report = sweep(lm, SETS, [LAYERS, LENGTHS], DecodeConfig("hispec", max_new_tokens=12), json_path=str(path),
-                   progress=lambda d, t, w: seen.append((d, t, w, json.loads(path.read_text()))))
+    report = sweep(lm, SETS, [LAYERS, LENGTHS], DecodeConfig("hispec", max_new_tokens=12, policy="fixed"),
+                   json_path=str(path), progress=lambda d, t, w: seen.append((d, t, w, json.loads(path.read_text()))))
     return report, path, seen
 
 
@@ -148,7 +148,7 @@ def test_interrupt_keeps_the_results_so_far(lm, tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        sweep(lm, SETS, [LENGTHS], DecodeConfig("hispec", max_new_tokens=8), json_path=str(path),
+        sweep(lm, SETS, [LENGTHS], DecodeConfig("hispec", max_new_tokens=8, policy="fixed"), json_path=str(path),
               warmup=False, progress=interrupt)
     saved = json.loads(path.read_text())
     assert saved["complete"] is False
@@ -159,7 +159,7 @@ def test_interrupt_keeps_the_results_so_far(lm, tmp_path):
 
 def test_stop_ends_the_sweep_between_points(lm):
     stop = threading.Event()
-    report = sweep(lm, SETS, [LENGTHS], DecodeConfig("hispec", max_new_tokens=8), warmup=False,
+    report = sweep(lm, SETS, [LENGTHS], DecodeConfig("hispec", max_new_tokens=8, policy="fixed"), warmup=False,
                    progress=lambda d, t, w: stop.set(), stop=stop)
     assert report["stopped"] is True and report["complete"] is False
     assert {r["prompt_id"] for r in report["records"]} == {"h"}

@@ -40,10 +40,11 @@ def test_every_method_equals_generate(lm, kind):
     ref = lm.model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
                             attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
     detok = Detokenizer(lm.tokenizer)
-    for config in (DecodeConfig("autoregressive", max_new_tokens=32), DecodeConfig("layerskip", max_new_tokens=32),
-                   DecodeConfig("hispec", max_new_tokens=32),
+    for config in (DecodeConfig("autoregressive", max_new_tokens=32),
+                   DecodeConfig("layerskip", max_new_tokens=32, policy="fixed"),
+                   DecodeConfig("hispec", max_new_tokens=32, policy="fixed"),
                    DecodeConfig("hispec", draft_layer=8, verify_layer=20, draft_len=3, verify_threshold=3,
-                                max_new_tokens=32),
+                                max_new_tokens=32, policy="fixed"),
                    DecodeConfig("hispec", policy="auto", max_new_tokens=32),
                    DecodeConfig("lookup", max_new_tokens=32),
                    DecodeConfig("hispec", levels=("lookup", 4), max_new_tokens=32)):

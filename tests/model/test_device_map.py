@@ -10,8 +10,9 @@ from hispec.model.early_exit import EarlyExitModel
 from hispec.evaluation.runner import run
 
 
-@pytest.mark.parametrize("config", [DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=4),
-                                    DecodeConfig("hispec", draft_layer=2, verify_layer=5)],
+@pytest.mark.parametrize("config", [DecodeConfig("autoregressive"),
+                                    DecodeConfig("layerskip", draft_layer=4, policy="fixed"),
+                                    DecodeConfig("hispec", draft_layer=2, verify_layer=5, policy="fixed")],
                          ids=lambda c: c.method)
 def test_offloaded_layers_give_the_same_greedy_output(tmp_path, config):
     from dataclasses import replace

@@ -167,7 +167,7 @@ def test_greedy_exactness_with_heads(trained, kind, vocab, settings):
     ee.attach_exit_heads(attached, {"default_layers": {"draft": 2, "verify": 5}})
     try:
         for prompt in ([5, 17, 33, 2, 9, 41], [70]):
-            result = run(ee, prompt, DecodeConfig(max_new_tokens=30, **settings))
+            result = run(ee, prompt, DecodeConfig(max_new_tokens=30, **settings, policy="fixed"))
             assert result.token_ids == hf_greedy(model, prompt, 30)
     finally:
         for head in heads.values():
@@ -210,7 +210,8 @@ def test_cli_train_exits_on_a_folder(tmp_path, monkeypatch, capsys):
     assert preferred_layers(lm.ee) == (2, 6)
     assert info["training"]["tokens"] > 0 and info["model"] == {**model_identity(lm.model, folder)}
     prompt = lm.encode("abc def")
-    result = run(lm.ee, prompt, DecodeConfig(max_new_tokens=20, draft_layer=2, verify_layer=6), eos_ids=lm.eos_ids)
+    result = run(lm.ee, prompt, DecodeConfig(max_new_tokens=20, draft_layer=2, verify_layer=6, policy="fixed"),
+                 eos_ids=lm.eos_ids)
     assert result.token_ids == hf_greedy(lm.model, prompt, 20, eos=2)
     # raw exits on request; an explicit folder for another model is refused
     assert load_model(folder, device="cpu", exits="none").ee.exit_heads == {}
@@ -266,6 +267,7 @@ def test_shipped_heads_of_the_default_model():
         assert a["trained"] > a["raw"] + 0.15
     ids = lm.encode("Name three colours.")
     ref = hf_greedy(lm.model, ids, 24)
-    for config in (DecodeConfig("hispec", d, v, pref["draft_len"], pref["verify_threshold"], max_new_tokens=24),
-                   DecodeConfig("layerskip", pref["layerskip_exit"], max_new_tokens=24)):
+    for config in (DecodeConfig("hispec", d, v, pref["draft_len"], pref["verify_threshold"], max_new_tokens=24,
+                                policy="fixed"),
+                   DecodeConfig("layerskip", pref["layerskip_exit"], max_new_tokens=24, policy="fixed")):
         assert run(lm.ee, ids, config).token_ids == ref

@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # Exit heads vs the final head, the lean path vs transformers' layers, graph replays vs eager passes,
 # attention heads' cached vs one-pass states: where different kernels meet.
-FILES = ["tests/exits/test_exit_heads.py", "tests/model/test_lean.py", "tests/model/test_graphs.py", "tests/exits/test_attention_heads.py"]
+FILES = ["tests/model/test_exit_heads.py", "tests/model/test_lean.py", "tests/model/test_graphs.py",
+         "tests/model/test_attention_heads.py"]
 
 
 @pytest.mark.slow_isa

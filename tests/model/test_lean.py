@@ -70,7 +70,8 @@ def test_engine_uses_the_lean_path_by_default_and_can_switch(monkeypatch):
 def test_stock_path_stays_exact(method, extra):
     """The stock layers remain a working engine path (accelerate-dispatched models use it)."""
     model = tiny_model("qwen2", seed=9)
-    result = run(EarlyExitModel(model, lean=False), [4, 8, 15], DecodeConfig(method, max_new_tokens=30, **extra))
+    config = DecodeConfig(method, max_new_tokens=30, policy="fixed", **extra)
+    result = run(EarlyExitModel(model, lean=False), [4, 8, 15], config)
     assert result.token_ids == hf_greedy(model, [4, 8, 15], 30)
 
 
