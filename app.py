@@ -67,7 +67,8 @@ def _wire_runs(p, h: Handlers) -> None:
     views = [p.status, p.tokens, p.legend, p.final, p.stats, p.acc_plot, p.speed_plot, p.work_plot, p.last_run]
     analysis = [p.rounds_state, p.step_round, p.step_view, p.beliefs_view, p.explain_all]
     why_views = [p.why_dv, p.why_vt, p.why_out, p.why_plot]
-    stale = [p.what_if_status, p.what_if_tokens, p.what_if_stats, p.what_if_plot, p.compare_out, p.compare_plot]
+    stale = [p.what_if_status, p.what_if_tokens, p.what_if_stats, p.what_if_plot, p.what_if_result, p.compare_out,
+             p.compare_plot]
     for trigger in (p.generate_btn.click, p.prompt.submit):
         trigger(stepper.cleared, None, analysis + [p.timer, p.play_btn], api_name=False, queue=False)
         trigger(stale_panels, None, stale, api_name=False, queue=False)
@@ -78,9 +79,11 @@ def _wire_runs(p, h: Handlers) -> None:
     p.compare_btn.click(h.compare, settings + [p.policy, p.baselines, p.repeats],
                         [p.status, p.compare_status, p.compare_out, p.compare_plot], concurrency_limit=None,
                         api_name="compare")
-    p.what_if_btn.click(h.what_if, settings + [p.why_dv, p.why_vt, p.what_if_takes],
-                        [p.what_if_status, p.what_if_tokens, p.what_if_stats, p.what_if_plot],
-                        concurrency_limit=None, api_name=False)
+    what_if = p.what_if_btn.click(h.what_if, settings + [p.why_dv, p.why_vt, p.what_if_takes],
+                                  [p.what_if_status, p.what_if_tokens, p.what_if_stats, p.what_if_plot,
+                                   p.what_if_result], concurrency_limit=None, api_name=False)
+    # its result joins the prediction and the measured run in one table
+    what_if.then(h.why, [p.last_run, p.why_dv, p.why_vt, p.what_if_result], [p.why_out, p.why_plot], api_name=False)
     # outside the queue: a Stop is never refused, nor waits behind the jobs it stops
     p.stop_btn.click(h.stop, None, [p.status], queue=False, api_name="stop")
     p.load_btn.click(h.load, [p.model], [p.status, p.info, p.draft_layer, p.verify_layer, p.num_layers, p.draft_len,
@@ -91,8 +94,8 @@ def _wire_runs(p, h: Handlers) -> None:
 def _wire_analysis(p, h: Handlers) -> None:
     """Why this speed, step through the run."""
     for slider in (p.why_dv, p.why_vt):
-        slider.change(h.why, [p.last_run, p.why_dv, p.why_vt], [p.why_out, p.why_plot], api_name=False,
-                      trigger_mode="always_last")
+        slider.change(h.why, [p.last_run, p.why_dv, p.why_vt, p.what_if_result], [p.why_out, p.why_plot],
+                      api_name=False, trigger_mode="always_last")
     p.step_round.change(stepper.show_round, [p.rounds_state, p.step_round, p.last_run], [p.step_view],
                         api_name=False, queue=False)
     p.prev_btn.click(partial(stepper.step, delta=-1), [p.rounds_state, p.step_round], [p.step_round], api_name=False,

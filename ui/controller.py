@@ -13,16 +13,18 @@ import gradio as gr
 
 from hispec.engine.costs import model_costs
 from hispec.engine.events import Event, event_from_dict
+from hispec.engine.levels import exits_by_role
 from hispec.errors import HiSpecError
 from hispec.evaluation import published, what_if as what_ifs
 from hispec.evaluation.beliefs import exit_beliefs
 from hispec.evaluation.replay import replay_from_dicts
-from hispec.evaluation.speed_model import curves_for, measured_pairs, per_token
+from hispec.evaluation.speed_model import measured_pairs, per_token
+from hispec.evaluation.why import speed_story
 from hispec.evaluation.trace import Trace
 from hispec.serving.api import CompareRequest, GenerateRequest, LoadRequest, WhatIfRequest
 from hispec.serving.session import Server
 from hispec.serving.updates import Ended, Output, Status
-from ui import charts, controls, exits, labels, render, stepper, token_story
+from ui import charts, controls, exits, labels, render, stepper, token_story, why_view
 from ui.beliefs_view import beliefs_html
 from ui.generate_view import GenerateView, cleared
 from ui.steps_view import round_html
@@ -87,7 +89,7 @@ class Handlers:
                 request: gr.Request = None):
         """The real engine with TIMING ONLY verdicts at the sliders' acceptance, each take after a
         real plain run of the same length: what better exits would give on this machine."""
-        yield render.message_html("Starting a what-if run…", "info"), "", "", gr.Plot(None, visible=False)
+        yield render.message_html("Starting a what-if run…", "info"), "", "", gr.Plot(None, visible=False), None
         raw = {"generate": page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
                                         max_new_tokens, chat, temperature, top_k, top_p, seed),
                "a_dv": a_dv, "a_vt": a_vt, "takes": takes}
@@ -154,21 +156,23 @@ class Handlers:
         return controls.preset_values(choice, model_defaults(lm))
 
     # ---- why this speed -------------------------------------------------------------------------
-    def why(self, run, a_dv, a_vt, request: gr.Request = None):
-        """The run's speed next to the cost model's prediction, at the sliders' acceptance."""
+    def why(self, run, a_dv, a_vt, what_if=None, request: gr.Request = None):
+        """The run's measured speed, plan by plan, next to the cost model's estimates; at the sliders'
+        acceptance, the estimate for the run's fixed shape and a what-if run's result if one ran there."""
         if not run:
             return WHY_HINT, gr.skip()
         settings = run["settings"]
-        exits_used = tuple(e for e in (settings.get("draft_layer"), settings.get("verify_layer")) if e)
+        exits_used = tuple(sorted(exits_by_role(tuple(settings.get("levels") or ())).values()))
         try:
             costs = self._costs(run["model"], exits_used, request)
         except HiSpecError as exc:
             return render.message_html(str(exc)), gr.skip()
-        data = curves_for(run["stats"], settings, costs, settings.get("num_layers"), float(a_dv), float(a_vt))
-        view = (render.why_html(data["explain"], settings, data["now"], float(a_dv), float(a_vt),
-                                run["stats"].get("policy_choices")) + render.published_html(self.published))
-        return view, gr.Plot(charts.why_figure(data["curves"], data["points"], data["axis"], self.published),
-                             visible=bool(data["curves"]))
+        story = speed_story(run, costs, (float(a_dv), float(a_vt)), what_if)
+        view = why_view.why_html(story) + render.published_html(self.published)
+        if not story.get("curves"):
+            return view, gr.Plot(None, visible=False)
+        return view, gr.Plot(charts.why_figure(story["curves"], story["points"], story["axis"], self.published),
+                             visible=True)
 
     def _costs(self, model: str, exits_used: tuple[int, ...], request):
         lm = self.loaded(model)
@@ -185,7 +189,7 @@ class Handlers:
         a_dv, a_vt = measured_pairs(per_token(run["stats"]), run["settings"].get("method", ""))
         a_vt = 0.5 if a_vt is None else round(a_vt, 2)
         a_dv = a_vt if a_dv is None else round(a_dv, 2)
-        return (a_dv, a_vt) + self.why(run, a_dv, a_vt, request)
+        return (a_dv, a_vt) + self.why(run, a_dv, a_vt, None, request)
 
     # ---- after a run: its rounds, what each exit believed, every token's story ------------------
     def after_run(self, run, request: gr.Request = None):
@@ -213,8 +217,8 @@ class Handlers:
 
 def stale_panels() -> tuple:
     """A new run starts: the last run's what-if and comparison panels are emptied, not left beside it
-    (what_if status, tokens, stats, chart; compare table, chart)."""
-    return ("", "", "", gr.Plot(None, visible=False), "", gr.Plot(None, visible=False))
+    (what_if status, tokens, stats, chart, result; compare table, chart)."""
+    return ("", "", "", gr.Plot(None, visible=False), None, "", gr.Plot(None, visible=False))
 
 
 class WhatIfView:
@@ -227,13 +231,14 @@ class WhatIfView:
         self.done: list[what_ifs.TakeDone] = []
 
     def update(self, update):
+        """(status, tokens, stats, chart, result): the result (for "Why this speed") once it ends."""
         if isinstance(update, Status):
-            return (render.message_html("What if: " + update.text, "info"),) + (gr.skip(),) * 3
+            return (render.message_html("What if: " + update.text, "info"),) + (gr.skip(),) * 4
         if isinstance(update, Ended):
             if not update.ok:
-                return render.message_html(update.message), "", "", gr.Plot(None, visible=False)
+                return render.message_html(update.message), "", "", gr.Plot(None, visible=False), None
             # the views are sent again with the summary, so that the stream ends with the chart shown
-            return (render.message_html(self._summary(update), "info"),) + self._views()
+            return (render.message_html(self._summary(update), "info"),) + self._views() + (self.result(),)
         changed = False
         for item in update.items:
             if isinstance(item, what_ifs.TakeStarted):
@@ -246,7 +251,15 @@ class WhatIfView:
             elif isinstance(item, Event) and self.run is not None:
                 self.run.add(item)
                 changed = True
-        return (gr.skip(),) + self._views() if changed else (gr.skip(),) * 4
+        return (gr.skip(),) + self._views() + (gr.skip(),) if changed else (gr.skip(),) * 5
+
+    def result(self) -> dict | None:
+        """The takes' summary, as "Why this speed" puts it beside its estimates (None: no take ended)."""
+        ratios = sorted(t.ratio for t in self.done if t.ratio)
+        if not ratios or self.take is None:
+            return None
+        return {"rates": tuple(round(r, 2) for r in self.take.rates), "median": what_ifs.Summary(tuple(self.done),
+                self.take.of).median, "low": ratios[0], "high": ratios[-1], "takes": len(ratios)}
 
     def _summary(self, ended: Ended) -> str:
         of = self.take.of if self.take else 0

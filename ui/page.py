@@ -182,6 +182,7 @@ def _why(p) -> None:
             p.what_if_tokens = gr.HTML("", elem_id="hs-what-if-tokens")
             p.what_if_stats = gr.HTML("", elem_id="hs-what-if-stats")
             p.what_if_plot = gr.Plot(label="What if (synthetic)", visible=False, elem_id="hs-what-if-plot")
+            p.what_if_result = gr.State(None)  # the takes' summary, for the table above
 
 
 def _compare(p) -> None:

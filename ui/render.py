@@ -105,50 +105,6 @@ def _pct(x) -> str:
     return "–" if x is None else f"{x:.0%}"
 
 
-def why_html(exp: dict, settings: dict, predicted_now: float, a_dv: float, a_vt: float,
-             plans: dict[str, int] | None = None) -> str:
-    """The run's measured speed next to the cost model's prediction, in words and numbers.
-    `exp`: evaluation.speed_model.explain(); `predicted_now`: at the sliders' acceptance."""
-    method = exp["method"]
-    if method not in ("layerskip", "hispec"):
-        return ("<div class='hs-why'><p>This run decoded without exits (" + html.escape(method) + "): there is "
-                "nothing to predict. Pick HiSpec or LayerSkip and generate.</p></div>")
-    d, v = settings.get("draft_layer"), settings.get("verify_layer")
-    k, T, L = settings.get("draft_len"), settings.get("verify_threshold"), settings.get("num_layers")
-    shape = (f"LayerSkip: {k} drafts at exit {d}, then layers {d}–{L}" if method == "layerskip"
-             else f"HiSpec: {k} drafts at exit {d}, judged at exit {v}, the full model once {T} are tentative")
-    rows = [("measured speed vs a plain step", f"{exp['measured_vs_plain']:.2f}×"),
-            ("a plain step on this machine (cost model)", f"{exp['plain_tokens_per_s']:.1f} tokens/s")]
-    if method == "hispec":
-        rows.append(("measured acceptance draft → verify", _pct(exp["a_dv"])))
-    rows.append(("measured acceptance " + ("exit → full model" if method == "layerskip" else "verify → full model"),
-                 _pct(exp["a_vt"])))
-    if exp["predicted"] is not None:
-        rows.append(("predicted at the measured acceptance", f"{exp['predicted']:.2f}×"))
-    be = exp["break_even"]
-    rows.append(("break-even acceptance (exit → full model)",
-                 "never: the round costs more than it can commit" if be is None and exp["predicted"] is not None
-                 else _pct(be)))
-    rows.append(("predicted at the sliders' acceptance"
-                 + (f" ({a_dv:.0%} draft → verify, {a_vt:.0%} → full)" if method == "hispec" else f" ({a_vt:.0%})"),
-                 f"<b>{predicted_now:.2f}×</b>"))
-    body = "".join(f"<tr><td>{html.escape(a)}</td><td>{b}</td></tr>" for a, b in rows)
-    note = ""
-    if settings.get("policy") == "auto":
-        chosen = ", ".join(f"{html.escape(k)} {n}" for k, n in sorted((plans or {}).items(), key=lambda kv: -kv[1]))
-        note = ("<p class='hs-hint'>This run used the adaptive policy, which picks a plan every round from the "
-                "acceptance measured so far and these costs" + (f" (rounds per plan: {chosen})" if chosen else "")
-                + "; “Step through the run” shows each round's plan and the reason for it. The prediction above "
-                "is for fixed rounds with these settings.</p>")
-    return (f"<div class='hs-why'><p>{html.escape(shape)}. A round pays when it commits more tokens per second "
-            f"than plain steps would: that takes the acceptance on the right of the break-even point.</p>"
-            f"<table class='hs-stats' id='hs-why-table'>{body}</table>{note}"
-            "<p class='hs-hint'>Predictions: expected tokens per second of a round (per-token acceptance, in order) "
-            "with pass and head costs timed on this machine for this model; acceptance measured in the run "
-            "above. The model counts layer passes and heads only, not the engine's own bookkeeping, and real "
-            "runs are burstier: the measured speed is the fact, the prediction the explanation.</p></div>")
-
-
 def stats_html(s: dict, vs_plain: dict | None = None) -> str:
     """The run's stats as a table (the CLI prints the same rows on one line); `vs_plain`: the
     measured ratio to plain decoding on this prompt (evaluation.compare.vs_plain), when taken."""

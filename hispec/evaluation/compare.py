@@ -108,6 +108,8 @@ def vs_plain(lm, ids: list[int], config: DecodeConfig, new_tokens: int, pairs: i
     plain = replace(plain_config(config), max_new_tokens=new_tokens).resolve_for(lm.ee)
     detok = Detokenizer(lm.tokenizer)
     speeds: dict[str, list[float]] = {"method": [], "plain": []}
+    decode: dict[str, list[float]] = {"method": [], "plain": []}  # after the first token: the prefill apart
+    prefill: list[float] = []
     for i in range(pairs):
         for which in (("method", "plain") if i % 2 == 0 else ("plain", "method")):
             if stop.is_set():
@@ -117,8 +119,18 @@ def vs_plain(lm, ids: list[int], config: DecodeConfig, new_tokens: int, pairs: i
             r = run(lm.ee, ids, method if which == "method" else plain, eos_ids=lm.eos_ids if which == "method" else (),
                     detok=detok, stop=stop)
             speeds[which].append(r.stats["tokens_per_s"])
+            decode[which].append(decode_rate(r.stats))
+            prefill.append(r.stats.get("prefill_s") or 0.0)
     n = min(len(speeds["method"]), len(speeds["plain"]))
     if n == 0:
         return
     summary = ratios(speeds["method"][:n], speeds["plain"][:n])
-    yield {"vs_plain": {**summary, "method_tokens_per_s": speeds["method"][:n], "plain_tokens_per_s": speeds["plain"][:n]}}
+    yield {"vs_plain": {**summary, "new_tokens": new_tokens, "method_tokens_per_s": speeds["method"][:n],
+                        "plain_tokens_per_s": speeds["plain"][:n], "method_decode_tokens_per_s": decode["method"][:n],
+                        "plain_decode_tokens_per_s": decode["plain"][:n], "prefill_s": statistics.median(prefill)}}
+
+
+def decode_rate(stats: dict) -> float:
+    """Tokens per second after the first one (the prompt's prefill and the first round apart)."""
+    seconds = (stats.get("wall_s") or 0.0) - (stats.get("prefill_s") or 0.0)
+    return (stats["new_tokens"] - 1) / seconds if stats["new_tokens"] > 1 and seconds > 0 else 0.0

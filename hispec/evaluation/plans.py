@@ -29,6 +29,7 @@ class PlanRow:
     seconds: float = 0.0
     share: float = 0.0  # of the decode time (prefill apart)
     acceptance: dict[str, float | None] = field(default_factory=dict)  # per token, per level pair
+    judged: dict[str, int] = field(default_factory=dict)  # tokens judged per pair (up to first rejections)
     draft_len: int = 1  # median proposed tokens per round
     verify_at: int = 1  # median pending tokens that called the full model
 
@@ -99,6 +100,7 @@ def plan_rows(events: list[Event], settings: dict) -> list[PlanRow]:
     for kind, row in rows.items():
         row.share = row.seconds / decode_s if decode_s > 0 else 0.0
         row.acceptance = collectors[kind].acceptance_per_token()
+        row.judged = {key: n for key, (_, n) in collectors[kind].in_order.items()}
         ks, ats = zip(*lengths[kind])
         row.draft_len, row.verify_at = int(statistics.median(ks)), int(statistics.median(ats))
     return sorted(rows.values(), key=lambda row: -row.seconds)

@@ -92,52 +92,6 @@ def per_token(stats: dict) -> dict:
     return stats.get("acceptance_per_token") or stats.get("acceptance") or {}
 
 
-def explain(stats: dict, settings: dict, costs: CostModel, num_layers: int) -> dict:
-    """The run's measured speed next to the cost model's: predicted speedup at the measured
-    acceptance, the break-even acceptance, and the plain-step speed the ratio is taken against."""
-    r = RoundSettings.from_settings(settings)
-    model = SpeedModel(costs, num_layers)
-    a_dv, a_vt = measured_pairs(per_token(stats), r.method)
-    plain_tps = plain_rate(costs, num_layers)
-    out = {"method": r.method, "plain_tokens_per_s": plain_tps, "a_dv": a_dv, "a_vt": a_vt,
-           "measured_vs_plain": (stats.get("tokens_per_s") or 0.0) / plain_tps, "predicted": None,
-           "break_even": None, "break_even_same": None}
-    if r.method in PAIRS and a_vt is not None:
-        out["predicted"] = model.speedup(r, a_dv if a_dv is not None else a_vt, a_vt)
-        out["break_even"] = model.break_even(r, a_dv)
-        out["break_even_same"] = model.break_even(r, None)
-    return out
-
-
-def curves_for(stats: dict, settings: dict, costs: CostModel, num_layers: int, a_dv: float, a_vt: float) -> dict:
-    """What "Why this speed" draws for a run at the sliders' acceptance: the measured and predicted
-    figures (`explain`), the prediction at the sliders (`now`), the curves worth comparing (the
-    run's own shape; for HiSpec also one acceptance for both pairs and LayerSkip at its verifier
-    exit) and the points (this run predicted and measured, the sliders)."""
-    r = RoundSettings.from_settings(settings)
-    model = SpeedModel(costs, num_layers)
-    exp = explain(stats, settings, costs, num_layers)
-    curves: dict[str, list[tuple[float, float]]] = {}
-    if r.method == "hispec":
-        curves[f"HiSpec, draft→verify {a_dv:.0%}"] = model.curve(r, a_dv)
-        curves["HiSpec, draft→verify = verify→full"] = model.curve(r)
-        single = RoundSettings("layerskip", r.verify_layer, draft_len=r.verify_threshold)
-        curves[f"LayerSkip at exit {r.verify_layer}, {r.verify_threshold} drafts"] = model.curve(single)
-    elif r.method == "layerskip":
-        curves[f"LayerSkip at exit {r.draft_layer}, {r.draft_len} drafts"] = model.curve(r)
-    points: dict[str, tuple[float, float]] = {}
-    if exp["a_vt"] is not None:
-        if exp["predicted"] is not None:
-            points["this run: predicted"] = (exp["a_vt"], exp["predicted"])
-        points["this run: measured"] = (exp["a_vt"], exp["measured_vs_plain"])
-    now = model.speedup(r, a_dv, a_vt)
-    if r.method in PAIRS:
-        points["sliders"] = (a_vt, now)
-    axis = ("acceptance verify → full model, per token" if r.method == "hispec"
-            else "acceptance exit → full model, per token")
-    return {"explain": exp, "now": now, "curves": curves, "points": points, "axis": axis}
-
-
 # ---- a run plan by plan (evaluation.plans), measured and predicted ------------------------------
 def plan_settings(kind: str, draft_len: int, verify_at: int) -> RoundSettings:
     """The fixed round a plan kind of evaluation.plans stands for."""

@@ -1,15 +1,11 @@
 """The cost model's prediction of a run's speed ("Why this speed"): hand-computed cases on flat
-costs, the break-even point, and the explanation of a real run on a tiny model."""
+costs, the break-even point, and the policy's own score (a run's whole story: tests/evaluation/test_why.py)."""
 
 import pytest
-from helpers import tiny_model
 
 from hispec.engine.costs import CostModel
-from hispec.engine.decoding import DecodeConfig
 from hispec.engine.policy import AutoPolicy
-from hispec.evaluation.runner import run
-from hispec.evaluation.speed_model import RoundSettings, SpeedModel, explain, measured_pairs
-from hispec.model.early_exit import EarlyExitModel
+from hispec.evaluation.speed_model import RoundSettings, SpeedModel
 
 
 def flat_costs(layer=1.0, head=0.0) -> CostModel:
@@ -66,16 +62,7 @@ def test_the_prediction_is_the_adaptive_policys_own_score():
     assert predicted == pytest.approx(scored[label] / scored["plain"])
 
 
-def test_explain_a_real_run():
-    ee = EarlyExitModel(tiny_model("llama", layers=8))
-    r = run(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
-    costs = flat_costs()
-    exp = explain(r.stats, r.settings, costs, 8)
-    a_dv, a_vt = measured_pairs(r.stats["acceptance_per_token"], "hispec")  # the model's a: up to first rejections
-    assert (exp["a_dv"], exp["a_vt"]) == (a_dv, a_vt) and a_vt is not None
-    assert exp["measured_vs_plain"] == pytest.approx(r.stats["tokens_per_s"] / (1 / 8))
-    assert exp["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundSettings.from_settings(r.settings),
-                                                                          a_dv, a_vt))
-    plain = explain(run(ee, [5, 6], DecodeConfig("autoregressive", max_new_tokens=4)).stats,
-                    {"method": "autoregressive"}, costs, 8)
-    assert plain["predicted"] is None and plain["break_even"] is None
+def test_lookup_by_hand_on_flat_costs():
+    """k copied tokens, verified by one full pass over k + 1: (1 + a + a^2) / 8 layers on flat costs."""
+    predicted = SpeedModel(flat_costs(), 8).speedup(RoundSettings("lookup", draft_len=2), 0.0, 0.5)
+    assert predicted == pytest.approx((1 + 0.5 + 0.25) / 8 / (1 / 8))

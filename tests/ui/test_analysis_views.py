@@ -55,7 +55,8 @@ def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(server):
     plain_config = runner.plain_config(DecodeConfig("hispec", 2, 4, 2, 4, 30, policy="fixed")).resolve_for(lm.ee)
     assert plain_config.levels == (), "the baseline is plain decoding: no exit drafts in it"
     outs = what_if(server)
-    status, tokens, stats, plot = outs[-1]
+    status, tokens, stats, plot, result = outs[-1]
+    assert result["rates"] == (1.0, 1.0) and result["takes"] == 1 and result["median"] > 0
     assert "1 of 1 takes done" in plain(status) and plot.visible
     rows = re.findall(r"<tr><td>(.*?)</td>", stats)
     assert rows and all(r.startswith(render.SYNTHETIC) or "real" in r for r in rows), rows
@@ -240,16 +241,25 @@ def test_published_points_carry_sources_and_convert_to_per_token_acceptance(tmp_
     assert out.count("<li>") == len(points) and "arxiv.org" in out
 
 
-def test_why_names_the_adaptive_policys_plans():
-    exp = {"method": "hispec", "measured_vs_plain": 1.1, "plain_tokens_per_s": 10.0, "a_dv": 0.5, "a_vt": 0.4,
-           "predicted": 0.9, "break_even": 0.6}
-    settings = {"method": "hispec", "policy": "auto", "draft_layer": 2, "verify_layer": 4, "draft_len": 1,
-                "verify_threshold": 1, "num_layers": 30}
-    out = plain(render.why_html(exp, settings, 0.9, 0.5, 0.4, {"lookup": 14, "exit 2 -> exit 4": 21, "plain": 2}))
-    assert "rounds per plan: exit 2 -> exit 4 21, lookup 14, plain 2" in out
-    assert "Step through the run" in out
-    fixed = plain(render.why_html(exp, dict(settings, policy="fixed"), 0.9, 0.5, 0.4, {"plain": 3}))
-    assert "rounds per plan" not in fixed
+def test_why_tells_an_adaptive_run_plan_by_plan_against_measured_plain_decoding(server):
+    h = Handlers(server)
+    prompt = "abcabcabcabcabcabcabcabc"  # repeats itself: the lookup level has something to copy
+    outs = list(h.generate(prompt, "tiny", "HiSpec", 2, 4, 2, 4, 24, False, policy=labels.ADAPTIVE, baseline=2))
+    kept = outs[-1][-1]
+    assert kept["vs_plain"]["runs"] == 2 and kept["vs_plain"]["new_tokens"] == 24
+    assert "speed vs plain decoding, measured" in plain(outs[-1][4]), "the stats state the measured ratio"
+    view, plot = h.why(kept, 0.9, 0.9)
+    text = plain(view)
+    assert text.startswith("Acceptance, everywhere on this page:"), "defined where it first appears"
+    plans = re.findall(r"<tr><td>([^<]+)</td><td>\d+</td>", view.split("id='hs-why-plans'")[1].split("</table>")[0])
+    assert {html.unescape(p) for p in plans} == set(kept["stats"]["policy_choices"]), plans
+    assert "this run, measured against plain decoding (2 pairs of runs, 24 tokens each" in text
+    assert "at the sliders" in text and "break-even of the same plan" in text
+    assert plot.visible
+    fixed = list(h.generate("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0))
+    view, _ = h.why(fixed[-1][-1], 0.5, 0.5)
+    assert "not measured" in plain(view) and "estimated from its plans" not in plain(view)
+    assert re.findall(r"<tr><td>(exit 2 -&gt; exit 4)</td>", view), "a fixed run is one plan"
 
 
 def test_the_story_of_a_token_replaced_twice_tells_the_whole_chain(server):

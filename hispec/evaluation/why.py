@@ -1,0 +1,145 @@
+"""Why this speed: a run's measured speed against plain decoding, and the cost model's account of
+it plan by plan, in numbers a reader can check against each other.
+
+    measured      the ratio of pairs of runs (this method, plain decoding) on the same prompt and
+                  length, timed alike (evaluation.compare.vs_plain): the fact
+    plans         each plan that ran (evaluation.plans): rounds, tokens, share of the time, its
+                  acceptance, its measured speed, the cost model's prediction at that acceptance
+                  (an estimate, with the range the acceptance's 90% interval gives) and its own
+                  break-even acceptance
+    predicted     the whole run's estimate from its plans, beside the measured ratio; where the
+                  two differ by more than the measured range, by how much and the usual reasons
+                  (the prompt's prefill, the engine's bookkeeping outside layer passes, noise)
+    sliders       the run's fixed shape at the sliders' acceptance: the estimate, and a what-if
+                  run's measured (synthetic) result when one ran at these sliders
+
+The cost model's plain step is calibrated to the measured plain runs: its predicted tokens/s are in
+this machine's units at the time of the run.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from hispec.engine.costs import CostModel
+from hispec.engine.events import event_from_dict
+from hispec.engine.policy import plain_rate
+from hispec.evaluation.plans import plan_rows
+from hispec.evaluation.speed_model import (
+    RoundSettings,
+    SpeedModel,
+    acceptance_interval,
+    explain_plans,
+    plan_settings,
+    run_prediction,
+)
+
+DEFINITION = ("Acceptance, everywhere on this page: of the tokens a level proposes, the share the level above keeps, "
+              "counted in order up to the first rejection of each block (what follows a rejection is thrown away "
+              "unjudged).")
+
+
+def shape_of(settings: dict) -> RoundSettings | None:
+    """The fixed round a run's settings describe (the sliders' curves are for it); None: no exits."""
+    method = settings.get("method")
+    if method not in ("hispec", "layerskip"):
+        return None
+    return RoundSettings.from_settings(settings)
+
+
+def _interval_prediction(model: SpeedModel, plan: dict, judged: dict) -> tuple[float, float] | None:
+    r = plan_settings(plan["kind"], plan["draft_len"], plan["verify_at"])
+    if r.method == "autoregressive" or plan["a_vt"] is None:
+        return None
+    to_full = next((k for k in judged if k.endswith("->target")), None)
+    vt = acceptance_interval(plan["a_vt"], judged.get(to_full, 0))
+    dv = acceptance_interval(plan["a_dv"], judged.get("draft->verify", 0)) if plan["a_dv"] is not None else None
+    if vt is None:
+        return None
+    low = model.speedup(r, dv[0] if dv else vt[0], vt[0])
+    high = model.speedup(r, dv[1] if dv else vt[1], vt[1])
+    return min(low, high), max(low, high)
+
+
+def _differences(measured: dict, predicted: float, stats: dict) -> list[tuple[str, str]]:
+    """Why a measured ratio and an estimate differ: the parts of a run the cost model leaves out."""
+    gap = predicted / measured["median"] - 1 if measured["median"] else 0.0
+    out = [("by", f"the estimate is {abs(gap):.0%} {'above' if gap > 0 else 'below'} the measured ratio")]
+    wall = stats.get("wall_s") or 0.0
+    if wall and stats.get("prefill_s"):
+        out.append(("prefill", f"the prompt's prefill and first round took {stats['prefill_s'] / wall:.0%} of this "
+                               "run; the measured ratio includes it (in both runs), the estimate counts decoding only"))
+    if stats.get("layers_share") is not None:
+        out.append(("bookkeeping", f"{1 - stats['layers_share']:.0%} of the run was outside layer passes (heads, "
+                                   "token choice, the engine's own work): the estimate counts passes and heads only"))
+    if measured["runs"] > 1:
+        out.append(("noise", f"the measured pairs ranged over {measured['low']:.2f}–{measured['high']:.2f}×"))
+    else:
+        out.append(("noise", "one pair of runs is noisy: more pairs give a range"))
+    return out
+
+
+def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_if: dict | None = None) -> dict:
+    """Every figure of "Why this speed" for a finished run (the page's kept run: stats, settings,
+    events, vs_plain), at the sliders' acceptance (draft -> verify, -> full model)."""
+    settings, stats = run["settings"], run["stats"]
+    L = settings.get("num_layers")
+    events = [event_from_dict(d) for d in run.get("events") or []]
+    rows = plan_rows(events, settings)
+    measured = run.get("vs_plain")
+    plain_decode = statistics.median(measured["plain_decode_tokens_per_s"]) if measured else None
+    plans = explain_plans(rows, costs, L, plain_decode)
+    model = SpeedModel(costs, L)
+    for plan, row in zip(plans, rows):
+        plan["range"] = _interval_prediction(model, plan, row.judged)
+    predicted = run_prediction(plans)
+    low = run_prediction([dict(p, predicted=p["range"][0]) if p.get("range") else p for p in plans])
+    high = run_prediction([dict(p, predicted=p["range"][1]) if p.get("range") else p for p in plans])
+    story = {"definition": DEFINITION, "method": settings.get("method"), "policy": settings.get("policy"),
+             "measured": measured, "plans": plans, "predicted": predicted,
+             "predicted_range": (low, high) if low is not None and high is not None else None,
+             "plain": {"measured_decode_tokens_per_s": plain_decode, "model_tokens_per_s": plain_rate(costs, L)},
+             "differences": [], "shape": None}
+    if measured and predicted is not None and not measured["low"] <= predicted <= measured["high"]:
+        story["differences"] = _differences(measured, predicted, stats)
+    shape = shape_of(settings)
+    if shape is not None:
+        story["shape"] = shape
+        story["sliders"] = _at_sliders(model, shape, sliders, what_if)
+        story.update(_chart(model, shape, sliders, plans, measured, predicted, story["sliders"]))
+    return story
+
+
+def _at_sliders(model: SpeedModel, shape: RoundSettings, sliders, what_if: dict | None) -> dict:
+    a_dv, a_vt = sliders
+    out = {"a_dv": a_dv, "a_vt": a_vt, "predicted": model.speedup(shape, a_dv, a_vt),
+           "break_even": model.break_even(shape, a_dv if shape.method == "hispec" else None), "what_if": None}
+    if what_if and tuple(what_if.get("rates") or ()) == (round(a_dv, 2), round(a_vt, 2)):
+        out["what_if"] = what_if
+    return out
+
+
+def _chart(model: SpeedModel, shape: RoundSettings, sliders, plans, measured, predicted, at) -> dict:
+    """The curves and points of the chart: the run's shape over acceptance, this run, the sliders."""
+    a_dv, a_vt = sliders
+    curves = {}
+    if shape.method == "hispec":
+        curves[f"HiSpec, draft→verify {a_dv:.0%}"] = model.curve(shape, a_dv)
+        curves["HiSpec, draft→verify = verify→full"] = model.curve(shape)
+        single = RoundSettings("layerskip", shape.verify_layer, draft_len=shape.verify_threshold)
+        curves[f"LayerSkip at exit {shape.verify_layer}, {shape.verify_threshold} drafts"] = model.curve(single)
+    else:
+        curves[f"LayerSkip at exit {shape.draft_layer}, {shape.draft_len} drafts"] = model.curve(shape)
+    points = {}
+    a_run = plans[0]["a_vt"] if plans else None  # the plan that took the most time
+    if a_run is not None:
+        if predicted is not None:
+            points["this run: estimate"] = (a_run, predicted)
+        if measured:
+            points["this run: measured"] = (a_run, measured["median"])
+    points["sliders: estimate"] = (a_vt, at["predicted"])
+    if at["what_if"] and at["what_if"].get("median"):
+        points["sliders: what-if, measured (synthetic)"] = (a_vt, at["what_if"]["median"])
+    axis = ("acceptance verify → full model, per token" if shape.method == "hispec"
+            else "acceptance exit → full model, per token")
+    return {"curves": curves, "points": points, "axis": axis}

@@ -1,0 +1,98 @@
+"""'Why this speed' from a run's own events: plan by plan, the measured ratio beside the estimates,
+and the differences named (hispec.evaluation.plans, hispec.evaluation.why)."""
+
+import pytest
+from helpers import tiny_model
+from test_speed_model import flat_costs
+
+from hispec.engine.decoding import DecodeConfig
+from hispec.engine.events import event_to_dict
+from hispec.evaluation.plans import fixed_kind, plan_rows
+from hispec.evaluation.runner import run
+from hispec.evaluation.speed_model import RoundSettings, SpeedModel
+from hispec.evaluation.why import speed_story
+from hispec.model.early_exit import EarlyExitModel
+
+
+@pytest.fixture(scope="module")
+def ee():
+    return EarlyExitModel(tiny_model("llama", layers=8))
+
+
+def traced(ee, prompt, config):
+    events = []
+    r = run(ee, prompt, config, on_event=events.append)
+    return r, events
+
+
+def kept(r, events, vs_plain=None) -> dict:
+    return {"stats": r.stats, "settings": r.settings, "events": [event_to_dict(e) for e in events],
+            "vs_plain": vs_plain}
+
+
+def test_a_fixed_run_is_one_plan_with_the_runs_own_acceptance(ee):
+    r, events = traced(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
+    rows = plan_rows(events, r.settings)
+    assert [row.kind for row in rows] == ["exit 2 -> exit 4"] == [fixed_kind(r.settings)]
+    row = rows[0]
+    # the prefill commits the first token (round 0); the plan's rounds commit the rest
+    assert row.rounds == r.stats["rounds"] and row.new_tokens == r.stats["new_tokens"] - 1
+    assert row.acceptance == r.stats["acceptance_per_token"]
+    assert row.share == pytest.approx(1.0) and (row.draft_len, row.verify_at) == (2, 2)
+
+
+def test_an_adaptive_run_is_told_plan_by_plan_lookup_included(ee):
+    prompt = [5, 6, 7, 8, 9] * 6  # a prompt that repeats itself: the lookup level has something to copy
+    r, events = traced(ee, prompt, DecodeConfig("hispec", 2, 4, max_new_tokens=40, policy="auto"))
+    rows = plan_rows(events, r.settings)
+    kinds = {row.kind for row in rows}
+    assert kinds == set(r.stats["policy_choices"]), (kinds, r.stats["policy_choices"])
+    assert sum(row.rounds for row in rows) == r.stats["rounds"]
+    assert sum(row.share for row in rows) == pytest.approx(1.0)
+    assert sum(row.new_tokens for row in rows) <= r.stats["new_tokens"]
+    if "lookup" in kinds:
+        lookup = next(row for row in rows if row.kind == "lookup")
+        assert set(lookup.acceptance) == {"lookup->target"}
+
+
+def test_the_story_puts_the_estimate_beside_the_measured_ratio_and_names_the_gap(ee):
+    r, events = traced(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
+    costs = flat_costs()
+    measured = {"median": 0.30, "low": 0.28, "high": 0.33, "runs": 3, "new_tokens": 24,
+                "plain_decode_tokens_per_s": [0.1, 0.125, 0.125]}
+    story = speed_story(kept(r, events, measured), costs, (0.9, 0.9))
+    plan = story["plans"][0]
+    a_dv, a_vt = r.stats["acceptance_per_token"]["draft->verify"], r.stats["acceptance_per_token"]["verify->target"]
+    assert plan["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundSettings("hispec", 2, 4, 2, 2),
+                                                                           a_dv, a_vt))
+    low, high = plan["range"]
+    assert low <= plan["predicted"] <= high, "the estimate's range holds it"
+    # the cost model's plain step (1/8 tokens per second on flat costs) is calibrated to the measured one
+    assert plan["predicted_tokens_per_s"] == pytest.approx(plan["predicted"] * 0.125)
+    assert story["predicted"] == pytest.approx(plan["predicted"]) and story["measured"] is measured
+    if not measured["low"] <= story["predicted"] <= measured["high"]:
+        reasons = dict(story["differences"])
+        assert set(reasons) >= {"by", "bookkeeping", "noise"} and "%" in reasons["by"]
+    at = story["sliders"]
+    assert at["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundSettings("hispec", 2, 4, 2, 2), 0.9, 0.9))
+    assert "sliders: estimate" in story["points"] and story["curves"]
+
+
+def test_without_a_measurement_no_estimate_of_the_run_is_stated(ee):
+    r, events = traced(ee, [5, 6, 7, 8], DecodeConfig("layerskip", 2, max_new_tokens=12, policy="fixed"))
+    story = speed_story(kept(r, events), flat_costs(), (0.5, 0.5))
+    assert story["measured"] is None and story["differences"] == []
+    from ui.why_view import why_html
+
+    out = why_html(story)
+    assert "not measured" in out and "this run, estimated" not in out
+
+
+def test_a_what_if_at_the_sliders_joins_the_same_table(ee):
+    r, events = traced(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=12, policy="fixed"))
+    what_if = {"rates": (0.9, 0.9), "median": 1.4, "low": 1.2, "high": 2.0, "takes": 3}
+    story = speed_story(kept(r, events), flat_costs(), (0.9, 0.9), what_if)
+    assert story["sliders"]["what_if"] == what_if
+    assert "sliders: what-if, measured (synthetic)" in story["points"]
+    elsewhere = speed_story(kept(r, events), flat_costs(), (0.5, 0.9), what_if)
+    assert elsewhere["sliders"]["what_if"] is None, "a what-if at other sliders is not this row"

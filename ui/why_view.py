@@ -1,0 +1,122 @@
+"""'Why this speed' as HTML: the run's measured speed, its plans, and the estimates beside them
+(hispec.evaluation.why.speed_story), every modelled figure labelled as an estimate."""
+
+from __future__ import annotations
+
+import html
+
+from hispec.evaluation.speed_model import RoundSettings
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
+def _x(value, spread=None) -> str:
+    if value is None:
+        return "–"
+    text = f"{value:.2f}×"
+    if spread:
+        text += f" ({spread[0]:.2f}–{spread[1]:.2f}×)"
+    return text
+
+
+def shape_words(r: RoundSettings) -> str:
+    if r.method == "hispec":
+        return (f"HiSpec, fixed: {r.draft_len} drafts at exit {r.draft_layer}, judged at exit {r.verify_layer}, "
+                f"the full model once {r.verify_threshold} are tentative")
+    return f"LayerSkip, fixed: {r.draft_len} drafts at exit {r.draft_layer}, then the rest of the model"
+
+
+def _plan_acceptance(plan: dict) -> str:
+    parts = []
+    if plan["a_dv"] is not None:
+        parts.append(f"draft → verify {_pct(plan['a_dv'])}")
+    if plan["a_vt"] is not None:
+        parts.append(f"→ full model {_pct(plan['a_vt'])}")
+    return ", ".join(parts) or "–"
+
+
+def plans_table(story: dict) -> str:
+    rows = []
+    for p in story["plans"]:
+        measured = p["measured_tokens_per_s"]
+        estimate = p["predicted_tokens_per_s"]
+        be = p["break_even"]
+        rows.append(
+            f"<tr><td>{html.escape(p['kind'])}</td><td>{p['rounds']}</td><td>{p['new_tokens']}</td>"
+            f"<td>{_pct(p['share'])}</td><td>{html.escape(_plan_acceptance(p))}</td>"
+            f"<td>{'–' if measured is None else f'{measured:.1f}'}</td>"
+            f"<td>{'–' if estimate is None else f'{estimate:.1f}'} <span class='hs-hint'>estimate</span></td>"
+            f"<td>{_x(p['predicted'], p.get('range'))}</td>"
+            f"<td>{'–' if p['kind'] == 'plain' else _pct(be) if be is not None else 'never'}</td></tr>")
+    head = ("<tr><th>plan</th><th>rounds</th><th>tokens</th><th>share of the time</th><th>acceptance</th>"
+            "<th>tokens / s, measured</th><th>tokens / s, cost model</th><th>× plain, estimate</th>"
+            "<th>break-even acceptance</th></tr>")
+    return f"<table class='hs-stats' id='hs-why-plans'>{head}{''.join(rows)}</table>"
+
+
+def _measured_row(story: dict) -> str:
+    m = story["measured"]
+    if not m:
+        return ("<tr><td>this run, measured</td><td>–</td><td>not measured: set “pairs” above 0 to time plain "
+                "decoding on this prompt</td><td>–</td></tr>")
+    pairs = f"{m['runs']} pair{'s' if m['runs'] > 1 else ''} of runs, {m.get('new_tokens', '?')} tokens each"
+    main = story["plans"][0] if story["plans"] else None
+    spread = (m["low"], m["high"]) if m["runs"] > 1 else None
+    return (f"<tr><td>this run, measured against plain decoding ({pairs}, prefill included in both)</td>"
+            f"<td>{html.escape(_plan_acceptance(main)) if main else '–'}</td><td><b>{_x(m['median'], spread)}</b></td>"
+            "<td>measured</td></tr>")
+
+
+def why_html(story: dict) -> str:
+    rows = [_measured_row(story)]
+    if story["measured"] and story["predicted"] is not None:
+        rows.append(f"<tr><td>this run, estimated from its plans (decoding only)</td><td>–</td>"
+                    f"<td>{_x(story['predicted'], story['predicted_range'])}</td><td>estimate</td></tr>")
+    shape = story.get("shape")
+    if shape is not None:
+        at = story["sliders"]
+        words = html.escape(shape_words(shape))
+        acc = (f"{_pct(at['a_dv'])} draft → verify, {_pct(at['a_vt'])} → full" if shape.method == "hispec"
+               else f"{_pct(at['a_vt'])} → full")
+        rows.append(f"<tr><td>{words}, at the sliders</td><td>{acc}</td><td><b>{_x(at['predicted'])}</b></td>"
+                    "<td>estimate</td></tr>")
+        w = at["what_if"]
+        if w and w.get("median") is not None:
+            rows.append(f"<tr><td>{words}, what-if run at the sliders ({w['takes']} takes, timing only)</td><td>{acc}</td>"
+                        f"<td>{_x(w['median'], (w['low'], w['high']) if w['takes'] > 1 else None)}</td>"
+                        "<td>measured, SYNTHETIC verdicts</td></tr>")
+            if at["predicted"] and not w["low"] <= at["predicted"] <= w["high"]:
+                gap = at["predicted"] / w["median"] - 1
+                rows.append(f"<tr><td colspan='4' class='hs-hint'>The estimate at the sliders is {abs(gap):.0%} "
+                            f"{'above' if gap > 0 else 'below'} the what-if run's median: the estimate counts layer "
+                            "passes and heads only, the run also pays the engine's bookkeeping and the prefill.</td></tr>")
+        be = at["break_even"]
+        rows.append(f"<tr><td>break-even of the same plan (draft → verify held at {_pct(at['a_dv'])})</td>"
+                    f"<td>{_pct(be) if be is not None else 'never'} → full</td><td>1.00×</td><td>estimate</td></tr>")
+    table = ("<table class='hs-stats' id='hs-why-table'><tr><th>figure</th><th>acceptance</th><th>× plain decoding</th>"
+             f"<th>kind</th></tr>{''.join(rows)}</table>")
+    notes = ""
+    if story["differences"]:
+        items = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in story["differences"])
+        notes = ("<p>The estimate lies outside the measured range. By how much, and why they may differ:</p>"
+                 f"<ul class='hs-why-notes'>{items}</ul>")
+    plain = story["plain"]
+    calibration = ""
+    if plain["measured_decode_tokens_per_s"]:
+        calibration = (f" A plain step here: {plain['measured_decode_tokens_per_s']:.1f} tokens/s measured after the "
+                       f"first token (the cost model alone: {plain['model_tokens_per_s']:.1f}); the estimates in "
+                       "tokens/s are scaled to the measured one.")
+    return (f"<div class='hs-why'><p class='hs-definition'>{html.escape(story['definition'])}</p>"
+            f"<p><b>Plan by plan</b> ({html.escape(_policy_words(story))}):</p>{plans_table(story)}"
+            f"<p><b>The run against plain decoding</b>:</p>{table}{notes}"
+            f"<p class='hs-hint'>Estimates: the cost model of this machine (pass and head costs timed for this model) "
+            "at the acceptance shown, the same formulas the adaptive policy plans with; the range is that of the "
+            f"acceptance's 90% interval. Measured figures are the facts; estimates explain them.{calibration}</p></div>")
+
+
+def _policy_words(story: dict) -> str:
+    if story["policy"] == "auto":
+        return "the adaptive policy chose a plan every round from the acceptance measured so far and these costs"
+    return "fixed rounds: one plan throughout"
