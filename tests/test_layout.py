@@ -342,3 +342,33 @@ def test_the_ui_holds_gradio_code_only(graph):
     bad = [imp for imp in found if (imp.source == "app" or imp.source.startswith("ui"))
            and imp.target.startswith("hispec.engine") and set(imp.names) & {"Decoder", "decode"}]
     assert bad == [], bad
+
+
+def long_functions(paths, limit: int) -> list[str]:
+    """Functions (methods and nested ones included) longer than `limit` lines."""
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(Path(path).read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    out.append(f"{Path(path).name}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+def test_no_function_over_120_lines_and_app_py_only_wires_the_page(graph, tmp_path):
+    modules, _ = graph
+    assert long_functions(modules.values(), 120) == []
+    assert len((ROOT / "app.py").read_text().splitlines()) <= 250
+    # the check is shown to catch what it checks
+    long = tmp_path / "long.py"
+    long.write_text("def f():\n" + "    x = 1\n" * 130)
+    assert long_functions([long], 120) and "f (131 lines)" in long_functions([long], 120)[0]
+
+
+def test_the_ui_and_app_hold_no_threads_locks_or_timers(graph):
+    """The request path (threads, locks, the time limit) is serving's: ui/ and app.py import none of it."""
+    _, found = graph
+    bad = [imp for imp in found if (imp.source == "app" or imp.source.startswith("ui"))
+           and imp.target.split(".")[0] in ("threading", "queue", "concurrent", "multiprocessing", "asyncio")]
+    assert bad == [], bad

@@ -30,7 +30,7 @@ def acceptance_figure(history: list[dict]) -> go.Figure:
         _not_applicable(fig, "nothing was drafted (autoregressive, or no round yet)")
     fig.update_layout(title="Acceptance per level pair (cumulative)", showlegend=True,
                       xaxis=dict(title="round"),
-                      yaxis=dict(title="accepted / judged", range=[0, 1.05], tickformat=".0%"), **_LAYOUT)
+                      yaxis=dict(title="acceptance, per token", range=[0, 1.05], tickformat=".0%"), **_LAYOUT)
     return fig
 
 

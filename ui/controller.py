@@ -18,7 +18,7 @@ from hispec.errors import HiSpecError
 from hispec.evaluation import published, what_if as what_ifs
 from hispec.evaluation.beliefs import exit_beliefs
 from hispec.evaluation.replay import replay_from_dicts
-from hispec.evaluation.speed_model import measured_pairs, per_token
+from hispec.evaluation.speed_model import measured_pairs
 from hispec.evaluation.why import speed_story
 from hispec.evaluation.trace import Trace
 from hispec.serving.api import CompareRequest, GenerateRequest, LoadRequest, WhatIfRequest
@@ -186,7 +186,7 @@ class Handlers:
         """After a run: the sliders take the measured acceptance, and the view is redrawn."""
         if not run:  # a new run starting, or an error: the last run's explanation goes too
             return gr.skip(), gr.skip(), WHY_HINT, gr.Plot(None, visible=False)
-        a_dv, a_vt = measured_pairs(per_token(run["stats"]), run["settings"].get("method", ""))
+        a_dv, a_vt = measured_pairs(run["stats"]["acceptance"], run["settings"].get("method", ""))
         a_vt = 0.5 if a_vt is None else round(a_vt, 2)
         a_dv = a_vt if a_dv is None else round(a_dv, 2)
         return (a_dv, a_vt) + self.why(run, a_dv, a_vt, None, request)

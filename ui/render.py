@@ -202,7 +202,7 @@ def what_if_stats(s: dict, rates: tuple[float, float], plain=None, takes: list =
         rows.append((f"{SYNTHETIC}: each take, synthetic / real plain tokens / s (tokens)",
                      html.escape(", ".join(f"{t.synthetic_tokens_per_s:.1f} / {t.plain_tokens_per_s:.1f} "
                                            f"({t.new_tokens})" for t in takes))))
-    rows += [(f"{SYNTHETIC}: acceptance {pair_name(k)}", _pct(v)) for k, v in s["acceptance_per_token"].items()]
+    rows += [(f"{SYNTHETIC}: acceptance {pair_name(k)}", _pct(v)) for k, v in s["acceptance"].items()]
     rows += [(f"{SYNTHETIC}: full-model passes", str(s["full_passes"])),
              (f"{SYNTHETIC}: new tokens", str(s["new_tokens"]))]
     body = "".join(f"<tr><td>{html.escape(a)}</td><td>{b}</td></tr>" for a, b in rows)

@@ -21,11 +21,16 @@ def _x(value, spread=None) -> str:
     return text
 
 
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}{'' if k == 1 else 's'}"
+
+
 def shape_words(r: RoundSettings) -> str:
     if r.method == "hispec":
-        return (f"HiSpec, fixed: {r.draft_len} drafts at exit {r.draft_layer}, judged at exit {r.verify_layer}, "
-                f"the full model once {r.verify_threshold} are tentative")
-    return f"LayerSkip, fixed: {r.draft_len} drafts at exit {r.draft_layer}, then the rest of the model"
+        pending = "each tentative token" if r.verify_threshold == 1 else f"{r.verify_threshold} tentative tokens"
+        return (f"HiSpec, fixed: {_n(r.draft_len, 'draft')} at exit {r.draft_layer}, judged at exit {r.verify_layer}, "
+                f"the full model after {pending}")
+    return f"LayerSkip, fixed: {_n(r.draft_len, 'draft')} at exit {r.draft_layer}, then the rest of the model"
 
 
 def _plan_acceptance(plan: dict) -> str:

@@ -67,7 +67,7 @@ def compare(lm, ids: list[int], configs: list[DecodeConfig], repeats: int,
                 row["plans"][plan] = row["plans"].get(plan, 0) + n
             row.update(tokens_per_s=statistics.median(row["runs"]), new_tokens=len(r.token_ids),
                        wall_s=r.stats["wall_s"], token_ids=r.token_ids, text=r.text,
-                       acceptance=r.stats["acceptance_per_token"], full_passes=r.stats["full_passes"],
+                       acceptance=r.stats["acceptance"], full_passes=r.stats["full_passes"],
                        finish_reason=r.stats["finish_reason"], dtype=r.settings.get("dtype", "float32"),
                        settings={k: r.settings.get(k) for k in ("levels", "draft_layer", "verify_layer", "draft_len",
                                                                 "verify_threshold", "policy")})

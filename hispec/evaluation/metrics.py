@@ -100,9 +100,10 @@ class StatsCollector:
             self._fate[ev.serial] = "wasted"
 
     def _judge(self, key: str, ev: TokenEvent, ok: bool) -> None:
-        """One verdict on one token. `judged` counts every token a stage threw away (what papers call
-        token acceptance: accepted / proposed); `in_order` counts a block's tokens only up to its
-        first rejection (the rest fell with it), the per-token acceptance a of the speed model."""
+        """One verdict on one token. `in_order` counts a block's tokens only up to its first
+        rejection (the rest fell with it): the acceptance, per token, of the stats, the speed model,
+        the page and the API. `judged` counts every token a stage threw away: the share of proposed
+        tokens kept (what papers call token acceptance), reported as `kept`."""
         pair = self.judged[key]
         pair[0] += ok
         pair[1] += 1
@@ -114,11 +115,13 @@ class StatsCollector:
             self._rejected_in.add((ev.round, key))
 
     def acceptance(self) -> dict[str, float | None]:
-        return {key: _rate(*pair) for key, pair in self.judged.items()}
-
-    def acceptance_per_token(self) -> dict[str, float | None]:
-        """Accepted / judged up to each verdict's first rejection (the geometric estimate of a)."""
+        """Per level pair: accepted / judged up to each verdict's first rejection (the geometric
+        estimate of the speed model's a). The one figure called acceptance."""
         return {key: _rate(*pair) for key, pair in self.in_order.items()}
+
+    def kept(self) -> dict[str, float | None]:
+        """Per level pair: kept / proposed, every token a verdict threw away counted as lost."""
+        return {key: _rate(*pair) for key, pair in self.judged.items()}
 
     def work(self) -> dict:
         """Layer-token evaluations per stage: useful (on committed tokens) and wasted."""
@@ -143,8 +146,8 @@ class StatsCollector:
             "wall_s": self.t,
             "prefill_s": self.prefill_s,
             "tokens_per_s": self.new_tokens / self.t if self.t > 0 else 0.0,
-            "acceptance": self.acceptance(),
-            "acceptance_per_token": self.acceptance_per_token(),
+            "acceptance": self.acceptance(),  # per token, in order up to each block's first rejection
+            "kept": self.kept(),  # kept / proposed
             "drafted": self.drafted,
             "full_passes": decode_passes,
             "tokens_per_full_pass": after_first / decode_passes if decode_passes else None,
@@ -173,9 +176,9 @@ def stats_rows(s: dict) -> list[tuple[str, str]]:
     rows = [("new tokens", str(s["new_tokens"])), ("time", f"{s['wall_s']:.2f} s"),
             ("tokens / s", f"{s['tokens_per_s']:.2f}")]
     rows += [(f"acceptance {pair_name(k)}", pct(v)) for k, v in s["acceptance"].items()]
-    in_order = s.get("acceptance_per_token") or {}
-    if any(in_order.get(k) != v for k, v in s["acceptance"].items()):  # a block's tail fell with its first rejection
-        rows += [(f"acceptance {pair_name(k)}, per token up to a rejection", pct(v)) for k, v in in_order.items()]
+    kept = s.get("kept") or {}
+    if any(kept.get(k) != v for k, v in s["acceptance"].items()):  # a block's tail fell with its first rejection
+        rows += [(f"drafts kept {pair_name(k)} (of all proposed)", pct(v)) for k, v in kept.items()]
     per_pass = s["tokens_per_full_pass"]
     rows += [("full-model passes", str(s["full_passes"])),
              ("tokens per full pass", "–" if per_pass is None else f"{per_pass:.2f}"),

@@ -99,7 +99,7 @@ def plan_rows(events: list[Event], settings: dict) -> list[PlanRow]:
             row.new_tokens += 1
     for kind, row in rows.items():
         row.share = row.seconds / decode_s if decode_s > 0 else 0.0
-        row.acceptance = collectors[kind].acceptance_per_token()
+        row.acceptance = collectors[kind].acceptance()
         row.judged = {key: n for key, (_, n) in collectors[kind].in_order.items()}
         ks, ats = zip(*lengths[kind])
         row.draft_len, row.verify_at = int(statistics.median(ks)), int(statistics.median(ats))

@@ -86,12 +86,6 @@ def measured_pairs(acceptance: dict, method: str) -> tuple[float | None, float |
     return None, None
 
 
-def per_token(stats: dict) -> dict:
-    """A run's per-token acceptance (up to each verdict's first rejection: the `a` of this model);
-    records older than that measure give their accepted / proposed instead."""
-    return stats.get("acceptance_per_token") or stats.get("acceptance") or {}
-
-
 # ---- a run plan by plan (evaluation.plans), measured and predicted ------------------------------
 def plan_settings(kind: str, draft_len: int, verify_at: int) -> RoundSettings:
     """The fixed round a plan kind of evaluation.plans stands for."""

@@ -37,7 +37,7 @@ def test_a_fixed_run_is_one_plan_with_the_runs_own_acceptance(ee):
     row = rows[0]
     # the prefill commits the first token (round 0); the plan's rounds commit the rest
     assert row.rounds == r.stats["rounds"] and row.new_tokens == r.stats["new_tokens"] - 1
-    assert row.acceptance == r.stats["acceptance_per_token"]
+    assert row.acceptance == r.stats["acceptance"]
     assert row.share == pytest.approx(1.0) and (row.draft_len, row.verify_at) == (2, 2)
 
 
@@ -62,7 +62,7 @@ def test_the_story_puts_the_estimate_beside_the_measured_ratio_and_names_the_gap
                 "plain_decode_tokens_per_s": [0.1, 0.125, 0.125]}
     story = speed_story(kept(r, events, measured), costs, (0.9, 0.9))
     plan = story["plans"][0]
-    a_dv, a_vt = r.stats["acceptance_per_token"]["draft->verify"], r.stats["acceptance_per_token"]["verify->target"]
+    a_dv, a_vt = r.stats["acceptance"]["draft->verify"], r.stats["acceptance"]["verify->target"]
     assert plan["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundSettings("hispec", 2, 4, 2, 2),
                                                                            a_dv, a_vt))
     low, high = plan["range"]

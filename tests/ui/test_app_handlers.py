@@ -237,3 +237,20 @@ def test_threads_are_not_left_behind(server):
     before = threading.active_count()
     page_run(server, "hi", max_new=5)
     assert threading.active_count() <= before + 1
+
+
+def test_the_engine_the_cli_the_page_and_the_api_share_one_default_policy(server):
+    """One default policy: DecodeConfig's, the CLI's, the page's Policy radio and /generate's input."""
+    import gradio as gr
+
+    import app
+    from hispec.cli.parsers import build_parser
+    from hispec.serving.api import api_signature
+
+    engine = DecodeConfig().policy
+    cli = build_parser().parse_args(["generate", "--prompt", "hi"]).policy
+    demo = app.build(server, ["tiny"])
+    radio = next(b for b in demo.blocks.values() if isinstance(b, gr.Radio) and b.elem_id == "hs-policy")
+    page = labels.policy_name(radio.value)
+    api = api_signature().parameters["policy"].default
+    assert engine == cli == page == api == GenerateRequest.policy == DEFAULT_POLICY, (engine, cli, page, api)
