@@ -405,3 +405,24 @@ def test_a_refused_request_writes_one_line_to_the_log_and_no_traceback(served, c
     assert "Traceback" not in out + err
     refusals = [r for r in caplog.records if r.getMessage().startswith("refused generate")]
     assert len(refusals) == 3 and all("\n" not in r.getMessage() for r in refusals)
+
+
+def test_generate_with_a_baseline_returns_the_measured_ratio_to_plain_decoding(served, client):
+    """baseline=N: N pairs of runs (the method, plain decoding) on the same prompt and length, and
+    stats.vs_plain = the method's tokens/s over plain's, per pair; three identical calls agree. The full
+    model is made the expensive part (as in a real model; the tiny one's runs are otherwise a few ms of
+    Python, where a thread switch is noise)."""
+    _, lm = served
+    medians = []
+    for _ in range(3):
+        with slow_full_model(lm, 0.004):
+            out = call(client, prompt=PROMPT, **named(max_new=30), baseline=3, api_name="/generate")
+        vs = out["stats"]["vs_plain"]
+        assert {"median", "low", "high", "runs"} <= set(vs) and vs["runs"] == 3
+        assert vs["low"] <= vs["median"] <= vs["high"] and vs["new_tokens"] == 30
+        assert len(vs["method_tokens_per_s"]) == len(vs["plain_tokens_per_s"]) == 3
+        medians.append(vs["median"])
+        assert_matches_engine(out, lm, PROMPT, max_new=30)  # the answer is still the method's own run
+    assert max(medians) / min(medians) < 1.5, medians
+    plain_out = call(client, prompt=PROMPT, **named(max_new=10), api_name="/generate")
+    assert "vs_plain" not in plain_out["stats"], "no baseline asked for, none measured"

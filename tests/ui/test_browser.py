@@ -28,9 +28,14 @@ LEGEND_WORDS = ("drafted", "tentative", "rejected by verifier", "rejected by ful
 
 
 @pytest.fixture(scope="module")
-def app_url():
-    with serve_tiny_app() as (url, _lm):
-        yield url
+def served():
+    with serve_tiny_app() as (url, lm):
+        yield url, lm
+
+
+@pytest.fixture(scope="module")
+def app_url(served):
+    return served[0]
 
 
 @pytest.fixture(scope="module")
@@ -96,15 +101,16 @@ def test_empty_prompt_shows_the_error_in_the_status(page):
 
 
 def test_why_this_speed_follows_the_run_and_the_sliders(page, tmp_path):
-    """After a fixed HiSpec run, "Why this speed" shows the run's measured speed next to the cost
-    model's prediction and break-even; moving an acceptance slider changes the prediction."""
+    """After a fixed HiSpec run, "Why this speed" shows the run's measured speed against plain
+    decoding next to the cost model's estimate and break-even; moving a slider changes the estimate."""
     page.get_by_label("Prompt", exact=True).fill("Hey there")
     page.get_by_label("Fixed (the settings below)").check()
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "Done")
     page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('break-even')")
     why = page.inner_text("#hs-why")
-    assert "measured speed vs a plain step" in why and "predicted at the measured acceptance" in why, why
+    assert "this run, measured against plain decoding" in why and "estimated from its plans" in why, why
+    assert "at the sliders" in why and "Acceptance, everywhere on this page" in why
     page.wait_for_selector("#hs-why-plot .js-plotly-plot svg.main-svg")
     before = page.inner_text("#hs-why-table")
     # the slider's number box: type an acceptance the tiny model's raw exits never reach
