@@ -53,11 +53,17 @@ def build_page(setup: Setup) -> SimpleNamespace:
         with gr.Tab("Demo"):
             p.num_layers, p.head_layers = gr.State(setup.num_layers), gr.State(setup.trained)
             p.method_settings = gr.State(setup.by_method)
+            _ask(p, setup)
+            # The settings come first in the page's order, so that on a narrow screen (the columns
+            # stacked) they sit under Generate, not below the results; on a wide one the stylesheet
+            # puts them on the right (assets/app.css, #hs-settings-col).
             with gr.Row(elem_id="hs-main-row"):
-                with gr.Column(scale=3, elem_id="hs-run-col"):
-                    _run_column(p, setup)
                 with gr.Column(scale=2, elem_id="hs-settings-col"):
-                    _settings_column(p, setup)
+                    with gr.Accordion("Settings: method, policy, exits, lengths", open=True,
+                                      elem_id="hs-settings-box"):
+                        _settings_column(p, setup)
+                with gr.Column(scale=3, elem_id="hs-run-col"):
+                    _results(p)
             with gr.Row():
                 p.acc_plot = gr.Plot(label="Acceptance", elem_id="hs-acc-plot")
                 p.speed_plot = gr.Plot(label="Speed", elem_id="hs-speed-plot")
@@ -74,7 +80,8 @@ def build_page(setup: Setup) -> SimpleNamespace:
     return p
 
 
-def _run_column(p, setup: Setup) -> None:
+def _ask(p, setup: Setup) -> None:
+    """The prompt, its examples, the buttons and the status, across the page."""
     examples = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
     p.prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below",
                           max_length=setup.max_prompt_chars, elem_id="hs-prompt")
@@ -85,6 +92,10 @@ def _run_column(p, setup: Setup) -> None:
         p.stop_btn = gr.Button("Stop", variant="stop", elem_id="hs-stop")
         p.compare_btn = gr.Button("Compare with baseline", elem_id="hs-compare-btn")
     p.status = gr.HTML(render.message_html("Ready.", "info"), elem_id="hs-status")
+
+
+def _results(p) -> None:
+    """The run: its coloured tokens, their stories, the legend, the committed text, the stats."""
     p.tokens = gr.HTML(render.tokens_html(Trace()), elem_id="hs-tokens")
     p.explain_all = gr.HTML(token_story.HINT, elem_id="hs-explain-all")
     p.show_rejected = gr.Checkbox(True, label="Show rejected tokens (struck through)")

@@ -138,3 +138,20 @@ def test_the_story_of_a_token_replaced_twice(page):
     assert "drafted by the draft exit" in text and "written by the full model" in text, text
     assert text.index("drafted by") < text.index("written by the intermediate verifier") < text.rindex(
         "written by the full model"), text
+
+
+def test_on_a_narrow_screen_the_settings_come_before_the_results(browser, app_url):
+    for width, narrow in ((390, True), (1280, False)):
+        context = browser.new_context(viewport={"width": width, "height": 844})
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.goto(app_url, wait_until="domcontentloaded")
+        page.wait_for_selector("#hs-tokens")
+        generate_btn = page.locator("#hs-generate").bounding_box()
+        settings = page.locator("#hs-settings-col").bounding_box()
+        tokens = page.locator("#hs-tokens").bounding_box()
+        if narrow:  # stacked: Generate, then the settings, then the results
+            assert generate_btn["y"] < settings["y"] < tokens["y"], (generate_btn, settings, tokens)
+        else:  # side by side: the results on the left, the settings on the right
+            assert settings["x"] > tokens["x"] and abs(settings["y"] - tokens["y"]) < 400, (settings, tokens)
+        context.close()
