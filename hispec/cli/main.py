@@ -55,6 +55,8 @@ def cmd_generate(args) -> int:
     from hispec.text import Detokenizer
 
     methods = parse_methods(args.method)
+    if args.repeats < 1:
+        raise HiSpecError("--repeats must be at least 1")
     if args.prompts:
         prompts = [{"id": p.id, "prompt": p.text, "chat": p.chat} for ps in load_sets(args.prompts).values() for p in ps]
     else:
@@ -67,7 +69,8 @@ def cmd_generate(args) -> int:
                                max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),
                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                levels=spec.levels or (args.levels if spec.method == "hispec" else None),
-                               policy=spec.policy or args.policy, lookup_len=args.lookup_len)
+                               policy="fixed" if spec.method == "autoregressive" else spec.policy or args.policy,
+                               lookup_len=args.lookup_len)  # autoregressive: always the plain loop
                for m, spec in specs.items()}
     for config in configs.values():  # bad numbers fail before the model loads
         config.validate()
@@ -81,20 +84,41 @@ def cmd_generate(args) -> int:
     for p in prompts:
         if not p["prompt"].strip():
             raise HiSpecError(f"prompt {p['id']} is empty: give some text")
+    several = len(methods) > 1
+    costs = None
+    if several:  # a fair ratio table: one cost model for all, a warm-up of each, the order rotated
+        from hispec.evaluation.bench import CostSnapshot
+
+        costs = CostSnapshot.for_methods(lm, list(configs.values()))
+        first = lm.encode(prompts[0]["prompt"], chat=prompts[0]["chat"])
+        for method in methods:  # untimed, unprinted
+            costs.restore(lm)
+            run(lm.ee, first, replace(configs[method], max_new_tokens=min(8, args.max_new_tokens)),
+                eos_ids=lm.eos_ids, detok=detok)
+    for n, p in enumerate(prompts):
         ids = lm.encode(p["prompt"], chat=p["chat"])
-        results = []
-        for method in methods:
-            result = run(lm.ee, ids, configs[method], eos_ids=lm.eos_ids, detok=detok)
-            result.method = method  # the name as written (e.g. hispec/fixed)
-            results.append(result)
+        runs: dict[str, list] = {m: [] for m in methods}
+        for rep in range(args.repeats if several else 1):
+            k = (n * args.repeats + rep) % len(methods)
+            for method in methods[k:] + methods[:k]:  # rotated from run to run: drift hits all alike
+                if costs is not None:
+                    costs.restore(lm)
+                result = run(lm.ee, ids, configs[method], eos_ids=lm.eos_ids, detok=detok)
+                result.method = method  # the name as written (e.g. hispec/fixed)
+                runs[method].append(result)
+        for method in methods:  # printed in the order given
+            result = runs[method][0]
             if args.json:
-                print(json.dumps(result.record(p["id"])), flush=True)
+                record = result.record(p["id"])
+                if len(runs[method]) > 1:
+                    record["runs_tokens_per_s"] = [r.stats["tokens_per_s"] for r in runs[method]]
+                print(json.dumps(record), flush=True)
             else:
                 print(f"\n== prompt {p['id']} · {method} ==")
                 print(render(result.trace, color=color, show_rejected=args.show_rejected))
                 print(stats_table(result))
-        if not args.json and len(results) > 1:
-            print(compare_table(results))
+        if not args.json and several:
+            print(compare_table(runs, methods, rotated=len(prompts) > 1 or args.repeats > 1))
     if not args.json:
         print("\nlegend: " + legend(color=color, show_rejected=args.show_rejected), file=sys.stderr)
     return 0
@@ -139,8 +163,10 @@ def cmd_bench(args) -> int:
     for set_name, s in report["summary"].items():
         for m, r in s["methods"].items():
             share = f"  time in layer passes {r['layers_share']:.0%}" if r.get("layers_share") is not None else ""
+            geo = (r.get("vs_reference") or {}).get("geomean")
+            geo = f"  per prompt {geo:.2f}x (geometric mean)" if geo is not None else ""
             print(f"{set_name:<{width}}{m:<16}{r['tokens_per_s']:>9.2f} tok/s  {r['speedup_vs'].get(ref, 1.0):>6.2f}x vs {ref}"
-                  f"  outputs equal: {_equality(r)}{share}")
+                  f" (medians){geo}  outputs equal: {_equality(r)}{share}")
     for fmt, b in (report.get("memory_bound") or {}).items():
         if b.get("step_ms"):
             print(f"{fmt}: plain step {b['step_ms']:.2f} ms = {b['step_over_bound']:.2f}x its memory bound "
@@ -258,13 +284,25 @@ def stats_table(result) -> str:
     return " · ".join([head] + [f"{k} {v}" for k, v in rows[3:]])
 
 
-def compare_table(results) -> str:
-    base = results[0]
-    lines = [f"\n{'method':<16}{'tok/s':>9}{'vs ' + base.method:>22}  same output as {base.method}"]
-    for r in results:
-        ratio = r.stats["tokens_per_s"] / base.stats["tokens_per_s"] if base.stats["tokens_per_s"] else 0.0
-        lines.append(f"{r.method:<16}{r.stats['tokens_per_s']:>9.2f}{ratio:>21.2f}x  "
-                     f"{'yes' if r.token_ids == base.token_ids else 'NO'}")
+def compare_table(runs: dict[str, list], methods: list[str], rotated: bool = True) -> str:
+    """Speed ratios against the first method: each run's tokens/s over the first method's run of the
+    same round (their neighbour in time), the median over rounds; tok/s is the median of the runs."""
+    import statistics
+
+    base = methods[0]
+    count = len(runs[base])
+    how = (f"after a warm-up run of each method; {count} run{'s' if count > 1 else ''} each"
+           + (", the order rotated from run to run" if rotated else ", in the order given")
+           + ("" if count > 1 else " (single warm runs: --repeats N for medians)")
+           + f"; ratio = median of per-run ratios to {base}")
+    lines = [f"\n{how}", f"{'method':<16}{'tok/s':>9}{'vs ' + base:>22}  same output as {base}"]
+    for m in methods:
+        tps = statistics.median(r.stats["tokens_per_s"] for r in runs[m])
+        ratios = [r.stats["tokens_per_s"] / b.stats["tokens_per_s"] for r, b in zip(runs[m], runs[base])
+                  if b.stats["tokens_per_s"]]
+        ratio = statistics.median(ratios) if ratios else 0.0
+        same = all(r.token_ids == runs[base][0].token_ids for r in runs[m])
+        lines.append(f"{m:<16}{tps:>9.2f}{ratio:>21.2f}x  {'yes' if same else 'NO'}")
     return "\n".join(lines)
 
 

@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop once the output contains TEXT (repeatable)")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as plain text, not through the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object per line and per (prompt, method)")
+    gen.add_argument("--repeats", type=whole_number, default=1,
+                     help="with several methods: runs of each per prompt, after one warm-up run of each; the order "
+                          "rotates from run to run and the ratio table gives medians of per-run ratios (default 1)")
     gen.add_argument("--show-rejected", action="store_true", help="also print rejected drafts, struck through")
     gen.add_argument("--no-color", action="store_true", help="plain text, no ANSI colours")
     gen.add_argument("--device-map", default=None, help="accelerate device map, e.g. 'auto' to spread a model over GPUs/CPU")

@@ -4,11 +4,20 @@ Methods alternate per prompt (the order rotates), after a warm-up, so that machi
 them alike. Our methods run on the engine and its event stream; transformers' `generate()` greedy
 and `generate(assistant_early_exit=E)` are external references. The JSON report is rewritten
 after every prompt, so an interrupted run keeps what it measured.
+
+Fair by construction: autoregressive is always the fixed plain loop (no policy, whatever the run's
+policy); every method starts from the same calibrated cost model (``CostSnapshot``: calibrated
+once, restored before every run, so no method inherits what another's passes taught it); every
+run is timed from before its decoder is built (transformers' methods from before `generate()`);
+and the summary's headline ratio is the geometric mean of per-prompt ratios (each method's tokens/s
+over the reference's on the same prompt), computed here and stored per set and for all.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import os
 import platform
 import resource
@@ -21,8 +30,9 @@ from typing import Callable
 
 import torch
 
+from hispec.engine.costs import CostModel
 from hispec.engine.decoding import METHODS, DecodeConfig, default_verify_layer, recommended_settings
-from hispec.engine.levels import parse_method
+from hispec.engine.levels import LOOKUP, parse_method
 from hispec.errors import ConfigError
 from hispec.evaluation.prompts import Prompt
 from hispec.evaluation.runner import run
@@ -59,6 +69,7 @@ def check_methods(methods: list[str]) -> None:
 
 def _hf(lm: LoadedModel, ids: list[int], config: DecodeConfig, early_exit: int | None,
         lookup: int | None = None) -> dict:
+    t0 = time.perf_counter()  # from before anything of the call is built, as for our methods
     x = torch.tensor([ids], device=lm.ee.device)
     kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=False, attention_mask=torch.ones_like(x),
                   eos_token_id=sorted(lm.eos_ids) or None, pad_token_id=(sorted(lm.eos_ids) or [0])[0])
@@ -66,7 +77,6 @@ def _hf(lm: LoadedModel, ids: list[int], config: DecodeConfig, early_exit: int |
         kwargs["assistant_early_exit"] = early_exit
     if lookup is not None:
         kwargs["prompt_lookup_num_tokens"] = lookup
-    t0 = time.perf_counter()
     out = lm.model.generate(x, **kwargs)[0, len(ids):].tolist()
     wall = time.perf_counter() - t0
     return {"token_ids": out, "wall_s": wall, "tokens_per_s": len(out) / wall if wall > 0 else 0.0}
@@ -78,9 +88,53 @@ def bench_exit(lm: LoadedModel) -> int:
     return recommended_settings(lm.ee).get("layerskip_exit") or default_verify_layer(lm.ee.num_layers)
 
 
-def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, layerskip_exit: int | None = None) -> dict:
+def method_config(lm: LoadedModel, method: str, base: DecodeConfig, layerskip_exit: int | None = None) -> DecodeConfig:
+    """The configuration one of our methods runs with in a benchmark (not resolved). Autoregressive
+    is always the fixed plain loop: a policy there would only add planning to the baseline."""
+    spec = parse_method(split_weights(method)[0], METHODS)
+    policy = "fixed" if spec.method == "autoregressive" else spec.policy or base.policy
+    return replace(base, method=spec.method, levels=spec.levels, policy=policy,
+                   verify_layer=base.verify_layer if spec.method == "hispec" else None,
+                   draft_layer=base.draft_layer if spec.method == "hispec" else layerskip_exit or bench_exit(lm))
+
+
+class CostSnapshot:
+    """One calibrated cost model (engine.costs) that every method of a benchmark starts from.
+
+    Left alone, the model's cost model is shared and refined by every pass of every method, so a
+    method's estimates would depend on which methods ran before it. Here it is calibrated once, for
+    every exit the methods use, and a copy of that calibration is put back before every run."""
+
+    def __init__(self, lm: LoadedModel, exits: tuple[int, ...]):
+        self.exits = tuple(sorted(set(exits)))
+        self.costs = CostModel()
+        t0 = time.perf_counter()
+        self.costs.calibrate(lm.ee, self.exits)
+        self.seconds = time.perf_counter() - t0
+
+    @classmethod
+    def for_methods(cls, lm: LoadedModel, configs: list[DecodeConfig]) -> CostSnapshot:
+        exits = set()
+        for config in configs:
+            resolved = config.resolve_for(lm.ee)
+            exits |= {x for x in resolved.levels or () if x != LOOKUP}
+        return cls(lm, tuple(exits))
+
+    def restore(self, lm: LoadedModel) -> None:
+        lm.ee.cost_model = copy.deepcopy(self.costs)
+
+    def describe(self) -> dict:
+        return {"how": "calibrated once before the warm-up (layer passes and heads for every exit the methods use), "
+                       "then restored from that snapshot before every run, warm-ups included: every method "
+                       "starts from the same cost model and none inherits another's refinements",
+                "exits": list(self.exits), "calibration_s": round(self.seconds, 3), "figures_ms": self.costs.figures_ms()}
+
+
+def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, layerskip_exit: int | None = None,
+            costs: CostSnapshot | None = None) -> dict:
     """One generation of one method; the record the report aggregates. `base` holds hispec's
-    layers; layerskip and generate(assistant_early_exit) use `layerskip_exit` (default L/4)."""
+    layers; layerskip and generate(assistant_early_exit) use `layerskip_exit` (default L/4).
+    `costs`: the cost model to start from (restored before the run, outside its timing)."""
     if method == LLAMACPP:
         from hispec.evaluation import llamacpp
 
@@ -88,13 +142,13 @@ def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, la
     method = split_weights(method)[0]
     exit_layer = layerskip_exit or bench_exit(lm)
     if method not in HF:
-        spec = parse_method(method, METHODS)
-        config = replace(base, method=spec.method, levels=spec.levels, policy=spec.policy or base.policy,
-                         verify_layer=base.verify_layer if spec.method == "hispec" else None,
-                         draft_layer=base.draft_layer if spec.method == "hispec" else exit_layer)
-        r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer))
+        config = method_config(lm, method, base, layerskip_exit)
+        detok = Detokenizer(lm.tokenizer)
+        if costs is not None:
+            costs.restore(lm)
+        r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=detok)  # timed from before the decoder is built
         s = r.stats
-        return {"token_ids": r.token_ids, "wall_s": s["wall_s"], "tokens_per_s": s["tokens_per_s"],
+        return {"token_ids": r.token_ids, "wall_s": s["wall_s"], "setup_s": s["setup_s"], "tokens_per_s": s["tokens_per_s"],
                 "acceptance": s["acceptance"], "tokens_per_full_pass": s["tokens_per_full_pass"],
                 "full_passes": s["full_passes"], "useful": s["layer_tokens"]["useful"],
                 "wasted": s["layer_tokens"]["wasted"], "stage_s": s["stage_s"], "layers_share": s["layers_share"],
@@ -167,9 +221,21 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
         from hispec.evaluation import host as host_info
 
         report["host"] = host_info.describe()
+    ours = [m for m in methods if m != LLAMACPP and split_weights(m)[0] not in HF]
+    named = {getattr(lm, "weights", "fp32"): lm, **models}
+    snapshots: dict[int, CostSnapshot] = {}  # one calibration per model (weights format), before anything runs
+    report["cost_model"] = {}  # by weights format: how, the exits, the calibrated figures
+    for m in ours:
+        model = on(m)
+        if id(model) not in snapshots:
+            snapshots[id(model)] = CostSnapshot.for_methods(
+                model, [method_config(model, x, base, layerskip_exit) for x in ours if on(x) is model])
+            name = next((f for f, x in named.items() if x is model), "model")
+            report["cost_model"][name] = snapshots[id(model)].describe()
+    costs_of = lambda method: snapshots.get(id(on(method)))  # noqa: E731
     first = warmup_ids(lm, sets) if warmup else None
     for method in methods if first is not None else []:
-        run_one(on(method), method, first, replace(base, max_new_tokens=8), layerskip_exit)
+        run_one(on(method), method, first, replace(base, max_new_tokens=8), layerskip_exit, costs_of(method))
     total, done = sum(len(v) for v in sets.values()), 0
     for set_name, prompts in sets.items():
         for prompt in prompts:
@@ -188,7 +254,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
             for method in order:
                 if stop is not None and stop.is_set():
                     break
-                rec = run_one(on(method), method, ids, base, layerskip_exit)
+                rec = run_one(on(method), method, ids, base, layerskip_exit, costs_of(method))
                 rows.append({"set": set_name, "prompt_id": prompt.id, "method": method,
                              "prompt_tokens": len(ids), **rec})
             if len(rows) < len(order):  # stopped in the middle of this prompt: drop it
@@ -219,7 +285,8 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
 
 def summarise(records: list[dict], methods: list[str]) -> dict:
     """Per prompt set (and 'all'): per method tokens/s median and spread, ratios to every other
-    method (of the medians), acceptance, tokens per full pass, work, and output equality."""
+    method (of the medians), the geometric mean of its per-prompt ratios to the reference
+    (`vs_reference`: the headline figure), acceptance, tokens per full pass, work, and output equality."""
     out = {}
     for set_name in sorted({r["set"] for r in records}) + ["all"]:
         rows = [r for r in records if set_name == "all" or r["set"] == set_name]
@@ -230,8 +297,9 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
             if not mine:
                 continue
             own = f"autoregressive@{split_weights(m)[1]}"  # a format's methods against its own plain decoding
-            ref_ids = {r["prompt_id"]: r["token_ids"] for r in rows
-                       if r["method"] == (own if own in methods else reference)}
+            ref_name = own if own in methods else reference
+            ref_ids = {r["prompt_id"]: r["token_ids"] for r in rows if r["method"] == ref_name}
+            ref_tps = {(r["set"], r["prompt_id"]): r["tokens_per_s"] for r in rows if r["method"] == ref_name}
             tps = [r["tokens_per_s"] for r in mine]
             acc: dict[str, list[float]] = {}
             for r in mine:
@@ -243,6 +311,7 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
                 "tokens_per_s": statistics.median(tps),
                 "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
                 "tokens_per_s_iqr": iqr(tps),
+                "vs_reference": per_prompt_ratios(mine, ref_tps, ref_name),
                 "acceptance": {k: statistics.mean(v) for k, v in acc.items()},
                 "tokens_per_full_pass": mean_or_none([r.get("tokens_per_full_pass") for r in mine]),
                 "layers_share": mean_or_none([r.get("layers_share") for r in mine]),  # None for transformers' methods
@@ -261,6 +330,21 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
         out[set_name] = {"methods": per, "all_outputs_equal": all(s["outputs_equal"] for s in per.values()),
                          "reference": reference}
     return out
+
+
+def per_prompt_ratios(mine: list[dict], ref_tps: dict, ref_name: str) -> dict:
+    """Each prompt's tokens/s over the reference's on the same prompt: their geometric mean (the
+    mean of log ratios, so a prompt twice as fast and one half as fast cancel), median, min, max."""
+    ratios = [r["tokens_per_s"] / ref_tps[(r["set"], r["prompt_id"])] for r in mine
+              if ref_tps.get((r["set"], r["prompt_id"])) and r["tokens_per_s"] > 0]
+    if not ratios:
+        return {"method": ref_name, "prompts": 0, "geomean": None, "median": None, "min": None, "max": None}
+    return {"method": ref_name, "prompts": len(ratios), "geomean": geomean(ratios),
+            "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def first_difference(a: list[int] | None, b: list[int]) -> int:

@@ -40,11 +40,12 @@ def _figures(report: dict) -> list[go.Figure]:
     figs.append(speed)
     ref = report["summary"]["all"]["reference"]
     ratio = go.Figure()
+    sets = list(summary) + ["all"]
     for m in methods:
-        ratio.add_trace(go.Bar(name=m, x=list(summary),
-                               y=[summary[s]["methods"].get(m, {}).get("speedup_vs", {}).get(ref, 1.0) for s in summary]))
+        ratio.add_trace(go.Bar(name=m, x=sets, y=[_ratio(report["summary"][s]["methods"].get(m), ref) for s in sets]))
     ratio.add_hline(y=1.0, line_dash="dot")
-    ratio.update_layout(title=f"Speed relative to {ref}", barmode="group", yaxis_title="ratio")
+    ratio.update_layout(title=f"Speed relative to {ref}: geometric mean of per-prompt ratios", barmode="group",
+                        yaxis_title="ratio")
     figs.append(ratio)
     acc = go.Figure()
     for m in methods:
@@ -56,12 +57,27 @@ def _figures(report: dict) -> list[go.Figure]:
     return figs
 
 
+def _ratio(r: dict | None, ref: str) -> float | None:
+    """The geometric mean of a method's per-prompt ratios to the reference (older reports: of medians)."""
+    if r is None:
+        return None
+    geo = (r.get("vs_reference") or {}).get("geomean")
+    return geo if geo is not None else r["speedup_vs"].get(ref, 1.0)
+
+
 def _equal_cell(r: dict) -> str:
     if r["outputs_equal"]:
         return "yes"
     if "outputs_differ" not in r:  # reports written before the count existed
         return "NO"
     return f"NO ({r['outputs_differ']} of {r['prompts']})"
+
+
+def _geo_cell(r: dict) -> str:
+    v = r.get("vs_reference") or {}
+    if v.get("geomean") is None:  # no shared prompt with the reference, or a report from before the figure
+        return "–"
+    return f"{v['geomean']:.2f}× ({v['min']:.2f}–{v['max']:.2f})"
 
 
 def summary_table(report: dict) -> str:
@@ -72,8 +88,10 @@ def summary_table(report: dict) -> str:
             acc = ", ".join(f"{k} {v:.1%}" for k, v in r["acceptance"].items()) or "–"
             rows.append(f"<tr><td>{html.escape(set_name)}</td><td>{html.escape(m)}</td><td>{r['prompts']}</td>"
                         f"<td>{r['tokens_per_s']:.2f}</td><td>{r['speedup_vs'].get(ref, 1.0):.2f}×</td>"
+                        f"<td>{_geo_cell(r)}</td>"
                         f"<td>{html.escape(acc)}</td><td>{_equal_cell(r)}</td></tr>")
-    head = (f"<tr><th>set</th><th>method</th><th>prompts</th><th>tokens/s (median)</th><th>vs {html.escape(ref)}</th>"
+    head = (f"<tr><th>set</th><th>method</th><th>prompts</th><th>tokens/s (median)</th>"
+            f"<th>vs {html.escape(ref)} (of medians)</th><th>vs {html.escape(ref)}, geometric mean per prompt (range)</th>"
             f"<th>acceptance</th><th>output = {html.escape(ref)}</th></tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 

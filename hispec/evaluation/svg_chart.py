@@ -1,7 +1,9 @@
 """A small static SVG bar chart of a benchmark report (for the README; no plotting dependency).
 
-One group of bars per prompt set, one bar per method: tokens/s relative to the report's
-reference method (autoregressive), with a line at 1x and the value printed on each bar.
+One group of bars per prompt set, one bar per method: the geometric mean of the method's
+per-prompt ratios to the report's reference method (autoregressive: tokens/s over the reference's
+on the same prompt; bench.summarise computes them), with a line at 1x and the value printed on each
+bar. Reports written before the geometric mean existed show the ratio of medians instead.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ def speedup_svg(report: dict, title: str | None = None, width: int = 760, height
     sets = [s for s in summary if s != "all"] + ["all"]
     ref = summary["all"]["reference"]
     methods = list(summary["all"]["methods"])
-    values = {(s, m): summary[s]["methods"][m]["speedup_vs"].get(ref, 1.0) if m != ref else 1.0
+    values = {(s, m): ratio(summary[s]["methods"][m], ref) if m != ref else 1.0
               for s in sets for m in methods if m in summary[s]["methods"]}
+    geometric = any("vs_reference" in r for r in summary["all"]["methods"].values())
     top = max([1.0, *values.values()]) * 1.15
     left, right, upper, lower = 50, 10, 40, 70
     plot_w, plot_h = width - left - right, height - upper - lower
@@ -31,7 +34,10 @@ def speedup_svg(report: dict, title: str | None = None, width: int = 760, height
            f'font-family="sans-serif" font-size="11">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">'
-           f'{escape(title or f"tokens/s relative to {ref}")}</text>']
+           f'{escape(title or f"tokens/s relative to {ref}")}</text>',
+           f'<text x="{width / 2}" y="34" text-anchor="middle" font-size="10" fill="#4b5563">'
+           f'{"geometric mean over prompts of tokens/s / " + escape(ref) + " on the same prompt" if geometric else "ratio of median tokens/s"}'
+           f'</text>']
     for tick in range(0, int(top) + 2):
         if tick <= top:
             out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
@@ -54,6 +60,12 @@ def speedup_svg(report: dict, title: str | None = None, width: int = 760, height
                    f'<text x="{lx + 14:.1f}" y="{height - 16}">{escape(m)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def ratio(method_summary: dict, ref: str) -> float:
+    """The bar's value: the geometric mean of per-prompt ratios, else (older reports) the ratio of medians."""
+    geo = (method_summary.get("vs_reference") or {}).get("geomean")
+    return geo if geo is not None else method_summary["speedup_vs"].get(ref, 1.0)
 
 
 def write_svg(report: dict, path: str, title: str | None = None) -> None:

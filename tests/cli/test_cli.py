@@ -115,3 +115,38 @@ def test_sampling_flags_are_seeded_and_checked(folder, capsys):
     assert first["settings"]["temperature"] == 0.9 and first["settings"]["seed"] == 3
     assert main(["generate", "--model", folder, "--prompt", "hi", "--top-p", "0"]) == 2
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_ratio_table_warms_up_rotates_and_says_so(folder, capsys, monkeypatch):
+    """generate --method a,b,c: a warm-up run of each method, then the order rotates from run to run;
+    every run starts from one calibrated cost model; the table says how its ratios were taken."""
+    from hispec.evaluation import runner
+
+    order, starts = [], []
+    real = runner.run
+
+    def run(ee, ids, config, **kw):
+        order.append((config.method, config.policy, config.max_new_tokens))
+        starts.append(ee.cost_model.figures_ms() if config.policy == "auto" else None)
+        return real(ee, ids, config, **kw)
+
+    monkeypatch.setattr(runner, "run", run)
+    code = main(["generate", "--model", folder, "--method", "autoregressive,hispec/auto,layerskip/fixed",
+                 "--prompt", "hi", "--max-new-tokens", "10", "--repeats", "3", "--no-color",
+                 "--draft-layer", "2", "--verify-layer", "5"])
+    out = capsys.readouterr().out
+    assert code == 0
+    names = [m for m, _, _ in order]
+    assert [n for _, _, n in order[:3]] == [8, 8, 8] and names[:3] == ["autoregressive", "hispec", "layerskip"]
+    assert names[3:] == ["autoregressive", "hispec", "layerskip", "hispec", "layerskip", "autoregressive",
+                         "layerskip", "autoregressive", "hispec"]
+    assert all(policy == "fixed" for m, policy, _ in order if m == "autoregressive")
+    assert len({str(s) for s in starts if s is not None}) == 1  # every auto run from the same calibration
+    assert "after a warm-up run of each method; 3 runs each, the order rotated from run to run" in out
+    assert out.count("== prompt 0 ·") == 3  # each method's text once
+
+
+def test_single_runs_say_so(folder, capsys):
+    assert main(["generate", "--model", folder, "--method", "autoregressive,hispec", "--prompt", "hi",
+                 "--max-new-tokens", "6", "--no-color"]) == 0
+    assert "1 run each, in the order given (single warm runs: --repeats N for medians)" in capsys.readouterr().out

@@ -189,3 +189,87 @@ def test_unknown_bench_methods_are_refused():
         check_methods(["autoregressive", "medusa"])
     with pytest.raises(ConfigError, match="unknown policy 'slow'"):
         check_methods(["hispec/slow"])
+
+
+# ---- fair comparisons (issue 29, item 4) ------------------------------------------------------
+
+def test_autoregressive_is_the_fixed_plain_loop_under_any_policy(lm):
+    report = benchmark(lm, {"s": [Prompt("h", "hello")]}, ["autoregressive", "autoregressive/auto", "hispec"],
+                       DecodeConfig("hispec", 2, 5, max_new_tokens=8, policy="auto"), warmup=False)
+    for r in report["records"]:
+        if r["method"].startswith("autoregressive"):
+            assert r["settings"]["policy"] == "fixed" and r["policy_choices"] == {}
+    assert next(r for r in report["records"] if r["method"] == "hispec")["settings"]["policy"] == "auto"
+
+
+def test_every_method_starts_from_one_calibrated_cost_model(lm, monkeypatch):
+    from hispec.engine.costs import CostModel
+    from hispec.evaluation import bench
+
+    calibrations, seen = [], []
+    real_calibrate, real_run = CostModel.calibrate, bench.run
+
+    def calibrate(self, ee, exits=(), **kw):
+        calibrations.append(tuple(exits))
+        return real_calibrate(self, ee, exits, **kw)
+
+    def run(ee, ids, config, **kw):  # what each run starts from
+        seen.append((config.method, config.policy, ee.cost_model.figures_ms()))
+        return real_run(ee, ids, config, **kw)
+
+    monkeypatch.setattr(CostModel, "calibrate", calibrate)
+    monkeypatch.setattr(bench, "run", run)
+    lm.ee.cost_model = None
+    methods = ["hispec/auto", "lookup+2+5/auto", "autoregressive", "layerskip/fixed"]
+    report = benchmark(lm, {"s": [Prompt("h", "hello"), Prompt("a", "abcabc")]}, methods,
+                       DecodeConfig("hispec", 2, 5, max_new_tokens=10), layerskip_exit=4)
+    assert calibrations == [(2, 4, 5)]  # once, for every exit the methods use
+    start = report["cost_model"]["fp32"]
+    assert start["exits"] == [2, 4, 5] and "restored from that snapshot before every run" in start["how"]
+    assert len(seen) == 4 + 2 * 4  # the warm-ups and every run, each from the same figures
+    assert all(figures == start["figures_ms"] for _, _, figures in seen)
+    # the runs refined the model's cost model; the next run started from the snapshot again
+    assert lm.ee.cost_model.figures_ms() != start["figures_ms"]
+
+
+def test_timing_starts_before_the_decoder_is_built(lm, monkeypatch):
+    import time
+
+    from hispec.engine.decoding import Decoder
+    from hispec.evaluation import runner
+
+    class SlowToBuild(Decoder):
+        def __init__(self, *a, **kw):
+            time.sleep(0.05)  # a set-up cost (as a cost model's calibration would be)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(runner, "Decoder", SlowToBuild)
+    rec = benchmark(lm, {"s": [Prompt("h", "hello")]}, ["hispec/fixed"],
+                    DecodeConfig("hispec", 2, 5, max_new_tokens=6), warmup=False)["records"][0]
+    assert rec["setup_s"] >= 0.05 and rec["wall_s"] >= rec["setup_s"]  # a lower bound, not a speed claim
+    new = len(rec["token_ids"])
+    assert rec["tokens_per_s"] == pytest.approx(new / rec["wall_s"])
+
+
+def test_geometric_mean_of_per_prompt_ratios_is_stored_and_drawn(tmp_path):
+    from hispec.evaluation.report import summary_table
+    from hispec.evaluation.svg_chart import speedup_svg
+
+    def rec(s, pid, method, tps):
+        return {"set": s, "prompt_id": pid, "method": method, "token_ids": [1], "tokens_per_s": tps}
+
+    # prompt a: twice as fast; b: half as fast; c: as fast. Ratio of medians: 10/10 = 1.0 in set x,
+    # but over all sets 4.0/5.0; the geometric means: 1.0 in x, 2.0 in y, 2^(1/3) over all.
+    recs = [rec("x", "a", "autoregressive", 5.0), rec("x", "a", "hispec", 10.0),
+            rec("x", "b", "autoregressive", 20.0), rec("x", "b", "hispec", 10.0),
+            rec("y", "c", "autoregressive", 2.0), rec("y", "c", "hispec", 4.0)]
+    summary = summarise(recs, ["autoregressive", "hispec"])
+    x, y, every = (summary[k]["methods"]["hispec"]["vs_reference"] for k in ("x", "y", "all"))
+    assert x["geomean"] == pytest.approx(1.0) and (x["min"], x["max"]) == (0.5, 2.0) and x["prompts"] == 2
+    assert y["geomean"] == pytest.approx(2.0) and every["geomean"] == pytest.approx(2 ** (1 / 3))
+    assert every["method"] == "autoregressive"
+    assert summary["all"]["methods"]["autoregressive"]["vs_reference"]["geomean"] == pytest.approx(1.0)
+    report = {"summary": summary, "methods": ["autoregressive", "hispec"]}
+    svg = speedup_svg(report)
+    assert f"all · hispec: {2 ** (1 / 3):.2f}x" in svg and "x · hispec: 1.00x" in svg and "geometric mean" in svg
+    assert f"{2 ** (1 / 3):.2f}× (0.50–2.00)" in summary_table(report)
