@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from hispec.errors import ConfigError, ModelLoadError
 
@@ -86,7 +87,8 @@ class Limits:
         name = name.strip() if isinstance(name, str) else ""
         if name in self.allowed_models:
             return name
-        if ANY_HUB_MODEL in self.allowed_models and _HUB_ID.fullmatch(name) and ".." not in name:
+        if (ANY_HUB_MODEL in self.allowed_models and _HUB_ID.fullmatch(name) and ".." not in name
+                and not Path(name).expanduser().exists()):  # a relative folder of that name would be loaded instead
             return name
         offered = [m for m in self.allowed_models if m != ANY_HUB_MODEL]
         extra = " or any Hugging Face id (owner/name)" if ANY_HUB_MODEL in self.allowed_models else ""

@@ -180,9 +180,13 @@ def test_a_local_folder_and_an_unlisted_id_get_the_same_refusal_without_paths(lm
     assert last(server, gen(max_new=2)).outcome == "done"
 
 
-def test_any_hub_id_never_means_a_local_folder(lm, tmp_path):
+def test_any_hub_id_never_means_a_local_folder(lm, tmp_path, monkeypatch):
     limits = Limits(allowed_models=("tiny", "*"))
     assert limits.check_model("facebook/layerskip-llama3.2-1B") == "facebook/layerskip-llama3.2-1B"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "owner" / "model").mkdir(parents=True)  # a folder that looks like a hub id
+    with pytest.raises(ModelLoadError, match="not offered on this server"):
+        limits.check_model("owner/model")
     for name in (str(tmp_path), "./model", "a/b/c", "/abs/path", "~/x", "a/..", "..x/y z"):
         with pytest.raises(ModelLoadError, match="not offered on this server"):
             limits.check_model(name)
