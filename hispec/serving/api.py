@@ -151,18 +151,24 @@ def api_signature() -> inspect.Signature:
 
 
 # ---- compare, what if, benchmark, load ------------------------------------------------------------
+class _OfAGeneration:
+    """A request built around a GenerateRequest (its prompt, settings and model)."""
+
+    generate: GenerateRequest
+
+    @property
+    def model(self):
+        return self.generate.model
+
+
 @dataclass(frozen=True)
-class CompareRequest:
+class CompareRequest(_OfAGeneration):
     generate: GenerateRequest
     baselines: tuple[str, ...] = ("autoregressive",)
     repeats: int = 3
 
     kind = "compare"
     what = "comparison"
-
-    @property
-    def model(self):
-        return self.generate.model
 
     @classmethod
     def parse(cls, raw: dict, limits: Limits) -> CompareRequest:
@@ -181,7 +187,7 @@ class CompareRequest:
 
 
 @dataclass(frozen=True)
-class WhatIfRequest:
+class WhatIfRequest(_OfAGeneration):
     generate: GenerateRequest  # its method must have exits (hispec or layerskip); rounds are fixed
     a_dv: float = 0.5  # per-token acceptance draft -> verify to draw at
     a_vt: float = 0.5  # per-token acceptance -> full model to draw at
@@ -189,10 +195,6 @@ class WhatIfRequest:
 
     kind = "what_if"
     what = "what-if run"
-
-    @property
-    def model(self):
-        return self.generate.model
 
     @classmethod
     def parse(cls, raw: dict, limits: Limits) -> WhatIfRequest:

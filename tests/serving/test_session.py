@@ -59,6 +59,23 @@ def slow(lm, seconds: float):
         lm.ee.run_layers = original
 
 
+@contextlib.contextmanager
+def held_by_another(registry, name="tiny"):
+    """Another visitor's job holds the model's turn meanwhile."""
+    holder = Job(0, "another-visitor", "generate")
+    assert registry.turns(name).hold(holder, 1.0)
+    try:
+        yield
+    finally:
+        registry.turns(name).release(holder)
+
+
+def one_model_server(**limits) -> Server:
+    registry = ModelRegistry()
+    registry.add("tiny", tiny_lm())
+    return Server(registry, Limits(rate_per_minute=0, allowed_models=("tiny",), **limits), throttle_s=0.0)
+
+
 def gen(prompt="hi", max_new=8, **kw) -> dict:
     return {"prompt": prompt, "method": "hispec", "policy": "fixed", "draft_layer": 2, "verify_layer": 5,
             "draft_len": 2, "verify_threshold": 3, "max_new_tokens": max_new, "chat": True, **kw}
@@ -123,20 +140,14 @@ def test_requests_take_turns_in_arrival_order(server):
 
 
 def test_a_waiting_request_says_its_place():
-    registry = ModelRegistry()
-    registry.add("tiny", tiny_lm())
-    server = Server(registry, Limits(rate_per_minute=0, allowed_models=("tiny",)), throttle_s=0.0)
-    turns = registry.turns("tiny")
-    holder = Job(0, "another-visitor", "generate")
-    assert turns.hold(holder, 1.0)
-    try:
+    server = one_model_server()
+    turns = server.registry.turns("tiny")
+    with held_by_another(server.registry):
         stream = server.submit(ME, GenerateRequest, gen())
         status = next(u for u in stream if isinstance(u, Status) and "Waiting" in u.text)
         assert status.text.startswith("Waiting for the model: 1 request ahead")
         server.stop(ME)
         assert list(stream)[-1] == Ended("stopped", "Stopped before the generation started.")
-    finally:
-        turns.release(holder)
     assert not turns.busy and turns.waiting == 0
 
 
@@ -206,31 +217,22 @@ def test_generate_and_compare_from_one_tab_ending_together(server):
 
 # ---- the time limit, clients that leave, failures --------------------------------------------------
 def test_the_time_limit_counts_the_wait_for_the_model():
-    registry = ModelRegistry()
-    registry.add("tiny", tiny_lm())
-    server = Server(registry, Limits(rate_per_minute=0, max_seconds=0.5, allowed_models=("tiny",)), throttle_s=0.0)
-    holder = Job(0, "another-visitor", "generate")
-    assert registry.turns("tiny").hold(holder, 1.0)
-    try:
+    server = one_model_server(max_seconds=0.5)
+    with held_by_another(server.registry):
         t0 = time.monotonic()
         last = list(server.submit(ME, GenerateRequest, gen()))[-1]
         assert time.monotonic() - t0 < 2
-    finally:
-        registry.turns("tiny").release(holder)
     assert last == Ended("time limit", "Stopped at this server's time limit of 0.5 s per request before the "
                                        "generation started.")
 
 
 def test_a_running_generation_stops_at_the_time_limit_and_keeps_what_it_wrote():
-    registry = ModelRegistry()
-    lm = tiny_lm()
-    registry.add("tiny", lm)
-    server = Server(registry, Limits(rate_per_minute=0, max_seconds=0.4, allowed_models=("tiny",)), throttle_s=0.0)
-    with slow(lm, 0.03):
+    server = one_model_server(max_seconds=0.4)
+    with slow(server.registry.get("tiny"), 0.03):
         updates = list(server.submit(ME, GenerateRequest, gen(max_new=200)))
     assert updates[-1].outcome == "time limit"
     assert 0 < len(done_of(updates).token_ids) < 200
-    assert not registry.turns("tiny").busy
+    assert not server.registry.turns("tiny").busy
 
 
 def test_a_client_that_leaves_frees_the_model_within_a_second(server):
@@ -278,30 +280,19 @@ def test_a_failure_inside_a_generation_ends_only_that_request(server):
 
 
 def test_the_queue_is_bounded():
-    registry = ModelRegistry()
-    registry.add("tiny", tiny_lm())
-    server = Server(registry, Limits(rate_per_minute=0, queue_size=1, allowed_models=("tiny",)), throttle_s=0.0)
-    holder = Job(0, "another-visitor", "generate")
-    assert registry.turns("tiny").hold(holder, 1.0)
-    try:
+    server = one_model_server(queue_size=1)
+    with held_by_another(server.registry):
         waiting = server.submit(ME, GenerateRequest, gen())
         next(u for u in waiting if isinstance(u, Status) and "Waiting" in u.text)
         refused = list(server.submit(OTHER, GenerateRequest, gen()))
         assert refused == [Ended("refused", "the server is busy: 1 requests are waiting for the model; try again "
                                             "in a minute")]
         waiting.close()
-    finally:
-        registry.turns("tiny").release(holder)
 
 
 def test_short_follow_ups_wait_for_the_models_turn_and_give_up(server):
-    turns = server.registry.turns("tiny")
-    holder = Job(0, "another-visitor", "generate")
-    assert turns.hold(holder, 1.0)
-    try:
+    with held_by_another(server.registry):
         with pytest.raises(HiSpecError, match="busy with another visitor"):
             server.run_now(ME, "costs", "tiny", lambda lm: 1, timeout_s=0.2)
-    finally:
-        turns.release(holder)
     assert server.run_now(ME, "costs", "tiny", lambda lm: lm.ee.num_layers) == 8
-    assert not turns.busy and server.jobs.of() == []
+    assert not server.registry.turns("tiny").busy and server.jobs.of() == []
