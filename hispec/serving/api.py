@@ -270,6 +270,7 @@ class LoadRequest:
 
     kind = "load"
     what = "model load"
+    needs_turn = False  # loading is all it does (in serving's lease, for everybody): nothing runs on the model
 
     @classmethod
     def parse(cls, raw: dict, limits: Limits) -> LoadRequest:

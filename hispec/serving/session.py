@@ -97,7 +97,9 @@ class Server:
                     return
                 work = request.prepare(lm, self.limits)
                 turns = state["turns"] = self.registry.turns(name)
-                held = yield from self._wait_turn(turns, job, deadline)
+                held = True  # a request that runs nothing on the model (a load) does not wait for its turn
+                if getattr(request, "needs_turn", True):
+                    held = yield from self._wait_turn(turns, job, deadline)
             finally:
                 self._leave_queue()
             if not held:

@@ -296,3 +296,13 @@ def test_short_follow_ups_wait_for_the_models_turn_and_give_up(server):
             server.run_now(ME, "costs", "tiny", lambda lm: 1, timeout_s=0.2)
     assert server.run_now(ME, "costs", "tiny", lambda lm: lm.ee.num_layers) == 8
     assert not server.registry.turns("tiny").busy and server.jobs.of() == []
+
+
+def test_loading_a_model_does_not_wait_behind_a_generation(server):
+    from hispec.serving.api import LoadRequest
+
+    with held_by_another(server.registry):
+        t0 = time.monotonic()
+        updates = list(server.submit(ME, LoadRequest, {"model": "tiny"}))
+        assert time.monotonic() - t0 < 1
+    assert updates[-1].outcome == "done" and updates[-2].items[0] is server.registry.get("tiny")
