@@ -34,6 +34,7 @@ def cmd_profile(args) -> int:
                           f"{lm.ee.context_limit} tokens")
     result = profile(lm, context=args.context, repeats=args.repeats,
                      progress=lambda m: print(f"profiling {m}", file=sys.stderr, flush=True))
+    result["command"] = getattr(args, "command_line", None)
     print(json.dumps(result, indent=1) if args.json else format_table(result))
     return 0
 
@@ -150,7 +151,7 @@ def cmd_bench(args) -> int:
 
     report = benchmark(lm, sets, methods, base, args.layerskip_exit, json_path=args.json,
                        warmup=not args.no_warmup, progress=progress, models=models if len(models) > 1 else None,
-                       host=True)
+                       host=True, command=getattr(args, "command_line", None))
     if args.html:
         write_html(report, args.html)
     if args.svg:
@@ -262,7 +263,8 @@ def cmd_sweep(args) -> int:
         print(f"[{done}/{total}] {what}", file=sys.stderr, flush=True)
 
     try:
-        report = sweep(lm, sets, grids, base, json_path=args.json, warmup=not args.no_warmup, progress=progress)
+        report = sweep(lm, sets, grids, base, json_path=args.json, warmup=not args.no_warmup, progress=progress,
+                       command=getattr(args, "command_line", None))
     except KeyboardInterrupt:
         if args.json and args.html and Path(args.json).is_file():  # the report of the prompts done so far
             partial = json.loads(Path(args.json).read_text())
@@ -306,6 +308,12 @@ def compare_table(runs: dict[str, list], methods: list[str], rotated: bool = Tru
     return "\n".join(lines)
 
 
+def cmd_figures(args) -> int:
+    from hispec.evaluation.figures import command
+
+    return command(args)
+
+
 def cmd_train_ee(args) -> int:
     from hispec.training.layerskip.command import run_from_args
 
@@ -313,10 +321,13 @@ def cmd_train_ee(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import shlex
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = "python -m hispec " + shlex.join(sys.argv[1:] if argv is None else argv)  # for the reports
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "profile": cmd_profile,
+        return {"generate": cmd_generate, "bench": cmd_bench, "profile": cmd_profile, "figures": cmd_figures,
                 "train-exits": cmd_train_exits, "train-ee": cmd_train_ee}[args.command](args)
     except HiSpecError as exc:
         print(f"hispec: error: {exc}", file=sys.stderr)

@@ -161,12 +161,24 @@ def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, la
 
 
 def environment(lm: LoadedModel) -> dict:
+    """The machine and software of a run: every absolute figure needs it (hosts differ up to 5x)."""
     import transformers
+
+    from hispec.evaluation.host import cpu_flags, cpu_model
 
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(),
-            "processor": platform.processor() or platform.machine(), "device": lm.device, "dtype": lm.dtype,
+            "processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
+            "avx512": "avx512f" in cpu_flags(), "loadavg_start": loadavg(), "device": lm.device, "dtype": lm.dtype,
             "weights": getattr(lm, "weights", "fp32"), "model": lm.name, "layers": lm.ee.num_layers}
+
+
+def loadavg() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages (a shared machine: how busy it was)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def expand_weights(methods: list[str], formats: list[str]) -> list[str]:
@@ -194,13 +206,14 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
               layerskip_exit: int | None = None, json_path: str | None = None, warmup: bool = True,
               progress: Callable[[int, int, str], None] | None = None,
               stop: threading.Event | None = None, models: dict[str, LoadedModel] | None = None,
-              host: bool = False) -> dict:
+              host: bool = False, command: str | None = None) -> dict:
     """Run `methods` on every prompt of `sets`; `progress(done, total, what)` is called after every
     prompt (after the JSON is written). `stop`, once set, ends the run before the next method: the
     prompt in progress is dropped (its methods would not be comparable) and the report says `stopped`.
     `models`: the same model in other weight formats by name ('fp32', 'q4'): a method written
     METHOD@FORMAT runs on that one (the others on `lm`). `host`: record the machine and its memory
-    bandwidth at the start and the end, and each format's plain step against its memory bound."""
+    bandwidth at the start and the end, and each format's plain step against its memory bound.
+    `command`: the command line that asked for this run, kept in the report (the README's figures cite it)."""
     models = dict(models or {})
     if any(m == LLAMACPP for m in methods):
         from hispec.evaluation import llamacpp
@@ -208,7 +221,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
         llamacpp.check(lm)  # before any prompt runs
     on = lambda method: models.get(split_weights(method)[1], lm)  # noqa: E731
     resolved = replace(base, method="hispec").resolve_for(lm.ee)
-    report = {"environment": environment(lm), "methods": methods, "max_new_tokens": base.max_new_tokens,
+    report = {"command": command, "environment": environment(lm), "methods": methods, "max_new_tokens": base.max_new_tokens,
               "settings": {"policy": base.policy, "lookup_len": base.lookup_len, "draft_layer": resolved.draft_layer, "verify_layer": resolved.verify_layer,
                            "layerskip_exit": layerskip_exit or bench_exit(lm),
                            "draft_len": resolved.draft_len, "verify_threshold": resolved.verify_threshold,
@@ -269,6 +282,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
                 progress(done, total, f"{set_name}/{prompt.id}")
     report["stopped"] = stop is not None and stop.is_set()
     report["complete"] = not report["stopped"]
+    report["environment"]["loadavg_end"] = loadavg()
     if report["records"]:
         report["summary"] = summarise(report["records"], methods)
     if host:

@@ -138,7 +138,9 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
     ids = _context_ids(lm, context + max(counts))
     probe = _Probe(lm, ids[:context])
     device = ee.device
-    out = {"model": lm.name, "num_layers": L, "context": context, "repeats": repeats,
+    from hispec.evaluation.bench import environment
+
+    out = {"environment": environment(lm), "model": lm.name, "num_layers": L, "context": context, "repeats": repeats,
            "device": str(device), "dtype": str(ee.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
            "lean": lean_on, "lean_packed": bool(lean_on and ee.lean.packed), "stock_reason": ee.stock_reason,
            "full_step_ms": {}, "hf_full_step_ms": {}, "stock_layers_full_step_ms": {},

@@ -119,7 +119,8 @@ def _markers(fig: go.Figure, grid: dict, summary: dict, legend: bool = True, **w
     a, b = grid["rows_axis"], grid["cols_axis"]
     best, default = summary["best"], summary["default"]
     if default["on_grid"]:
-        speed = f" {default['speedup']:.2f}×" if default.get("speedup") is not None else ""
+        value = default.get("speedup_geomean") or default.get("speedup")
+        speed = f" {value:.2f}×" if value is not None else ""
         fig.add_trace(go.Scatter(x=[str(default[b])], y=[str(default[a])], mode="markers",
                                  name=f"default ({_point((a, b), default)}){speed}", hoverinfo="name",
                                  legendgroup="default", showlegend=legend,
@@ -127,7 +128,8 @@ def _markers(fig: go.Figure, grid: dict, summary: dict, legend: bool = True, **w
                       **where)
     if best is not None:
         fig.add_trace(go.Scatter(x=[str(best[b])], y=[str(best[a])], mode="markers",
-                                 name=f"best ({_point((a, b), best)}) {best['speedup']:.2f}×", hoverinfo="name",
+                                 name=f"best ({_point((a, b), best)}) {best.get('speedup_geomean') or best['speedup']:.2f}×",
+                                 hoverinfo="name",
                                  legendgroup="best", showlegend=legend,
                                  marker=dict(symbol="square-open", size=48, color="gold", line=dict(width=4))),
                       **where)
@@ -144,7 +146,7 @@ def sweep_figures(report: dict) -> list[go.Figure]:
         a, b = grid["rows_axis"], grid["cols_axis"]
         cells = summary["cells"]
         x, y = [str(c) for c in grid["cols"]], [str(r) for r in grid["rows"]]
-        speed = _grid_matrix(grid, cells, lambda c: c["speedup"])
+        speed = _grid_matrix(grid, cells, lambda c: c.get("speedup_geomean") or c["speedup"])  # geometric mean
         text = _cell_texts(grid, speed, "{:.2f}×")
         tps = _grid_matrix(grid, cells, lambda c: c["tokens_per_s"])
         fig = go.Figure(go.Heatmap(
@@ -157,7 +159,7 @@ def sweep_figures(report: dict) -> list[go.Figure]:
         d = summary["default"]
         off = "" if d["on_grid"] else f"; default ({_point((a, b), d)}) not on this grid"
         ref_tps = f"{ref['tokens_per_s']:.2f} tok/s" if ref.get("tokens_per_s") else "n/a"
-        fig.update_layout(title=f"HiSpec speedup vs {report.get('reference')} ({ref_tps}) over {LABELS[a]} × "
+        fig.update_layout(title=f"HiSpec speedup (geometric mean per prompt) vs {report.get('reference')} ({ref_tps}) over {LABELS[a]} × "
                                 f"{LABELS[b]} ({fixed}{off})",
                           xaxis=dict(title=LABELS[b], type="category"), yaxis=dict(title=LABELS[a], type="category"),
                           legend=dict(orientation="h", y=-0.2), template="plotly_white")
@@ -201,7 +203,8 @@ def sweep_table(report: dict) -> str:
             marks = [m for m, hit in (("best", g["best"] and (c[a], c[b]) == (g["best"][a], g["best"][b])),
                                       ("default", (c[a], c[b]) == (g["default"][a], g["default"][b]))) if hit]
             acc = ", ".join(f"{k} {v:.1%}" for k, v in c["acceptance"].items()) or "–"
-            speed = f"{c['speedup']:.2f}×" if c["speedup"] is not None else "–"
+            value = c.get("speedup_geomean") or c["speedup"]  # the geometric mean of per-prompt ratios
+            speed = f"{value:.2f}×" if value is not None else "–"
             rows.append(f"<tr><td>{c[a]}</td><td>{c[b]}</td><td>{c['prompts']}</td><td>{c['tokens_per_s']:.2f}</td>"
                         f"<td>{speed}</td><td>{html.escape(acc)}</td>"
                         f"<td>{'yes' if c['outputs_equal'] else 'NO'}</td><td>{' '.join(marks)}</td></tr>")

@@ -24,7 +24,7 @@ from typing import Callable
 
 from hispec.engine.decoding import DecodeConfig, default_draft_layer, default_verify_layer
 from hispec.errors import ConfigError
-from hispec.evaluation.bench import environment, iqr, mean_or_none, run_one, warmup_ids
+from hispec.evaluation.bench import environment, geomean, iqr, loadavg, mean_or_none, run_one, warmup_ids
 from hispec.evaluation.prompts import Prompt
 from hispec.model.loading import LoadedModel
 
@@ -176,7 +176,7 @@ def resolve_grids(grids: list, num_layers: int) -> list[Grid]:
 def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], base: DecodeConfig,
           json_path: str | None = None, warmup: bool = True,
           progress: Callable[[int, int, str], None] | None = None,
-          stop: threading.Event | None = None) -> dict:
+          stop: threading.Event | None = None, command: str | None = None) -> dict:
     """Run every point of every grid and the autoregressive reference on every prompt.
 
     `base` holds the settings a grid does not vary (the lengths grid's d and v, the layers grid's
@@ -194,7 +194,7 @@ def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], bas
     defaults = {"draft_layer": preset.draft_layer, "verify_layer": preset.verify_layer,
                 "draft_len": preset.draft_len, "verify_threshold": preset.verify_threshold}
     report = {
-        "kind": "sweep", "environment": environment(lm), "reference": REFERENCE,
+        "kind": "sweep", "command": command, "environment": environment(lm), "reference": REFERENCE,
         "max_new_tokens": base.max_new_tokens,
         "base": {k: getattr(base, k) for k in defaults}, "defaults": defaults,
         "grids": {g.name: {"rows_axis": g.axes[0], "cols_axis": g.axes[1], "rows": list(g.rows),
@@ -253,6 +253,7 @@ def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], bas
                 progress(done, total, f"{set_name}/{prompt.id}")
     report["stopped"] = stop is not None and stop.is_set()
     report["complete"] = not report["stopped"]
+    report["environment"]["loadavg_end"] = loadavg()
     report["summary"] = summarise_sweep(report)
     write()
     return report
@@ -260,11 +261,14 @@ def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], bas
 
 def summarise_sweep(report: dict) -> dict:
     """Per grid point: tokens/s (median, spread), speedup = its median tokens/s over the
-    reference's median on the same prompts, acceptance per level, tokens per full pass, work,
-    output equality with the reference; per grid the best point and the default point."""
+    reference's median on the same prompts, speedup_geomean = the geometric mean of its per-prompt
+    ratios to the reference (with their range), acceptance per level, tokens per full pass, work,
+    output equality with the reference; per grid the best point (by the geometric mean) and the
+    default point."""
     records = report["records"]
     ref_rows = [r for r in records if r["grid"] is None]
     ref_ids = {(r["set"], r["prompt_id"]): r["token_ids"] for r in ref_rows}
+    ref_by_prompt = {(r["set"], r["prompt_id"]): r["tokens_per_s"] for r in ref_rows}
     ref_tps = statistics.median([r["tokens_per_s"] for r in ref_rows]) if ref_rows else None
     out = {"reference": {"method": REFERENCE, "prompts": len(ref_rows), "tokens_per_s": ref_tps,
                          "tokens_per_s_iqr": iqr([r["tokens_per_s"] for r in ref_rows])},
@@ -276,22 +280,31 @@ def summarise_sweep(report: dict) -> dict:
             for col in grid["cols"]:
                 mine = [r for r in records if r["grid"] == name and r[a] == row and r[b] == col]
                 if mine:
-                    cells.append({a: row, b: col, **_cell_stats(mine, ref_ids, ref_tps)})
+                    cells.append({a: row, b: col, **_cell_stats(mine, ref_ids, ref_tps, ref_by_prompt)})
         default = {a: report["defaults"][a], b: report["defaults"][b]}
         at_default = next((c for c in cells if c[a] == default[a] and c[b] == default[b]), None)
         default.update(on_grid=default[a] in grid["rows"] and default[b] in grid["cols"],
-                       speedup=at_default["speedup"] if at_default else None)
-        ranked = [c for c in cells if c["speedup"] is not None]
-        best = max(ranked, key=lambda c: c["speedup"]) if ranked else None
+                       speedup=at_default["speedup"] if at_default else None,
+                       speedup_geomean=at_default["speedup_geomean"] if at_default else None)
+        ranked = [c for c in cells if _rank(c) is not None]
+        best = max(ranked, key=_rank) if ranked else None
         out["grids"][name] = {"cells": cells, "default": default,
                               "best": {a: best[a], b: best[b], "speedup": best["speedup"],
+                                       "speedup_geomean": best["speedup_geomean"],
                                        "tokens_per_s": best["tokens_per_s"]} if best else None}
     out["all_outputs_equal"] = all(c["outputs_equal"] for g in out["grids"].values() for c in g["cells"])
     return out
 
 
-def _cell_stats(rows: list[dict], ref_ids: dict, ref_tps: float | None) -> dict:
+def _rank(cell: dict) -> float | None:
+    """What makes a point the best: the geometric mean of its per-prompt ratios."""
+    return cell["speedup_geomean"] if cell.get("speedup_geomean") is not None else cell.get("speedup")
+
+
+def _cell_stats(rows: list[dict], ref_ids: dict, ref_tps: float | None, ref_by_prompt: dict | None = None) -> dict:
     tps = [r["tokens_per_s"] for r in rows]
+    ratios = [r["tokens_per_s"] / ref_by_prompt[(r["set"], r["prompt_id"])] for r in rows
+              if (ref_by_prompt or {}).get((r["set"], r["prompt_id"])) and r["tokens_per_s"] > 0]
     acc: dict[str, list[float]] = {}
     for r in rows:
         for k, v in (r.get("acceptance") or {}).items():
@@ -302,6 +315,8 @@ def _cell_stats(rows: list[dict], ref_ids: dict, ref_tps: float | None) -> dict:
     return {"prompts": len(rows), "tokens_per_s": median, "tokens_per_s_min": min(tps),
             "tokens_per_s_max": max(tps), "tokens_per_s_iqr": iqr(tps),
             "speedup": median / ref_tps if ref_tps else None,
+            "speedup_geomean": geomean(ratios) if ratios else None,
+            "speedup_min": min(ratios) if ratios else None, "speedup_max": max(ratios) if ratios else None,
             "acceptance": {k: statistics.mean(v) for k, v in acc.items()},
             "tokens_per_full_pass": mean_or_none([r.get("tokens_per_full_pass") for r in rows]),
             "useful_layer_tokens": useful, "wasted_layer_tokens": wasted,
@@ -319,12 +334,13 @@ def format_table(report: dict) -> str:
         a, b = grid["rows_axis"], grid["cols_axis"]
         fixed = ", ".join(f"{k}={v}" for k, v in grid["fixed"].items())
         lines.append(f"\n{name} sweep ({fixed}):")
-        lines.append(f"{SHORT[a]:>10}{SHORT[b]:>10}{'tok/s':>9}{'speedup':>9}  acceptance  same output")
+        lines.append(f"{SHORT[a]:>10}{SHORT[b]:>10}{'tok/s':>9}{'speedup':>9}  acceptance  same output "
+                     "(speedup: geometric mean of per-prompt ratios)")
         for c in g["cells"]:
             marks = (" best" if g["best"] and (c[a], c[b]) == (g["best"][a], g["best"][b]) else "") + (
                 " default" if (c[a], c[b]) == (g["default"][a], g["default"][b]) else "")
             acc = ", ".join(f"{k} {v:.0%}" for k, v in c["acceptance"].items()) or "n/a"
-            speed = f"{c['speedup']:.2f}x" if c["speedup"] is not None else "n/a"
+            speed = f"{_rank(c):.2f}x" if _rank(c) is not None else "n/a"
             lines.append(f"{c[a]:>10}{c[b]:>10}{c['tokens_per_s']:>9.2f}{speed:>9}  {acc}  "
                          f"{'yes' if c['outputs_equal'] else 'NO'}{marks}")
         for sk in grid["skipped"]:

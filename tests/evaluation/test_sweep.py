@@ -1,6 +1,7 @@
 """Sweep mode on a tiny model: grids, JSON schema, speedups, heatmaps, invalid grids, interrupts."""
 
 import json
+import math
 import threading
 
 import pytest
@@ -62,13 +63,18 @@ def test_json_schema_speedups_and_equality(swept):
         for c in g["cells"]:
             assert c["prompts"] == 3 and c["outputs_equal"] is True
             assert c["speedup"] == pytest.approx(c["tokens_per_s"] / ref["tokens_per_s"])
+            mine = [r for r in saved["records"] if r["grid"] == name and (r[a], r[b]) == (c[a], c[b])]
+            ratios = [r["tokens_per_s"] / next(x["tokens_per_s"] for x in saved["records"] if x["grid"] is None
+                                               and x["prompt_id"] == r["prompt_id"]) for r in mine]
+            assert c["speedup_geomean"] == pytest.approx(math.prod(ratios) ** (1 / len(ratios)))
+            assert (c["speedup_min"], c["speedup_max"]) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
             assert set(c["acceptance"]) == {"draft->verify", "verify->target"}
-        best = max(g["cells"], key=lambda c: c["speedup"])
-        assert (g["best"][a], g["best"][b], g["best"]["speedup"]) == (best[a], best[b], best["speedup"])
+        best = max(g["cells"], key=lambda c: c["speedup_geomean"])  # the best point by the per-prompt figure
+        assert (g["best"][a], g["best"][b], g["best"]["speedup_geomean"]) == (best[a], best[b], best["speedup_geomean"])
     assert s["grids"]["layers"]["default"]["on_grid"] is True
     assert s["grids"]["layers"]["default"]["speedup"] == s["grids"]["layers"]["cells"][0]["speedup"]
     assert s["grids"]["lengths"]["default"] == {"draft_len": 2, "verify_threshold": 4, "on_grid": False,
-                                                "speedup": None}
+                                                "speedup": None, "speedup_geomean": None}
     # the order of points rotates from prompt to prompt
     firsts = [saved["records"][i * points] for i in range(3)]
     assert firsts[0]["method"] == "autoregressive" and firsts[0]["grid"] is None
@@ -97,7 +103,7 @@ def test_heatmaps_in_the_html_mark_best_and_default(swept, tmp_path):
     names = [t.name for t in speed.data if t.type == "scatter"]
     best = report["summary"]["grids"]["layers"]["best"]
     assert names[0].startswith("default (d=1, v=2)")
-    assert names[1].startswith(f"best (d={best['draft_layer']}, v={best['verify_layer']}) {best['speedup']:.2f}×")
+    assert names[1].startswith(f"best (d={best['draft_layer']}, v={best['verify_layer']}) {best['speedup_geomean']:.2f}×")
     marked = {t.name.split()[0]: (t.x[0], t.y[0]) for t in speed.data if t.type == "scatter"}
     assert marked == {"default": ("2", "1"), "best": (str(best["verify_layer"]), str(best["draft_layer"]))}
     lengths = figs[2]
