@@ -207,6 +207,9 @@ def _one_format(args) -> str:
     return formats[0]
 
 
+HELDOUT_SPECS = ("heldout", "heldout-tune", "heldout-report")  # see evaluation.prompts (the split)
+
+
 def _bench_inputs(args, weights: str | None = None):
     """bench/sweep: the base settings (checked before the model loads), prompt sets and model."""
     from hispec.evaluation.prompts import load_sets
@@ -219,13 +222,16 @@ def _bench_inputs(args, weights: str | None = None):
                         args.max_new_tokens, policy=getattr(args, "policy", DEFAULT_POLICY),
                         lookup_len=getattr(args, "lookup_len", 8))
     base.validate()
-    # 'heldout[:N]': the exit heads' held-out prompts (N per held-out set), known once the model is loaded
+    # 'heldout[:N]', 'heldout-tune[:N]', 'heldout-report[:N]': the exit heads' held-out prompts, all or
+    # one split of them (N per held-out set), known once the model is loaded
     parts = [p.strip() for p in args.prompts.split(",") if p.strip()]
-    heldout = [p for p in parts if p == "heldout" or p.startswith("heldout:")]
+    heldout = [p for p in parts if p.partition(":")[0] in HELDOUT_SPECS]
     others = ",".join(p for p in parts if p not in heldout)
     sets = load_sets(others, seed=args.seed) if others else {}
-    if heldout and not heldout[0].partition(":")[2].isdigit() and heldout[0] != "heldout":
-        raise HiSpecError(f"'{heldout[0]}': write heldout or heldout:N (N prompts per held-out set)")
+    for part in heldout:
+        name, colon, count = part.partition(":")
+        if colon and not (count.isdigit() and int(count) > 0):
+            raise HiSpecError(f"'{part}': write {name} or {name}:N (N prompts per held-out set)")
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=lambda m: print(m, file=sys.stderr),
                     exits=args.exits, weights=weights or _one_format(args))
     if args.cuda_graphs:
@@ -233,13 +239,18 @@ def _bench_inputs(args, weights: str | None = None):
     if heldout:
         import random
 
+        from hispec.evaluation.prompts import apply_split
         from hispec.training.heads.prompts import heldout_prompts
 
-        count = int(heldout[0].partition(":")[2] or 0)
-        held = heldout_prompts(lm)
-        if count:
-            held = {k: random.Random(args.seed).sample(v, min(count, len(v))) for k, v in held.items()}
-        sets = {**held, **sets}
+        every = heldout_prompts(lm)
+        chosen = {}
+        for part in heldout:
+            name, _, count = part.partition(":")
+            held = every if name == "heldout" else apply_split(every, name.removeprefix("heldout-"))
+            if count:
+                held = {k: random.Random(args.seed).sample(v, min(int(count), len(v))) for k, v in held.items()}
+            chosen.update(held)
+        sets = {**chosen, **sets}
     base.resolve_for(lm.ee)
     return base, sets, lm
 

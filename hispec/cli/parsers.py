@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="SET[:N][,SET[:N]...] with SET sharegpt, humaneval, mtbench or a .jsonl file "
                             "(N: a fixed seeded sample; default mtbench:5), summarize (real documents to "
                             "summarise), and 'heldout[:N]': the prompts the model's trained exit heads were held "
-                            "out from (never trained on; N per held-out set)")
+                            "out from (never trained on; N per held-out set), split once into 'heldout-tune' (for "
+                            "choosing settings) and 'heldout-report' (for reporting): assets/prompts/heldout_split.json")
     bench.add_argument("--methods", default=None,
                        help=f"comma list of {', '.join(BENCH_METHODS)} (default: all), ours optionally /fixed or "
                             "/auto, or level lists such as lookup+2+4; not with --sweep")

