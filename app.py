@@ -30,7 +30,8 @@ from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.session import Server
 from ui import bench_tab, controls, stepper, token_story
-from ui.controller import Handlers, model_defaults, model_info, settings_by_method, stale_panels, trained_layers
+from ui.controller import Handlers, stale_panels
+from ui.model_view import model_defaults, model_info, settings_by_method, trained_layers
 from ui.page import Setup, build_page
 
 ASSETS = Path(__file__).parent / "assets"

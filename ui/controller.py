@@ -12,21 +12,22 @@ import html
 import gradio as gr
 
 from hispec.engine.costs import model_costs
-from hispec.engine.events import Event, event_from_dict
+from hispec.engine.events import event_from_dict
 from hispec.engine.levels import exits_by_role
 from hispec.errors import HiSpecError
-from hispec.evaluation import published, what_if as what_ifs
+from hispec.evaluation import what_if as what_ifs
 from hispec.evaluation.beliefs import exit_beliefs
 from hispec.evaluation.replay import replay_from_dicts
 from hispec.evaluation.speed_model import measured_pairs
 from hispec.evaluation.why import speed_story
 from hispec.evaluation.trace import Trace
-from hispec.serving.api import CompareRequest, GenerateRequest, LoadRequest, WhatIfRequest
+from hispec.serving.api import CompareRequest, GenerateRequest, LoadRequest, WhatIfRequest, generate_response
 from hispec.serving.session import Server
 from hispec.serving.updates import Ended, Output, Status
-from ui import charts, controls, exits, labels, render, stepper, token_story, why_view
+from ui import charts, controls, labels, render, stepper, token_story, why_view
 from ui.beliefs_view import beliefs_html
-from ui.generate_view import GenerateView, cleared
+from ui.generate_view import GenerateView, WhatIfView, cleared
+from ui.model_view import model_defaults, model_info, settings_by_method, trained_layers
 from ui.steps_view import round_html
 
 GENERATION_KINDS = ("generate", "compare", "what_if")  # what the page's Stop ends
@@ -68,8 +69,6 @@ class Handlers:
     def api_generate(self, request: gr.Request = None, **fields):
         """/generate: progress as {"status": ...} while it runs, then the result (serving.api.
         generate_response); bad input raises an error naming what is wrong and what is allowed."""
-        from hispec.serving.api import generate_response
-
         view = GenerateView(fields.get("model") or self.server.default_model)
         for update in self.server.submit(self.server.caller(request), GenerateRequest, fields):
             if isinstance(update, Ended):
@@ -219,96 +218,3 @@ def stale_panels() -> tuple:
     """A new run starts: the last run's what-if and comparison panels are emptied, not left beside it
     (what_if status, tokens, stats, chart, result; compare table, chart)."""
     return ("", "", "", gr.Plot(None, visible=False), None, "", gr.Plot(None, visible=False))
-
-
-class WhatIfView:
-    """A what-if request's updates as (status, tokens, stats, chart), every view labelled synthetic."""
-
-    def __init__(self):
-        self.take: what_ifs.TakeStarted | None = None
-        self.run = None  # the current take's synthetic run (evaluation.runner.LiveRun)
-        self.plain: what_ifs.PlainTimed | None = None
-        self.done: list[what_ifs.TakeDone] = []
-
-    def update(self, update):
-        """(status, tokens, stats, chart, result): the result (for "Why this speed") once it ends."""
-        if isinstance(update, Status):
-            return (render.message_html("What if: " + update.text, "info"),) + (gr.skip(),) * 4
-        if isinstance(update, Ended):
-            if not update.ok:
-                return render.message_html(update.message), "", "", gr.Plot(None, visible=False), None
-            # the views are sent again with the summary, so that the stream ends with the chart shown
-            return (render.message_html(self._summary(update), "info"),) + self._views() + (self.result(),)
-        changed = False
-        for item in update.items:
-            if isinstance(item, what_ifs.TakeStarted):
-                self.take, self.run = item, GenerateView("").run
-            elif isinstance(item, what_ifs.PlainTimed):
-                self.plain = item
-            elif isinstance(item, what_ifs.TakeDone):
-                self.done.append(item)
-                changed = True
-            elif isinstance(item, Event) and self.run is not None:
-                self.run.add(item)
-                changed = True
-        return (gr.skip(),) + self._views() + (gr.skip(),) if changed else (gr.skip(),) * 5
-
-    def result(self) -> dict | None:
-        """The takes' summary, as "Why this speed" puts it beside its estimates (None: no take ended)."""
-        ratios = sorted(t.ratio for t in self.done if t.ratio)
-        if not ratios or self.take is None:
-            return None
-        return {"rates": tuple(round(r, 2) for r in self.take.rates), "median": what_ifs.Summary(tuple(self.done),
-                self.take.of).median, "low": ratios[0], "high": ratios[-1], "takes": len(ratios)}
-
-    def _summary(self, ended: Ended) -> str:
-        of = self.take.of if self.take else 0
-        if ended.outcome != "done":
-            return f"What if: {ended.message} {len(self.done)} of {of} takes finished."
-        summary = what_ifs.Summary(tuple(self.done), of)
-        median = f", median {summary.median:.2f}× a plain run" if summary.median else ""
-        return f"What if: {len(self.done)} of {of} takes done{median} (synthetic, timing only)."
-
-    def _views(self):
-        if self.run is None or not self.run.events:
-            return "", "", gr.Plot(None, visible=False)
-        rates = self.take.rates
-        settings = self.run.done.settings if self.run.done else {}
-        tokens = render.what_if_tokens(render.tokens_html(self.run.trace, settings), rates)
-        stats = render.what_if_stats(self.run.summary(), rates, self.plain, self.done, self.take.of)
-        lines = {"plain decoding (real, timed just before)": self.plain.tokens_per_s} if self.plain else {}
-        figure = charts.speed_figure(list(self.run.stats.history), lines, synthetic=True)
-        return tokens, stats, gr.Plot(figure, visible=True)
-
-
-# ---- what the page shows of a model --------------------------------------------------------------
-def model_defaults(lm):
-    """HiSpec's settings for this model: its trained exits' recommendation, else the engine's defaults."""
-    from hispec.engine.decoding import DecodeConfig
-
-    return DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
-
-
-def settings_by_method(lm) -> dict[str, list]:
-    """(d, v, draft_len, verify_threshold) each exit method resolves to on this model, as the
-    benchmark runs it (None: not used): LayerSkip's exit is its own, not HiSpec's draft exit."""
-    from hispec.engine.decoding import DecodeConfig
-
-    hispec = DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
-    layerskip = DecodeConfig("layerskip", policy="fixed").resolve_for(lm.ee)
-    return {"hispec": [hispec.draft_layer, hispec.verify_layer, hispec.draft_len, hispec.verify_threshold],
-            "layerskip": [layerskip.draft_layer, None, layerskip.draft_len, None]}
-
-
-def trained_layers(lm) -> list[int]:
-    """The exits with a trained head (empty: raw exits everywhere, or a model trained to exit early)."""
-    return sorted(int(layer) for layer in (getattr(lm.ee, "exit_heads", None) or {}))
-
-
-def model_info(name: str, lm) -> str:
-    return (f"**{html.escape(name)}** · {lm.ee.num_layers} layers · {lm.device} · {lm.dtype} · "
-            f"loaded in {lm.load_s:.1f} s\n\n" + exits.exits_html(getattr(lm.ee, "exit_info", None)))
-
-
-def load_published(path) -> list[dict]:
-    return published.load(path)

@@ -35,7 +35,7 @@ def shown_for(method_label):
 
 
 def method_defaults(method_label, by_method):
-    """The model's own settings of the method just picked (controller.settings_by_method)."""
+    """The model's own settings of the method just picked (model_view.settings_by_method)."""
     values = (by_method or {}).get(labels.METHODS.get(method_label, ""))
     if not values:
         return (gr.skip(),) * 4
@@ -88,7 +88,7 @@ def depth(L, d, v, method_label, heads=None):
 
 def preset_values(choice, fastest) -> tuple:
     """(status, method, policy, d, v, draft_len, verify_threshold) of a preset; `fastest`: the
-    model's fixed HiSpec settings (controller.model_defaults)."""
+    model's fixed HiSpec settings (model_view.model_defaults)."""
     if choice not in PRESETS:
         return (gr.skip(),) * 7
     n_d, n_i = (fastest.draft_len, fastest.verify_threshold) if choice == FASTEST else PAPER_LENGTHS

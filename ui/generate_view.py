@@ -1,7 +1,8 @@
-"""A generation's update stream (serving) as the page's components, update by update.
+"""Update streams (serving) as the page's components, update by update.
 
-Outputs, in this order: status, tokens, legend, final text, stats, the three charts, and the
-finished run kept for the views below it (None until the run has ended).
+GenerateView: status, tokens, legend, final text, stats, the three charts, and the finished run kept
+for the views below it (None until the run has ended). WhatIfView: a what-if request's status,
+tokens, stats, chart and its takes' summary, every view labelled synthetic.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 import gradio as gr
 
 from hispec.engine.events import Event
+from hispec.evaluation import what_if as what_ifs
 from hispec.evaluation.runner import LiveRun
 from hispec.evaluation.trace import Trace
 from hispec.serving.updates import Ended, Output, Status
@@ -99,3 +101,63 @@ class GenerateView:
         return {"model": self.model_name, "stats": self.run.summary(), "settings": done.settings,
                 "events": self.run.events, "prompt_ids": self.prompt_ids,
                 "token_ids": list(done.token_ids), "vs_plain": self.vs_plain}
+
+
+class WhatIfView:
+    """A what-if request's updates as (status, tokens, stats, chart), every view labelled synthetic."""
+
+    def __init__(self):
+        self.take: what_ifs.TakeStarted | None = None
+        self.run = None  # the current take's synthetic run (evaluation.runner.LiveRun)
+        self.plain: what_ifs.PlainTimed | None = None
+        self.done: list[what_ifs.TakeDone] = []
+
+    def update(self, update):
+        """(status, tokens, stats, chart, result): the result (for "Why this speed") once it ends."""
+        if isinstance(update, Status):
+            return (render.message_html("What if: " + update.text, "info"),) + (gr.skip(),) * 4
+        if isinstance(update, Ended):
+            if not update.ok:
+                return render.message_html(update.message), "", "", gr.Plot(None, visible=False), None
+            # the views are sent again with the summary, so that the stream ends with the chart shown
+            return (render.message_html(self._summary(update), "info"),) + self._views() + (self.result(),)
+        changed = False
+        for item in update.items:
+            if isinstance(item, what_ifs.TakeStarted):
+                self.take, self.run = item, LiveRun()
+            elif isinstance(item, what_ifs.PlainTimed):
+                self.plain = item
+            elif isinstance(item, what_ifs.TakeDone):
+                self.done.append(item)
+                changed = True
+            elif isinstance(item, Event) and self.run is not None:
+                self.run.add(item)
+                changed = True
+        return (gr.skip(),) + self._views() + (gr.skip(),) if changed else (gr.skip(),) * 5
+
+    def result(self) -> dict | None:
+        """The takes' summary, as "Why this speed" puts it beside its estimates (None: no take ended)."""
+        ratios = sorted(t.ratio for t in self.done if t.ratio)
+        if not ratios or self.take is None:
+            return None
+        return {"rates": tuple(round(r, 2) for r in self.take.rates), "median": what_ifs.Summary(tuple(self.done),
+                self.take.of).median, "low": ratios[0], "high": ratios[-1], "takes": len(ratios)}
+
+    def _summary(self, ended: Ended) -> str:
+        of = self.take.of if self.take else 0
+        if ended.outcome != "done":
+            return f"What if: {ended.message} {len(self.done)} of {of} takes finished."
+        summary = what_ifs.Summary(tuple(self.done), of)
+        median = f", median {summary.median:.2f}× a plain run" if summary.median else ""
+        return f"What if: {len(self.done)} of {of} takes done{median} (synthetic, timing only)."
+
+    def _views(self):
+        if self.run is None or not self.run.events:
+            return "", "", gr.Plot(None, visible=False)
+        rates = self.take.rates
+        settings = self.run.done.settings if self.run.done else {}
+        tokens = render.what_if_tokens(render.tokens_html(self.run.trace, settings), rates)
+        stats = render.what_if_stats(self.run.summary(), rates, self.plain, self.done, self.take.of)
+        lines = {"plain decoding (real, timed just before)": self.plain.tokens_per_s} if self.plain else {}
+        figure = charts.speed_figure(list(self.run.stats.history), lines, synthetic=True)
+        return tokens, stats, gr.Plot(figure, visible=True)

@@ -238,7 +238,7 @@ def test_cli_rejects_bad_layers(tmp_path, capsys):
 
 
 def test_exits_view_in_the_app(trained):
-    from ui.exits import exits_html
+    from ui.model_view import exits_html
 
     assert "raw" in exits_html(None) and "train-exits" in exits_html(None)
     manifest = trained[3]

@@ -22,7 +22,8 @@ from hispec.serving.api import CompareRequest, WhatIfRequest
 from hispec.serving.caller import LOCAL
 from hispec.serving.updates import Output
 from ui import controls, labels, render, token_story
-from ui.controller import Handlers, page_request, settings_by_method
+from ui.controller import Handlers, page_request
+from ui.model_view import settings_by_method
 
 
 @pytest.fixture(scope="module")

@@ -415,7 +415,7 @@ def test_generate_with_a_baseline_returns_the_measured_ratio_to_plain_decoding(s
     _, lm = served
     medians = []
     for _ in range(3):
-        with slow_full_model(lm, 0.004):
+        with slow_full_model(lm, 0.015):  # the full model's passes dominate, even on a busy machine
             out = call(client, prompt=PROMPT, **named(max_new=30), baseline=3, api_name="/generate")
         vs = out["stats"]["vs_plain"]
         assert {"median", "low", "high", "runs"} <= set(vs) and vs["runs"] == 3

@@ -40,7 +40,7 @@ def test_three_identical_runs_state_ratios_that_agree_within_the_spread_the_page
     model is made the expensive part, as in a real model (the tiny one's runs are a few ms of Python)."""
     found = []
     for _ in range(3):
-        with slow_full_model(served[1], 0.004):
+        with slow_full_model(served[1], 0.015):  # the full model's passes dominate, even on a busy machine
             generate(page, "Hey there", pairs=3)
         text = page.inner_text("#hs-why-table")
         match = RATIO.search(text)

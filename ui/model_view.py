@@ -1,8 +1,11 @@
-"""HTML view of a model's exits: trained exit heads and their measured agreement, or raw exits."""
+"""What the page shows of a model: its settings by method, its trained exits and their measured
+agreement (or raw exits), and the line naming it."""
 
 from __future__ import annotations
 
 import html
+
+from hispec.engine.decoding import DecodeConfig
 
 
 def _pct(value) -> str:
@@ -45,3 +48,27 @@ def exits_html(info: dict | None) -> str:
     return ('<div class="hs-exits"><b>Trained exit heads</b> (top-1 agreement with the full model)'
             '<table class="hs-stats"><tr><th>exit layer</th><th>raw exit</th><th>trained</th></tr>'
             f"{rows}</table><ul>{notes}</ul></div>")
+
+
+def model_defaults(lm):
+    """HiSpec's settings for this model: its trained exits' recommendation, else the engine's defaults."""
+    return DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
+
+
+def settings_by_method(lm) -> dict[str, list]:
+    """(d, v, draft_len, verify_threshold) each exit method resolves to on this model, as the
+    benchmark runs it (None: not used): LayerSkip's exit is its own, not HiSpec's draft exit."""
+    hispec = DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
+    layerskip = DecodeConfig("layerskip", policy="fixed").resolve_for(lm.ee)
+    return {"hispec": [hispec.draft_layer, hispec.verify_layer, hispec.draft_len, hispec.verify_threshold],
+            "layerskip": [layerskip.draft_layer, None, layerskip.draft_len, None]}
+
+
+def trained_layers(lm) -> list[int]:
+    """The exits with a trained head (empty: raw exits everywhere, or a model trained to exit early)."""
+    return sorted(int(layer) for layer in (getattr(lm.ee, "exit_heads", None) or {}))
+
+
+def model_info(name: str, lm) -> str:
+    return (f"**{html.escape(name)}** · {lm.ee.num_layers} layers · {lm.device} · {lm.dtype} · "
+            f"loaded in {lm.load_s:.1f} s\n\n" + exits_html(getattr(lm.ee, "exit_info", None)))
