@@ -23,7 +23,7 @@ import torch
 from hispec.errors import ConfigError, ModelLoadError
 from hispec.model.early_exit import SUPPORTED_ARCHITECTURES, EarlyExitModel
 from hispec.paths import cache_root
-from hispec.model.fits import check_fits
+from hispec.model.fits import check_fits, free_disk_bytes
 
 DEFAULT_MODEL = "default"
 DEFAULT_EE_MODEL = "default-ee"  # the default model with its shipped early-exit adapter (assets/default-ee)
@@ -111,10 +111,40 @@ def _say(progress: Progress | None, message: str) -> None:
         progress(message)
 
 
+def _conversion_pid(folder: Path) -> int | None:
+    """The process that owns a conversion's temporary folder (NAME.tmp-PID-...), if named."""
+    part = folder.name.rsplit(".tmp-", 1)[-1].split("-", 1)[0]
+    return int(part) if part.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_conversions(target: Path, older_than_s: float = 3600.0) -> list[Path]:
+    """A conversion killed half-way leaves its temporary folder behind (~540 MB): remove those whose
+    process is gone (or, for folders that name none, that are older than `older_than_s`)."""
+    removed = []
+    for tmp in target.parent.glob(target.name + ".tmp-*") if target.parent.is_dir() else ():
+        pid = _conversion_pid(tmp)
+        stale = not _alive(pid) if pid is not None else time.time() - tmp.stat().st_mtime > older_than_s
+        if stale and pid != os.getpid():
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
 def default_model_folder(progress: Progress | None = None) -> Path:
     """The converted default model, converting the packaged GGUF once if needed."""
     gguf = default_gguf_path()
     target = cache_root() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    remove_stale_conversions(target)  # what an interrupted conversion left, on the next start
     if (target / _MARKER).is_file():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -128,7 +158,7 @@ def default_model_folder(progress: Progress | None = None) -> Path:
         del model.config.quantization_config
     model.hf_quantizer = None
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.tmp-{os.getpid()}-", dir=target.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -200,6 +230,9 @@ def load_model(
         _say(progress, f"{name} needs ~{size / 2**30:.1f} GiB, more than one GPU has free: using device_map='auto'")
     if not device_map:  # refuse what cannot fit before any weight is read or downloaded
         check_fits(name, size, device)
+    if not Path(source).is_dir() and not _in_hub_cache(source):  # a download: will the disk hold it?
+        stored = estimate_bytes(config, _stored_dtype(config))
+        check_fits(name, stored, device, free_memory=2**62, free_disk=free_disk_bytes(_hub_cache()))
     # an adapter merges in float32 (W + scale * B @ A), then the model takes the dtype asked for
     kwargs = dict(dtype=torch.float32 if adapter else torch_dtype, trust_remote_code=False, attn_implementation="sdpa")
     if device_map:
@@ -255,6 +288,23 @@ def _q4_checks(name: str, device: str, dtype: str, device_map: str | None) -> tu
     if dtype not in ("auto", "float32"):
         raise ConfigError(f"--weights q4 computes in float32 between its 4-bit products; --dtype {dtype} does not apply")
     return "cpu", "float32"
+
+
+def _hub_cache() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the Hub cache already holds (some of) this model: then nothing large is downloaded."""
+    return (_hub_cache() / f"models--{repo_id.replace('/', '--')}" / "snapshots").is_dir()
+
+
+def _stored_dtype(config) -> torch.dtype:
+    """The dtype a checkpoint's weights are stored in (its config says; float32 when it does not)."""
+    name = str(getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "float32")
+    return DTYPES.get(name.replace("torch.", ""), torch.float32)
 
 
 def estimate_bytes(config, dtype: torch.dtype) -> int:
