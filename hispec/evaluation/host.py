@@ -92,14 +92,14 @@ def finish(host: dict, measure_bandwidth: bool = True) -> dict:
 
 def memory_bound(report: dict, weight_bytes: dict[str, int]) -> dict:
     """Per weights format: bytes a plain step reads, the floor that sets at the run's read bandwidth
-    (the lower of its start and end medians), the measured plain step (1 / autoregressive tokens/s, the
-    prefill included) and their ratio."""
+    (the higher of its start and end medians: what the machine can do, so the stricter floor), the
+    measured plain step (1 / autoregressive tokens/s over the run, the prefill included) and their ratio."""
     host = report.get("host") or {}
     reads = [host.get(k, {}).get("read_gbs") for k in ("bandwidth_start", "bandwidth_end")]
     reads = [r for r in reads if r]
     if not reads:
         return {}
-    read = min(reads)
+    read = max(reads)
     per = (report.get("summary") or {}).get("all", {}).get("methods", {})
     out = {}
     for fmt, nbytes in weight_bytes.items():

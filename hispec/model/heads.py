@@ -133,8 +133,10 @@ class ExitHead(nn.Module):
             return
         ids = torch.as_tensor(vocab_ids, dtype=torch.long).to(self._lm_head.weight.device)
         self.vocab_ids = ids
-        self._sub_weight = (sub_weight if sub_weight is not None
-                            else self._lm_head.weight.detach()[ids].contiguous())
+        if sub_weight is None:
+            matrix = getattr(self._lm_head, "matrix", None)  # a 4-bit LM head (model/q4.py): its own rows, 4-bit
+            sub_weight = matrix.take_rows(ids) if matrix is not None else self._lm_head.weight.detach()[ids].contiguous()
+        self._sub_weight = sub_weight
         bias = getattr(self._lm_head, "bias", None)
         self._sub_bias = None if bias is None else bias.detach()[ids].contiguous()
 
@@ -158,6 +160,9 @@ class ExitHead(nn.Module):
 
     def subset_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over `vocab_ids` only (K columns, in the order of vocab_ids)."""
+        if not isinstance(self._sub_weight, torch.Tensor):  # the file's 4-bit rows: the 4-bit kernel's product
+            out = self._sub_weight.matmul(self.features(hidden).contiguous())
+            return out if self._sub_bias is None else out + self._sub_bias
         y = self.features(hidden).to(self._sub_weight.dtype)
         return nn.functional.linear(y, self._sub_weight, self._sub_bias)
 

@@ -253,7 +253,7 @@ def load_model(
         from hispec.model.q4 import load_gguf_weights
 
         _say(progress, "Swapping the float32 weights for the GGUF file's own 4-bit blocks")
-        load_gguf_weights(model, default_gguf_path())
+        load_gguf_weights(model, default_gguf_path(), cache_dir=source)  # blocks kept beside the conversion
     ee = EarlyExitModel(model)
     from hispec.model.heads import find_and_attach  # trained exit heads, refused if made for another model
 

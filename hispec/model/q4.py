@@ -26,6 +26,9 @@ dequantises only what is indexed, or everything when a torch function is applied
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -134,9 +137,10 @@ class QuantizedMatrix:
                                (sum(m.shape[0] for m in matrices), first.shape[1]))
 
     def take_rows(self, index: torch.Tensor) -> "QuantizedMatrix":
-        """The same matrix with its rows reordered (whole rows: blocks run along the input dimension)."""
+        """Rows `index` of the matrix, reordered or a subset (whole rows: blocks run along the input dimension)."""
+        index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
         return QuantizedMatrix(self.kind, self.qs[index], self.d[index], None if self.m is None else self.m[index],
-                               self.shape)
+                               (len(index), self.shape[1]))
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -359,9 +363,54 @@ def weight_bytes(model: nn.Module) -> int:
     return total + sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def load_gguf_weights(model: nn.Module, path: str | Path) -> nn.Module:
-    """The model (loaded in float32 from the same file's conversion) on the file's own blocks."""
-    return to_q4(model, read_gguf(path, model.config))
+def load_gguf_weights(model: nn.Module, path: str | Path, cache_dir: str | Path | None = None) -> nn.Module:
+    """The model (loaded in float32 from the same file's conversion) on the file's own blocks.
+    `cache_dir`: where the blocks are kept once read (``q4-blocks.safetensors``: the same bytes, in the
+    arrays the kernel reads), so that later loads skip the GGUF's slow metadata parsing."""
+    return to_q4(model, cached_gguf(path, model.config, cache_dir) if cache_dir else read_gguf(path, model.config))
+
+
+BLOCKS_FILE = "q4-blocks.safetensors"
+
+
+def cached_gguf(path: str | Path, config, cache_dir: str | Path) -> dict[str, QuantizedMatrix]:
+    """read_gguf through a cache file beside the converted model (written once, atomically)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    target = Path(cache_dir) / BLOCKS_FILE
+    source = Path(path)
+    stamp = f"{source.name}:{source.stat().st_size}"
+    if target.is_file():
+        try:
+            with safe_open(str(target), "pt") as f:
+                meta = f.metadata() or {}
+                if meta.get("source") == stamp:
+                    kinds = json.loads(meta["kinds"])
+                    out = {}
+                    for key, (kind, n, k) in kinds.items():
+                        m = f.get_tensor(f"{key}.m") if kind == Q4_1 else None
+                        out[key] = QuantizedMatrix(kind, f.get_tensor(f"{key}.qs"), f.get_tensor(f"{key}.d"), m, (n, k))
+                    return out
+        except (OSError, ValueError, KeyError, json.JSONDecodeError):
+            pass  # unreadable or stale: read the GGUF again and rewrite it
+    matrices = read_gguf(source, config)
+    tensors, kinds = {}, {}
+    for key, matrix in matrices.items():
+        kinds[key] = (matrix.kind, *matrix.shape)
+        tensors[f"{key}.qs"], tensors[f"{key}.d"] = matrix.qs, matrix.d
+        if matrix.m is not None:
+            tensors[f"{key}.m"] = matrix.m
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=BLOCKS_FILE + ".", dir=target.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"source": stamp, "kinds": json.dumps(kinds)})
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return matrices
 
 
 # ---- reading a GGUF file ---------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Exit heads vs the final head, the lean path vs transformers' layers, graph replays vs eager passes,
 # attention heads' cached vs one-pass states: where different kernels meet.
 FILES = ["tests/model/test_exit_heads.py", "tests/model/test_lean.py", "tests/model/test_graphs.py",
-         "tests/model/test_attention_heads.py"]
+         "tests/model/test_attention_heads.py",
+         "tests/model/test_q4.py"]  # there the 4-bit kernel's AVX2 build runs every method too
 
 
 @pytest.mark.slow_isa

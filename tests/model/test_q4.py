@@ -17,8 +17,8 @@ from hispec.evaluation.runner import run
 from hispec.model import q4_kernel
 from hispec.model.early_exit import EarlyExitModel
 from hispec.model.heads import make_heads
-from hispec.model.q4 import (Q4_1, Q8_0, Q4Linear, Q8Embedding, QuantizedMatrix, WeightView, is_q4, quantize_q4_1,
-                             quantize_q8_0, read_gguf, to_q4, weight_bytes)
+from hispec.model.q4 import (Q4_1, Q8_0, Q4Linear, Q8Embedding, QuantizedMatrix, WeightView, cached_gguf, is_q4,
+                             quantize_q4_1, quantize_q8_0, read_gguf, to_q4, weight_bytes)
 
 REASON = q4_kernel.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"4-bit kernel unavailable here: {REASON}")
@@ -155,8 +155,8 @@ def test_every_method_in_4bit_equals_4bit_plain_decoding(arch, extra):
 
 def test_exit_heads_work_in_4bit():
     """Attention heads with a vocabulary subset (the shipped heads' kind) on a 4-bit model: they
-    start from the layer's dequantised attention, score the file's LM-head rows, and hispec with
-    them still equals 4-bit plain decoding."""
+    start from the layer's dequantised attention, score the file's LM-head rows through the 4-bit
+    kernel, and hispec with them still equals 4-bit plain decoding."""
     model = _q4_model(seed=7)
     ee = EarlyExitModel(model)
     vocab = torch.arange(3, 60)
@@ -165,7 +165,10 @@ def test_exit_heads_work_in_4bit():
     with torch.no_grad():
         for head in heads.values():
             head.proj.copy_(torch.randn(head.proj.shape, generator=g) * 0.3)
-    assert torch.equal(heads[2]._sub_weight, model.lm_head.matrix.rows(vocab))
+    assert torch.equal(heads[2]._sub_weight.dequantize(), model.lm_head.matrix.rows(vocab))  # the file's rows, in 4-bit
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(heads[2].subset_logits(x), heads[2].features(x) @ model.lm_head.matrix.rows(vocab).T,
+                               rtol=1e-5, atol=1e-5)
     ee.attach_exit_heads(heads, {"default_layers": {"draft": 2, "verify": 5}})
     prompt = [5, 17, 33, 2, 9, 41]
     ref = run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=30)).token_ids
@@ -222,6 +225,12 @@ def test_read_gguf_puts_q_and_k_rows_back_in_transformers_order(tmp_path):
     for key, values in expected.items():
         assert matrices[key].kind == Q4_1
         assert torch.equal(matrices[key].dequantize(), torch.from_numpy(values)), key
+    for _ in range(2):  # the cache beside a converted model: written once, then read back as the same bytes
+        cached = cached_gguf(path, config, tmp_path / "cache")
+        assert sorted(cached) == sorted(matrices)
+        for key, matrix in matrices.items():
+            assert cached[key].kind == matrix.kind and torch.equal(cached[key].qs, matrix.qs)
+            assert torch.equal(cached[key].d, matrix.d) and (matrix.m is None or torch.equal(cached[key].m, matrix.m))
     to_q4(model, matrices)  # the file's blocks in the model; the untied LM head is quantised here
     assert model.model.layers[1].self_attn.k_proj.matrix is matrices["model.layers.1.self_attn.k_proj"]
 
