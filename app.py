@@ -69,7 +69,7 @@ def _wire_runs(p, h: Handlers) -> None:
     analysis = [p.rounds_state, p.step_round, p.step_view, p.beliefs_view, p.explain_all]
     why_views = [p.why_dv, p.why_vt, p.why_out, p.why_plot]
     stale = [p.what_if_status, p.what_if_tokens, p.what_if_stats, p.what_if_plot, p.what_if_result, p.compare_out,
-             p.compare_plot]
+             p.compare_plot, p.why_out, p.why_plot]
     for trigger in (p.generate_btn.click, p.prompt.submit):
         trigger(stepper.cleared, None, analysis + [p.timer, p.play_btn], api_name=False, queue=False)
         trigger(stale_panels, None, stale, api_name=False, queue=False)

@@ -215,6 +215,7 @@ class Handlers:
 
 
 def stale_panels() -> tuple:
-    """A new run starts: the last run's what-if and comparison panels are emptied, not left beside it
-    (what_if status, tokens, stats, chart, result; compare table, chart)."""
-    return ("", "", "", gr.Plot(None, visible=False), None, "", gr.Plot(None, visible=False))
+    """A new run starts: the last run's what-if, comparison and "Why this speed" panels are emptied,
+    not left beside it (what_if status, tokens, stats, chart, result; compare table, chart; why, chart)."""
+    return ("", "", "", gr.Plot(None, visible=False), None, "", gr.Plot(None, visible=False), WHY_HINT,
+            gr.Plot(None, visible=False))

@@ -123,7 +123,7 @@ def _settings_column(p, setup: Setup) -> None:
                                    info="tentative tokens that trigger the full model", elem_id="hs-verify-threshold")
     p.depth = gr.HTML(controls.depth(L, preset.draft_layer, preset.verify_layer, "HiSpec", setup.trained),
                       elem_id="hs-depth")
-    p.max_new = gr.Slider(1, setup.max_new_tokens, value=min(96, setup.max_new_tokens), step=1, label="Max new tokens")
+    p.max_new = gr.Slider(1, setup.max_new_tokens, value=min(96, setup.max_new_tokens), step=1, label="Max new tokens", elem_id="hs-max-new")
     p.chat = gr.Checkbox(True, label="Use the chat template")
     p.baseline = gr.Slider(0, MAX_REPEATS, value=1, step=1, label="Speed measured against plain decoding: pairs",
                            info="after the run, pairs of runs (this method, plain decoding) on the same prompt and "
