@@ -179,15 +179,33 @@ def recommended_settings(ee: EarlyExitModel) -> dict:
 
 
 def _priors(ee: EarlyExitModel, levels) -> dict[tuple[str, str], float]:
-    """Acceptance priors for the auto policy: the trained exits' held-out agreement with the full
-    model (their manifest), for each exit level against the levels above it."""
-    agreement = ((getattr(ee, "exit_info", None) or {}).get("evaluation") or {}).get("agreement") or {}
+    """Acceptance priors for the auto policy, all measured and shipped in the trained exits' manifest.
+    First choice, `policy_priors` (scripts/measure_priors.py: acceptance in generations on the tuning
+    split): "D-target" for exit D judged by the full model, "D-V" for exit D judged by exit V, and
+    "lookup:N" for a lookup copy after an n-token match. Where a pair has none of those (heads a user
+    trained), the heads' own evaluation: an exit's agreement with the final layer (`agreement`), two
+    exits' agreement with each other (`pairs`, not the lower exit's with the final layer). A pair with
+    nothing measured gets policy.UNKNOWN_PRIOR."""
+    info = getattr(ee, "exit_info", None) or {}
+    evaluation, measured = info.get("evaluation") or {}, info.get("policy_priors") or {}
+    agreement, pairs = evaluation.get("agreement") or {}, evaluation.get("pairs") or {}
+    exits = measured.get("exits") or {}
     priors = {}
     for i, level in enumerate(levels):
-        rate = (agreement.get(str(level.layer)) or {}).get("trained") if level.kind == EXIT else None
-        if rate is not None:
-            for above in levels[i + 1 :]:
+        if level.kind != EXIT:
+            continue
+        for above in levels[i + 1 :]:
+            judge = str(above.layer) if above.kind == EXIT else "target"
+            rate = exits.get(f"{level.layer}-{judge}")
+            if rate is None and above.kind == EXIT:
+                rate = (pairs.get(f"{level.layer}-{above.layer}") or {}).get("trained")
+            elif rate is None:
+                rate = (agreement.get(str(level.layer)) or {}).get("trained")
+            if rate is not None:
                 priors[(level.name, above.name)] = float(rate)
+    if levels and levels[0].kind == LOOKUP:
+        for holder, rate in (measured.get("lookup") or {}).items():
+            priors[(holder, "target")] = float(rate)
     return priors
 
 

@@ -24,6 +24,29 @@ from hispec.engine.costs import CostModel
 from hispec.engine.levels import EXIT, LOOKUP, Level
 
 POLICIES = ("fixed", "auto")
+
+# ---- the adaptive policy's constants, each with why ---------------------------------------------
+# A level pair's prior is the measured agreement or acceptance its model ships (engine.decoding's
+# _priors: the exits' held-out agreement and pair agreement, the lookup level's acceptance measured on
+# the tuning split); these are what the policy falls back on, and how it weighs what it measures.
+UNKNOWN_PRIOR = 0.3  # a pair with nothing measured (raw exits, no manifest): between raw exits' 4-10% agreement
+#                      and trained heads' 39-46%, so the pair is tried in a round or two, and the evidence decides
+LOOKUP_UNMEASURED = {1: 0.25, 2: 0.5, 3: 0.5}  # a lookup copy with no measured prior, by n-gram length: a longer
+#                      match is likelier to continue; guesses, used only where a model ships no lookup priors
+PRIOR_WEIGHT = 4.0  # a prior counts as this many judged tokens: two or three one-token rounds outweigh it, so a
+#                     text unlike the held-out prompts moves the estimate at once, while one unlucky token does not
+MAX_DRAFT = 6  # most drafts per round a candidate considers: at the ~40% per-token acceptance of the shipped
+#                heads a 7th draft adds 0.4^7 < 0.002 expected tokens while it costs a pass of [0, e) and a head
+THRESHOLDS = (1, 2, 4, 6)  # tentative tokens before the full model runs, for the hierarchy's candidates: the
+#                            tuning sweep's best (1), the paper's 4 and their neighbours (README, Design space)
+MAX_HIERARCHY_ROUNDS = 8  # rounds a hierarchy plan is expected to wait for its threshold at most: with a low
+#                           draft->verify estimate the expected wait grows without bound; 8 rounds cap the estimate
+
+
+def lookup_prior(priors: dict[tuple[str, str], float], n: int) -> float:
+    """The prior of a lookup copy after a match of n tokens: measured if the model ships it, else a guess."""
+    measured = priors.get((f"lookup:{n}", "target"))
+    return measured if measured is not None else LOOKUP_UNMEASURED.get(n, LOOKUP_UNMEASURED[max(LOOKUP_UNMEASURED)])
 # The default of the engine, the CLI, the page and the API alike: measured faster than every fixed
 # setting on held-out prompts (README, "Which policy by default").
 DEFAULT_POLICY = "auto"
@@ -76,7 +99,7 @@ def hierarchy_rate(c: CostModel, L: int, d: int, v: int, k: int, T: int, a_dv: f
     per_round = sum(a_dv**j for j in range(k))  # tentative tokens a round adds
     round_s = k * (d * c.layer(1) + c.head(d, 1)) + d * c.layer(1) + (v - d) * c.layer(k) + c.head(v, k)
     rounds = max(1, -(-T // max(per_round, 1e-9))) if per_round >= 1 else 1
-    rounds = min(rounds, 8)
+    rounds = min(rounds, MAX_HIERARCHY_ROUNDS)
     t = rounds * per_round
     seconds = rounds * round_s + (L - v) * c.layer(int(round(t)) + 1) + c.head(L, int(round(t)) + 1)
     return (1 + expected_run(a_vt, t)) / seconds
@@ -135,9 +158,10 @@ class FixedPolicy(Policy):
 
 class Acceptance:
     """Per-token acceptance by (proposer, judge), measured in this generation, smoothed towards a
-    prior (the exits' held-out agreement, or a neutral guess) worth `weight` observations."""
+    prior (measured: the exits' held-out agreement, the lookup level's acceptance on the tuning split;
+    else UNKNOWN_PRIOR) worth `weight` observations."""
 
-    def __init__(self, priors: dict[tuple[str, str], float], weight: float = 4.0):
+    def __init__(self, priors: dict[tuple[str, str], float], weight: float = PRIOR_WEIGHT):
         self.priors, self.weight = priors, weight
         self.counts: dict[tuple[str, str], list[int]] = {}
 
@@ -146,7 +170,7 @@ class Acceptance:
         pair[0] += accepted
         pair[1] += 1
 
-    def rate(self, holder: str, judge: str, default: float = 0.3) -> float:
+    def rate(self, holder: str, judge: str, default: float = UNKNOWN_PRIOR) -> float:
         ok, n = self.counts.get((holder, judge), (0, 0))
         prior = self.priors.get((holder, judge), default)
         return (ok + prior * self.weight) / (n + self.weight)
@@ -163,12 +187,13 @@ class AutoPolicy(Policy):
     """
 
     name = "auto"
-    MAX_DRAFT = 6  # exit drafts per round considered
-    THRESHOLDS = (1, 2, 4, 6)  # tentative tokens before the full model runs (hierarchy)
+    MAX_DRAFT = MAX_DRAFT
+    THRESHOLDS = THRESHOLDS
 
     def __init__(self, levels: tuple[Level, ...], costs: CostModel, priors: dict[tuple[str, str], float],
                  lookup_len: int):
         self.levels, self.costs, self.lookup_len = levels, costs, lookup_len
+        self.priors = priors
         self.acceptance = Acceptance(priors)
         self.L = levels[-1].layer
         self._sticky: Plan | None = None  # a hierarchy plan waiting for its threshold
@@ -183,7 +208,7 @@ class AutoPolicy(Policy):
         yield plain_rate(c, L), "plain", Plan(top, 0, (), 1, "plain")
         tokens, n = match
         if tokens and self.levels[0].kind == LOOKUP:
-            a = self.acceptance.rate(f"lookup:{n}", "target", 0.5 if n > 1 else 0.25)
+            a = self.acceptance.rate(f"lookup:{n}", "target", lookup_prior(self.priors, n))
             for k in range(1, len(tokens) + 1):
                 yield lookup_rate(c, L, k, a), f"lookup {k}", Plan(0, k, (), 1, f"lookup {k}", tokens=tuple(tokens[:k]))
         exits = [(i, lv) for i, lv in enumerate(self.levels) if lv.kind == EXIT]

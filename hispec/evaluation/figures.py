@@ -230,11 +230,38 @@ def sweep_table(report: dict) -> str:
         out.append(_table([f"{SHORT[a]} \\ {SHORT[b]} ({fixed})", *map(str, grid["cols"])], rows))
     ref = s["reference"]
     prompts = sum(len(v) for v in (report.get("prompts") or {}).values()) or ref["prompts"]
+    paired = []
+    for name, grid in report["grids"].items():
+        g = s["grids"][name]
+        a, b = grid["rows_axis"], grid["cols_axis"]
+        if g["best"] and g["default"]["on_grid"] and (g["best"][a], g["best"][b]) != (g["default"][a], g["default"][b]):
+            ratio, se = paired_ratio(report, name, (g["best"][a], g["best"][b]), (g["default"][a], g["default"][b]))
+            paired.append(f"the best point ({SHORT[a]} {g['best'][a]}, {SHORT[b]} {g['best'][b]}) against the default "
+                          f"({SHORT[a]} {g['default'][a]}, {SHORT[b]} {g['default'][b]}) prompt by prompt: {ratio:.3f}× "
+                          f"(standard error of the mean log ratio {se:.3f})")
     return ("\n\n".join(out) + f"\n\nEach cell: hispec's tokens/s over autoregressive's on the same prompt, geometric "
             f"mean over {prompts} prompts ({', '.join(report.get('prompts') or {})}), {report['max_new_tokens']} "
             f"new tokens; in brackets the share of drafts the verifier passed and of those the full model accepted "
             f"(per token, in order). Autoregressive: {ref['tokens_per_s']:.1f} tok/s (median). Best in bold. "
-            f"All outputs equal: {'yes' if s['all_outputs_equal'] else 'NO'}.")
+            f"All outputs equal: {'yes' if s['all_outputs_equal'] else 'NO'}."
+            + (" Paired, " + "; ".join(paired) + "." if paired else ""))
+
+
+def paired_ratio(report: dict, grid: str, point: tuple, other: tuple) -> tuple[float, float]:
+    """The geometric mean of one grid point's tokens/s over another's on the same prompts, and the
+    standard error of the mean log ratio: how far apart two points are, beyond the noise."""
+    import math
+
+    a, b = report["grids"][grid]["rows_axis"], report["grids"][grid]["cols_axis"]
+
+    def tps(at):
+        return {(r["set"], r["prompt_id"]): r["tokens_per_s"] for r in report["records"]
+                if r["grid"] == grid and (r[a], r[b]) == at}
+
+    mine, theirs = tps(point), tps(other)
+    logs = [math.log(mine[k] / theirs[k]) for k in mine if k in theirs and mine[k] > 0 and theirs[k] > 0]
+    se = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("nan")
+    return math.exp(statistics.mean(logs)), se
 
 
 def layerskip_table(*reports: dict) -> str:
@@ -334,6 +361,44 @@ def _pct1(v: float | None) -> str:
     return "–" if v is None else f"{v:.1%}"
 
 
+def priors_table(measured: dict, manifest: dict) -> str:
+    """The adaptive policy's priors: what it starts from, beside what generations on the tuning split measured."""
+    ev = manifest["evaluation"]
+    acc = measured["acceptance"]
+    shipped = (manifest.get("policy_priors") or {}).get("exits") or {}
+    rows = []
+    for holder, prior in sorted((manifest.get("policy_priors") or {}).get("lookup", {}).items()):
+        m = acc["lookup"].get(f"{holder}->target") or {}
+        rows.append([f"lookup copy after a {holder.partition(':')[2]}-token match → full model",
+                     f"{_pct1(m.get('rate'))} ({m.get('judged', 0):,} tokens)", f"**{_pct1(prior)}**",
+                     "this measurement", "–"])
+    for run, pairs in acc.items():
+        if run == "lookup":
+            continue
+        layers = [int(x) for x in run.replace("exits", "").replace("exit", "").replace(",", " ").split()]
+        for key, m in pairs.items():
+            holder, _, judge = key.partition("->")
+            if len(layers) == 1 and judge == "target":
+                key, name = f"{layers[0]}-target", f"exit {layers[0]} → full model"
+                held_out = ev["agreement"][str(layers[0])]["trained"]
+            elif len(layers) == 2 and judge == "verify":
+                key, name = f"{layers[0]}-{layers[1]}", f"exit {layers[0]} → exit {layers[1]}"
+                held_out = ev["pairs"][key]["trained"]
+            else:
+                continue
+            prior = shipped.get(key)
+            source = ("this measurement" if prior is not None else "manifest's agreement (47 held-out prompts)")
+            rows.append([name, f"{_pct1(m['rate'])} ({m['judged']:,} tokens)",
+                         f"**{_pct1(held_out if prior is None else prior)}**", source, _pct1(held_out)])
+    prompts = sum(len(v) for v in measured["prompts"].values())
+    return (_table(["level pair", "acceptance in generations, tuning split", "prior the policy starts from",
+                    "prior from", "heads' agreement, all 47 held-out prompts"], rows)
+            + f"\n\nAcceptance per token, in order up to each block's first rejection, with fixed rounds and one draft a "
+              f"round, over {prompts} prompts of the tuning split, {measured['max_new_tokens']} new tokens each; "
+              "greedy, so the figures depend on the text, not the machine. The heads' agreement (their manifest) "
+              "was measured on all the held-out prompts, the report split included, so it is shown, not used.")
+
+
 # ---- GPU and load --------------------------------------------------------------------------------
 
 def gpu_table(g: dict) -> str:
@@ -388,6 +453,8 @@ BLOCKS: dict[str, Block] = {
     "bf16": Block(("assets/bench/bench_cpu_bf16.json", "assets/bench/bench_cpu_default.json"), bf16_table,
                   "python -m hispec bench --dtype bfloat16 --prompts heldout --methods autoregressive,layerskip,hispec "
                   "--max-new-tokens 128"),
+    "priors": Block(("assets/policy/priors_cpu_tune.json", "assets/exits/smollm2-135m-instruct/manifest.json"),
+                    priors_table),
     "gpu": Block(("assets/gpu/gpu_check_h200.json",), gpu_table, "python scripts/gpu_check.py"),
     "load": Block(("assets/load/load_cpu_default.json",), load_table),
 }

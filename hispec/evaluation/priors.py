@@ -1,0 +1,87 @@
+"""The adaptive policy's acceptance priors, measured in real generations (scripts/measure_priors.py).
+
+The policy starts each generation from a prior per (proposer, judge) pair and moves towards what it
+measures (engine.policy.Acceptance). The exits' priors come from their manifest's held-out agreement
+(each exit with the final layer, each pair of exits with each other). The lookup level has no head
+to evaluate, so its priors are measured here: per-token acceptance by the full model, in order up to
+each block's first rejection (the policy's own estimate of a), by n-gram length of the match, in
+[lookup, full] generations with fixed rounds (every match proposed whole). The same runs measure
+the exits' acceptance in generations on the tuning split too (an exit by the full model, exit d by
+exit v); those are the shipped model's exit priors, in place of the manifest's agreement, which was
+measured on all the held-out prompts, the report split included.
+
+Measure on the tuning split only (bench --prompts heldout-tune): the report split and the
+summarisation set must stay untouched by anything that sets a default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.text import Detokenizer
+
+def _configs(lm) -> dict[str, DecodeConfig]:
+    """[lookup, full]; [exit d, full] and [exit v, full]; [exit d, exit v, full], at the model's defaults."""
+    preset = DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
+    d, v = preset.draft_layer, preset.verify_layer
+    return {"lookup": DecodeConfig("lookup", policy="fixed"),
+            f"exit {d}": DecodeConfig("hispec", levels=(d,), policy="fixed", draft_len=1),
+            f"exit {v}": DecodeConfig("hispec", levels=(v,), policy="fixed", draft_len=1),
+            f"exits {d}, {v}": DecodeConfig("hispec", levels=(d, v), policy="fixed", draft_len=1, verify_threshold=1)}
+
+
+def measure(lm, sets: dict, max_new_tokens: int = 128, progress=None) -> dict:
+    """Per run and (holder, judge) pair: tokens accepted and judged, in order up to each block's first
+    rejection, over every prompt of `sets`; and the rates. Lookup holders are 'lookup:N' (N: the
+    n-gram length of the match that proposed the token)."""
+    configs = _configs(lm)
+    counts: dict[str, dict[str, list[int]]] = {name: {} for name in configs}
+    detok = Detokenizer(lm.tokenizer)
+    prompts = [(s, p) for s, ps in sets.items() for p in ps]
+    for i, (set_name, p) in enumerate(prompts):
+        ids = lm.encode(p.text, chat=p.chat)
+        for name, config in configs.items():
+            decoder = Decoder(lm.ee, ids, replace(config, max_new_tokens=max_new_tokens), eos_ids=lm.eos_ids,
+                              detok=detok)
+            pairs = counts[name]
+
+            def record(holder: str, judge: str, accepted: bool, pairs=pairs) -> None:
+                pair = pairs.setdefault(f"{holder}->{judge}", [0, 0])
+                pair[0] += accepted
+                pair[1] += 1
+
+            decoder.policy.observe = record  # the fixed policy ignores what it observes; count it instead
+            for _ in decoder.events():
+                pass
+        if progress:
+            progress(i + 1, len(prompts), f"{set_name}/{p.id}")
+    rates = {name: {k: {"accepted": ok, "judged": n, "rate": round(ok / n, 4) if n else None}
+                    for k, (ok, n) in sorted(pairs.items())} for name, pairs in counts.items()}
+    return {"runs": {name: {"levels": list(c.resolve_for(lm.ee).levels)} for name, c in configs.items()},
+            "max_new_tokens": max_new_tokens, "prompts": {s: [p.id for p in ps] for s, ps in sets.items()},
+            "acceptance": rates}
+
+
+def lookup_priors(measured: dict) -> dict[str, float]:
+    """The lookup level's priors for the policy: 'lookup:N' -> per-token acceptance by the full model."""
+    out = {}
+    for key, v in measured["acceptance"]["lookup"].items():
+        holder, _, judge = key.partition("->")
+        if holder.startswith("lookup:") and judge == "target" and v["rate"] is not None:
+            out[holder] = v["rate"]
+    return out
+
+
+def exit_priors(measured: dict) -> dict[str, float]:
+    """The exits' priors for the policy: 'D-target' (exit D's drafts judged by the full model, from the
+    [exit D, full] runs) and 'D-V' (exit D's drafts judged by exit V, from the [exit D, exit V, full] run)."""
+    out = {}
+    for name, run in measured["runs"].items():
+        layers = [x for x in run["levels"] if isinstance(x, int)]
+        pairs = measured["acceptance"][name]
+        if len(layers) == 1 and (pairs.get("draft->target") or {}).get("rate") is not None:
+            out[f"{layers[0]}-target"] = pairs["draft->target"]["rate"]
+        elif len(layers) == 2 and (pairs.get("draft->verify") or {}).get("rate") is not None:
+            out[f"{layers[0]}-{layers[1]}"] = pairs["draft->verify"]["rate"]
+    return out

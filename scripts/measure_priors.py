@@ -1,0 +1,66 @@
+"""Measure the adaptive policy's priors on the tuning split and ship them in the exit heads'
+manifest (hispec/evaluation/priors.py says what is measured and how).
+
+    python scripts/measure_priors.py --prompts heldout-tune --max-new-tokens 128 \
+        --json assets/policy/priors_cpu_tune.json --manifest assets/exits/smollm2-135m-instruct/manifest.json
+
+Not a timing measurement: acceptance depends on the text, not on the machine (float32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hispec.evaluation.bench import environment  # noqa: E402
+from hispec.evaluation.priors import exit_priors, lookup_priors, measure  # noqa: E402
+from hispec.evaluation.prompts import apply_split  # noqa: E402
+from hispec.model.loading import load_model  # noqa: E402
+from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--prompts", default="heldout-tune", choices=("heldout-tune",),
+                    help="the tuning split only: priors are defaults, and defaults never see the report split")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--manifest", default=None, help="write the priors into this exit-head manifest")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    lm = load_model(args.model, progress=lambda m: print(m, file=sys.stderr))
+    sets = apply_split(heldout_prompts(lm), "tune")
+    result = measure(lm, sets, args.max_new_tokens,
+                     progress=lambda d, t, w: print(f"[{d}/{t}] {w}", file=sys.stderr, flush=True))
+    command = "python scripts/measure_priors.py " + shlex.join(sys.argv[1:])
+    priors, exits = lookup_priors(result), exit_priors(result)
+    report = {"command": command, "environment": environment(lm), **result, "lookup_priors": priors,
+              "exit_priors": exits}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({"lookup_priors": priors, "exit_priors": exits, "acceptance": result["acceptance"]}, indent=1))
+    if args.manifest:
+        path = Path(args.manifest)
+        manifest = json.loads(path.read_text())
+        manifest["policy_priors"] = {
+            "lookup": priors, "exits": exits,
+            "source": f"per-token acceptance, in order up to each block's first rejection, in generations with "
+                      f"fixed rounds on the tuning split ({sum(len(v) for v in sets.values())} prompts of "
+                      f"'heldout-tune', {args.max_new_tokens} new tokens): lookup copies by the full model by "
+                      f"n-gram length ([lookup, full]), each exit's drafts by the full model ([exit, full]), exit "
+                      f"d's by exit v ([d, v, full]): '{command}' ({args.json})"}
+        path.write_text(json.dumps(manifest, indent=2) + "\n")  # the manifest's own layout
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""The adaptive policy starts from measured priors (issue 29, item 3): the draft->verify prior is the
+two exits' measured agreement with each other, the lookup priors are measured on the tuning split and
+shipped in the manifest; what is left are named constants."""
+
+import json
+
+import pytest
+from helpers import tiny_model
+
+from hispec.engine import policy
+from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.levels import build_levels
+from hispec.model.early_exit import EarlyExitModel
+from hispec.paths import ASSETS
+
+MANIFEST = {"evaluation": {"agreement": {"2": {"raw": 0.04, "trained": 0.388}, "5": {"raw": 0.04, "trained": 0.405}},
+                           "pairs": {"2-5": {"raw": 0.59, "trained": 0.599}}},
+            "policy_priors": {"lookup": {"lookup:1": 0.11, "lookup:2": 0.22, "lookup:3": 0.33}}}
+
+
+@pytest.fixture()
+def ee():
+    model = EarlyExitModel(tiny_model("llama", layers=8))
+    model.exit_info = json.loads(json.dumps(MANIFEST))
+    return model
+
+
+def test_each_pair_gets_its_own_measured_prior(ee):
+    from hispec.engine import decoding
+
+    priors = decoding._priors(ee, build_levels(("lookup", 2, 5), 8))
+    assert priors[("draft", "verify")] == 0.599  # the pair's agreement, not exit 2's with the final layer
+    assert priors[("draft", "target")] == 0.388 and priors[("verify", "target")] == 0.405
+    assert {k: v for k, v in priors.items() if k[0].startswith("lookup")} == {
+        ("lookup:1", "target"): 0.11, ("lookup:2", "target"): 0.22, ("lookup:3", "target"): 0.33}
+    assert not any(k[0] == "lookup" for k in priors)
+    # priors measured in generations on the tuning split (policy_priors.exits) come first
+    ee.exit_info["policy_priors"]["exits"] = {"2-target": 0.31, "2-5": 0.52}
+    priors = decoding._priors(ee, build_levels(("lookup", 2, 5), 8))
+    assert priors[("draft", "verify")] == 0.52 and priors[("draft", "target")] == 0.31
+    assert priors[("verify", "target")] == 0.405  # none measured for exit 5: its agreement
+    del ee.exit_info["policy_priors"]["exits"]
+    # without a lookup level there is no lookup prior; without a pair figure no draft->verify prior
+    ee.exit_info["evaluation"]["pairs"] = {}
+    priors = decoding._priors(ee, build_levels((2, 5), 8))
+    assert ("draft", "verify") not in priors and not any(k[0].startswith("lookup") for k in priors)
+
+
+def test_the_auto_policy_estimates_from_those_priors(ee):
+    decoder = Decoder(ee, [5, 6, 7], DecodeConfig("hispec", levels=("lookup", 2, 5), policy="auto", max_new_tokens=4))
+    auto = decoder.policy
+    assert auto.acceptance.rate("draft", "verify") == pytest.approx(0.599)
+    assert policy.lookup_prior(auto.priors, 3) == 0.33
+    assert auto.acceptance.rate("lookup:2", "target", policy.lookup_prior(auto.priors, 2)) == pytest.approx(0.22)
+    # measured tokens move the estimate: a prior is worth PRIOR_WEIGHT judged tokens
+    for _ in range(int(policy.PRIOR_WEIGHT)):
+        auto.observe("draft", "verify", False)
+    assert auto.acceptance.rate("draft", "verify") == pytest.approx(0.599 / 2)
+
+
+def test_without_measurements_the_named_fallbacks_apply():
+    assert policy.lookup_prior({}, 1) == policy.LOOKUP_UNMEASURED[1]
+    assert policy.lookup_prior({}, 7) == policy.LOOKUP_UNMEASURED[max(policy.LOOKUP_UNMEASURED)]
+    assert policy.Acceptance({}).rate("draft", "target") == policy.UNKNOWN_PRIOR
+    assert policy.AutoPolicy.MAX_DRAFT == policy.MAX_DRAFT and policy.AutoPolicy.THRESHOLDS == policy.THRESHOLDS
+
+
+def test_the_shipped_manifest_carries_measured_priors_and_says_where_its_defaults_come_from():
+    manifest = json.loads((ASSETS / "exits" / "smollm2-135m-instruct" / "manifest.json").read_text())
+    lookup = manifest["policy_priors"]["lookup"]
+    assert set(lookup) == {"lookup:1", "lookup:2", "lookup:3"} and all(0 < v < 1 for v in lookup.values())
+    assert "tuning split" in manifest["policy_priors"]["source"]
+    assert "heldout-tune" in manifest["default_layers_source"]
+    measured = json.loads((ASSETS / "policy" / "priors_cpu_tune.json").read_text())
+    assert measured["lookup_priors"] == lookup
+    assert measured["exit_priors"] == manifest["policy_priors"]["exits"]
+    d, v = manifest["default_layers"]["draft"], manifest["default_layers"]["verify"]
+    assert {f"{d}-target", f"{v}-target", f"{d}-{v}"} <= set(manifest["policy_priors"]["exits"])
+    assert all(k.startswith("heldout-tune-") for k in measured["prompts"])
