@@ -46,6 +46,7 @@ class LeanPath:
         if pack is None:
             size = sum(p.numel() * p.element_size() for layer in ee.layers for p in layer.parameters())
             pack = device.type == "cpu" and ee.dtype == torch.float32 and can_pack() and size <= PACK_LIMIT_BYTES
+            pack = pack and getattr(ee.model, "hispec_weights", "fp32") != "q4"  # 4-bit blocks: their own kernel
         self.packed = pack
         self.layers = [LayerWeights(layer, pack) for layer in ee.layers]
         self.rotary = RotaryTable(ee.rotary_emb, ee.dtype)

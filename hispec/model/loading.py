@@ -188,7 +188,8 @@ def load_model(
 
     `weights`: 'fp32' (the file dequantised to float32 once) or 'q4' (the default model's own GGUF
     blocks, 4-bit layers and 8-bit embedding, through hispec/model/q4.py; CPU, float32 activations);
-    None reads $HISPEC_WEIGHTS, else fp32.
+    None reads $HISPEC_WEIGHTS (q4 there applies to the default model; other models load in float32),
+    else fp32.
 
     `exits`: trained exit heads (hispec/model/heads.py): None finds matching ones automatically
     (the user's cache, then assets/exits/), a folder loads those, 'none' keeps the raw exits."""
@@ -198,7 +199,10 @@ def load_model(
         raise ModelLoadError("no model given: use 'default', a Hugging Face id or a local folder")
     name = name.strip()
     t0 = time.perf_counter()
+    explicit = weights is not None
     weights = resolve_weights(weights)
+    if weights == "q4" and not explicit and name != DEFAULT_MODEL:
+        weights = "fp32"  # $HISPEC_WEIGHTS=q4 is for the default model (the one with a GGUF); others stay float32
     if weights == "q4":
         device, dtype = _q4_checks(name, device, dtype, device_map)
     device = resolve_device(device)

@@ -12,7 +12,7 @@ import torch
 from helpers import hf_greedy, tiny_model
 
 from hispec.engine.decoding import DecodeConfig
-from hispec.errors import ConfigError
+from hispec.errors import ConfigError, ModelLoadError
 from hispec.evaluation.runner import run
 from hispec.model import q4_kernel
 from hispec.model.early_exit import EarlyExitModel
@@ -139,7 +139,7 @@ CONFIGS = [
 def test_every_method_in_4bit_equals_4bit_plain_decoding(arch, extra):
     model = _q4_model(arch, seed=5, **extra)
     ee = EarlyExitModel(model)
-    assert ee.lean is not None, ee.stock_reason
+    assert ee.lean is not None and not ee.lean.packed, ee.stock_reason  # the lean path, on the 4-bit products
     r = random.Random(0)
     for prompt in ([5, 9, 11, 3, 7, 5, 9, 11], [r.randrange(3, 100) for _ in range(12)], [70]):
         ref = run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=40)).token_ids
@@ -248,6 +248,10 @@ def test_the_switch_refuses_what_it_cannot_run(monkeypatch):
         resolve_weights(None)
     with pytest.raises(ConfigError, match="GGUF"):
         load_model("some/other-model", weights="q4")
+    monkeypatch.setenv("HISPEC_WEIGHTS", "q4")  # the setting: other models stay float32 (and fail here as usual)
+    with pytest.raises(ModelLoadError, match="could not load model"):
+        load_model("some/other-model")
+    monkeypatch.delenv("HISPEC_WEIGHTS")
     with pytest.raises(ConfigError, match="CPU"):
         load_model("default", weights="q4", device="cuda")
     with pytest.raises(ConfigError, match="float32"):
