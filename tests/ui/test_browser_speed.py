@@ -39,11 +39,13 @@ def test_three_identical_runs_state_ratios_that_agree_within_the_spread_the_page
     reports within one run (pairs of runs, neighbours in time), nor 1.25x, whichever is larger. The full
     model is made the expensive part, as in a real model (the tiny one's runs are a few ms of Python)."""
     found = []
-    set_number(page, "hs-max-new", 24)
+    set_number(page, "hs-max-new", 16)
     for _ in range(3):
         # The full model's passes dominate, as in a real model: the ratio then follows the passes each
         # method makes, not how busy the machine's cores happen to be (other tests run beside this one).
-        with slow_full_model(served[1], 0.05):
+        # 50 ms a pass was not enough: on a CI host with both cores busy the tiny model's Python per
+        # token grew to a third of a pass, and one run's median read 0.74x against the others' 1.0x.
+        with slow_full_model(served[1], 0.12):
             generate(page, "Hey there", pairs=3)
         text = page.inner_text("#hs-why-table")
         match = RATIO.search(text)
