@@ -1,11 +1,12 @@
 """The 4-bit figures from bench JSONs (``bench --weights fp32,q4 --methods autoregressive,hispec/auto,llamacpp``).
 
-For each report: the host, the tokens/s ratios measured side by side, each format's plain step
-against its memory bound, the issue's three goals (met or missed), and per prompt where 4-bit output
-first parts from float32 (and llama.cpp's from both). Several JSONs (repeated runs) are listed one
-by one and then summarised by the median of their ratios.
+For each report (hispec/evaluation/q4_goals.py): the host, the tokens/s ratios measured side by side
+(geometric means of per-prompt ratios), each format's plain step against its memory bound, the three
+goals (met or missed), and per prompt where 4-bit output first parts from float32 (and llama.cpp's
+from both). Several JSONs (repeated runs) are listed one by one and then summarised by the median of
+their ratios. The README's table comes from `python -m hispec figures` (block q4).
 
-    python scripts/q4_report.py assets/bench/q4_cpu_default.json [more.json ...] [--markdown]
+    python scripts/q4_report.py assets/bench/q4_cpu_default.json [more.json ...]
 """
 
 from __future__ import annotations
@@ -16,74 +17,9 @@ import statistics
 import sys
 from pathlib import Path
 
-AR32, AR4, HS32, HS4, LLAMA = "autoregressive@fp32", "autoregressive@q4", "hispec/auto@fp32", "hispec/auto@q4", "llamacpp"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first generated token where a and b differ; None when equal over their common length."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def ratios(report: dict) -> dict:
-    per = report["summary"]["all"]["methods"]
-    tps = {m: s["tokens_per_s"] for m, s in per.items()}
-    out = {"tokens_per_s": tps}
-
-    def r(a, b):
-        return round(tps[a] / tps[b], 3) if a in tps and b in tps and tps[b] else None
-
-    out["q4_ar_over_fp32_ar"] = r(AR4, AR32)
-    out["q4_hispec_over_fp32_ar"] = r(HS4, AR32)
-    out["q4_hispec_over_q4_ar"] = r(HS4, AR4)
-    out["q4_hispec_over_llamacpp"] = r(HS4, LLAMA)
-    out["q4_ar_over_llamacpp"] = r(AR4, LLAMA)
-    out["fp32_hispec_over_fp32_ar"] = r(HS32, AR32)
-    bound = (report.get("memory_bound") or {}).get("q4") or {}
-    out["q4_step_over_bound"] = bound.get("step_over_bound")
-    return out
-
-
-def divergence(report: dict) -> list[dict]:
-    by = {}
-    for rec in report["records"]:
-        by.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["token_ids"]
-    rows = []
-    for (set_name, pid), got in sorted(by.items()):
-        row = {"set": set_name, "prompt": pid, "tokens": len(got.get(AR32, []))}
-        if AR32 in got and AR4 in got:
-            row["q4_vs_fp32"] = first_difference(got[AR32], got[AR4])
-        if LLAMA in got:
-            for ref, key in ((AR4, "llamacpp_vs_q4"), (AR32, "llamacpp_vs_fp32")):
-                if ref in got:
-                    row[key] = first_difference(got[ref], got[LLAMA])
-        rows.append(row)
-    return rows
-
-
-def host_line(report: dict) -> str:
-    h = report.get("host") or {}
-    env = report.get("environment") or {}
-    bw = [h.get(k, {}).get("read_gbs") for k in ("bandwidth_start", "bandwidth_end")]
-    return (f"{h.get('cpu', '?')}, {'AVX-512' if h.get('avx512') else 'no AVX-512'} (torch kernels "
-            f"{h.get('torch_cpu_capability')}, 4-bit kernel {h.get('q4_kernel_isa')}), {env.get('threads')} threads, "
-            f"read bandwidth {bw[0]} / {bw[1]} GB/s (start / end), load {h.get('loadavg_start')} -> {h.get('loadavg_end')}")
-
-
-def goals(r: dict) -> list[tuple[str, str, bool | None]]:
-    def verdict(value, ok):
-        return None if value is None else ok(value)
-
-    return [
-        ("q4 autoregressive >= 3x fp32 autoregressive", f"{r['q4_ar_over_fp32_ar']}x",
-         verdict(r["q4_ar_over_fp32_ar"], lambda v: v >= 3)),
-        ("hispec(auto) q4 faster than llama.cpp", f"{r['q4_hispec_over_llamacpp']}x",
-         verdict(r["q4_hispec_over_llamacpp"], lambda v: v > 1)),
-        ("q4 plain step within 1.5x of the memory bound", f"{r['q4_step_over_bound']}x",
-         verdict(r["q4_step_over_bound"], lambda v: v <= 1.5)),
-    ]
+from hispec.evaluation.q4_goals import divergence, goals, host_line, ratios  # noqa: E402
 
 
 def main() -> int:

@@ -399,6 +399,54 @@ def priors_table(measured: dict, manifest: dict) -> str:
               "was measured on all the held-out prompts, the report split included, so it is shown, not used.")
 
 
+# ---- 4-bit weights ---------------------------------------------------------------------------------
+
+def q4_table(report: dict) -> str:
+    """Both weight formats and llama.cpp side by side: speeds, the three goals, the memory bound, and
+    how far 4-bit output goes from float32."""
+    from hispec.evaluation import q4_goals as q
+
+    r = q.ratios(report)
+    summary = _summary(report)["all"]["methods"]
+    rows = []
+    for m in report["methods"]:
+        fmt = m.partition("@")[2]
+        same = q.geomean_ratio(report, m, q.AR32)
+        equal = ("–" if m in (q.AR32, q.AR4, q.LLAMA) or not fmt else
+                 "yes" if _equal_to(report, m, f"autoregressive@{fmt}") else "NO")
+        rows.append([m, f"{r['tokens_per_s'][m]:.1f}", _x(same), _x(q.geomean_ratio(report, m, q.LLAMA)), equal])
+    out = [_table(["method@weights", "tokens/s (median)", "vs autoregressive@fp32", "vs llamacpp",
+                   "output equal to its format's autoregressive"], rows)]
+    goal_rows = [[name, value, "–" if ok is None else "met" if ok else "**missed**"] for name, value, ok in q.goals(r)]
+    out.append(_table(["goal", "measured", ""], goal_rows))
+    bounds = []
+    for fmt, b in (report.get("memory_bound") or {}).items():
+        if b.get("step_ms"):
+            bounds.append(f"{fmt}: a plain step {b['step_ms']:.1f} ms against {b['bound_ms']:.1f} ms to read its "
+                          f"{b['weight_bytes'] / 1e6:.0f} MB of weights at {b['read_gbs']:.1f} GB/s "
+                          f"({b['step_over_bound']:.2f}× the bound)")
+    div = q.divergence(report)
+    q4_firsts = [d["q4_vs_fp32"] for d in div if d.get("q4_vs_fp32") is not None]
+    ll_firsts = [d["llamacpp_vs_q4"] for d in div if d.get("llamacpp_vs_q4") is not None]
+    text = (f"Ratios: the geometric mean over {len(div)} prompts of per-prompt ratios, {report['max_new_tokens']} new "
+            f"tokens, greedy. Memory bound (1 / autoregressive tokens/s, the prefill included, against the "
+            f"weights' bytes over the run's best read bandwidth): " + "; ".join(bounds) + ". "
+            f"4-bit output differs from float32 on {len(q4_firsts)} of {len(div)} prompts"
+            + (f" (first difference at generated token {min(q4_firsts) + 1}-{max(q4_firsts) + 1}, median "
+               f"{statistics.median(q4_firsts) + 1:.0f})" if q4_firsts else "")
+            + (f"; llama.cpp's output differs from our 4-bit output on {len(ll_firsts)} of {len(div)}"
+               + (f" (median first difference at token {statistics.median(ll_firsts) + 1:.0f})" if ll_firsts else "")
+               if any("llamacpp_vs_q4" in d for d in div) else "") + ".")
+    return "\n\n".join(out) + "\n\n" + text
+
+
+def _equal_to(report: dict, method: str, reference: str) -> bool:
+    by: dict[tuple[str, str], dict[str, list[int]]] = {}
+    for rec in report["records"]:
+        by.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["token_ids"]
+    return all(got[method] == got[reference] for got in by.values() if method in got and reference in got)
+
+
 # ---- GPU and load --------------------------------------------------------------------------------
 
 def gpu_table(g: dict) -> str:
@@ -435,6 +483,7 @@ def load_table(r: dict) -> str:
 
 
 BLOCKS: dict[str, Block] = {
+    "levels-report": Block(("assets/bench/levels_cpu_report.json",), levels_table),
     "levels": Block(("assets/bench/levels_cpu_default.json",), levels_table, LEVELS_COMMAND),
     "bench-heldout": Block(("assets/bench/bench_cpu_default.json",), bench_table, FP32_COMMAND),
     "sweep-layers": Block(("assets/bench/sweep_cpu_tune_layers.json",), sweep_table),
@@ -455,6 +504,7 @@ BLOCKS: dict[str, Block] = {
                   "--max-new-tokens 128"),
     "priors": Block(("assets/policy/priors_cpu_tune.json", "assets/exits/smollm2-135m-instruct/manifest.json"),
                     priors_table),
+    "q4": Block(("assets/bench/q4_cpu_default.json",), q4_table),
     "gpu": Block(("assets/gpu/gpu_check_h200.json",), gpu_table, "python scripts/gpu_check.py"),
     "load": Block(("assets/load/load_cpu_default.json",), load_table),
 }

@@ -60,6 +60,10 @@ def test_newest_report_first_and_a_sweep_renders_heatmaps(registry, server, tmp_
     os.utime(tmp_path / "old.json", (1, 1))
     os.utime(tmp_path / "broken.json", (2, 2))
     assert [p.name for p in saved_reports(tmp_path)] == ["sweep.json", "broken.json", "old.json"]
+    (tmp_path / bench_tab.HEADLINE).write_text(SAVED.read_text())
+    os.utime(tmp_path / bench_tab.HEADLINE, (0, 0))  # the oldest, and still first
+    assert [p.name for p in saved_reports(tmp_path)][0] == bench_tab.HEADLINE
+    (tmp_path / bench_tab.HEADLINE).unlink()
     tab = BenchTab(server, folder=tmp_path)
     table, *plots = tab.show_saved(None)  # None: the newest
     assert "<b>Sweep</b>: tiny · 8 layers" in table and "layers sweep (draft_len=2, verify_threshold=4)" in table
