@@ -1,11 +1,14 @@
 """The README's tables of figures come from the artifacts in assets/ (issue 29, item 1)."""
 
+import json
 import re
 
 import pytest
 
 from hispec.cli.main import main
 from hispec.evaluation import figures
+
+ROOT = figures.ROOT
 
 
 def test_the_readme_matches_its_artifacts(capsys):
@@ -52,3 +55,27 @@ def test_machine_names_what_the_artifact_recorded():
         "load average 0.4 at the start, 1.2 at the end")
     assert figures.machine({"environment": {"threads": 2}}).startswith("CPU model not recorded")
     assert figures.machine({}) == "a machine it does not record"
+
+
+def _walkthrough_section(readme: str) -> str:
+    return readme[readme.index("### Reading the page"):readme.index("### The API")]
+
+
+def quoted_but_not_shown(readme: str, shown: str) -> list[str]:
+    """The walkthrough's figures in bold (the page's answers it quotes) that the page did not show."""
+    return [fig for fig in re.findall(r"\*\*(\d+\.\d\d×)\*\*", _walkthrough_section(readme)) if fig not in shown]
+
+
+def test_the_walkthrough_quotes_what_the_page_showed():
+    """The README's walkthrough of the page quotes the answers the screenshots' run showed
+    (assets/walkthrough.json, written by scripts/screenshots.py): its measured ratios, its round."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    seen = json.loads((ROOT / "assets" / "walkthrough.json").read_text(encoding="utf-8"))
+    shown = "\n".join(str(v) for v in seen.values())
+    assert len(re.findall(r"\*\*(\d+\.\d\d×)\*\*", _walkthrough_section(readme))) >= 3
+    assert quoted_but_not_shown(readme, shown) == []
+    round_line = re.search(r"Round 2 of \d+", _walkthrough_section(readme))
+    assert round_line and round_line.group(0) in seen["round_2"]
+    assert seen["machine"].split(" (")[0] in _walkthrough_section(readme)
+    # the check catches a figure the page did not show
+    assert quoted_but_not_shown(readme.replace("**0.60×**", "**0.66×**"), shown) == ["0.66×"]
