@@ -1,0 +1,28 @@
+"""The 4-bit goals are computed from per-prompt ratios, and each goal says met or missed from its figure."""
+
+from hispec.evaluation import q4_goals as q
+
+
+def _report(tps: dict[str, tuple[float, float]], step_over_bound=2.0) -> dict:
+    records = [{"set": "s", "prompt_id": f"p{i}", "method": m, "tokens_per_s": v[i], "token_ids": [1, 2, 3 + (m == q.LLAMA)]}
+               for m, v in tps.items() for i in range(2)]
+    return {"records": records, "memory_bound": {"q4": {"step_over_bound": step_over_bound}}}
+
+
+def test_ratios_are_geometric_means_of_per_prompt_ratios_and_goals_follow_them():
+    report = _report({q.AR32: (10, 40), q.AR4: (40, 90), q.HS4: (50, 100), q.LLAMA: (25, 200)})
+    r = q.ratios(report)
+    assert r["q4_ar_over_fp32_ar"] == 3.0  # sqrt(4 * 2.25): not the ratio of medians (65 / 25 = 2.6)
+    assert r["q4_hispec_over_llamacpp"] == round((2 * 0.5) ** 0.5, 3)
+    met = {name: ok for name, _, ok in q.goals(r)}
+    assert met == {"q4 autoregressive >= 3x fp32 autoregressive": True, "hispec(auto) q4 faster than llama.cpp": False,
+                   "q4 plain step within 1.5x of the memory bound": False}
+    assert q.goals(q.ratios(_report({q.AR32: (10, 10)})))[0][2] is None  # not measured: neither met nor missed
+
+
+def test_first_difference_is_none_only_for_equal_outputs():
+    assert q.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert q.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert q.first_difference([1, 2], [1, 2, 3]) == 2
+    rows = q.divergence(_report({q.AR32: (1, 1), q.AR4: (1, 1), q.LLAMA: (1, 1)}))
+    assert [(r["q4_vs_fp32"], r["llamacpp_vs_q4"]) for r in rows] == [(None, 2), (None, 2)]
