@@ -440,6 +440,28 @@ def q4_table(report: dict) -> str:
     return "\n\n".join(out) + "\n\n" + text
 
 
+def q4_alternatives_table(r: dict) -> str:
+    """Kernels tried for the 4-bit path: time per product by rows, and whether a row's bits hold in a batch."""
+    names = {"hispec_q4_1": "this project's kernel, the file's Q4_1 blocks",
+             "torch_int4pack": "PyTorch int4 weight-only (groups of 32)",
+             "torch_int8pack": "PyTorch int8 weight-only (per row: a re-quantisation)",
+             "fp32_dense": "float32, the dequantised weight"}
+    rows = []
+    for name, shapes in r["results"].items():
+        for shape, per in shapes.items():
+            if "error" in per:
+                rows.append([names.get(name, name), shape, f"cannot run: {per['error']}", "–"])
+                continue
+            times = " / ".join(f"{v['ms']:.3f}" for v in per.values())
+            same = all(v["row_0_same_bits"] for v in per.values())
+            rows.append([names.get(name, name), shape, times, "yes" if same else "**no**"])
+    rows_label = ", ".join(next(iter(next(iter(r["results"].values())).values())).keys())
+    return (_table(["kernel", "product (in -> out)", f"ms per call, {rows_label} rows", "a row's bits alone = in a batch"],
+                    rows)
+            + f"\n\nMedian of the calls, {r['threads']} threads, torch {r['torch']}; random weights of the default "
+              "model's projection shapes.")
+
+
 def _equal_to(report: dict, method: str, reference: str) -> bool:
     by: dict[tuple[str, str], dict[str, list[int]]] = {}
     for rec in report["records"]:
@@ -505,6 +527,7 @@ BLOCKS: dict[str, Block] = {
     "priors": Block(("assets/policy/priors_cpu_tune.json", "assets/exits/smollm2-135m-instruct/manifest.json"),
                     priors_table),
     "q4": Block(("assets/bench/q4_cpu_default.json",), q4_table),
+    "q4-alternatives": Block(("assets/bench/q4_alternatives_cpu.json",), q4_alternatives_table),
     "gpu": Block(("assets/gpu/gpu_check_h200.json",), gpu_table, "python scripts/gpu_check.py"),
     "load": Block(("assets/load/load_cpu_default.json",), load_table),
 }
