@@ -26,9 +26,9 @@ from hispec.engine.levels import EXIT, LOOKUP, Level
 POLICIES = ("fixed", "auto")
 
 # ---- the adaptive policy's constants, each with why ---------------------------------------------
-# A level pair's prior is the measured agreement or acceptance its model ships (engine.decoding's
-# _priors: the exits' held-out agreement and pair agreement, the lookup level's acceptance measured on
-# the tuning split); these are what the policy falls back on, and how it weighs what it measures.
+# A level pair's prior is what its model ships, measured (engine.decoding's _priors: acceptance in
+# generations on the tuning split, else the heads' own agreement); these constants are what the policy
+# falls back on where nothing was measured, and how it weighs what it measures.
 UNKNOWN_PRIOR = 0.3  # a pair with nothing measured (raw exits, no manifest): between raw exits' 4-10% agreement
 #                      and trained heads' 39-46%, so the pair is tried in a round or two, and the evidence decides
 LOOKUP_UNMEASURED = {1: 0.25, 2: 0.5, 3: 0.5}  # a lookup copy with no measured prior, by n-gram length: a longer
@@ -47,6 +47,8 @@ def lookup_prior(priors: dict[tuple[str, str], float], n: int) -> float:
     """The prior of a lookup copy after a match of n tokens: measured if the model ships it, else a guess."""
     measured = priors.get((f"lookup:{n}", "target"))
     return measured if measured is not None else LOOKUP_UNMEASURED.get(n, LOOKUP_UNMEASURED[max(LOOKUP_UNMEASURED)])
+
+
 # The default of the engine, the CLI, the page and the API alike: measured faster than every fixed
 # setting on held-out prompts (README, "Which policy by default").
 DEFAULT_POLICY = "auto"
@@ -158,8 +160,7 @@ class FixedPolicy(Policy):
 
 class Acceptance:
     """Per-token acceptance by (proposer, judge), measured in this generation, smoothed towards a
-    prior (measured: the exits' held-out agreement, the lookup level's acceptance on the tuning split;
-    else UNKNOWN_PRIOR) worth `weight` observations."""
+    prior (measured: engine.decoding's _priors; else UNKNOWN_PRIOR) worth `weight` observations."""
 
     def __init__(self, priors: dict[tuple[str, str], float], weight: float = PRIOR_WEIGHT):
         self.priors, self.weight = priors, weight

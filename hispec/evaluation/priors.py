@@ -1,14 +1,13 @@
 """The adaptive policy's acceptance priors, measured in real generations (scripts/measure_priors.py).
 
 The policy starts each generation from a prior per (proposer, judge) pair and moves towards what it
-measures (engine.policy.Acceptance). The exits' priors come from their manifest's held-out agreement
-(each exit with the final layer, each pair of exits with each other). The lookup level has no head
-to evaluate, so its priors are measured here: per-token acceptance by the full model, in order up to
-each block's first rejection (the policy's own estimate of a), by n-gram length of the match, in
-[lookup, full] generations with fixed rounds (every match proposed whole). The same runs measure
-the exits' acceptance in generations on the tuning split too (an exit by the full model, exit d by
-exit v); those are the shipped model's exit priors, in place of the manifest's agreement, which was
-measured on all the held-out prompts, the report split included.
+measures (engine.policy.Acceptance). All of them are measured here, per token, in order up to each
+block's first rejection (the policy's own estimate of a), in generations with fixed rounds on the
+tuning split: a lookup copy by the full model, by n-gram length of the match ([lookup, full], every
+match proposed whole); each exit's drafts by the full model ([exit, full]); exit d's drafts by exit v
+([d, v, full]). Heads without such figures (ones a user trained) fall back on their manifest's
+held-out agreement, which for the shipped heads was measured on all the held-out prompts, the report
+split included.
 
 Measure on the tuning split only (bench --prompts heldout-tune): the report split and the
 summarisation set must stay untouched by anything that sets a default.
