@@ -38,6 +38,7 @@ from unittest import mock
 import pytest
 import torch
 from helpers import tiny_model
+from test_sampling import _resample_from_p, _top_prediction_matching  # two classic bugs, shared
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
@@ -300,21 +301,6 @@ def test_every_method_is_lossless_through_its_bonus_token(lm, name):
 
 # ---- negative controls: the check must reject deliberately broken rules --------------------------
 _judge = sampling.Selector.judge
-
-
-def _resample_from_p(p, q):  # the classic bug: after a rejection, draw from p, not the residual
-    return p
-
-
-def _top_prediction_matching(self, tokens, proposals, logits, preds=None):
-    """Accept a pending token iff it is the level's argmax, else draw the level's own token."""
-    probs = sampling.warp(logits, self.params)
-    for i, x in enumerate(tokens):
-        if x != int(probs[i].argmax()):
-            return sampling.Verdict(i, self._draw(probs[i]), probs[i], tuple(probs))
-    if len(probs) > len(tokens):
-        return sampling.Verdict(len(tokens), self._draw(probs[len(tokens)]), probs[len(tokens)], tuple(probs))
-    return sampling.Verdict(len(tokens), None, None, tuple(probs))
 
 
 def _trusting_copies(self, tokens, proposals, logits, preds=None):
