@@ -77,3 +77,34 @@ def test_the_shipped_manifest_carries_measured_priors_and_says_where_its_default
     d, v = manifest["default_layers"]["draft"], manifest["default_layers"]["verify"]
     assert {f"{d}-target", f"{v}-target", f"{d}-{v}"} <= set(manifest["policy_priors"]["exits"])
     assert all(k.startswith("heldout-tune-") for k in measured["prompts"])
+
+
+def test_the_measurement_counts_what_the_full_model_accepted(tiny_loaded):
+    """scripts/measure_priors.py's counts: in the [exit d, full] run, the tokens the full model
+    accepted are exactly the ACCEPTED tokens of the same generation's event stream; every rate is
+    accepted / judged; the priors it ships are read off the right runs."""
+    from dataclasses import replace
+
+    from hispec.engine.events import TokenEvent, TokenState
+    from hispec.evaluation import priors
+    from hispec.evaluation.prompts import Prompt
+
+    sets = {"s": [Prompt("a", "abcabcabc abcabc", chat=False), Prompt("b", "hello there", chat=False)]}
+    measured = priors.measure(tiny_loaded, sets, max_new_tokens=16)
+    assert set(measured["runs"]) == {"lookup", "exit 1", "exit 2", "exits 1, 2"}
+    for pairs in measured["acceptance"].values():
+        for v in pairs.values():
+            assert 0 <= v["accepted"] <= v["judged"] and v["rate"] == round(v["accepted"] / v["judged"], 4)
+    config = priors._configs(tiny_loaded)["exit 1"]
+    accepted = 0
+    for p in sets["s"]:
+        ids = tiny_loaded.encode(p.text, chat=False)
+        decoder = Decoder(tiny_loaded.ee, ids, replace(config, max_new_tokens=16), eos_ids=tiny_loaded.eos_ids)
+        accepted += sum(isinstance(e, TokenEvent) and e.state == TokenState.ACCEPTED for e in decoder.events())
+    assert accepted > 0  # (2 of 28 drafts here) so that the equality below says something
+    assert measured["acceptance"]["exit 1"]["draft->target"]["accepted"] == accepted
+    exits = priors.exit_priors(measured)
+    assert exits == {"1-target": measured["acceptance"]["exit 1"]["draft->target"]["rate"],
+                     "2-target": measured["acceptance"]["exit 2"]["draft->target"]["rate"],
+                     "1-2": measured["acceptance"]["exits 1, 2"]["draft->verify"]["rate"]}
+    assert all(k.startswith("lookup:") for k in priors.lookup_priors(measured))
