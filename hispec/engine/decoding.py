@@ -25,6 +25,7 @@ import torch
 
 from hispec.engine.costs import model_costs
 from hispec.engine.events import DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent, TokenEvent, TokenState
+from hispec.engine.gate import give_way
 from hispec.engine.levels import EXIT, LOOKUP, build_levels, exits_by_role, parse_levels
 from hispec.engine.lookup import LookupIndex
 from hispec.engine.policy import DEFAULT_POLICY, POLICIES, Plan, Policy, make_policy
@@ -283,7 +284,7 @@ class Decoder:
 
     # ---- the decode loop -------------------------------------------------------------------
     def events(self) -> Iterator[Event]:
-        self._t0 = time.perf_counter()
+        self._t0, self._waited = time.perf_counter(), 0.0
         if self.config.max_new_tokens == 0:
             self.finish_reason = "max_new_tokens"
         else:
@@ -344,7 +345,7 @@ class Decoder:
             self._lookup_ngram = match[1]
         if self.config.policy == "auto":
             self._out.append(PolicyEvent(self.round, plan.choice, plan.count, plan.verify_at, plan.reason,
-                                         dict(plan.estimates), time.perf_counter() - self._t0))
+                                         dict(plan.estimates), self._clock()))
         return plan
 
     def _propose_lookup(self, tokens) -> None:
@@ -540,7 +541,7 @@ class Decoder:
         serial = self.stack.serials[pos]
         text, origin = self._texts[serial]
         self._out.append(TokenEvent(state, serial, pos - len(self.prompt_ids), self.stack.tokens[pos], text,
-                                    origin, stage, self.round, time.perf_counter() - self._t0))
+                                    origin, stage, self.round, self._clock()))
 
     def _drain(self, stage: str | None = None) -> Iterator[Event]:
         for p in self.stack.passes:
@@ -555,7 +556,12 @@ class Decoder:
         yield from self._drain()
         yield RoundEvent(self.round, self.committed - len(self.prompt_ids),
                          len(self.stack) - self.committed, tuple(self.stack.cache_lengths()),
-                         time.perf_counter() - self._t0)
+                         self._clock())
+        self._waited += give_way()  # a shared model may run another job's round here (engine.gate)
+
+    def _clock(self) -> float:
+        """Seconds of this generation's own work so far (waits for a shared model's turn left out)."""
+        return time.perf_counter() - self._t0 - self._waited
 
     def _done(self) -> DoneEvent:
         new = self.stack.tokens[len(self.prompt_ids) : self.committed] if self.stack else []
@@ -569,7 +575,7 @@ class Decoder:
         self.stack = None  # free the caches now, not when the consumer lets go
         return DoneEvent(self.finish_reason or "stopped", tuple(new),
                          self.detok.decode(new, skip_special_tokens=True), len(self.prompt_ids),
-                         time.perf_counter() - self._t0, settings, host_syncs=self.syncs)
+                         self._clock(), settings, host_syncs=self.syncs)
 
 
 def decode(ee: EarlyExitModel, prompt_ids: list[int], config: DecodeConfig, **kwargs) -> Iterator[Event]:
