@@ -319,12 +319,6 @@ def compare_table(runs: dict[str, list], methods: list[str], rotated: bool = Tru
     return "\n".join(lines)
 
 
-def cmd_figures(args) -> int:
-    from hispec.evaluation.figures import command
-
-    return command(args)
-
-
 def cmd_train_ee(args) -> int:
     from hispec.training.layerskip.command import run_from_args
 
@@ -338,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.command_line = "python -m hispec " + shlex.join(sys.argv[1:] if argv is None else argv)  # for the reports
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "profile": cmd_profile, "figures": cmd_figures,
+        return {"generate": cmd_generate, "bench": cmd_bench, "profile": cmd_profile,
                 "train-exits": cmd_train_exits, "train-ee": cmd_train_ee}[args.command](args)
     except HiSpecError as exc:
         print(f"hispec: error: {exc}", file=sys.stderr)

@@ -221,12 +221,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the weights' format (see generate --help; default: $HISPEC_WEIGHTS, else fp32)")
     prof.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
-    figs = sub.add_parser("figures", help="regenerate the README's tables of figures from the JSON artifacts in assets/",
-                          description="Rewrite every block between <!-- figures: NAME --> and <!-- /figures --> in "
-                                      "README.md from its artifact (hispec/evaluation/figures.py); with --check, "
-                                      "change nothing and exit 1 naming each block that differs.")
-    figs.add_argument("--check", action="store_true", help="exit 1, naming the blocks, when the README differs")
-    figs.add_argument("--readme", default=None, help="the README to read (default: the repository's README.md)")
     train_exits.add_parser(sub, parents=[model], whole_number=whole_number, formatter_class=raw)
     train_ee.add_parser(sub, formatter_class=raw)
     return parser
