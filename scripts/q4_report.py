@@ -1,10 +1,10 @@
 """The 4-bit figures from bench JSONs (``bench --weights fp32,q4 --methods autoregressive,hispec/auto,llamacpp``).
 
-For each report (hispec/evaluation/q4_goals.py): the host, the tokens/s ratios measured side by side
+For each report (scripts/q4_goals.py): the host, the tokens/s ratios measured side by side
 (geometric means of per-prompt ratios), each format's plain step against its memory bound, the three
 goals (met or missed), and per prompt where 4-bit output first parts from float32 (and llama.cpp's
 from both). Several JSONs (repeated runs) are listed one by one and then summarised by the median of
-their ratios. The README's table comes from `python -m hispec figures` (block q4).
+their ratios. The README's table comes from `python scripts/figures.py` (block q4).
 
     python scripts/q4_report.py assets/bench/q4_cpu_default.json [more.json ...]
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.evaluation.q4_goals import divergence, goals, host_line, ratios  # noqa: E402
+from q4_goals import divergence, goals, host_line, ratios  # noqa: E402
 
 
 def main() -> int:

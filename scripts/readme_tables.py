@@ -341,7 +341,7 @@ def priors_table(measured: dict, manifest: dict) -> str:
 def q4_table(report: dict) -> str:
     """Both weight formats and llama.cpp side by side: speeds, the three goals, the memory bound, and
     how far 4-bit output goes from float32."""
-    from hispec.evaluation import q4_goals as q
+    import q4_goals as q
 
     r = q.ratios(report)
     summary = _summary(report)["all"]["methods"]

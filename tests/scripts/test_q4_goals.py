@@ -1,6 +1,6 @@
 """The 4-bit goals are computed from per-prompt ratios, and each goal says met or missed from its figure."""
 
-from hispec.evaluation import q4_goals as q
+import q4_goals as q
 
 
 def _report(tps: dict[str, tuple[float, float]], step_over_bound=2.0) -> dict:

@@ -2,7 +2,7 @@
 ratios taken side by side (the geometric mean of per-prompt ratios), each format's plain step against
 its memory bound, the three goals of the 4-bit path (met or missed), and per prompt where 4-bit output
 first parts from float32 (and llama.cpp's from both). Used by scripts/q4_report.py and by the README's
-generated table (evaluation.figures)."""
+generated table (readme_tables.q4_table): repository tooling, outside the package."""
 
 from __future__ import annotations
 
