@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.evaluation.bench import environment  # noqa: E402
+from hispec.evaluation.record import run_record  # noqa: E402
 from hispec.evaluation.priors import exit_priors, lookup_priors, measure  # noqa: E402
 from hispec.evaluation.prompts import apply_split  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
@@ -43,7 +43,7 @@ def main() -> int:
                      progress=lambda d, t, w: print(f"[{d}/{t}] {w}", file=sys.stderr, flush=True))
     command = "python scripts/measure_priors.py " + shlex.join(sys.argv[1:])
     priors, exits = lookup_priors(result), exit_priors(result)
-    report = {"command": command, "environment": environment(lm), **result, "lookup_priors": priors,
+    report = {**run_record(lm, command), **result, "lookup_priors": priors,
               "exit_priors": exits}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

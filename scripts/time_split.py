@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from collections import Counter, defaultdict
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hispec.engine.decoding import DecodeConfig  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
+from hispec.evaluation.record import finish, run_record  # noqa: E402
 from hispec.evaluation.runner import run  # noqa: E402
 from hispec.text import Detokenizer  # noqa: E402
 from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
@@ -77,7 +79,8 @@ def main() -> int:
     lm = load_model("default")
     prompts = [q for qs in heldout_prompts(lm).values() for q in qs][::6][: args.prompts]
     timer = CallTimer(lm.ee)
-    report = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads, "methods": {}}
+    command = "python scripts/time_split.py " + shlex.join(sys.argv[1:])
+    report = {**run_record(lm, command), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads, "methods": {}}
     for method in args.methods.split(","):
         config = DecodeConfig(method, max_new_tokens=args.max_new_tokens, policy="fixed")
         run(lm.ee, lm.encode(prompts[0].text, chat=prompts[0].chat), DecodeConfig(method, max_new_tokens=8, policy="fixed"),
@@ -101,6 +104,7 @@ def main() -> int:
             print(f"  {name:<24}{row['ms_per_token']:>7.2f} ms/token {row['calls_per_token']:>6.2f} calls/token "
                   f"{row['ms_per_call']:>7.2f} ms/call")
         print(f"  {'other':<24}{other / tokens:>7.2f} ms/token")
+    finish(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -18,8 +18,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import platform
 import resource
 import statistics
 import threading
@@ -35,6 +33,7 @@ from hispec.engine.decoding import METHODS, DecodeConfig, default_verify_layer, 
 from hispec.engine.levels import LOOKUP, parse_method
 from hispec.errors import ConfigError
 from hispec.evaluation.prompts import Prompt
+from hispec.evaluation.record import finish, run_record
 from hispec.evaluation.runner import run
 from hispec.model.loading import LoadedModel
 from hispec.text import Detokenizer
@@ -160,27 +159,6 @@ def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, la
     return _hf(lm, ids, base, None, lookup=HF_LOOKUP_TOKENS)
 
 
-def environment(lm: LoadedModel) -> dict:
-    """The machine and software of a run: every absolute figure needs it (hosts differ up to 5x)."""
-    import transformers
-
-    from hispec.evaluation.host import cpu_flags, cpu_model
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(),
-            "processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
-            "avx512": "avx512f" in cpu_flags(), "loadavg_start": loadavg(), "device": lm.device, "dtype": lm.dtype,
-            "weights": getattr(lm, "weights", "fp32"), "model": lm.name, "layers": lm.ee.num_layers}
-
-
-def loadavg() -> list[float] | None:
-    """The 1, 5 and 15-minute load averages (a shared machine: how busy it was)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def expand_weights(methods: list[str], formats: list[str]) -> list[str]:
     """With several weight formats, every method without a tag once per format (METHOD@FORMAT),
     format by format; llamacpp and tagged methods as written. One format: the methods unchanged."""
@@ -221,7 +199,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
         llamacpp.check(lm)  # before any prompt runs
     on = lambda method: models.get(split_weights(method)[1], lm)  # noqa: E731
     resolved = replace(base, method="hispec").resolve_for(lm.ee)
-    report = {"command": command, "environment": environment(lm), "methods": methods, "max_new_tokens": base.max_new_tokens,
+    report = {**run_record(lm, command, base), "methods": methods, "max_new_tokens": base.max_new_tokens,
               "settings": {"policy": base.policy, "lookup_len": base.lookup_len, "draft_layer": resolved.draft_layer, "verify_layer": resolved.verify_layer,
                            "layerskip_exit": layerskip_exit or bench_exit(lm),
                            "draft_len": resolved.draft_len, "verify_threshold": resolved.verify_threshold,
@@ -282,7 +260,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
                 progress(done, total, f"{set_name}/{prompt.id}")
     report["stopped"] = stop is not None and stop.is_set()
     report["complete"] = not report["stopped"]
-    report["environment"]["loadavg_end"] = loadavg()
+    finish(report)
     if report["records"]:
         report["summary"] = summarise(report["records"], methods)
     if host:

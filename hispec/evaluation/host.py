@@ -69,22 +69,23 @@ def describe(measure_bandwidth: bool = True) -> dict:
             "threads": torch.get_num_threads(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "aten_cpu_capability_env": os.environ.get("ATEN_CPU_CAPABILITY"),
             "onednn_max_cpu_isa_env": os.environ.get("ONEDNN_MAX_CPU_ISA"), "q4_kernel_isa": q4_kernel.host_isa(),
-            "loadavg_start": _loadavg()}
+            "loadavg_start": loadavg()}
     if measure_bandwidth:
         info["bandwidth_start"] = bandwidth()
     return info
 
 
-def _loadavg() -> list[float] | None:
+def loadavg() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages (a shared machine: how busy it was)."""
     try:
-        return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+        return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
 
 
 def finish(host: dict, measure_bandwidth: bool = True) -> dict:
     """The end of a run: bandwidth and load again (a shared machine changes during a run)."""
-    host["loadavg_end"] = _loadavg()
+    host["loadavg_end"] = loadavg()
     if measure_bandwidth:
         host["bandwidth_end"] = bandwidth()
     return host

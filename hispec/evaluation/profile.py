@@ -138,9 +138,10 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
     ids = _context_ids(lm, context + max(counts))
     probe = _Probe(lm, ids[:context])
     device = ee.device
-    from hispec.evaluation.bench import environment
+    from hispec.evaluation.record import run_record
 
-    out = {"environment": environment(lm), "model": lm.name, "num_layers": L, "context": context, "repeats": repeats,
+    out = {**run_record(lm, None, single), "counts": list(counts), "model": lm.name, "num_layers": L,
+           "context": context, "repeats": repeats,
            "device": str(device), "dtype": str(ee.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
            "lean": lean_on, "lean_packed": bool(lean_on and ee.lean.packed), "stock_reason": ee.stock_reason,
            "full_step_ms": {}, "hf_full_step_ms": {}, "stock_layers_full_step_ms": {},

@@ -24,7 +24,8 @@ from typing import Callable
 
 from hispec.engine.decoding import DecodeConfig, default_draft_layer, default_verify_layer
 from hispec.errors import ConfigError
-from hispec.evaluation.bench import environment, geomean, iqr, loadavg, mean_or_none, run_one, warmup_ids
+from hispec.evaluation.bench import geomean, iqr, mean_or_none, run_one, warmup_ids
+from hispec.evaluation.record import finish, run_record
 from hispec.evaluation.prompts import Prompt
 from hispec.model.loading import LoadedModel
 
@@ -194,7 +195,7 @@ def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], bas
     defaults = {"draft_layer": preset.draft_layer, "verify_layer": preset.verify_layer,
                 "draft_len": preset.draft_len, "verify_threshold": preset.verify_threshold}
     report = {
-        "kind": "sweep", "command": command, "environment": environment(lm), "reference": REFERENCE,
+        **run_record(lm, command, base), "kind": "sweep", "reference": REFERENCE,
         "max_new_tokens": base.max_new_tokens,
         "base": {k: getattr(base, k) for k in defaults}, "defaults": defaults,
         "grids": {g.name: {"rows_axis": g.axes[0], "cols_axis": g.axes[1], "rows": list(g.rows),
@@ -253,7 +254,7 @@ def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], bas
                 progress(done, total, f"{set_name}/{prompt.id}")
     report["stopped"] = stop is not None and stop.is_set()
     report["complete"] = not report["stopped"]
-    report["environment"]["loadavg_end"] = loadavg()
+    finish(report)
     report["summary"] = summarise_sweep(report)
     write()
     return report

@@ -57,6 +57,10 @@ def test_report_schema_ratios_and_equality(lm, tmp_path):
     assert [len(s["records"]) for s in seen] == [5, 10, 15]  # written after every prompt
     saved = json.loads(path.read_text())
     assert saved["complete"] and saved["environment"]["model"] == "tiny"
+    # the run it came from (hispec.evaluation.record): code, priors, the whole configuration, the load at the end
+    assert set(saved["code"]) == {"commit", "dirty"} and "prior_weight" in saved["priors"]
+    assert saved["config"]["draft_layer"] == 2 and saved["config"]["verify_layer"] == 5
+    assert saved["config"]["policy"] == "fixed" and "loadavg_end" in saved["environment"]
     for set_name in ("mine", "more", "all"):
         s = saved["summary"][set_name]
         assert s["all_outputs_equal"] is True

@@ -46,6 +46,9 @@ def test_json_schema_speedups_and_equality(swept):
     assert saved["kind"] == "sweep" and saved["complete"] is True and saved["stopped"] is False
     env = saved["environment"]
     assert env["model"] == "tiny" and env["layers"] == 8 and {"torch", "threads", "device", "dtype"} <= set(env)
+    assert {"cpu", "avx512", "loadavg_start", "loadavg_end"} <= set(env)
+    assert set(saved["code"]) == {"commit", "dirty"} and "prior_weight" in saved["priors"]
+    assert saved["config"]["max_new_tokens"] == 12 and saved["config"]["policy"] == "fixed"
     assert saved["defaults"] == {"draft_layer": 1, "verify_layer": 2, "draft_len": 2, "verify_threshold": 4}
     assert saved["grids"]["layers"]["fixed"] == {"draft_len": 2, "verify_threshold": 4}
     assert saved["grids"]["lengths"]["fixed"] == {"draft_layer": 1, "verify_layer": 2}
