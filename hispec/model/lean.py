@@ -53,6 +53,14 @@ class LeanPath:
         self.dtype, self.device = ee.dtype, device
         lm_head = ee.final_head.lm_head
         self.lm_head = fused([lm_head], pack) if isinstance(lm_head, nn.Linear) else lm_head
+        # 4-bit layers: one native call per layer range (q4_layer.py) unless HISPEC_Q4_NATIVE=0 or the
+        # layout is not covered; None runs kernel.decoder_layer (the reference route).
+        self.native = None
+        if getattr(ee.model, "hispec_weights", "fp32") == "q4":
+            from hispec.model import q4_layer
+
+            if q4_layer.enabled_by_env() and q4_layer.support(self) is None:
+                self.native = q4_layer.NativeLayers(self)
 
     @staticmethod
     def support(model: nn.Module) -> str | None:
@@ -77,6 +85,8 @@ class LeanPath:
     @torch.inference_mode()
     def run_layers(self, hidden: torch.Tensor, start: int, end: int, cache: LayerKVCache) -> torch.Tensor:
         """Run layers [start, end) on `hidden` (1, q, hidden), appending to each layer's cache."""
+        if self.native is not None:
+            return self.native.run_layers(hidden, start, end, cache)
         past, q_len = cache.lengths[start], hidden.shape[1]
         cos, sin = self.rotary.rows(past, q_len, hidden.device)
         mask, causal = causal_mask(past, q_len, hidden.device)

@@ -167,6 +167,11 @@ def load(isa: str | None = None) -> ctypes.CDLL:
         lib.hispec_q80_rows.argtypes = [p, i64, i64, p, p, p]
         lib.hispec_q80_rows.restype = None
         lib.hispec_q4_isa.restype = ctypes.c_char_p
+        # the whole decoder layer (q4_layer.py declares the structures it takes)
+        lib.hispec_q4_layers.argtypes = [p, i64, p, p, i64, i64, p, p, ctypes.c_int]
+        lib.hispec_q4_layers.restype = None
+        lib.hispec_q4_profile.argtypes = [ctypes.c_int, ctypes.c_int, p]
+        lib.hispec_q4_profile.restype = None
         _libs[isa] = lib
         return lib
 

@@ -26,8 +26,12 @@
 // (8 lanes). They give different bits (different lane sums); each is exact to itself.
 
 #include <immintrin.h>
+#include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 namespace {
 
@@ -44,6 +48,7 @@ inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
 inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline void vstore(float *p, vf a) { _mm512_storeu_ps(p, a); }
 inline float vsum(vf v) {  // a fixed tree: 16 -> 8 -> 4 -> 2 -> 1
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -73,6 +78,7 @@ inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
 inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline void vstore(float *p, vf a) { _mm256_storeu_ps(p, a); }
 inline float vsum(vf v) {  // 8 -> 4 -> 2 -> 1
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     b = _mm_add_ps(b, _mm_movehl_ps(b, b));
@@ -260,5 +266,281 @@ void hispec_q80_rows(const int64_t *ids, int64_t count, int64_t K, const int8_t 
 }
 
 const char *hispec_q4_isa(void) { return HISPEC_ISA; }
+
+}  // extern "C"
+
+// ==================================================================================================
+// The whole decoder layer (the 4-bit path's native route, hispec/model/q4_layer.py): for layers
+// [0, n_layers) of `layers`, over q new rows (positions past .. past + q - 1) of hidden (q, E), in
+// place:
+//     x = RMSNorm(h) * w_in;  [q | k | v] = x @ Wqkv.T (+ b);  per-head RMSNorm of q, k (Qwen3);
+//     rotary on q and k (the table's rows);  k, v written into the layer's KV cache at their positions;
+//     attention of each query over cache positions [0, its own position];  h += attn @ Wo.T (+ b);
+//     x = RMSNorm(h) * w_post;  h += (SiLU(x @ Wg.T) * (x @ Wu.T)) @ Wd.T
+// One OpenMP region for the whole range; phases meet at barriers.
+//
+// Batch invariance, phase by phase (a row's bits never depend on the number of rows or its place):
+// - products: the kernel above (per element, its own accumulator; threads split columns);
+// - RMSNorm: one row's sum of squares, lanes then a fixed tree, then the tail in order; each thread
+//   computes every row's norm into its own buffer (identical work, identical bits);
+// - rotary, SiLU, residual adds, biases: elementwise;
+// - attention: per (row, head) one thread; scores q . k_j (lanes, fixed tree) for j = 0 .. pos in order,
+//   their max, exp(s_j - max) and their sum in order j = 0 .. pos, then sum_j e_j v_j in order j (one
+//   accumulator per feature) times 1 / sum. All of it depends only on the row's own position and the
+//   cache's contents at positions <= pos, which every pass writes with the same bits.
+// ==================================================================================================
+
+namespace {
+
+struct Mat {  // a Q4_1 matrix [N, K]
+    const uint8_t *qs;
+    const uint16_t *d;
+    const uint16_t *m;
+    int64_t N, K;
+};
+
+}  // namespace
+
+extern "C" {
+
+struct hispec_layer {
+    Mat qkv, o, gate_up, down;
+    const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias;  // may be null
+    const float *in_norm, *post_norm;                           // [E]
+    const float *q_norm, *k_norm;                               // [D] or null (per-head norms, Qwen3)
+    float *keys, *values;                                       // [KV, cap, D]: this layer's cache
+    int64_t cap;
+};
+
+struct hispec_dims {
+    int64_t hidden, heads, kv_heads, head_dim, inter;
+    float eps, qk_eps, scaling;
+};
+
+}  // extern "C"
+
+namespace {
+
+double g_prof[8];   // seconds per phase, accumulated by thread 0 (hispec_q4_profile)
+int g_prof_on = 0;  // 0 off, 1 wall clock, 2 thread CPU time
+
+inline double now() {
+    timespec ts;
+    clock_gettime(g_prof_on == 2 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Fixed-order sums over n floats: VL lanes, 2 accumulators interleaved, then a fixed tree, then the tail.
+inline float dot(const float *a, const float *b, int64_t n) {
+    vf s0 = vzero(), s1 = vzero();
+    int64_t i = 0;
+    for (; i + 2 * VL <= n; i += 2 * VL) {
+        s0 = vfma(vload(a + i), vload(b + i), s0);
+        s1 = vfma(vload(a + i + VL), vload(b + i + VL), s1);
+    }
+    for (; i + VL <= n; i += VL) s0 = vfma(vload(a + i), vload(b + i), s0);
+    float t = vsum(vadd(s0, s1));
+    for (; i < n; i++) t = t + a[i] * b[i];
+    return t;
+}
+
+inline void rms_norm_row(const float *x, const float *w, int64_t n, float eps, float *y) {
+    float ss = dot(x, x, n);
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+inline void block_sums_rows(const float *x, int64_t M, int64_t K, float *sx) { block_sums(x, M, K, sx); }
+
+// Columns [n0, n1) of x (M rows, stride K, block sums sx) @ W.T into out (stride ldo), rows tiled.
+inline void product_cols(const float *x, int64_t M, const float *sx, const Mat &w, int64_t n0, int64_t n1, float *out,
+                         int64_t ldo) {
+    Q41 q{w.qs, w.d, w.m, w.K / QK};
+    int64_t nb = w.K / QK;
+    for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
+        int R = (int)(M - r0 < ROWS ? M - r0 : ROWS);
+        rows_tile(R, x + r0 * w.K, w.K, sx + r0 * nb, q, n0, n1, out + r0 * ldo, ldo);
+    }
+}
+
+inline int64_t ntasks(int64_t N) { return (N + COLS_PER_TASK - 1) / COLS_PER_TASK; }
+
+inline void rotate_head(float *x, const float *cos, const float *sin, int64_t D, float *tmp) {
+    int64_t h = D / 2;
+    for (int64_t i = 0; i < h; i++) tmp[i] = x[i] * cos[i] + (-x[i + h]) * sin[i];
+    for (int64_t i = h; i < D; i++) tmp[i] = x[i] * cos[i] + x[i - h] * sin[i];
+    memcpy(x, tmp, sizeof(float) * D);
+}
+
+inline float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+}  // namespace
+
+extern "C" {
+
+// Layers [0, n_layers) of `layers` over hidden[q, E] (in place), the rows at positions past .. past+q-1.
+// cos/sin: the rotary table's rows for those positions ([q, D]). Each layer's cache must hold past
+// positions and room for q more (the caller grows it first).
+void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec_dims *dims, float *hidden, int64_t q,
+                      int64_t past, const float *cos, const float *sin, int nthreads) {
+    const int64_t E = dims->hidden, H = dims->heads, KV = dims->kv_heads, D = dims->head_dim, I = dims->inter;
+    const int64_t NQKV = (H + 2 * KV) * D, total = past + q, group = H / KV;
+    float *qkv = (float *)malloc(sizeof(float) * q * NQKV);
+    float *attn = (float *)malloc(sizeof(float) * q * H * D);
+    float *tmp = (float *)malloc(sizeof(float) * q * (E > I ? E : I));  // product outputs before the residual
+    float *act = (float *)malloc(sizeof(float) * q * I);
+    const bool prof = g_prof_on != 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t maxk = E > I ? E : I;
+        float *xn = (float *)malloc(sizeof(float) * q * maxk);  // this thread's normed rows
+        float *sx = (float *)malloc(sizeof(float) * q * (maxk / QK + 1));
+        float *scores = (float *)malloc(sizeof(float) * (total + 2 * D));
+        float *rot = scores + total;  // D floats of scratch (rotary), D more (attention accumulators)
+        const bool lead = omp_get_thread_num() == 0;
+        double t0 = prof && lead ? now() : 0;
+        auto mark = [&](int phase) {
+            if (prof && lead) {
+                double t = now();
+                g_prof[phase] += t - t0;
+                t0 = t;
+            }
+        };
+        for (int64_t l = 0; l < n_layers; l++) {
+            const hispec_layer &L = layers[l];
+            // 1. input norm (every thread, all rows) and the fused q/k/v product (columns split)
+            for (int64_t r = 0; r < q; r++) rms_norm_row(hidden + r * E, L.in_norm, E, dims->eps, xn + r * E);
+            block_sums_rows(xn, q, E, sx);
+            mark(2);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < ntasks(NQKV); t++) {
+                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < NQKV ? n0 + COLS_PER_TASK : NQKV;
+                product_cols(xn, q, sx, L.qkv, n0, n1, qkv, NQKV);
+                if (L.qkv_bias)
+                    for (int64_t r = 0; r < q; r++)
+                        for (int64_t n = n0; n < n1; n++) qkv[r * NQKV + n] = qkv[r * NQKV + n] + L.qkv_bias[n];
+            }
+            mark(0);
+            // 2. per-head norms (Qwen3), rotary, keys and values into the cache
+#pragma omp for schedule(static)
+            for (int64_t u = 0; u < q * (H + KV); u++) {
+                int64_t r = u / (H + KV), hd = u % (H + KV);
+                float *x = qkv + r * NQKV + hd * D;
+                const float *nw = hd < H ? L.q_norm : L.k_norm;
+                if (nw) rms_norm_row(x, nw, D, dims->qk_eps, x);
+                rotate_head(x, cos + r * D, sin + r * D, D, rot);
+                if (hd >= H) {
+                    int64_t g = hd - H, pos = past + r;
+                    memcpy(L.keys + (g * L.cap + pos) * D, x, sizeof(float) * D);
+                    memcpy(L.values + (g * L.cap + pos) * D, qkv + r * NQKV + (H + KV + g) * D, sizeof(float) * D);
+                }
+            }
+            mark(1);
+            // 3. attention: each (row, head) on one thread, over cache positions [0, pos]
+#pragma omp for schedule(static)
+            for (int64_t u = 0; u < q * H; u++) {
+                int64_t r = u / H, h = u % H, g = h / group, n = past + r + 1;
+                const float *qv = qkv + r * NQKV + h * D;
+                const float *K = L.keys + g * L.cap * D, *V = L.values + g * L.cap * D;
+                float mx = -INFINITY;
+                for (int64_t j = 0; j < n; j++) {
+                    float s = dot(qv, K + j * D, D) * dims->scaling;
+                    scores[j] = s;
+                    mx = s > mx ? s : mx;
+                }
+                float sum = 0.0f;
+                for (int64_t j = 0; j < n; j++) {
+                    float e = expf(scores[j] - mx);
+                    scores[j] = e;
+                    sum = sum + e;
+                }
+                float *out = attn + r * H * D + h * D;
+                int64_t i = 0;
+                for (; i + VL <= D; i += VL) {
+                    vf acc = vzero();
+                    for (int64_t j = 0; j < n; j++) acc = vfma(vset1(scores[j]), vload(V + j * D + i), acc);
+                    vstore(out + i, vmul(acc, vset1(1.0f / sum)));
+                }
+                for (; i < D; i++) {
+                    float acc = 0.0f;
+                    for (int64_t j = 0; j < n; j++) acc = fmaf(scores[j], V[j * D + i], acc);
+                    out[i] = acc * (1.0f / sum);
+                }
+            }
+            mark(1);
+            // 4. o_proj + residual
+            block_sums_rows(attn, q, H * D, sx);
+            mark(2);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < ntasks(E); t++) {
+                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
+                product_cols(attn, q, sx, L.o, n0, n1, tmp, E);
+                for (int64_t r = 0; r < q; r++)
+                    for (int64_t n = n0; n < n1; n++) {
+                        float y = tmp[r * E + n];
+                        if (L.o_bias) y = y + L.o_bias[n];
+                        hidden[r * E + n] = hidden[r * E + n] + y;
+                    }
+            }
+            mark(0);
+            // 5. post norm, gate and up (a task computes the same columns of both), SiLU(gate) * up
+            for (int64_t r = 0; r < q; r++) rms_norm_row(hidden + r * E, L.post_norm, E, dims->eps, xn + r * E);
+            block_sums_rows(xn, q, E, sx);
+            mark(2);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < ntasks(I); t++) {
+                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < I ? n0 + COLS_PER_TASK : I;
+                // gate columns into tmp[:, n], up columns into act[:, n] (row stride I each)
+                product_cols(xn, q, sx, L.gate_up, n0, n1, tmp, I);
+                Mat up = L.gate_up;
+                up.qs += I * (up.K / 2);
+                up.d += I * (up.K / QK);
+                up.m += I * (up.K / QK);
+                product_cols(xn, q, sx, up, n0, n1, act, I);
+                for (int64_t r = 0; r < q; r++)
+                    for (int64_t n = n0; n < n1; n++) {
+                        float g = tmp[r * I + n], u = act[r * I + n];
+                        if (L.gate_up_bias) {
+                            g = g + L.gate_up_bias[n];
+                            u = u + L.gate_up_bias[I + n];
+                        }
+                        act[r * I + n] = silu_mul(g, u);
+                    }
+            }
+            mark(0);
+            // 6. down + residual
+            block_sums_rows(act, q, I, sx);
+            mark(2);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < ntasks(E); t++) {
+                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
+                product_cols(act, q, sx, L.down, n0, n1, tmp, E);
+                for (int64_t r = 0; r < q; r++)
+                    for (int64_t n = n0; n < n1; n++) {
+                        float y = tmp[r * E + n];
+                        if (L.down_bias) y = y + L.down_bias[n];
+                        hidden[r * E + n] = hidden[r * E + n] + y;
+                    }
+            }
+            mark(0);
+        }
+        free(xn);
+        free(sx);
+        free(scores);
+    }
+    free(qkv);
+    free(attn);
+    free(tmp);
+    free(act);
+}
+
+// Phase clock of hispec_q4_layers (thread 0, from barrier to barrier): [0] products, [1] attention
+// with rotary and cache writes, [2] norms and block sums. mode 0 off, 1 wall, 2 thread CPU time, -1
+// unchanged; reset zeroes it; out (if not null) receives the 8 accumulators first.
+void hispec_q4_profile(int mode, int reset, double *out) {
+    if (out) memcpy(out, g_prof, sizeof(g_prof));
+    if (reset) memset(g_prof, 0, sizeof(g_prof));
+    if (mode >= 0) g_prof_on = mode;
+}
 
 }  // extern "C"

@@ -1,0 +1,190 @@
+"""The 4-bit path's native route: a whole range of decoder layers in one call of the C++ kernel.
+
+``kernel.decoder_layer`` runs a layer as about a dozen torch operations and four calls of the 4-bit
+product, each a Python call and a dispatch; over 30 layers that per-operation overhead costs more than
+the products themselves. ``NativeLayers.run_layers`` hands layers [start, end) to
+``hispec_q4_layers`` (csrc/q4_kernel.cpp) in one ctypes call: RMSNorm, the fused q/k/v product,
+per-head q/k norms (Qwen3), rotary (from the lean path's own cos/sin table), keys and values written
+straight into the engine's ``LayerKVCache`` tensors (which torch allocated: a layer that needs room
+grows through ``LayerKVCache.update`` first, whose placeholder rows the kernel then overwrites),
+attention over the cache, o_proj + residual, RMSNorm, gate/up, SiLU, down + residual. Exits and the
+cache are unchanged: a call stops after its last layer, and the next continues from the same cache.
+
+Each row's bits are independent of the number of rows in the pass and of its place (the kernel's
+header says why, phase by phase), so speculative decoding in 4-bit still equals 4-bit plain decoding.
+The arithmetic is not the Python route's: the products are the very same kernel, but RMSNorm,
+softmax and SiLU sum and round in their own fixed orders, so the two routes agree to float32 rounding,
+not bit for bit. The Python route (``kernel.decoder_layer`` on ``Q4Projection``) stays as the fallback
+(``HISPEC_Q4_NATIVE=0``, and layouts the native route does not cover: see ``support``) and as the
+reference in the tests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+from torch import nn
+
+from hispec.model import q4_kernel
+from hispec.model.q4 import Q4_1, Q4Projection
+
+_p, _i64, _f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class _Mat(ctypes.Structure):
+    _fields_ = [("qs", _p), ("d", _p), ("m", _p), ("N", _i64), ("K", _i64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("qkv", _Mat), ("o", _Mat), ("gate_up", _Mat), ("down", _Mat),
+                ("qkv_bias", _p), ("o_bias", _p), ("gate_up_bias", _p), ("down_bias", _p),
+                ("in_norm", _p), ("post_norm", _p), ("q_norm", _p), ("k_norm", _p),
+                ("keys", _p), ("values", _p), ("cap", _i64)]
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64), ("inter", _i64),
+                ("eps", _f), ("qk_eps", _f), ("scaling", _f)]
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get("HISPEC_Q4_NATIVE", "1").strip() != "0"
+
+
+def _eps(norm: nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6))
+
+
+def _norm_ok(norm) -> bool:
+    w = getattr(norm, "weight", None)
+    return (norm is not None and type(norm).__name__.endswith("RMSNorm") and isinstance(w, torch.Tensor)
+            and w.dtype == torch.float32 and w.ndim == 1 and w.device.type == "cpu")
+
+
+def support(lean) -> str | None:
+    """None when the native route runs these layers exactly as laid out; otherwise why not."""
+    if lean.dtype != torch.float32 or lean.device.type != "cpu":
+        return "the native route runs float32 activations on the CPU"
+    if not lean.layers:
+        return "no layers"
+    first = lean.layers[0]
+    eps = _eps(first.input_norm)
+    for w in lean.layers:
+        for proj in (w.qkv, w.o, w.gate_up, w.down):
+            if not isinstance(proj, Q4Projection) or proj.matrix.kind != Q4_1:
+                return "a projection is not a Q4_1 matrix"
+        if type(w.act).__name__ not in ("SiLU", "SiLUActivation"):
+            return f"activation {type(w.act).__name__} is not covered (SiLU only)"
+        if not (_norm_ok(w.input_norm) and _norm_ok(w.post_norm)):
+            return "a layer norm is not an RMSNorm with float32 weights"
+        if {_eps(w.input_norm), _eps(w.post_norm)} != {eps}:
+            return "the layers' norms use different epsilons"
+        if (w.q_norm is None) != (w.k_norm is None) or (w.q_norm is not None and not (
+                _norm_ok(w.q_norm) and _norm_ok(w.k_norm) and _eps(w.q_norm) == _eps(w.k_norm))):
+            return "per-head q/k norms the native route does not cover"
+        dims = (w.n_heads, w.n_kv, w.head_dim, w.intermediate, w.scaling)
+        if dims != (first.n_heads, first.n_kv, first.head_dim, first.intermediate, first.scaling):
+            return "the layers differ in shape"
+    E = first.input_norm.weight.shape[0]
+    if first.head_dim % 2 or first.n_heads % first.n_kv or any(v % 32 for v in (E, first.n_heads * first.head_dim,
+                                                                              first.intermediate)):
+        return "shapes the kernel's blocks do not divide"
+    return None
+
+
+class NativeLayers:
+    """Decoder layers of a 4-bit lean path, described once for ``hispec_q4_layers``."""
+
+    def __init__(self, lean):
+        reason = support(lean)
+        if reason:
+            raise ValueError(f"the native 4-bit route cannot run this model: {reason}")
+        self.lib = q4_kernel.lib()
+        self.lean = lean
+        first = lean.layers[0]
+        self.E = first.input_norm.weight.shape[0]
+        self.H, self.KV, self.D, self.I = first.n_heads, first.n_kv, first.head_dim, first.intermediate
+        qk_eps = _eps(first.q_norm) if first.q_norm is not None else 0.0
+        self.dims = _Dims(self.E, self.H, self.KV, self.D, self.I, _eps(first.input_norm), qk_eps, first.scaling)
+        self.table = (_Layer * len(lean.layers))()
+        self.keep = []  # tensors whose pointers the table holds
+        for slot, w in zip(self.table, lean.layers):
+            for name, proj in (("qkv", w.qkv), ("o", w.o), ("gate_up", w.gate_up), ("down", w.down)):
+                m = proj.matrix
+                setattr(slot, name, _Mat(m.qs.data_ptr(), m.d.data_ptr(), m.m.data_ptr(), *m.shape))
+                self.keep += [m.qs, m.d, m.m]
+                if proj.bias is not None:
+                    bias = proj.bias.detach().float().contiguous()
+                    self.keep.append(bias)
+                    setattr(slot, f"{name}_bias", bias.data_ptr())
+            for name, norm in (("in_norm", w.input_norm), ("post_norm", w.post_norm), ("q_norm", w.q_norm),
+                               ("k_norm", w.k_norm)):
+                if norm is not None:
+                    weight = norm.weight.detach().contiguous()
+                    self.keep.append(weight)
+                    setattr(slot, name, weight.data_ptr())
+        self.stride = ctypes.sizeof(_Layer)
+
+    def run_layers(self, hidden: torch.Tensor, start: int, end: int, cache) -> torch.Tensor:
+        """Layers [start, end) on hidden (1, q, E), appending to each layer's cache (LeanPath.run_layers)."""
+        past, q = cache.lengths[start], hidden.shape[1]
+        if hidden.shape[0] != 1 or hidden.dtype != torch.float32 or not hidden.is_cpu:
+            raise TypeError("the native 4-bit route runs one float32 sequence on the CPU")
+        KV, D = self.KV, self.D
+        for idx in range(start, end):
+            if cache.lengths[idx] != past:  # the stack's invariant: one frontier per segment
+                raise RuntimeError(f"layer {idx} cache holds {cache.lengths[idx]} positions, expected {past}")
+            keys = cache.keys[idx]
+            if keys is None or past + q > keys.shape[-2]:
+                room = torch.zeros(1, KV, q, D)
+                cache.update(room, room, idx)  # grows the layer's buffers; the kernel writes the rows
+                keys = cache.keys[idx]
+            slot, values = self.table[idx], cache.values[idx]
+            # a freed cache's address can come back with another capacity: compare everything
+            if slot.keys != keys.data_ptr() or slot.values != values.data_ptr() or slot.cap != keys.shape[-2]:
+                if keys.shape != (1, KV, keys.shape[-2], D) or not (keys.is_contiguous() and values.is_contiguous()) \
+                        or keys.dtype != torch.float32 or values.shape != keys.shape:
+                    raise RuntimeError(f"layer {idx}'s cache is not laid out as the native route writes it")
+                slot.keys, slot.values, slot.cap = keys.data_ptr(), values.data_ptr(), keys.shape[-2]
+        rotary = self.lean.rotary
+        rotary.ensure(past + q, hidden.device)
+        out = hidden.clone(memory_format=torch.contiguous_format)
+        row = D * 4  # bytes of one table row
+        self.lib.hispec_q4_layers(ctypes.addressof(self.table) + start * self.stride, end - start,
+                                  ctypes.addressof(self.dims), out.data_ptr(), q, past,
+                                  rotary.cos.data_ptr() + past * row, rotary.sin.data_ptr() + past * row,
+                                  q4_kernel.threads())
+        for idx in range(start, end):
+            cache.lengths[idx] = past + q
+        return out
+
+
+def set_enabled(ee, on: bool) -> bool:
+    """Turn the native route of an EarlyExitModel's 4-bit lean path on or off; whether it is on."""
+    lean = ee.lean
+    if lean is None:
+        return False
+    lean.native = NativeLayers(lean) if on and support(lean) is None else None
+    return lean.native is not None
+
+
+def unavailable_reason() -> str | None:
+    return q4_kernel.unavailable_reason()
+
+
+# ---- the phase clock (scripts/q4_profile.py) -----------------------------------------------------------
+PHASES = ("products", "attention_rotary_cache", "norms_block_sums")
+
+
+def profile_reset(mode: int = 1) -> None:
+    """Zero the kernel's phase clock and run it (1 wall clock, 2 thread CPU time, 0 off)."""
+    q4_kernel.lib().hispec_q4_profile(mode, 1, None)
+
+
+def profile_read(stop: bool = False) -> dict[str, float]:
+    """The phase clock in ms since the last reset (thread 0, barrier to barrier); `stop` turns it off."""
+    buf = (ctypes.c_double * 8)()
+    q4_kernel.lib().hispec_q4_profile(0 if stop else -1, 0, buf)
+    return {name: buf[i] * 1e3 for i, name in enumerate(PHASES)}
