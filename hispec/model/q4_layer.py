@@ -97,11 +97,12 @@ def support(lean) -> str | None:
 class NativeLayers:
     """Decoder layers of a 4-bit lean path, described once for ``hispec_q4_layers``."""
 
-    def __init__(self, lean):
+    def __init__(self, lean, isa: str | None = None):
+        """`isa`: the kernel build to run ('avx512', 'avx2'; default the host's, ``q4_kernel.host_isa``)."""
         reason = support(lean)
         if reason:
             raise ValueError(f"the native 4-bit route cannot run this model: {reason}")
-        self.lib = q4_kernel.lib()
+        self.lib = q4_kernel.lib() if isa is None else q4_kernel.load(isa)
         self.lean = lean
         first = lean.layers[0]
         self.E = first.input_norm.weight.shape[0]
@@ -161,12 +162,12 @@ class NativeLayers:
         return out
 
 
-def set_enabled(ee, on: bool) -> bool:
+def set_enabled(ee, on: bool, isa: str | None = None) -> bool:
     """Turn the native route of an EarlyExitModel's 4-bit lean path on or off; whether it is on."""
     lean = ee.lean
     if lean is None:
         return False
-    lean.native = NativeLayers(lean) if on and support(lean) is None else None
+    lean.native = NativeLayers(lean, isa) if on and support(lean) is None else None
     return lean.native is not None
 
 

@@ -171,11 +171,45 @@ inline __attribute__((always_inline)) void column(const float *x, int64_t ldx, c
     }
 }
 
-// Columns [n0, n1) for a tile of R rows.
+// C columns n .. n + C - 1 at once: each column's arithmetic is exactly column<R>'s (the same operations
+// in the same order on the same values, so the same bits); interleaving C independent accumulator
+// chains only lets the core overlap them (one column's chain of block FMAs is latency-bound).
+template <int R, int C, class W>
+inline __attribute__((always_inline)) void column_group(const float *x, int64_t ldx, const float *sx, const W &w,
+                                                        int64_t n, float *out, int64_t ldo) {
+    vf acc[C][R];
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < R; r++) acc[c][r] = vzero();
+    for (int64_t b = 0; b < w.nb; b++) {
+        const float *xb = x + b * QK;
+        for (int c = 0; c < C; c++) {
+            vf q[NV];
+            w.values(n + c, b, q);
+            vf dv = vset1(half(w.d[(n + c) * w.nb + b]));
+            for (int r = 0; r < R; r++) {
+                const float *xr = xb + r * ldx;
+                vf t = vmul(q[0], vload(xr));
+                for (int j = 1; j < NV; j++) t = vfma(q[j], vload(xr + j * VL), t);
+                acc[c][r] = vfma(dv, t, acc[c][r]);
+            }
+        }
+    }
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < R; r++) {
+            float total = vsum(acc[c][r]);
+            if constexpr (W::has_min) total = total + min_term(w.m + (n + c) * w.nb, sx + r * w.nb, w.nb);
+            out[r * ldo + n + c] = total;
+        }
+}
+
+// Columns [n0, n1) for a tile of R rows, a few columns at a time (fewer for more rows: registers).
 template <int R, class W>
 void columns(const float *x, int64_t ldx, const float *sx, const W &w, int64_t n0, int64_t n1, float *out,
              int64_t ldo) {
-    for (int64_t n = n0; n < n1; n++) column<R>(x, ldx, sx, w, n, out, ldo);
+    constexpr int C = R <= 2 ? 4 : R <= 4 ? 2 : 1;
+    int64_t n = n0;
+    for (; n + C <= n1; n += C) column_group<R, C>(x, ldx, sx, w, n, out, ldo);
+    for (; n < n1; n++) column<R>(x, ldx, sx, w, n, out, ldo);
 }
 
 template <class W>
