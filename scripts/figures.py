@@ -25,6 +25,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import readme_prose  # noqa: E402
 from hispec.paths import ASSETS  # noqa: E402
 from readme_tables import (FP32_COMMAND, LEVELS_COMMAND, agreement_table, bench_table, bf16_table,  # noqa: E402
                            gpu_table, layerskip_table, levels_table, load_table, priors_table,
@@ -167,17 +168,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"figures: missing artifacts: {', '.join(missing)}", file=sys.stderr)
         return 1
     new, changed = regenerate(text)
+    prose = readme_prose.problems(new)  # figures in the prose: a person has to fix these
+    for problem in prose:
+        print(f"figures: prose: {problem}", file=sys.stderr)
     if args.check:
         if changed:
             print(f"figures: {path.name} differs from its artifacts in: {', '.join(changed)} "
                   f"(run '{COMMAND}' to regenerate)", file=sys.stderr)
+        if changed or prose:
             return 1
-        print(f"figures: {len(blocks_in(text))} blocks match their artifacts")
+        print(f"figures: {len(blocks_in(text))} blocks match their artifacts; every figure in the prose is checked")
         return 0
     if changed:
         path.write_text(new, encoding="utf-8")
     print(f"figures: {len(blocks_in(text))} blocks, regenerated: {', '.join(changed) or 'none'}")
-    return 0
+    return 1 if prose else 0
 
 
 if __name__ == "__main__":
