@@ -72,7 +72,8 @@ def test_the_record_holds_command_code_machine_priors_and_settings(tiny_loaded):
     assert out["config"]["max_new_tokens"] == 9 and out["config"]["method"] == "hispec"
     assert json.loads(json.dumps(out)) == out  # JSON-ready as it is
     assert record.run_record(lm, None)["config"] is None
-    assert record.finish(out)["environment"]["loadavg_end"] == record.loadavg()
+    end = record.finish(out)["environment"]["loadavg_end"]
+    assert end is None or len(end) == 3  # the load at the end: None where the host cannot say
 
 
 def test_a_checkout_records_its_own_commit():
