@@ -30,7 +30,7 @@ from hispec.engine.levels import EXIT, LOOKUP, build_levels, exits_by_role, pars
 from hispec.engine.lookup import LookupIndex
 from hispec.engine.policy import DEFAULT_POLICY, POLICIES, Plan, Policy, make_policy
 from hispec.engine.sampling import PointMass, Proposal, SamplingParams, Selector, Verdict
-from hispec.engine.stack import StageStack
+from hispec.engine.lanes import Lanes, lane_layout
 from hispec.errors import ConfigError
 from hispec.text import Detokenizer
 
@@ -153,12 +153,13 @@ class DecodeConfig:
         return exits_by_role(self.levels or ()).get(role)
 
     def _resolve_list(self, levels: tuple, L: int, rec: dict, threshold: int) -> DecodeConfig:
-        exits = [x for x in levels if x != LOOKUP]
+        middle = [x for x in levels if x != LOOKUP]  # the levels below the full model that run layers
+        exits = [x for x in middle if isinstance(x, int)]  # ... in the exact format: the paper's layers
         build_levels(levels, L)  # checks the layers
         draft_len = _first(self.draft_len, rec.get("draft_len") if len(exits) == 2 else rec.get("layerskip_draft_len"),
                            DEFAULT_DRAFT_LEN)
         return replace(self, draft_layer=exits[0] if exits else None, verify_layer=exits[1] if len(exits) > 1 else None,
-                       draft_len=draft_len if exits else None, verify_threshold=threshold, levels=levels)
+                       draft_len=draft_len if middle else None, verify_threshold=threshold, levels=levels)
 
 
 def _first(*values):
@@ -185,20 +186,23 @@ def _priors(ee: EarlyExitModel, levels) -> dict[tuple[str, str], float]:
     split): "D-target" for exit D judged by the full model, "D-V" for exit D judged by exit V, and
     "lookup:N" for a lookup copy after an n-token match. Where a pair has none of those (heads a user
     trained), the heads' own evaluation: an exit's agreement with the final layer (`agreement`), two
-    exits' agreement with each other (`pairs`, not the lower exit's with the final layer). A pair with
-    nothing measured gets policy.UNKNOWN_PRIOR."""
+    exits' agreement with each other (`pairs`, not the lower exit's with the final layer). A level in a
+    cheaper format has only its measured figures, keyed by its spec ("full@q4-target", "4@q4-full@q4").
+    A pair with nothing measured gets policy.UNKNOWN_PRIOR."""
     info = getattr(ee, "exit_info", None) or {}
     evaluation, measured = info.get("evaluation") or {}, info.get("policy_priors") or {}
     agreement, pairs = evaluation.get("agreement") or {}, evaluation.get("pairs") or {}
     exits = measured.get("exits") or {}
     priors = {}
     for i, level in enumerate(levels):
-        if level.kind != EXIT:
+        if level.kind == LOOKUP or level.name == "target":
             continue
         for above in levels[i + 1 :]:
-            judge = str(above.layer) if above.kind == EXIT else "target"
-            rate = exits.get(f"{level.layer}-{judge}")
-            if rate is None and above.kind == EXIT:
+            judge = "target" if above.name == "target" else str(above.spec)
+            rate = exits.get(f"{level.spec}-{judge}")  # e.g. "2-4", "2-target", "full@q4-target", "4@q4-full@q4"
+            if level.precision is not None or above.precision is not None:
+                pass  # a level in a cheaper format: only what was measured for it (policy_priors)
+            elif rate is None and above.name != "target":
                 rate = (pairs.get(f"{level.layer}-{above.layer}") or {}).get("trained")
             elif rate is None:
                 rate = (agreement.get(str(level.layer)) or {}).get("trained")
@@ -263,18 +267,15 @@ class Decoder:
         self.selector = Selector(SamplingParams(float(cfg.temperature), cfg.top_k, float(cfg.top_p)), cfg.seed)
         self._proposal: dict[int, Proposal] = {}  # serial -> what the token was drawn from (sampling)
         self.levels = build_levels(cfg.levels, ee.num_layers)
-        # Stack level of each exit / full level (its boundary index); the lookup level has none.
-        self._boundary = {}
-        for i, level in enumerate(self.levels):
-            if level.kind != LOOKUP:
-                self._boundary[i] = len(self._boundary) + 1
-        exits = tuple(level.layer for level in self.levels if level.kind == EXIT)
-        costs = model_costs(ee, exits) if cfg.policy == "auto" else getattr(ee, "cost_model", None)
-        self.policy: Policy = make_policy(cfg.policy, self.levels, cfg, costs, _priors(ee, self.levels))
-        self._costs = costs
+        # Where each level that runs layers stops: (its lane, i.e. its number format; the boundary index
+        # in that lane's stack). The lookup level runs none. Each format's copy of the model and costs.
+        self._layout, self._stops = lane_layout(self.levels)
+        self._models = {None: ee, **{p: ee.in_format(p) for p in self._layout if p is not None}}
+        self._lane_costs = {p: self._costs_of(p) for p in self._layout}
+        self.policy: Policy = make_policy(cfg.policy, self.levels, cfg, self._lane_costs, _priors(ee, self.levels))
         self._lookup = LookupIndex() if self.levels[0].kind == LOOKUP else None
         self._holder: dict[int, str] = {}  # serial -> the level that last proposed, wrote or passed it
-        self.stack: StageStack | None = None
+        self.stack: Lanes | None = None
         self.committed = 0  # positions [0, committed) are final (prompt included)
         self.round = 0
         self.finish_reason: str | None = None
@@ -297,7 +298,7 @@ class Decoder:
                 yield from self._drain()
             finally:  # static KV buffers (CUDA graphs) go back for the next generation
                 if self.stack is not None:
-                    self.stack.cache.release()
+                    self.stack.release()
         yield self._done()
 
     def _decode(self) -> Iterator[Event]:
@@ -313,15 +314,15 @@ class Decoder:
             if levels[plan.proposer].kind == LOOKUP:
                 self._propose_lookup(plan.tokens)
             elif plan.proposer != top:
-                yield from self._draft(self._boundary[plan.proposer], plan.count, levels[plan.proposer].name)
+                yield from self._draft(plan.proposer, plan.count)
                 if self._finished():
                     break
             # 2. Each intermediate level above the proposer judges this round's proposals, bottom up,
             #    from the saved hidden states of the level below (no layer runs twice).
             for j in plan.judges:
                 if len(stack) > first:
-                    h = stack.run_to(self._boundary[j], len(stack) - 1)
-                    self._judge_at(j, first, self._logits(h[0, first - len(stack) :], levels[j].layer))
+                    h = stack.run_to(self._stops[j], len(stack) - 1)
+                    self._judge_at(j, first, self._logits(h[0, first - len(stack) :], j))
             # 3. The full model, once enough tokens are pending, or the sequence must end.
             pending = stack.tokens[self.committed :]
             if (plan.proposer == top or len(pending) >= plan.verify_at or self._room() == 0
@@ -355,33 +356,33 @@ class Decoder:
             self._holder[self.stack.serials[-1]] = f"lookup:{self._lookup_ngram}"
 
     # ---- stages ------------------------------------------------------------------------
-    def _draft(self, level: int, n: int, origin: str = "draft") -> Iterator[Event]:
-        """Draft up to n tokens at stack level `level` (its exit), one at a time."""
+    def _draft(self, j: int, n: int) -> Iterator[Event]:
+        """Level j drafts up to n tokens, one at a time (its layers, then its exit head)."""
+        origin = self.levels[j].name
         if self._defer_sync:
-            yield from self._draft_on_device(level, n, origin)
+            yield from self._draft_on_device(j, n, origin)
             return
-        exit_layer = self.stack.boundaries[level]
         for _ in range(n):
-            h = self.stack.run_to(level, len(self.stack))
-            token, q = self.selector.propose(self._logits(h[0, -1], exit_layer))
+            h = self.stack.run_to(self._stops[j], len(self.stack))
+            token, q = self.selector.propose(self._logits(h[0, -1], j))
             self.syncs += 1
             self._place(token, S.DRAFTED, origin, q)
             yield from self._drain()
             if token in self.eos or self._stop.is_set():
                 break
 
-    def _draft_on_device(self, level: int, n: int, origin: str = "draft") -> Iterator[Event]:
+    def _draft_on_device(self, j: int, n: int, origin: str = "draft") -> Iterator[Event]:
         """Greedy drafting on an accelerator without host-device syncs: each draft token stays on
         the device and feeds the next draft step directly. The block reaches the host together
         with the next verdict (`_sync_drafts`). (Deviation from a token-by-token loop: an EOS
         drafted mid-block is found only then, and the drafts after it are discarded.)"""
-        stack, exit_layer = self.stack, self.stack.boundaries[level]
+        stack = self.stack
         if n == 0:
             return
         self._unsynced = (len(stack), [], origin)
         for _ in range(n):
-            h = stack.run_to(level, len(stack))
-            token = self._logits(h[0, -1:], exit_layer).argmax(-1)
+            h = stack.run_to(self._stops[j], len(stack))
+            token = self._logits(h[0, -1:], j).argmax(-1)
             stack.append(token)
             self._unsynced[1].append(token)
             if self._stop.is_set():
@@ -428,8 +429,9 @@ class Decoder:
         # (A draft still on the device is assumed not EOS; if it is, the extra row goes unused.)
         want_bonus = self._room() > 0 and (isinstance(last, torch.Tensor) or last not in self.eos)
         end = len(stack) if want_bonus else len(stack) - 1
-        h = stack.run_to(len(stack.boundaries) - 1, end)
-        logits = self._logits(h[0, first - 1 - end :], self.ee.num_layers)  # rows for pending (+ bonus)
+        top = len(self.levels) - 1
+        h = stack.run_to(self._stops[top], end)
+        logits = self._logits(h[0, first - 1 - end :], top)  # rows for pending (+ bonus)
         verdict = self._judge_block("target", first, logits)
         for pos in range(first, first + verdict.accepted):
             if self._commit(pos, S.ACCEPTED):
@@ -440,19 +442,25 @@ class Decoder:
         self._write(verdict.token, "target")
 
     # ---- bookkeeping -------------------------------------------------------------------
-    def _start(self) -> StageStack:
+    def _start(self) -> Lanes:
         capacity = len(self.prompt_ids) + self.config.max_new_tokens + 2 + self.config.lookup_len
-        stacked = [level for level in self.levels if level.kind != LOOKUP]
-        boundaries = (0, *(level.layer for level in stacked))
-        self.stack = StageStack(self.ee, boundaries, tuple(level.name for level in stacked), capacity)
+        self.stack = Lanes(self.ee, self._layout, self._models, capacity)
         return self.stack
+
+    def _costs_of(self, precision: str | None):
+        """The cost model of one lane's copy of the model (calibrated once, for the exits it runs),
+        or None when nothing needs it (the fixed policy, on a model never calibrated)."""
+        model = self._models[precision]
+        exits = tuple(lv.layer for lv in self.levels if lv.kind == EXIT and lv.precision == precision)
+        return model_costs(model, exits) if self.config.policy == "auto" else getattr(model, "cost_model", None)
 
     def _prefill(self) -> Iterator[Event]:
         for token in self.prompt_ids:
             self.stack.append(token)
         self.committed = len(self.prompt_ids)
-        h = self.stack.run_to(len(self.stack.boundaries) - 1, len(self.prompt_ids))
-        self._write(self.selector.propose(self._logits(h[0, -1], self.ee.num_layers))[0], "target")
+        top = len(self.levels) - 1
+        h = self.stack.run_to(self._stops[top], len(self.prompt_ids))
+        self._write(self.selector.propose(self._logits(h[0, -1], top))[0], "target")
         self.syncs += 1
         yield from self._drain(stage="prefill")
 
@@ -481,13 +489,15 @@ class Decoder:
             self.policy.observe(self._holder.get(serial, "draft"), stage, i < verdict.accepted)
         return verdict
 
-    def _logits(self, hidden, layer: int):
+    def _logits(self, hidden, j: int):
+        """Level j's exit head on these hidden states (in that level's number format)."""
+        level = self.levels[j]
+        layer, costs = level.layer, self._lane_costs[level.precision]
         t0 = time.perf_counter()
-        logits = self.ee.exit_logits(hidden, layer)
-        if self._costs is not None:  # refine the cost model: this head, its attention step included
+        logits = self._models[level.precision].exit_logits(hidden, layer)
+        if costs is not None:  # refine the cost model: this head, its attention step included
             attend = sum(seconds for at, _, seconds in self.stack.head_work if at == layer)
-            self._costs.observe_head(layer, logits.shape[0] if logits.dim() > 1 else 1,
-                                     time.perf_counter() - t0 + attend)
+            costs.observe_head(layer, logits.shape[0] if logits.dim() > 1 else 1, time.perf_counter() - t0 + attend)
         self.stack.head_work.clear()
         return logits
 
@@ -545,8 +555,9 @@ class Decoder:
 
     def _drain(self, stage: str | None = None) -> Iterator[Event]:
         for p in self.stack.passes:
-            if self._costs is not None and stage is None and len(p.serials) <= 16:
-                self._costs.observe_pass(p.end - p.start, len(p.serials), p.seconds)
+            costs = self._lane_costs[p.precision]
+            if costs is not None and stage is None and len(p.serials) <= 16:
+                costs.observe_pass(p.end - p.start, len(p.serials), p.seconds)
             yield PassEvent(stage or p.stage, p.start, p.end, p.serials, p.seconds, self.round)
         self.stack.passes.clear()
         yield from self._out

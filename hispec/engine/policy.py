@@ -43,9 +43,11 @@ MAX_HIERARCHY_ROUNDS = 8  # rounds a hierarchy plan is expected to wait for its 
 #                           draft->verify estimate the expected wait grows without bound; 8 rounds cap the estimate
 
 
-def lookup_prior(priors: dict[tuple[str, str], float], n: int) -> float:
-    """The prior of a lookup copy after a match of n tokens: measured if the model ships it, else a guess."""
-    measured = priors.get((f"lookup:{n}", "target"))
+def lookup_prior(priors: dict[tuple[str, str], float], n: int, judge: str = "target") -> float:
+    """The prior of a lookup copy after a match of n tokens, judged by `judge`: measured if the model ships
+    it; for another judge than the full model, the full model's measured figure (a full-depth level in a
+    cheaper format agrees with the exact model nearly always); else a guess."""
+    measured = priors.get((f"lookup:{n}", judge), priors.get((f"lookup:{n}", "target")))
     return measured if measured is not None else LOOKUP_UNMEASURED.get(n, LOOKUP_UNMEASURED[max(LOOKUP_UNMEASURED)])
 
 
@@ -96,15 +98,37 @@ def exit_rate(c: CostModel, L: int, e: int, k: int, a: float) -> float:
     return (1 + expected_run(a, k)) / seconds
 
 
-def hierarchy_rate(c: CostModel, L: int, d: int, v: int, k: int, T: int, a_dv: float, a_vt: float) -> float:
-    """The hierarchy: k drafts at d judged at v per round, the full model once T are tentative."""
+def hierarchy_rate(c: CostModel, L: int, d: int, v: int, k: int, T: int, a_dv: float, a_vt: float,
+                   top: CostModel | None = None) -> float:
+    """The hierarchy: k drafts at d judged at v per round, the full model once T are tentative.
+    `top`: the exact model's costs when d and v run in a cheaper format (their own lane, `c`): the full
+    model then runs all L layers on the tentative tokens, not only [v, L)."""
     per_round = sum(a_dv**j for j in range(k))  # tentative tokens a round adds
     round_s = k * (d * c.layer(1) + c.head(d, 1)) + d * c.layer(1) + (v - d) * c.layer(k) + c.head(v, k)
     rounds = max(1, -(-T // max(per_round, 1e-9))) if per_round >= 1 else 1
     rounds = min(rounds, MAX_HIERARCHY_ROUNDS)
-    t = rounds * per_round
-    seconds = rounds * round_s + (L - v) * c.layer(int(round(t)) + 1) + c.head(L, int(round(t)) + 1)
-    return (1 + expected_run(a_vt, t)) / seconds
+    t = int(round(rounds * per_round))
+    tc, top_layers = (c, L - v) if top is None else (top, L)
+    seconds = rounds * round_s + top_layers * tc.layer(t + 1) + tc.head(L, t + 1)
+    return (1 + expected_run(a_vt, rounds * per_round)) / seconds
+
+
+# ---- rounds with a level in a cheaper format (its own lane: the exact model runs all L layers) ----
+def lane_draft_rate(low: CostModel, top: CostModel, L: int, e: int, k: int, a: float) -> float:
+    """k drafts at depth e in a cheaper format (e = L: the whole model in that format), then the exact
+    model over k + 1 tokens."""
+    seconds = k * (e * low.layer(1) + low.head(e, 1)) + L * top.layer(k + 1) + top.head(L, k + 1)
+    return (1 + expected_run(a, k)) / seconds
+
+
+def lookup_judged_rate(mid: CostModel, top: CostModel, L: int, e: int, k: int, a_lm: float, a_mt: float) -> float:
+    """k copied tokens judged by a level of depth e in a cheaper format (one pass over k + 1 tokens): it
+    keeps the agreeing prefix and writes its own token at the first mismatch; then the exact model over
+    what survived. Pending after the judge: the kept run plus, unless all k were kept, the judge's token."""
+    judged = e * mid.layer(k + 1) + mid.head(e, k + 1)
+    m = expected_run(a_lm, k) + (1 - a_lm**k)
+    n = int(round(m)) + 1
+    return (1 + expected_run(a_mt, m)) / (judged + L * top.layer(n) + top.head(L, n))
 
 
 class Policy(ABC):
@@ -138,8 +162,8 @@ class FixedPolicy(Policy):
 
     def __init__(self, levels: tuple[Level, ...], draft_len: int, verify_threshold: int, lookup_len: int):
         self.levels, self.draft_len, self.verify_threshold, self.lookup_len = levels, draft_len, verify_threshold, lookup_len
-        self._has_intermediate = any(level.kind == EXIT for level in levels[1:-1]) or (
-            levels[0].kind == LOOKUP and len(levels) > 2)
+        middle = [level for level in levels[:-1] if level.kind != LOOKUP]  # levels that run layers, below the top
+        self._has_intermediate = len(middle) >= 2 or (levels[0].kind == LOOKUP and len(middle) >= 1)
 
     def plan(self, room: int, pending: int, match: tuple[list[int], int]) -> Plan:
         top = len(self.levels) - 1
@@ -191,9 +215,11 @@ class AutoPolicy(Policy):
     MAX_DRAFT = MAX_DRAFT
     THRESHOLDS = THRESHOLDS
 
-    def __init__(self, levels: tuple[Level, ...], costs: CostModel, priors: dict[tuple[str, str], float],
+    def __init__(self, levels: tuple[Level, ...], costs: CostModel | dict, priors: dict[tuple[str, str], float],
                  lookup_len: int):
-        self.levels, self.costs, self.lookup_len = levels, costs, lookup_len
+        """`costs`: the exact model's cost model, or one per number format ({None: exact, 'q4': ...})."""
+        lanes = costs if isinstance(costs, dict) else {None: costs}
+        self.levels, self.costs, self.lane_costs, self.lookup_len = levels, lanes[None], lanes, lookup_len
         self.priors = priors
         self.acceptance = Acceptance(priors)
         self.L = levels[-1].layer
@@ -212,20 +238,43 @@ class AutoPolicy(Policy):
             a = self.acceptance.rate(f"lookup:{n}", "target", lookup_prior(self.priors, n))
             for k in range(1, len(tokens) + 1):
                 yield lookup_rate(c, L, k, a), f"lookup {k}", Plan(0, k, (), 1, f"lookup {k}", tokens=tuple(tokens[:k]))
-        exits = [(i, lv) for i, lv in enumerate(self.levels) if lv.kind == EXIT]
-        for i, lv in exits:  # single-exit self-speculation at this exit
-            a = self.acceptance.rate(lv.name, "target")
+        middle = [(i, lv) for i, lv in enumerate(self.levels[:-1]) if lv.kind != LOOKUP]
+        for i, lv in middle:  # one level drafts, the full model verifies
+            a, low = self.acceptance.rate(lv.name, "target"), self.lane_costs[lv.precision]
             for k in range(1, min(self.MAX_DRAFT, room) + 1):
-                yield exit_rate(c, L, lv.layer, k, a), f"{lv} x{k}", Plan(i, k, (), 1, f"{lv} x{k}")
-        if len(exits) == 2:  # the hierarchy: draft at d, judge at v, full once T are tentative
-            (i_d, d_lv), (i_v, v_lv) = exits
+                rate = (exit_rate(c, L, lv.layer, k, a) if lv.precision is None
+                        else lane_draft_rate(low, c, L, lv.layer, k, a))
+                yield rate, f"{lv} x{k}", Plan(i, k, (), 1, f"{lv} x{k}")
+        yield from self._judged_lookup(match, middle)
+        if len(middle) == 2 and middle[0][1].precision == middle[1][1].precision:
+            # the hierarchy: draft at d, judge at v, full once T are tentative (d, v in one format)
+            (i_d, d_lv), (i_v, v_lv) = middle
             a_dv = self.acceptance.rate(d_lv.name, v_lv.name)
             beta = self.acceptance.rate(v_lv.name, "target")
+            low, top = self.lane_costs[d_lv.precision], (None if d_lv.precision is None else c)
             for k in range(1, min(self.MAX_DRAFT, room) + 1):
                 for T in self.THRESHOLDS:
                     label = f"{d_lv} x{k} -> {v_lv}, full at {T}"
-                    yield (hierarchy_rate(c, L, d_lv.layer, v_lv.layer, k, T, a_dv, beta), label,
+                    yield (hierarchy_rate(low, L, d_lv.layer, v_lv.layer, k, T, a_dv, beta, top), label,
                            Plan(i_d, k, (i_v,), T, label))
+
+    def _judged_lookup(self, match: tuple[list[int], int], middle):
+        """Lookup's copy judged by a level in a cheaper format, then the exact model: the cheap level keeps
+        the copy's agreeing prefix and writes its own token at the first mismatch, so a wrong copy still
+        yields a token the exact model is likely to accept. (Only for levels in a cheaper format: with exact
+        exits below the full model, the measured defaults stay as they were tuned.)"""
+        tokens, n = match
+        if not tokens or self.levels[0].kind != LOOKUP:
+            return
+        for i, lv in middle:
+            if lv.precision is None:
+                continue
+            a_lm = self.acceptance.rate(f"lookup:{n}", lv.name, lookup_prior(self.priors, n, lv.name))
+            a_mt = self.acceptance.rate(lv.name, "target")
+            for k in range(1, len(tokens) + 1):
+                label = f"lookup {k} -> {lv}"
+                rate = lookup_judged_rate(self.lane_costs[lv.precision], self.costs, self.L, lv.layer, k, a_lm, a_mt)
+                yield rate, label, Plan(0, k, (i,), 1, label, tokens=tuple(tokens[:k]))
 
     def plan(self, room: int, pending: int, match: tuple[list[int], int]) -> Plan:
         if pending and self._sticky is not None:  # a hierarchy plan still piling up tentative tokens

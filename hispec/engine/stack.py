@@ -39,13 +39,19 @@ class StagePass:
     positions: tuple[int, int]
     serials: tuple[int, ...]
     seconds: float
+    precision: str | None = None  # the number format the layers ran in (None: the model's exact format)
 
 
 class StageStack:
-    def __init__(self, ee: EarlyExitModel, boundaries: tuple[int, ...], names: tuple[str, ...], capacity: int):
+    """`shared`: another stack of the same sequence (engine.lanes: the same weights in another number
+    format); this one then reads that one's tokens and serials and reports into its passes and head
+    work, and keeps its own caches, frontiers and hidden states."""
+
+    def __init__(self, ee: EarlyExitModel, boundaries: tuple[int, ...], names: tuple[str, ...], capacity: int,
+                 shared: StageStack | None = None, precision: str | None = None):
         if boundaries[0] != 0 or boundaries[-1] != ee.num_layers or len(names) != len(boundaries) - 1:
             raise ValueError(f"bad stage boundaries {boundaries}")
-        self.ee = ee
+        self.ee, self.precision = ee, precision
         self.boundaries = boundaries
         self.names = names
         self.cache = ee.new_cache(capacity)
@@ -62,6 +68,9 @@ class StageStack:
         # hidden[i]: saved hidden states at boundary i for positions [frontier[i+1], frontier[i])
         self._hidden: list[torch.Tensor | None] = [None] * len(boundaries)
         self.passes: list[StagePass] = []  # drained by the decoder into events
+        if shared is not None:  # one sequence: tokens are placed and cut through `shared` only
+            self.tokens, self.serials = shared.tokens, shared.serials
+            self.passes, self.head_work = shared.passes, shared.head_work
 
     def append(self, token: int | torch.Tensor) -> int:
         """Place a token (an int, or a one-element device tensor until `resolve`); its serial."""
@@ -93,7 +102,7 @@ class StageStack:
             hidden = self.ee.run_layers(hidden, self.boundaries[i - 1], self.boundaries[i], self.cache)
             self.passes.append(
                 StagePass(self.names[i - 1], self.boundaries[i - 1], self.boundaries[i], (lo, end),
-                          tuple(self.serials[lo:end]), time.perf_counter() - t0)
+                          tuple(self.serials[lo:end]), time.perf_counter() - t0, self.precision)
             )
             self.frontier[i] = end
             if i < len(self.boundaries) - 1:

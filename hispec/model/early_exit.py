@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from typing import Callable
 
 import torch
 from torch import nn
@@ -192,6 +193,34 @@ class EarlyExitModel:
 
     # Trained exit heads (hispec/model/heads.py): the manifest of the heads attached, if any.
     exit_info: dict | None = None
+
+    # ---- the same weights in cheaper number formats (levels of a precision: engine.levels) ----------
+    def add_format(self, name: str, build: Callable[[], EarlyExitModel], why_not: str | None = None) -> None:
+        """Offer a copy of this model in another number format, built on first use by `build()`
+        (hispec/model/loading.py offers the default model's own 4-bit blocks as 'q4'); `why_not`: the
+        reason it cannot be offered here instead (then `in_format` refuses with it)."""
+        self._formats = {**getattr(self, "_formats", {}), name: (build, why_not)}
+
+    def formats(self) -> tuple[str, ...]:
+        """The number formats this model can run its levels in, besides its own."""
+        return tuple(k for k, (_, why) in getattr(self, "_formats", {}).items() if why is None)
+
+    def in_format(self, name: str) -> EarlyExitModel:
+        """This model's copy in format `name` (built once, then kept), with the same exit heads."""
+        twins = self.__dict__.setdefault("_twins", {})
+        if name in twins:
+            return twins[name]
+        build, why_not = getattr(self, "_formats", {}).get(name, (None, None))
+        if build is None or why_not is not None:
+            reason = why_not or (f"formats offered: {', '.join(self.formats())}" if self.formats()
+                                 else "it offers no other format")
+            raise ConfigError(f"this model cannot run a level in {name}: {reason}")
+        twin = build()
+        if twin.num_layers != self.num_layers or twin.config.vocab_size != self.config.vocab_size:
+            raise ModelLoadError(f"the {name} copy has another shape than the model ({twin.num_layers} layers)")
+        twin.attach_exit_heads(self.exit_heads, self.exit_info)
+        twins[name] = twin
+        return twin
 
     def attach_exit_heads(self, heads: dict[int, nn.Module], info: dict | None = None) -> None:
         """Use these trained exit heads by layer (replacing any attached before); `info` describes them."""

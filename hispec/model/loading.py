@@ -259,6 +259,7 @@ def load_model(
         _say(progress, "Swapping the float32 weights for the GGUF file's own 4-bit blocks")
         load_gguf_weights(model, default_gguf_path(), cache_dir=source)  # blocks kept beside the conversion
     ee = EarlyExitModel(model)
+    _offer_q4_levels(ee, name, source, weights, device)
     from hispec.model.heads import find_and_attach  # trained exit heads, refused if made for another model
 
     if adapter and exits is None:  # its exits are trained into the model: heads of the original do not apply
@@ -271,6 +272,27 @@ def load_model(
     _say(progress, f"Loaded {name} ({ee.num_layers} layers) in {load_s:.1f} s")
     return LoadedModel(name, model, tokenizer, ee, device, str(torch_dtype).replace("torch.", ""), load_s, source,
                        weights)
+
+
+def _offer_q4_levels(ee: EarlyExitModel, name: str, source: str, weights: str, device: str) -> None:
+    """Levels in 4-bit (engine.levels, 'full@q4', '4@q4') run a copy of the float32 default model on the
+    GGUF file's own blocks, the values its float32 weights were dequantised from: built on first use
+    (where the kernel cannot be built, that first use says why)."""
+    why = None
+    if weights == "q4":
+        why = "the model is already loaded in 4-bit (--weights q4); its levels run in that format"
+    elif name != DEFAULT_MODEL:
+        why = (f"4-bit levels run the default model's own GGUF blocks ({DEFAULT_GGUF}); '{name}' has none "
+               "(drop the @q4 levels)")
+    elif not device.startswith("cpu"):
+        why = "4-bit levels run on the CPU (an x86 AVX2/AVX-512 kernel); this model is on " + device
+
+    def build() -> EarlyExitModel:
+        from hispec.model.q4 import cached_gguf, q4_copy
+
+        return EarlyExitModel(q4_copy(ee.model, cached_gguf(default_gguf_path(), ee.model.config, source)))
+
+    ee.add_format("q4", build, why)
 
 
 def resolve_weights(weights: str | None = None) -> str:

@@ -346,6 +346,14 @@ def to_q4(model: nn.Module, matrices: dict[str, QuantizedMatrix] | None = None) 
     return model
 
 
+def q4_copy(model: nn.Module, matrices: dict[str, QuantizedMatrix] | None = None) -> nn.Module:
+    """A 4-bit copy of a float32 model (``to_q4`` on a deep copy): the original keeps its weights. With a
+    GGUF file's `matrices`, the copy holds the very values the float32 model was dequantised from."""
+    import copy
+
+    return to_q4(copy.deepcopy(model), matrices)
+
+
 def _check(matrix: QuantizedMatrix, module: nn.Module, key: str) -> None:
     shape = tuple(module.weight.shape)
     if tuple(matrix.shape) != shape:
