@@ -1,7 +1,8 @@
 """Figures quoted in the README's prose, outside its generated blocks, and where each comes from.
 
-A figure is a ratio (1.53×, 5x), a percentage (37%, ±5%) or a range of them (0.91–0.93×, 11-75×),
-written without a space before its sign. Every figure in the prose (README.md without its generated
+A figure is a ratio (1.53×, 5x), a percentage (37%, ±5%), a speed or a time (57 tok/s, 13.7 ms) or a
+range of them (0.91–0.93×, 11-75×); ratios and percentages are written without a space before their
+sign (so "batch 2 × 128" is not one). Every figure in the prose (README.md without its generated
 blocks) must be one of:
 
 - **in a block beside it**: the same text appears in the generated block just before it or just
@@ -33,7 +34,8 @@ from readme_quotes import SHOWN, TIES, UNTIED, load
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"<!-- figures: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
-FIGURE = re.compile(r"(?<![\w.])±?\d+(?:\.\d+)?(?:[–-]\d+(?:\.\d+)?)?(?:×|x\b|%)")
+FIGURE = re.compile(r"(?<![\w.])±?\d+(?:\.\d+)?(?:[–-]\d+(?:\.\d+)?)?(?:×|x\b|%| ?(?:tok/s|tokens/s|ms)\b)")
+UNIT = re.compile(r" ?(?:tok/s|tokens/s|ms)$")
 HEADING = re.compile(r"^#{2,3} .*$", re.M)
 
 
@@ -111,8 +113,8 @@ def problems(readme: str, root: Path = ROOT) -> list[str]:
     for fig in found:
         if fig.text in fig.near or fig.at in quoted:
             continue
-        if fig.section in shown and fig.text in shown[fig.section]:
-            continue
+        if fig.section in shown and UNIT.sub("", fig.text) in shown[fig.section]:
+            continue  # the figure's number (a page's tables give units in their headings)
         out.append(f"README.md:{fig.line}: {fig.text} ({fig.section or 'top'}) is in neither block beside it, "
                    "no artifact and no list of readme_prose.py")
     return out

@@ -214,6 +214,35 @@ def _recorded_rate(a: dict) -> list[str]:
     return [f"{a['patterns']['layerskip']['rates']['target']:.0%}"]
 
 
+def _lean_step(p: dict) -> list[str]:
+    return [f"{p['full_step_ms']['1']:.1f} ms"]
+
+
+def _q4_step(r: dict) -> list[str]:
+    step = r["memory_bound"]["q4"]["step_ms"]
+    return [f"{step:.0f} ms", f"{step:.1f} ms"]
+
+
+def _head_costs(t: dict) -> list[str]:
+    """Inside a generation: the reduced-vocabulary exit head per call, its attention step, the full LM head."""
+    lay, plain = t["methods"]["layerskip"]["calls"], t["methods"]["autoregressive"]["calls"]
+    return [f"{lay['exit 4 head']['ms_per_call']:.2f} ms", f"{lay['attention step 4']['ms_per_call']:.2f} ms",
+            f"{plain['final head']['ms_per_call']:.1f} ms"]
+
+
+def _medians(r: dict) -> list[str]:
+    s = _summary(r)
+    return [f"{s['autoregressive']['tokens_per_s']:.0f} tok/s", f"{s['hf_generate']['tokens_per_s']:.1f} tok/s"]
+
+
+def _gpu_steps(g: dict) -> list[str]:
+    """Per-stage step costs on the 1B and 7B shapes: a full pass over 1 and 8 tokens, a draft pass."""
+    one, seven = (t["step_ms"] for t in g["timings"])
+    return [f"{one['1']['full_pass_0_to_L']:.1f} ms", f"{one['8']['full_pass_0_to_L']:.1f} ms",
+            f"{seven['1']['full_pass_0_to_L']:.0f} ms", f"{seven['8']['full_pass_0_to_L']:.0f} ms",
+            f"{one['1']['draft_pass_d']:.1f} ms", f"{seven['1']['draft_pass_d']:.1f} ms"]
+
+
 TIES = (
     Tie("but take 11-92× as long per product here", ("assets/bench/q4_alternatives_cpu.json",),
         _q4_alternatives_range),
@@ -268,6 +297,16 @@ TIES = (
         ("assets/profile/time_split_cpu_default.json", "assets/bench/bench_cpu_default.json"), _timed_against_bench),
     Tie("(44% at exit 12, against 37% at exit 4)", ("assets/bench/sweep_cpu_tune_layers.json",), _verifier_acceptance),
     Tie("(about 40% of judged tokens accepted", ("assets/gpu/acceptance_default_heldout.json",), _recorded_rate),
+    Tie("a full lean step 13.7 ms on one", ("assets/profile/profile_cpu_default.json",), _lean_step),
+    Tie("measured bandwidth and takes about 14 ms", ("assets/bench/q4_cpu_default.json",), lambda r: _q4_step(r)[:1]),
+    Tie("come to roughly 6 ms of its 13.8 ms", ("assets/bench/q4_cpu_default.json",), lambda r: _q4_step(r)[1:]),
+    Tie("inside a generation 0.76 ms per call plus 0.35 ms for the attention step, against about 2.4 ms for the full "
+        "49,152 rows", ("assets/profile/time_split_cpu_default.json",), _head_costs),
+    Tie("autoregressive ran at 57 tok/s in this run and at 68.5 tok/s in release 3's identical run, while "
+        "transformers' `generate()` ran at 25.0 tok/s in both", ("assets/bench/bench_cpu_default.json",), _medians),
+    Tie("One full pass costs 8.8 ms for 1 token and 10.5 ms for 8 tokens on the 1B shape, and 38 ms for 1 token and "
+        "21 ms for 8 tokens on the 7B shape (the 7B figures are noisy). A draft pass of d layers plus its exit costs "
+        "1.6 ms (1B) and 5.7 ms (7B)", ("assets/gpu/gpu_check_h200.json",), _gpu_steps),
 )
 
 # ---- sections that retell one recorded run ---------------------------------------------------------
@@ -322,4 +361,18 @@ UNTIED = (
     Untied("and said 12%", HISTORY),
     Untied("about 0% in another", HISTORY),
     Untied("within noise (1.06× and 1.07× at 128 tokens)", HISTORY + " (the choice of layerskip's earlier default)"),
+    Untied("69 ms on another", "another host's profile; no artifact of it is kept"),
+    Untied("roughly 6 ms", "an estimate added up by hand from the kernel timings above, not measured inside a step"),
+    Untied("245 tokens/s on this 2-core CPU at 64 prompts per batch and 128 new tokens, against 72–78 tokens/s",
+           "throughput seen while building the heads; the manifest does not record it"),
+    Untied("(0.2 and 0.33 ms when called again and again",
+           "no artifact gives these: the profile's repeated-call exit heads take 0.34-0.36 ms (a release-3 figure?)"),
+    Untied("at 68.5 tok/s in release 3's", HISTORY),
+    Untied("A layerskip round (one full-model pass, 1.41 tokens) cost 22.4 ms, or 1.37 autoregressive steps. Beyond "
+           "one plain step it pays: the draft's second pass through [0, 4) (+2.3 ms), the exit head and two attention "
+           "steps (+1.5 ms), layers [4, 30) over 2 tokens instead of 1 (+1.8 ms",
+           "worked out by hand from the time-split artifact's per-call times; not recomputed here"),
+    Untied("and the engine's bookkeeping (+0.4 ms)", "worked out by hand from the time-split artifact; not recomputed"),
+    Untied("The engine's own Python is small: 0.3–0.6 ms per token", "the time-split block's last row, rounded by hand"),
+    Untied("28.7 / 19.8, 36.4 / 17.9 and 32.5 / 20.0 tokens/s", PAGE + " (the takes' tokens/s, rounded)"),
 )

@@ -21,9 +21,11 @@ def test_every_figure_in_the_readme_prose_is_checked():
     assert len(prose.TIES) >= 15
 
 
-def test_figures_are_ratios_percentages_and_their_ranges():
-    text = "1.53× and 5x, 37%, ±5%, 0.91–0.93×, 11-75×; not 2 × 128, 0x1f, v1.5 or 12 tokens"
-    assert prose.FIGURE.findall(text) == ["1.53×", "5x", "37%", "±5%", "0.91–0.93×", "11-75×"]
+def test_figures_are_ratios_percentages_speeds_times_and_their_ranges():
+    text = ("1.53× and 5x, 37%, ±5%, 0.91–0.93×, 11-75×, 57 tok/s, 56.9 tokens/s, 13.7 ms, 0.3–0.6 ms; "
+            "not 2 × 128, 0x1f, v1.5, 12 tokens, 20 s or 98 MB")
+    assert prose.FIGURE.findall(text) == ["1.53×", "5x", "37%", "±5%", "0.91–0.93×", "11-75×", "57 tok/s",
+                                          "56.9 tokens/s", "13.7 ms", "0.3–0.6 ms"]
 
 
 def _one_digit_changed(text: str, figure: str) -> str:
@@ -34,7 +36,7 @@ def _one_digit_changed(text: str, figure: str) -> str:
     return text[:at + digit] + str((int(old) + 1) % 10) + text[at + digit + 1:]
 
 
-@pytest.mark.parametrize("figure", ["11-92×", "0.93–0.94×", "lift agreement to 39–41%", "(48%)"])
+@pytest.mark.parametrize("figure", ["11-92×", "0.93–0.94×", "lift agreement to 39–41%", "(48%)", "costs 8.8 ms"])
 def test_a_changed_digit_in_a_tied_figure_is_caught(figure):
     stale = _one_digit_changed(TEXT, figure)
     found = prose.problems(stale)
