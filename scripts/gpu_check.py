@@ -287,7 +287,10 @@ def main() -> int:
         return 2
     import transformers
 
-    report = {"env": {"torch": torch.__version__, "transformers": transformers.__version__,
+    from hispec.evaluation.record import code_version
+
+    report = {"command": "python scripts/gpu_check.py " + " ".join(sys.argv[1:]), "code": code_version(),
+              "env": {"torch": torch.__version__, "transformers": transformers.__version__,
                       "python": platform.python_version(), "device": args.device,
                       "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None,
                       "tf32_matmul": torch.backends.cuda.matmul.allow_tf32}}

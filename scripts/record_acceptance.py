@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hispec.engine.decoding import DecodeConfig, Decoder  # noqa: E402
+from hispec.evaluation.record import finish, run_record  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 from hispec.evaluation.timing_only import RecordedAcceptance  # noqa: E402
 from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
@@ -62,8 +64,9 @@ def main() -> int:
         patterns[name] = RecordedAcceptance(runs, source).to_dict(
             settings={k: v for k, v in vars(config).items() if k != "stop_strings"}, generated_tokens=tokens)
         print(f"{name}: {RecordedAcceptance(runs, source).describe()}", file=sys.stderr)
-    Path(args.out).write_text(json.dumps({"model": lm.name, "exits": lm.ee.exit_info.get("layers") if lm.ee.exit_info
-                                          else None, "patterns": patterns}))
+    run = finish(run_record(lm, "python scripts/record_acceptance.py " + shlex.join(sys.argv[1:])))
+    Path(args.out).write_text(json.dumps({**run, "model": lm.name, "exits": lm.ee.exit_info.get("layers")
+                                          if lm.ee.exit_info else None, "patterns": patterns}))
     print(f"wrote {args.out}")
     return 0
 
