@@ -34,7 +34,7 @@ from readme_tables import (FP32_COMMAND, LEVELS_COMMAND, agreement_table, bench_
 COMMAND = "python scripts/figures.py"
 ROOT = ASSETS.parent
 README = ROOT / "README.md"
-BLOCK = re.compile(r"<!-- figures: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
+BLOCK = readme_prose.BLOCK  # <!-- figures: NAME --> ... <!-- /figures -->
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ from pathlib import Path
 from readme_quotes import SHOWN, TIES, UNTIED, load
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCK = re.compile(r"<!-- figures: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
+BLOCK = re.compile(  # a generated block (scripts/figures.py)
+    r"<!-- figures: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
 FIGURE = re.compile(r"(?<![\w.])±?\d+(?:\.\d+)?(?:[–-]\d+(?:\.\d+)?)?(?:×|x\b|%| ?(?:tok/s|tokens/s|ms)\b)")
 UNIT = re.compile(r" ?(?:tok/s|tokens/s|ms)$")
 HEADING = re.compile(r"^#{2,3} .*$", re.M)
