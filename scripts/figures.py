@@ -5,7 +5,8 @@ and ends with the command that made its artifact, the commit it ran at and the m
 (from the artifact's record). ``python scripts/figures.py`` rewrites every block from its artifact;
 ``--check`` changes nothing and exits 1, naming each block whose text differs from what its artifact
 gives, so a figure in a block can never drift from its measurement. Figures quoted in the prose
-outside the blocks are checked too (readme_prose.py).
+outside the blocks are checked too (readme_prose.py, readme_quotes.py): a stale or unchecked one
+makes both modes exit 1 (the blocks are still rewritten; the prose needs a person).
 
 This is tooling of the repository, not of the package: it edits README.md. One function per table
 (readme_tables.py); ``BLOCKS`` maps a block's name to its function and artifacts.
