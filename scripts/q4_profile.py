@@ -46,15 +46,18 @@ from hispec.model.loading import load_model  # noqa: E402
 CATEGORIES = ("products", "attention", "norms_rotary_act", "cache_writes", "head")
 
 
+NOW = time.perf_counter  # --clock cpu: time.thread_time (one thread's CPU time)
+
+
 class Clock:
     def __init__(self):
         self.t = {c: 0.0 for c in CATEGORIES}
         self.calls = 0
 
     def __call__(self, cat, fn, *args):
-        t = time.perf_counter()
+        t = NOW()
         out = fn(*args)
-        self.t[cat] += time.perf_counter() - t
+        self.t[cat] += NOW() - t
         self.calls += 1
         return out
 
@@ -64,10 +67,10 @@ def timer_cost() -> float:
     c = Clock()
     f = lambda: None  # noqa: E731
     n = 20000
-    t = time.perf_counter()
+    t = NOW()
     for _ in range(n):
         c("products", f)
-    return (time.perf_counter() - t) / n
+    return (NOW() - t) / n
 
 
 def split_step(lean, ee, hidden, cache, clock: Clock):
@@ -119,10 +122,10 @@ def kernel_only_ms(lean, q_len: int, repeats: int) -> float:
                                                   o.data_ptr(), N, threads)))
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = NOW()
         for fn, a in calls:
             fn(*a)
-        times.append(time.perf_counter() - t)
+        times.append(NOW() - t)
     return statistics.median(times) * 1e3
 
 
@@ -131,8 +134,15 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=30, help="timed calls per route and size (interleaved)")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="wall: perf_counter on the threads asked for; cpu: one thread's CPU time (robust to other "
+                        "processes on a shared machine; forces 1 thread)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    global NOW
+    if args.clock == "cpu":
+        NOW = time.thread_time
+        args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
     report = {"command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
@@ -141,7 +151,8 @@ def main() -> int:
                                            capture_output=True, text=True).stdout.strip()),
               "env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "HISPEC_Q4_ISA",
                                                  "HISPEC_Q4_NATIVE") if k in os.environ},
-              "host": host.describe(), "loadavg_start": os.getloadavg(), "threads": torch.get_num_threads()}
+              "host": host.describe(), "loadavg_start": os.getloadavg(), "threads": torch.get_num_threads(),
+              "clock": args.clock}
     models = {w: load_model("default", device="cpu", weights=w, exits="none") for w in ("fp32", "q4")}
     text = "Summarise the history of the printing press in Europe, its inventors, and its effects. " * 8
     context = models["fp32"].encode(text)[:128]
@@ -177,22 +188,22 @@ def main() -> int:
                     new = context[-n:]
                     if key == "q4_native":
                         native.set_enabled(ee, True)
-                        native.profile_reset()
+                        native.profile_reset(2 if args.clock == "cpu" else 1)
                     elif key == "q4" and native:
                         native.set_enabled(ee, False)
-                    t = time.perf_counter()
+                    t = NOW()
                     h = ee.run_layers(ee.embed(new), 0, ee.num_layers, cache)
                     ee.exit_logits(h, ee.num_layers)
-                    step[key].append((time.perf_counter() - t) * 1e3)
+                    step[key].append((NOW() - t) * 1e3)
                     if key == "q4_native":
                         phases.append(native.profile_read())
                     for layer in range(ee.num_layers):
                         cache.crop(layer, len(context))
                     if key in splits:
                         clock = Clock()
-                        t = time.perf_counter()
+                        t = NOW()
                         split_step(ee.lean, ee, ee.embed(new), cache, clock)
-                        total = (time.perf_counter() - t) * 1e3
+                        total = (NOW() - t) * 1e3
                         for layer in range(ee.num_layers):
                             cache.crop(layer, len(context))
                         splits[key].append({**{c: v * 1e3 for c, v in clock.t.items()}, "total": total,
@@ -207,7 +218,8 @@ def main() -> int:
                     timed = sum(parts.values())
                     row["split_ms"] = {c: round(v, 3) for c, v in parts.items()}
                     row["split_ms"]["python_dispatch"] = round(max(0.0, med - timed), 3)
-                    row["split_ops_per_step"] = len(splits[key]) and None
+                    row["split_timed_ops_total_ms"] = round(statistics.median(s["total"] for s in splits[key]), 3)
+                    row["split_timer_cost_ms"] = round(statistics.median(s["timers"] for s in splits[key]), 3)
                 if key == "q4":
                     row["products_kernel_only_ms"] = round(kernel_only_ms(state["q4"][0].ee.lean, n, 15), 3)
                 if key == "q4_native" and phases:
