@@ -7,7 +7,7 @@ import statistics
 
 from hispec.engine.levels import exits_by_role
 from hispec.evaluation.bench import first_difference
-from hispec.evaluation.compare import in_words
+from hispec.evaluation import pairs
 from hispec.evaluation.metrics import pair_name, stats_rows
 from hispec.evaluation.trace import LEGEND, Trace, TraceToken
 from hispec.text import printable
@@ -105,10 +105,18 @@ def _pct(x) -> str:
     return "–" if x is None else f"{x:.0%}"
 
 
-def stats_html(s: dict, vs_plain: dict | None = None) -> str:
+def reason_words(reason: str | None) -> str:
+    """A generation's finish reason as the page says it, in the stats' "stopped by" and the status."""
+    return {"eos": "end of text", "max_new_tokens": "the token limit", "stop_string": "a stop string",
+            "stopped": "Stop"}.get(reason or "", (reason or "").replace("_", " "))
+
+
+def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = None) -> str:
     """The run's stats as a table (the CLI prints the same rows on one line); `vs_plain`: the
-    measured ratio to plain decoding on this prompt (evaluation.compare.vs_plain), when taken."""
-    rows = stats_rows(s)
+    measured ratio to plain decoding on this prompt (evaluation.compare.vs_plain), when taken;
+    `stopped_by`: what ended it when the engine only knows it was stopped (the time limit, a Stop)."""
+    rows = [(k, stopped_by or reason_words(s.get("finish_reason")) if k == "stopped by" else v)
+            for k, v in stats_rows(s)]
     if vs_plain:
         rows.insert(3, ("speed vs plain decoding, measured", vs_plain_words(vs_plain)))
     body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
@@ -116,9 +124,14 @@ def stats_html(s: dict, vs_plain: dict | None = None) -> str:
 
 
 def vs_plain_words(vs: dict) -> str:
-    """'1.31× (1.25–1.40×, 3 pairs)': the measured ratio with its range and the number of pairs."""
-    spread = f" ({vs['low']:.2f}–{vs['high']:.2f}×, {vs['runs']} pairs)" if vs["runs"] > 1 else " (1 pair)"
-    return f"{vs['median']:.2f}×{spread}: {in_words(vs)}"
+    """'1.31× (1.15–1.47×, 3 pairs): 31% faster', or what the pairs cannot tell: the measured ratio
+    with a range that holds (evaluation.pairs.summary) and what it lets one say."""
+    if not vs.get("runs"):
+        return vs.get("verdict") or "not measured"
+    words = f"{pairs.range_words(vs)}: {vs['verdict']}"
+    if vs.get("cut"):
+        words += f" ({vs['cut']} of {vs['asked']} pairs cut short, not counted)"
+    return words
 
 
 def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | None = None) -> str:

@@ -3,7 +3,8 @@
 The order reverses every other pass (A B C, C B A, ...), so a machine that speeds up or slows down
 favours no method. Each row names what ran (levels, policy, lengths, the adaptive policy's plans)
 and keeps every run's speed; ratios against plain decoding are taken per pass (the two runs of a
-pass are neighbours in time) and summarised by their median and range.
+pass are neighbours in time) and summarised by evaluation.pairs (a median, a range that holds, and
+what they let one say). Every run is timed by evaluation.pairs, the helper all comparisons share.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import replace
 from typing import Iterator
 
 from hispec.engine.decoding import DecodeConfig
-from hispec.evaluation.runner import plain_config, run
-from hispec.text import Detokenizer
+from hispec.evaluation import pairs as timed_pairs
+from hispec.evaluation.runner import plain_config
 
 BASELINES = ("autoregressive", "layerskip")
 
@@ -49,88 +50,73 @@ def what_ran(config: DecodeConfig) -> str:
 
 def compare(lm, ids: list[int], configs: list[DecodeConfig], repeats: int,
             stop: threading.Event) -> Iterator[object]:
-    """Yields progress text (str) before each run, then the comparison: {"rows", "order", "complete"}."""
+    """Yields progress text (str) before each run, then the comparison: {"rows", "order", "complete"}.
+    Every run is timed by the one helper (evaluation.pairs); a pass cut short is not counted."""
     rows: dict[str, dict] = {}
-    order: list[str] = []
+    runs: list[str] = []
     total = repeats * len(configs)
+    passes: list[dict[str, float]] = []  # each complete pass: method -> tokens/s
     for rep in range(repeats):
-        for config in (configs if rep % 2 == 0 else configs[::-1]):
+        this: dict[str, float] = {}
+        for config in timed_pairs.order(configs, rep):
             if stop.is_set():
                 break
             name = label(config)
-            yield f"Running {name}… ({len(order) + 1} of {total})"
-            r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer), stop=stop)
-            order.append(name)
-            row = rows.setdefault(name, {"method": name, "ran": what_ran(config), "runs": [], "plans": {}})
-            row["runs"].append(r.stats["tokens_per_s"])
-            for plan, n in (r.stats.get("policy_choices") or {}).items():
-                row["plans"][plan] = row["plans"].get(plan, 0) + n
-            row.update(tokens_per_s=statistics.median(row["runs"]), new_tokens=len(r.token_ids),
-                       wall_s=r.stats["wall_s"], token_ids=r.token_ids, text=r.text,
-                       acceptance=r.stats["acceptance"], full_passes=r.stats["full_passes"],
-                       finish_reason=r.stats["finish_reason"], dtype=r.settings.get("dtype", "float32"),
-                       settings={k: r.settings.get(k) for k in ("levels", "draft_layer", "verify_layer", "draft_len",
-                                                                "verify_threshold", "policy")})
-    plain = rows.get("autoregressive")
-    for row in rows.values():
-        row["vs_plain"] = ratios(row["runs"], plain["runs"]) if plain and row is not plain else None
-    yield {"rows": list(rows.values()), "order": order, "complete": len(order) == total and not stop.is_set()}
+            yield f"Running {name}… ({len(runs) + 1} of {total})"
+            r = timed_pairs.run_timed(lm, ids, config, stop, eos_ids=lm.eos_ids)
+            runs.append(name)
+            if stop.is_set() and r.stats["finish_reason"] == "stopped":
+                break  # cut: neither shown nor counted
+            this[name] = r.stats["tokens_per_s"]
+            _fold(rows.setdefault(name, {"method": name, "ran": what_ran(config), "runs": [], "plans": {}}), r)
+        if len(this) == len(configs):
+            passes.append(this)
+    for name, row in rows.items():
+        row["runs"] = [p[name] for p in passes] or row["runs"]
+        row["tokens_per_s"] = statistics.median(row["runs"])
+    plain = "autoregressive" if "autoregressive" in rows else None
+    for name, row in rows.items():
+        row["vs_plain"] = (timed_pairs.summary([p[name] / p[plain] for p in passes if p[plain]], repeats)
+                           if plain and name != plain and passes else None)
+    yield {"rows": list(rows.values()), "order": runs, "complete": len(passes) == repeats and not stop.is_set()}
 
 
-def ratios(runs: list[float], plain_runs: list[float]) -> dict | None:
-    """A method's speed over plain decoding's, pass by pass: median, low, high, runs."""
-    pairs = [a / b for a, b in zip(runs, plain_runs) if b]
-    if not pairs:
-        return None
-    return {"median": statistics.median(pairs), "low": min(pairs), "high": max(pairs), "runs": len(pairs)}
-
-
-def in_words(vs: dict | None) -> str:
-    """'19% slower', '7% faster, within noise', 'as fast': a ratio summary for readers."""
-    if not vs:
-        return "–"
-    m = vs["median"]
-    words = "as fast" if abs(m - 1) < 0.005 else f"{abs(m - 1):.0%} {'faster' if m > 1 else 'slower'}"
-    if vs["runs"] > 1 and vs["low"] <= 1 <= vs["high"]:
-        words += ", within noise"
-    elif vs["runs"] == 1:
-        words += " (one pair: noisy)"
-    return words
+def _fold(row: dict, r) -> None:
+    """One run into its method's row (the last run's text and figures, every run's speed)."""
+    row["runs"].append(r.stats["tokens_per_s"])
+    for plan, n in (r.stats.get("policy_choices") or {}).items():
+        row["plans"][plan] = row["plans"].get(plan, 0) + n
+    row.update(new_tokens=len(r.token_ids), wall_s=r.stats["wall_s"], token_ids=r.token_ids, text=r.text,
+               acceptance=r.stats["acceptance"], full_passes=r.stats["full_passes"],
+               finish_reason=r.stats["finish_reason"], dtype=r.settings.get("dtype", "float32"),
+               settings={k: r.settings.get(k) for k in ("levels", "draft_layer", "verify_layer", "draft_len",
+                                                        "verify_threshold", "policy")})
 
 
 def vs_plain(lm, ids: list[int], config: DecodeConfig, new_tokens: int, pairs: int,
              stop: threading.Event) -> Iterator[object]:
     """The method's speed over plain decoding's on this prompt, measured: `pairs` pairs of runs
-    back to back (the order reversed every other pair), both `new_tokens` long and timed alike
-    (prefill included, nothing streamed to a viewer). Yields progress text, then
-    {"vs_plain": {"median", "low", "high", "runs", "method_tokens_per_s", "plain_tokens_per_s"}}."""
+    (evaluation.pairs: interleaved, timed alike, prefill included, nothing streamed to a viewer),
+    both `new_tokens` long (plain decoding ignores end-of-text). Yields progress text, then
+    {"vs_plain": pairs.summary(...) with "new_tokens", each pair's tokens/s and decode rates}; a pair
+    cut short (a Stop, the time limit) is not counted, and the summary says how many were."""
     method = replace(config, max_new_tokens=new_tokens)
     plain = replace(plain_config(config), max_new_tokens=new_tokens).resolve_for(lm.ee)
-    detok = Detokenizer(lm.tokenizer)
-    speeds: dict[str, list[float]] = {"method": [], "plain": []}
-    decode: dict[str, list[float]] = {"method": [], "plain": []}  # after the first token: the prefill apart
-    prefill: list[float] = []
-    for i in range(pairs):
-        for which in (("method", "plain") if i % 2 == 0 else ("plain", "method")):
-            if stop.is_set():
-                break
-            yield f"Measuring the speed against plain decoding: pair {i + 1} of {pairs} ({which} run)…"
-            # both runs write the same number of tokens: plain decoding ignores end-of-text here
-            r = run(lm.ee, ids, method if which == "method" else plain, eos_ids=lm.eos_ids if which == "method" else (),
-                    detok=detok, stop=stop)
-            speeds[which].append(r.stats["tokens_per_s"])
-            decode[which].append(decode_rate(r.stats))
-            prefill.append(r.stats.get("prefill_s") or 0.0)
-    n = min(len(speeds["method"]), len(speeds["plain"]))
-    if n == 0:
+    done: list[timed_pairs.Pair] = []
+    for item in timed_pairs.pairs(lm, ids, method, plain, pairs, new_tokens, stop, method_eos=lm.eos_ids):
+        if isinstance(item, timed_pairs.Pair):
+            done.append(item)
+        else:
+            yield item
+    summary = timed_pairs.summary([p.ratio for p in done], pairs)
+    if summary is None:
+        yield {"vs_plain": {"runs": 0, "asked": pairs, "cut": pairs, "new_tokens": new_tokens,
+                            "verdict": "not measured: the plain runs were cut short"}}
         return
-    summary = ratios(speeds["method"][:n], speeds["plain"][:n])
-    yield {"vs_plain": {**summary, "new_tokens": new_tokens, "method_tokens_per_s": speeds["method"][:n],
-                        "plain_tokens_per_s": speeds["plain"][:n], "method_decode_tokens_per_s": decode["method"][:n],
-                        "plain_decode_tokens_per_s": decode["plain"][:n], "prefill_s": statistics.median(prefill)}}
-
-
-def decode_rate(stats: dict) -> float:
-    """Tokens per second after the first one (the prompt's prefill and the first round apart)."""
-    seconds = (stats.get("wall_s") or 0.0) - (stats.get("prefill_s") or 0.0)
-    return (stats["new_tokens"] - 1) / seconds if stats["new_tokens"] > 1 and seconds > 0 else 0.0
+    yield {"vs_plain": {**summary, "new_tokens": new_tokens,
+                        "method_tokens_per_s": [p.method.stats["tokens_per_s"] for p in done],
+                        "plain_tokens_per_s": [p.plain.stats["tokens_per_s"] for p in done],
+                        "method_decode_tokens_per_s": [timed_pairs.decode_rate(p.method.stats) for p in done],
+                        "plain_decode_tokens_per_s": [timed_pairs.decode_rate(p.plain.stats) for p in done],
+                        "prefill_s": statistics.median(r.stats.get("prefill_s") or 0.0
+                                                       for p in done for r in (p.method, p.plain))}}

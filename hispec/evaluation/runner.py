@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Generator, Iterable, Iterator
 
 from hispec.engine.decoding import DecodeConfig, Decoder
 from hispec.engine.events import DoneEvent, Event, event_to_dict
@@ -41,9 +41,23 @@ def run(
     stop: threading.Event | None = None,
     judge: Callable[[str, int], int] | None = None,  # TIMING ONLY (hispec.evaluation.timing_only)
 ) -> RunResult:
-    """One generation, timed from before its decoder is built: the set-up (configuration, policy,
-    cost model) counts, for every method alike. The stats' `setup_s` is that part; `wall_s` and
-    `tokens_per_s` include it."""
+    """One generation, timed from before its decoder is built (timed_events)."""
+    events_of = timed_events(ee, prompt_ids, config, eos_ids, detok, stop, judge)
+    while True:
+        try:
+            ev = next(events_of)
+        except StopIteration as end:
+            return end.value
+        if on_event:
+            on_event(ev)
+
+
+def timed_events(ee: EarlyExitModel, prompt_ids: list[int], config: DecodeConfig, eos_ids: Iterable[int] = (),
+                 detok: Detokenizer | None = None, stop: threading.Event | None = None,
+                 judge: Callable[[str, int], int] | None = None) -> Generator[Event, None, RunResult]:
+    """One generation's events as they come; returns its RunResult. Timed from before its decoder is
+    built: the set-up (configuration, policy, cost model) counts, for every method alike. The stats'
+    `setup_s` is that part; `wall_s` and `tokens_per_s` include it."""
     t_start = time.perf_counter()
     decoder = Decoder(ee, prompt_ids, config, eos_ids=eos_ids, detok=detok, stop=stop, judge=judge)
     setup = time.perf_counter() - t_start  # the events' clock starts when the first event is asked for
@@ -52,8 +66,7 @@ def run(
     for ev in decoder.events():
         stats.add(ev)
         trace.add(ev)
-        if on_event:
-            on_event(ev)
+        yield ev
         if isinstance(ev, DoneEvent):
             done = ev
     return RunResult(config.method, list(prompt_ids), list(done.token_ids), done.text, done.settings,

@@ -2,8 +2,8 @@
 
 Each take is a pair run back to back on the same prompt: a real plain run, then a run of the chosen
 fixed plan whose verdicts are drawn at the asked acceptance (evaluation.timing_only). Both ignore
-end-of-text and run the whole budget, so the two are the same length and timed the same way
-(prefill included in both). The synthetic run's text is NOT the model's; its events say so
+end-of-text and run the whole budget, so the two are the same length, and both are timed by the one
+helper of every comparison (evaluation.pairs: set-up and prefill included in both). The synthetic run's text is NOT the model's; its events say so
 (settings' `timing_only`), and every view labels them. Takes give a median and a range.
 """
 
@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from hispec.engine.decoding import DecodeConfig
-from hispec.engine.events import DoneEvent
-from hispec.evaluation.runner import events, plain_config, run
+from hispec.evaluation import pairs
+from hispec.evaluation.runner import RunResult, plain_config
 from hispec.evaluation.timing_only import SyntheticAcceptance
-from hispec.text import Detokenizer
 
 DEFAULT_TAKES = 3
 MAX_TAKES = 5
@@ -44,6 +43,8 @@ class TakeDone:
     synthetic_tokens_per_s: float
     plain_tokens_per_s: float
     new_tokens: int
+    synthetic_split: dict | None = None  # where each run's time went (split)
+    plain_split: dict | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -68,28 +69,43 @@ def what_if(lm, ids: list[int], config: DecodeConfig, rates: tuple[float, float]
             stop: threading.Event) -> Iterator[object]:
     """Progress text, then per take: PlainTimed, TakeStarted, the synthetic run's engine events,
     TakeDone; last a Summary. `config`: the resolved fixed plan; `rates`: (draft -> verify,
-    -> full model) per-token acceptance to draw at."""
+    -> full model) per-token acceptance to draw at. Both runs of a take are timed by the helper every
+    comparison uses (evaluation.pairs.timed: set-up and prefill included in both); a take cut short
+    (a Stop, the time limit) is not counted."""
     plain = plain_config(config).resolve_for(lm.ee)
     done: list[TakeDone] = []
     for take in range(1, takes + 1):
         if stop.is_set():
             break
         yield f"Take {take} of {takes}: timing plain decoding on this prompt first…"
-        base = run(lm.ee, ids, plain, eos_ids=(), detok=Detokenizer(lm.tokenizer), stop=stop)
+        base = pairs.run_timed(lm, ids, plain, stop)
+        if pairs.cut(base, config.max_new_tokens):
+            break
         yield PlainTimed(take, base.stats["tokens_per_s"], len(base.token_ids))
         if stop.is_set():
             break
         yield f"Take {take} of {takes}: the synthetic run at the sliders' acceptance…"
         yield TakeStarted(take, takes, rates)
         judge = SyntheticAcceptance(verify=rates[0], target=rates[1], seed=(config.seed or 0) + take - 1)
-        new_tokens, seconds = 0, 0.0
-        for ev in events(lm, ids, config, stop=stop, judge=judge, eos_ids=()):
-            yield ev
-            if isinstance(ev, DoneEvent):
-                new_tokens, seconds = len(ev.token_ids), ev.t
-        if stop.is_set() and new_tokens < config.max_new_tokens:
+        synthetic = None
+        for item in pairs.timed(lm, ids, config, stop, judge=judge):
+            if isinstance(item, RunResult):
+                synthetic = item
+            else:
+                yield item
+        if synthetic is None or pairs.cut(synthetic, config.max_new_tokens):
             break  # a stopped take is not a like-for-like pair
-        done.append(TakeDone(take, new_tokens / seconds if seconds > 0 else 0.0, base.stats["tokens_per_s"],
-                             new_tokens))
+        done.append(TakeDone(take, synthetic.stats["tokens_per_s"], base.stats["tokens_per_s"],
+                             len(synthetic.token_ids), split(synthetic.stats), split(base.stats)))
         yield done[-1]
     yield Summary(tuple(done), takes)
+
+
+def split(stats: dict) -> dict:
+    """Where a run's time went, in seconds: set-up, the prompt's prefill (to the first token), the
+    decoding's layer passes, and the rest (heads, token choice, the engine's bookkeeping)."""
+    wall = stats.get("wall_s") or 0.0
+    setup, prefill = stats.get("setup_s") or 0.0, stats.get("prefill_s") or 0.0
+    passes = sum(s for stage, s in (stats.get("stage_s") or {}).items() if stage != "prefill")
+    return {"wall_s": wall, "setup_s": setup, "prefill_s": prefill, "passes_s": passes,
+            "other_s": max(0.0, wall - setup - prefill - passes)}

@@ -72,8 +72,10 @@ def _differences(measured: dict, predicted: float, stats: dict) -> list[tuple[st
     if stats.get("layers_share") is not None:
         out.append(("bookkeeping", f"{1 - stats['layers_share']:.0%} of the run was outside layer passes (heads, "
                                    "token choice, the engine's own work): the estimate counts passes and heads only"))
+    low, high = measured.get("spread") or (measured["low"], measured["high"])
     if measured["runs"] > 1:
-        out.append(("noise", f"the measured pairs ranged over {measured['low']:.2f}–{measured['high']:.2f}×"))
+        out.append(("noise", f"the measured pairs ranged over {low:.2f}–{high:.2f}×; identical runs on a busy "
+                             f"machine differ by more, so the range stated is at least ±{measured.get('floor', 0):.0%}"))
     else:
         out.append(("noise", "one pair of runs is noisy: more pairs give a range"))
     return out
@@ -87,7 +89,10 @@ def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_
     events = [event_from_dict(d) for d in run.get("events") or []]
     rows = plan_rows(events, settings)
     measured = run.get("vs_plain")
-    plain_decode = statistics.median(measured["plain_decode_tokens_per_s"]) if measured else None
+    if measured is not None and not measured.get("runs"):  # asked for, every pair cut short: nothing measured
+        measured = dict(measured, median=None)
+    plain_decode = (statistics.median(measured["plain_decode_tokens_per_s"]) if measured and measured["median"]
+                    else None)
     plans = explain_plans(rows, costs, L, plain_decode)
     model = SpeedModel(costs, L)
     for plan, row in zip(plans, rows):
@@ -100,7 +105,8 @@ def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_
              "predicted_range": (low, high) if low is not None and high is not None else None,
              "plain": {"measured_decode_tokens_per_s": plain_decode, "model_tokens_per_s": plain_rate(costs, L)},
              "differences": [], "shape": None}
-    if measured and predicted is not None and not measured["low"] <= predicted <= measured["high"]:
+    if (measured and measured["median"] and predicted is not None
+            and not measured["low"] <= predicted <= measured["high"]):
         story["differences"] = _differences(measured, predicted, stats)
     shape = shape_of(settings)
     if shape is not None:
@@ -135,7 +141,7 @@ def _chart(model: SpeedModel, shape: RoundSettings, sliders, plans, measured, pr
     if a_run is not None:
         if predicted is not None:
             points["this run: estimate"] = (a_run, predicted)
-        if measured:
+        if measured and measured["median"]:
             points["this run: measured"] = (a_run, measured["median"])
     points["sliders: estimate"] = (a_vt, at["predicted"])
     if at["what_if"] and at["what_if"].get("median"):
