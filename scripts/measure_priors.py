@@ -35,12 +35,18 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", required=True)
     ap.add_argument("--manifest", default=None, help="write the priors into this exit-head manifest")
+    ap.add_argument("--formats", default="", help="cheaper formats whose levels to measure too, e.g. q4 "
+                    "([full@q4, full], [d@q4, full], [v@q4, full], [d@q4, full@q4, full], [v@q4, full@q4, full])")
+    ap.add_argument("--formats-only", action="store_true",
+                    help="measure only the --formats runs; the manifest keeps its other priors, the new ones are added")
     args = ap.parse_args()
+    formats = tuple(f for f in args.formats.split(",") if f)
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, progress=lambda m: print(m, file=sys.stderr))
     sets = apply_split(heldout_prompts(lm), "tune")
     result = measure(lm, sets, args.max_new_tokens,
-                     progress=lambda d, t, w: print(f"[{d}/{t}] {w}", file=sys.stderr, flush=True))
+                     progress=lambda d, t, w: print(f"[{d}/{t}] {w}", file=sys.stderr, flush=True),
+                     formats=formats, exact=not args.formats_only)
     command = "python scripts/measure_priors.py " + shlex.join(sys.argv[1:])
     priors, exits = lookup_priors(result), exit_priors(result)
     report = {**run_record(lm, command), **result, "lookup_priors": priors,
@@ -51,13 +57,22 @@ def main() -> int:
     if args.manifest:
         path = Path(args.manifest)
         manifest = json.loads(path.read_text())
-        manifest["policy_priors"] = {
-            "lookup": priors, "exits": exits,
-            "source": f"per-token acceptance, in order up to each block's first rejection, in generations with "
-                      f"fixed rounds on the tuning split ({sum(len(v) for v in sets.values())} prompts of "
-                      f"'heldout-tune', {args.max_new_tokens} new tokens): lookup copies by the full model by "
-                      f"n-gram length ([lookup, full]), each exit's drafts by the full model ([exit, full]), exit "
-                      f"d's by exit v ([d, v, full]): '{command}' ({args.json})"}
+        if args.formats_only:  # the exact-format priors stay as measured before; these are added
+            shipped = manifest.get("policy_priors") or {}
+            shipped["exits"] = {**(shipped.get("exits") or {}), **exits}
+            shipped["formats_source"] = (
+                f"levels in {', '.join(formats)}: per-token acceptance as above, on the same split "
+                f"({sum(len(v) for v in sets.values())} prompts, {args.max_new_tokens} new tokens): '{command}' "
+                f"({args.json})")
+            manifest["policy_priors"] = shipped
+        else:
+            manifest["policy_priors"] = {
+                "lookup": priors, "exits": exits,
+                "source": f"per-token acceptance, in order up to each block's first rejection, in generations with "
+                          f"fixed rounds on the tuning split ({sum(len(v) for v in sets.values())} prompts of "
+                          f"'heldout-tune', {args.max_new_tokens} new tokens): lookup copies by the full model by "
+                          f"n-gram length ([lookup, full]), each exit's drafts by the full model ([exit, full]), exit "
+                          f"d's by exit v ([d, v, full]): '{command}' ({args.json})"}
         path.write_text(json.dumps(manifest, indent=2) + "\n")  # the manifest's own layout
     return 0
 

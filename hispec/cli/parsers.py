@@ -105,9 +105,10 @@ def decoding_options(layerskip_exit_option: bool) -> argparse.ArgumentParser:
                         "machine (draft length, when the full model runs, which levels take part, down to plain "
                         "steps); fixed: the settings given, every round (the paper's N_d, N_i)")
     g.add_argument("--levels", default=None,
-                   help="the level list, bottom first, the full model implied: e.g. lookup,2,4 (lookup under exits 2 "
-                        "and 4), 4 (single exit), lookup (prompt lookup); for the hispec method (default: its own "
-                        "list)")
+                   help="the level list, bottom first, the exact full model implied: e.g. lookup,2,4 (lookup under "
+                        "exits 2 and 4), 4 (single exit), lookup (prompt lookup); a level may run the same weights in "
+                        "a cheaper format: lookup,full@q4 (lookup, then the whole model in the GGUF's 4-bit blocks, "
+                        "then the exact model), full@q4, 2@q4,full@q4; for the hispec method (default: its own list)")
     g.add_argument("--lookup-len", type=whole_number, default=_CONFIG.lookup_len,
                    help=f"most tokens the lookup level proposes per round (default {_CONFIG.lookup_len})")
     g.add_argument("--max-new-tokens", type=whole_number, default=_CONFIG.max_new_tokens,

@@ -308,6 +308,7 @@ class Decoder:
         yield from self._prefill()
         while not self._finished():
             self.round += 1
+            t_round, committed = self._clock(), self.committed
             plan = self._plan()
             # 1. The proposer proposes: lookup copies, an exit drafts, the full model takes a plain step.
             first = len(stack)
@@ -329,6 +330,7 @@ class Decoder:
                     or any(t in self.eos for t in pending)):
                 self._verify_with_target()
             yield from self._end_round()
+            self.policy.observe_round(plan, self.committed - committed, self._clock() - t_round)
 
     def _plan(self) -> Plan:
         """The policy's plan for this round (and its PolicyEvent when the policy is adaptive)."""

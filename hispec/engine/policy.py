@@ -37,8 +37,16 @@ PRIOR_WEIGHT = 4.0  # a prior counts as this many judged tokens: two or three on
 #                     text unlike the held-out prompts moves the estimate at once, while one unlucky token does not
 MAX_DRAFT = 6  # most drafts per round a candidate considers: at the ~40% per-token acceptance of the shipped
 #                heads a 7th draft adds 0.4^7 < 0.002 expected tokens while it costs a pass of [0, e) and a head
+MAX_LANE_DRAFT = 12  # ... for a level in a cheaper format of the same weights: at the ~99% per-token agreement
+#                     measured for the 4-bit copy (policy_priors), the 12th draft still adds ~0.9 expected tokens
 THRESHOLDS = (1, 2, 4, 6)  # tentative tokens before the full model runs, for the hierarchy's candidates: the
 #                            tuning sweep's best (1), the paper's 4 and their neighbours (README, Design space)
+# A plan that does worse than plain decoding on this machine, now, is dropped for a while, whatever its
+# estimate says (a busy machine moves costs faster than the cost model follows):
+EVIDENCE_ROUNDS = 4  # rounds of a kind of plan before its measured speed counts against it
+WORSE_THAN_PLAIN = 0.9  # dropped when its measured tokens/s over its recent rounds is below this share of plain's
+DROP_ROUNDS = 24  # rounds it stays dropped; then it is tried again (costs and text may have changed)
+RECENT_ROUNDS = 8  # the recent rounds a kind's measured speed is taken over
 MAX_HIERARCHY_ROUNDS = 8  # rounds a hierarchy plan is expected to wait for its threshold at most: with a low
 #                           draft->verify estimate the expected wait grows without bound; 8 rounds cap the estimate
 
@@ -156,6 +164,9 @@ class Policy(ABC):
     def observe(self, holder: str, judge: str, accepted: bool) -> None:
         """One judged token (see the class docstring)."""
 
+    def observe_round(self, plan: Plan, committed: int, seconds: float) -> None:
+        """A round of this plan ended: it committed this many tokens in this many seconds of compute."""
+
 
 class FixedPolicy(Policy):
     name = "fixed"
@@ -201,6 +212,45 @@ class Acceptance:
         return (ok + prior * self.weight) / (n + self.weight)
 
 
+class Realized:
+    """Measured tokens per second of each kind of plan (who proposes, who judges) in this generation, over
+    its recent rounds, and which kinds are dropped for doing worse than plain decoding."""
+
+    def __init__(self):
+        self.rounds: dict[tuple, list[tuple[int, float]]] = {}
+        self.dropped: dict[tuple, int] = {}  # kind -> the round from which it is tried again
+        self.round = 0
+
+    def add(self, kind: tuple, committed: int, seconds: float) -> None:
+        self.round += 1
+        recent = self.rounds.setdefault(kind, [])
+        recent.append((committed, seconds))
+        del recent[:-RECENT_ROUNDS]
+
+    def rate(self, kind: tuple) -> float | None:
+        """Tokens per second over the kind's recent rounds (None before EVIDENCE_ROUNDS of them)."""
+        recent = self.rounds.get(kind, [])
+        seconds = sum(s for _, s in recent)
+        return sum(n for n, _ in recent) / seconds if len(recent) >= EVIDENCE_ROUNDS and seconds > 0 else None
+
+    def judge(self, kind: tuple, plain: float) -> str | None:
+        """Drop `kind` if it measured below WORSE_THAN_PLAIN of `plain` tokens/s; why, when dropped."""
+        rate = self.rate(kind)
+        if rate is None or rate >= WORSE_THAN_PLAIN * plain:
+            return None
+        self.dropped[kind] = self.round + DROP_ROUNDS
+        self.rounds.pop(kind, None)  # when it is tried again, new evidence decides
+        return f"{rate / plain:.2f}x plain over its last rounds"
+
+    def is_dropped(self, kind: tuple) -> bool:
+        return self.dropped.get(kind, 0) > self.round
+
+
+def plan_kind(plan: Plan) -> tuple:
+    """What a plan is, leaving out how many tokens: (proposer, judges); a plain step is (top, ())."""
+    return (plan.proposer, plan.judges)
+
+
 class AutoPolicy(Policy):
     """Maximise expected committed tokens per second, round by round.
 
@@ -224,9 +274,25 @@ class AutoPolicy(Policy):
         self.acceptance = Acceptance(priors)
         self.L = levels[-1].layer
         self._sticky: Plan | None = None  # a hierarchy plan waiting for its threshold
+        self.realized = Realized()
+        self._notes: list[str] = []  # kinds dropped since the last plan, for its reason
 
     def observe(self, holder: str, judge: str, accepted: bool) -> None:
         self.acceptance.add(holder, judge, accepted)
+
+    def observe_round(self, plan: Plan, committed: int, seconds: float) -> None:
+        """Measured speed per kind of plan; a kind measured below plain decoding's is dropped for a while.
+        Plain's speed: measured in this generation once it has enough rounds, else the cost model's."""
+        kind = plan_kind(plan)
+        self.realized.add(kind, committed, seconds)
+        plain_kind = (len(self.levels) - 1, ())
+        if kind == plain_kind:
+            return
+        plain = self.realized.rate(plain_kind) or plain_rate(self.costs, self.L)
+        why = self.realized.judge(kind, plain)
+        if why:
+            named = " -> ".join(str(self.levels[i]) for i in (plan.proposer, *plan.judges))
+            self._notes.append(f"{named} dropped for {DROP_ROUNDS} rounds ({why})")
 
     # ---- the candidates -----------------------------------------------------------------
     def _candidates(self, room: int, match: tuple[list[int], int]):
@@ -241,7 +307,8 @@ class AutoPolicy(Policy):
         middle = [(i, lv) for i, lv in enumerate(self.levels[:-1]) if lv.kind != LOOKUP]
         for i, lv in middle:  # one level drafts, the full model verifies
             a, low = self.acceptance.rate(lv.name, "target"), self.lane_costs[lv.precision]
-            for k in range(1, min(self.MAX_DRAFT, room) + 1):
+            most = self.MAX_DRAFT if lv.precision is None else MAX_LANE_DRAFT
+            for k in range(1, min(most, room) + 1):
                 rate = (exit_rate(c, L, lv.layer, k, a) if lv.precision is None
                         else lane_draft_rate(low, c, L, lv.layer, k, a))
                 yield rate, f"{lv} x{k}", Plan(i, k, (), 1, f"{lv} x{k}")
@@ -280,14 +347,17 @@ class AutoPolicy(Policy):
         if pending and self._sticky is not None:  # a hierarchy plan still piling up tentative tokens
             return self._sticky
         scored = sorted(self._candidates(room, match), key=lambda x: -x[0])
-        best_rate, label, plan = scored[0]
         plain_rate = next(rate for rate, name, _ in scored if name == "plain")
+        scored = [x for x in scored if x[1] == "plain" or not self.realized.is_dropped(plan_kind(x[2]))]
+        best_rate, label, plan = scored[0]
         shown = {}
         for rate, name, _ in scored:  # the best few, and the plain step for reference
             if len(shown) < 4 or name == "plain":
                 shown[name] = round(rate, 2)
         reason = ("nothing is expected to beat a plain step" if label == "plain" else
                   f"expected {best_rate / plain_rate:.2f}x a plain step")
+        if self._notes:
+            reason, self._notes = "; ".join([reason, *self._notes]), []
         plan = Plan(plan.proposer, plan.count, plan.judges, plan.verify_at, label, reason, shown, plan.tokens)
         self._sticky = plan if plan.verify_at > 1 else None
         return plan

@@ -30,7 +30,7 @@ import torch
 
 from hispec.engine.costs import CostModel
 from hispec.engine.decoding import METHODS, DecodeConfig, default_verify_layer, recommended_settings
-from hispec.engine.levels import LOOKUP, parse_method
+from hispec.engine.levels import LOOKUP, parse_method, split_level
 from hispec.errors import ConfigError
 from hispec.evaluation.prompts import Prompt
 from hispec.evaluation.record import finish, run_record
@@ -104,29 +104,45 @@ class CostSnapshot:
     method's estimates would depend on which methods ran before it. Here it is calibrated once, for
     every exit the methods use, and a copy of that calibration is put back before every run."""
 
-    def __init__(self, lm: LoadedModel, exits: tuple[int, ...]):
+    def __init__(self, lm: LoadedModel, exits: tuple[int, ...], formats: dict[str, tuple[int, ...]] | None = None):
+        """`exits`: the exact model's exits the methods use; `formats`: each cheaper format's (levels are
+        (depth, precision)): every format's copy of the model is calibrated once and restored alike."""
         self.exits = tuple(sorted(set(exits)))
-        self.costs = CostModel()
+        self.formats = {p: tuple(sorted(set(e))) for p, e in (formats or {}).items()}
         t0 = time.perf_counter()
+        self.costs = CostModel()
         self.costs.calibrate(lm.ee, self.exits)
+        self.lane_costs = {}
+        for p, lane_exits in self.formats.items():
+            self.lane_costs[p] = CostModel()
+            self.lane_costs[p].calibrate(lm.ee.in_format(p), lane_exits)
         self.seconds = time.perf_counter() - t0
 
     @classmethod
     def for_methods(cls, lm: LoadedModel, configs: list[DecodeConfig]) -> CostSnapshot:
-        exits = set()
+        exits, formats = set(), {}
         for config in configs:
             resolved = config.resolve_for(lm.ee)
-            exits |= {x for x in resolved.levels or () if x != LOOKUP}
-        return cls(lm, tuple(exits))
+            for item in resolved.levels or ():
+                layer, precision = (None, None) if item == LOOKUP else split_level(item)
+                if precision is not None:
+                    formats.setdefault(precision, set()).update({layer} if layer is not None else set())
+                elif layer is not None:
+                    exits.add(layer)
+        return cls(lm, tuple(exits), formats)
 
     def restore(self, lm: LoadedModel) -> None:
         lm.ee.cost_model = copy.deepcopy(self.costs)
+        for p, costs in self.lane_costs.items():
+            lm.ee.in_format(p).cost_model = copy.deepcopy(costs)
 
     def describe(self) -> dict:
         return {"how": "calibrated once before the warm-up (layer passes and heads for every exit the methods use), "
                        "then restored from that snapshot before every run, warm-ups included: every method "
                        "starts from the same cost model and none inherits another's refinements",
-                "exits": list(self.exits), "calibration_s": round(self.seconds, 3), "figures_ms": self.costs.figures_ms()}
+                "exits": list(self.exits), "calibration_s": round(self.seconds, 3), "figures_ms": self.costs.figures_ms(),
+                **({"formats": {p: {"exits": list(self.formats[p]), "figures_ms": c.figures_ms()}
+                                for p, c in self.lane_costs.items()}} if self.lane_costs else {})}
 
 
 def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, layerskip_exit: int | None = None,

@@ -20,21 +20,30 @@ from dataclasses import replace
 from hispec.engine.decoding import DecodeConfig, Decoder
 from hispec.text import Detokenizer
 
-def _configs(lm) -> dict[str, DecodeConfig]:
-    """[lookup, full]; [exit d, full] and [exit v, full]; [exit d, exit v, full], at the model's defaults."""
+def _configs(lm, formats: tuple[str, ...] = (), exact: bool = True) -> dict[str, DecodeConfig]:
+    """[lookup, full]; [exit d, full] and [exit v, full]; [exit d, exit v, full], at the model's defaults;
+    for each cheaper format P in `formats` (levels are (depth, precision)): [full@P, full], [d@P, full],
+    [v@P, full] (each judged by the exact model) and [d@P, full@P, full], [v@P, full@P, full] (exits
+    judged by the whole model in that format). `exact=False` leaves out the exact-format runs."""
     preset = DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
     d, v = preset.draft_layer, preset.verify_layer
-    return {"lookup": DecodeConfig("lookup", policy="fixed"),
-            f"exit {d}": DecodeConfig("hispec", levels=(d,), policy="fixed", draft_len=1),
-            f"exit {v}": DecodeConfig("hispec", levels=(v,), policy="fixed", draft_len=1),
-            f"exits {d}, {v}": DecodeConfig("hispec", levels=(d, v), policy="fixed", draft_len=1, verify_threshold=1)}
+    one = lambda *levels: DecodeConfig("hispec", levels=levels, policy="fixed", draft_len=1,  # noqa: E731
+                                       verify_threshold=1)
+    configs = {"lookup": DecodeConfig("lookup", policy="fixed"),
+               f"exit {d}": one(d), f"exit {v}": one(v), f"exits {d}, {v}": one(d, v)} if exact else {}
+    for p in formats:
+        configs.update({f"full@{p}": one(f"full@{p}"), f"exit {d}@{p}": one(f"{d}@{p}"), f"exit {v}@{p}": one(f"{v}@{p}"),
+                        f"exit {d}@{p}, full@{p}": one(f"{d}@{p}", f"full@{p}"),
+                        f"exit {v}@{p}, full@{p}": one(f"{v}@{p}", f"full@{p}")})
+    return configs
 
 
-def measure(lm, sets: dict, max_new_tokens: int = 128, progress=None) -> dict:
+def measure(lm, sets: dict, max_new_tokens: int = 128, progress=None, formats: tuple[str, ...] = (),
+            exact: bool = True) -> dict:
     """Per run and (holder, judge) pair: tokens accepted and judged, in order up to each block's first
     rejection, over every prompt of `sets`; and the rates. Lookup holders are 'lookup:N' (N: the
-    n-gram length of the match that proposed the token)."""
-    configs = _configs(lm)
+    n-gram length of the match that proposed the token). `formats`, `exact`: see `_configs`."""
+    configs = _configs(lm, formats, exact)
     counts: dict[str, dict[str, list[int]]] = {name: {} for name in configs}
     detok = Detokenizer(lm.tokenizer)
     prompts = [(s, p) for s, ps in sets.items() for p in ps]
@@ -65,7 +74,7 @@ def measure(lm, sets: dict, max_new_tokens: int = 128, progress=None) -> dict:
 def lookup_priors(measured: dict) -> dict[str, float]:
     """The lookup level's priors for the policy: 'lookup:N' -> per-token acceptance by the full model."""
     out = {}
-    for key, v in measured["acceptance"]["lookup"].items():
+    for key, v in (measured["acceptance"].get("lookup") or {}).items():
         holder, _, judge = key.partition("->")
         if holder.startswith("lookup:") and judge == "target" and v["rate"] is not None:
             out[holder] = v["rate"]
@@ -74,10 +83,11 @@ def lookup_priors(measured: dict) -> dict[str, float]:
 
 def exit_priors(measured: dict) -> dict[str, float]:
     """The exits' priors for the policy: 'D-target' (exit D's drafts judged by the full model, from the
-    [exit D, full] runs) and 'D-V' (exit D's drafts judged by exit V, from the [exit D, exit V, full] run)."""
+    [exit D, full] runs) and 'D-V' (exit D's drafts judged by exit V, from the [exit D, exit V, full] run);
+    levels in a cheaper format by their spec: 'full@q4-target', '2@q4-target', '2@q4-full@q4'."""
     out = {}
     for name, run in measured["runs"].items():
-        layers = [x for x in run["levels"] if isinstance(x, int)]
+        layers = [x for x in run["levels"] if x != "lookup"]
         pairs = measured["acceptance"][name]
         if len(layers) == 1 and (pairs.get("draft->target") or {}).get("rate") is not None:
             out[f"{layers[0]}-target"] = pairs["draft->target"]["rate"]

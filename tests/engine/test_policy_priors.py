@@ -108,3 +108,43 @@ def test_the_measurement_counts_what_the_full_model_accepted(tiny_loaded):
                      "2-target": measured["acceptance"]["exit 2"]["draft->target"]["rate"],
                      "1-2": measured["acceptance"]["exits 1, 2"]["draft->verify"]["rate"]}
     assert all(k.startswith("lookup:") for k in priors.lookup_priors(measured))
+
+
+# ---- a plan that keeps doing worse than plain decoding is dropped ---------------------------------
+def test_a_plan_measured_worse_than_plain_is_dropped_then_tried_again():
+    """The cost model says drafting at exit 2 is nearly free, so the estimate prefers it; the rounds it
+    actually runs are slow (a busy machine). After EVIDENCE_ROUNDS of them the policy drops it, says why,
+    and chooses plain steps; DROP_ROUNDS later it tries it again."""
+    from hispec.engine.costs import CostModel
+    from hispec.engine.levels import build_levels
+
+    levels = build_levels((2,), 8)
+    costs = CostModel.given({n: 1e-3 for n in (1, 2, 4, 8, 16)}, {(8, n): 1e-3 for n in (1, 2, 4, 8, 16)})
+    auto = policy.AutoPolicy(levels, costs, {("draft", "target"): 0.9}, lookup_len=8)
+    chosen, reasons = [], []
+    for _ in range(policy.EVIDENCE_ROUNDS + 3):
+        plan = auto.plan(room=100, pending=0, match=([], 0))
+        chosen.append(plan.choice)
+        reasons.append(plan.reason)
+        slow = plan.choice != "plain"
+        auto.observe_round(plan, committed=2 if slow else 1, seconds=1.0 if slow else 0.009)
+    assert chosen[0].startswith("exit 2"), chosen  # the estimate alone prefers the exit
+    assert chosen[policy.EVIDENCE_ROUNDS:] == ["plain"] * 3, chosen
+    assert any("exit 2 dropped" in r and "x plain" in r for r in reasons), reasons
+    for _ in range(policy.DROP_ROUNDS):
+        plan = auto.plan(room=100, pending=0, match=([], 0))
+        auto.observe_round(plan, committed=1, seconds=0.009)
+    assert auto.plan(room=100, pending=0, match=([], 0)).choice.startswith("exit 2")  # tried again
+
+
+def test_a_plan_measured_as_fast_as_estimated_is_kept():
+    from hispec.engine.costs import CostModel
+    from hispec.engine.levels import build_levels
+
+    levels = build_levels((2,), 8)
+    costs = CostModel.given({n: 1e-3 for n in (1, 2, 4, 8, 16)}, {(8, n): 1e-3 for n in (1, 2, 4, 8, 16)})
+    auto = policy.AutoPolicy(levels, costs, {("draft", "target"): 0.9}, lookup_len=8)
+    for _ in range(3 * policy.EVIDENCE_ROUNDS):
+        plan = auto.plan(room=100, pending=0, match=([], 0))
+        assert plan.choice.startswith("exit 2"), plan.choice
+        auto.observe_round(plan, committed=3, seconds=0.012)  # 250 tokens/s against plain's ~111
