@@ -138,7 +138,7 @@ def cmd_bench(args) -> int:
 
     methods = [m.strip() for m in (args.methods or ",".join(BENCH_METHODS)).split(",") if m.strip()]
     formats = _formats(args)
-    methods = expand_weights(methods, formats)
+    methods = expand_weights(methods, formats, args.policy)
     check_methods(methods)
     base, sets, lm = _bench_inputs(args, formats[0])
     models = {formats[0]: lm}

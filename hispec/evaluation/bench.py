@@ -46,9 +46,20 @@ WEIGHTS = ("fp32", "q4")  # METHOD@FORMAT runs a method on the model in that for
 
 
 def split_weights(method: str) -> tuple[str, str | None]:
-    """'hispec/auto@q4' -> ('hispec/auto', 'q4'); no tag -> (method, None)."""
-    name, _, weights = method.partition("@")
-    return name, weights or None
+    """The weights tag after the method: 'hispec/auto@q4' -> ('hispec/auto', 'q4'); no tag -> (method, None).
+
+    '@' also names a level's precision ('lookup+full@q4/auto': lookup, then the whole model in 4-bit).
+    The last '@X' is the weights tag when it follows a policy ('lookup+4/auto@q4'), a plain method
+    name ('hispec@q4', 'llamacpp@q4'), a level that already has its precision ('full@q4@fp32'), or
+    when X is fp32 (never a level's precision); otherwise it is a level's: 'lookup+4@q4' runs exit 4
+    in 4-bit under the float32 model (write 'lookup+4/auto@q4' for those levels on 4-bit weights)."""
+    head, sep, tail = method.rpartition("@")
+    if not sep or "/" in tail or "+" in tail:
+        return method, None
+    plain = head.partition("/")[0] in METHODS or head in HF or head == LLAMACPP
+    if "/" in head or plain or "@" in head or tail == "fp32":
+        return head, tail or None
+    return method, None
 
 
 def check_methods(methods: list[str]) -> None:
@@ -60,7 +71,8 @@ def check_methods(methods: list[str]) -> None:
         if m in HF or m == LLAMACPP:
             continue
         name = m.partition("/")[0]
-        if name not in METHODS and "+" not in name and not name.startswith("exit") and not name.isdigit():
+        if name not in METHODS and "+" not in name and "@" not in name and not name.startswith("exit") \
+                and not name.isdigit():
             raise ConfigError(f"unknown benchmark method '{m}'; choose from {', '.join(BENCH_METHODS)} (ours "
                               "optionally with /fixed or /auto), or a level list such as lookup+2+4")
         parse_method(m, METHODS)
@@ -175,14 +187,25 @@ def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, la
     return _hf(lm, ids, base, None, lookup=HF_LOOKUP_TOKENS)
 
 
-def expand_weights(methods: list[str], formats: list[str]) -> list[str]:
+def _with_policy(method: str, policy: str) -> str:
+    """A level list without a policy gets its '/policy' spelled out before a weights tag, so the tag is
+    not read as a level's precision ('lookup+4' -> 'lookup+4/auto' when auto is the policy)."""
+    name = method.partition("/")[0]
+    if "/" in method or name in METHODS or name in HF:
+        return method
+    return f"{method}/{policy}"
+
+
+def expand_weights(methods: list[str], formats: list[str], policy: str | None = None) -> list[str]:
     """With several weight formats, every method without a tag once per format (METHOD@FORMAT),
-    format by format; llamacpp and tagged methods as written. One format: the methods unchanged."""
+    format by format; llamacpp and tagged methods as written. One format: the methods unchanged.
+    `policy`: that of methods named without one (default DecodeConfig's)."""
+    policy = policy or DecodeConfig().policy
     if len(formats) < 2:
         return list(methods)
     out = []
     for fmt in formats:
-        out += [f"{m}@{fmt}" for m in methods if m != LLAMACPP and split_weights(m)[1] is None]
+        out += [f"{_with_policy(m, policy)}@{fmt}" for m in methods if m != LLAMACPP and split_weights(m)[1] is None]
     return out + [m for m in methods if m == LLAMACPP or split_weights(m)[1] is not None]
 
 

@@ -277,3 +277,26 @@ def test_geometric_mean_of_per_prompt_ratios_is_stored_and_drawn(tmp_path):
     svg = speedup_svg(report)
     assert f"all · hispec: {2 ** (1 / 3):.2f}x" in svg and "x · hispec: 1.00x" in svg and "geometric mean" in svg
     assert f"{2 ** (1 / 3):.2f}× (0.50–2.00)" in summary_table(report)
+
+
+def test_weights_tag_and_a_levels_precision_are_told_apart():
+    """'@' tags a method's weights ('hispec/auto@q4') and a level's precision ('lookup+full@q4/auto')."""
+    from hispec.evaluation.bench import check_methods, expand_weights, split_weights
+
+    assert split_weights("hispec/auto@q4") == ("hispec/auto", "q4")
+    assert split_weights("autoregressive@fp32") == ("autoregressive", "fp32")
+    assert split_weights("lookup+full@q4/auto") == ("lookup+full@q4/auto", None)
+    assert split_weights("full@q4") == ("full@q4", None)
+    assert split_weights("lookup+4@q4") == ("lookup+4@q4", None)  # exit 4 in 4-bit, float32 weights
+    assert split_weights("lookup+4/auto@q4") == ("lookup+4/auto", "q4")
+    assert split_weights("full@q4/auto@fp32") == ("full@q4/auto", "fp32")
+    # a level list without a policy gets one before the tag, so the tag stays the weights'
+    out = expand_weights(["autoregressive", "lookup+4", "full@q4/fixed"], ["fp32", "q4"], "auto")
+    assert out == ["autoregressive@fp32", "lookup+4/auto@fp32", "full@q4/fixed@fp32",
+                   "autoregressive@q4", "lookup+4/auto@q4", "full@q4/fixed@q4"]
+    assert [split_weights(m)[1] for m in out] == ["fp32"] * 3 + ["q4"] * 3
+    check_methods(out + ["lookup+full@q4/auto", "2@q4+full@q4"])
+    with pytest.raises(ConfigError, match="unknown precision 'q8'.*choose from q4"):
+        check_methods(["full@q8/auto"])
+    with pytest.raises(ConfigError, match="weights after @ are"):
+        check_methods(["hispec/auto@int3"])
