@@ -324,6 +324,11 @@ class Decoder:
                 if len(stack) > first:
                     h = stack.run_to(self._stops[j], len(stack) - 1)
                     self._judge_at(j, first, self._logits(h[0, first - len(stack) :], j))
+            #    With `then`, the last judge drafts on where the copy it judged ended (lookup, a cheap lane).
+            if plan.then and plan.judges and stack.tokens[-1] not in self.eos:
+                yield from self._draft(plan.judges[-1], min(plan.then, self._room()))
+                if self._finished():
+                    break
             # 3. The full model, once enough tokens are pending, or the sequence must end.
             pending = stack.tokens[self.committed :]
             if (plan.proposer == top or len(pending) >= plan.verify_at or self._room() == 0
@@ -462,6 +467,7 @@ class Decoder:
         self.committed = len(self.prompt_ids)
         top = len(self.levels) - 1
         h = self.stack.run_to(self._stops[top], len(self.prompt_ids))
+        self.stack.seed_cheap_lanes(len(self.prompt_ids))  # cheaper lanes start from the prompt's exact KV
         self._write(self.selector.propose(self._logits(h[0, -1], top))[0], "target")
         self.syncs += 1
         yield from self._drain(stage="prefill")

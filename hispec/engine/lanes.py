@@ -55,6 +55,12 @@ class Lanes:
         precision, i = stop
         return self.stacks[precision].run_to(i, end)
 
+    def seed_cheap_lanes(self, n: int) -> list[str]:
+        """After the prefill: each cheaper lane starts from the exact lane's keys and values of the
+        prompt's n positions instead of running the prompt itself (StageStack.seed_from says why and
+        when it cannot); the lanes seeded."""
+        return [p for p, stack in self.stacks.items() if p is not None and stack.seed_from(self.exact, n)]
+
     def truncate(self, length: int) -> None:
         for stack in self.stacks.values():
             stack.truncate(length)

@@ -74,6 +74,7 @@ class Plan:
     reason: str = ""
     estimates: dict = field(default_factory=dict)  # choice -> expected tokens per second (auto)
     tokens: tuple[int, ...] = ()  # the lookup level's proposal, when it proposes
+    then: int = 0  # tokens the last judge drafts on after judging (lookup's copy, then a cheap lane goes on)
 
 
 def expected_run(rate: float, k: float) -> float:
@@ -129,14 +130,18 @@ def lane_draft_rate(low: CostModel, top: CostModel, L: int, e: int, k: int, a: f
     return (1 + expected_run(a, k)) / seconds
 
 
-def lookup_judged_rate(mid: CostModel, top: CostModel, L: int, e: int, k: int, a_lm: float, a_mt: float) -> float:
+def lookup_judged_rate(mid: CostModel, top: CostModel, L: int, e: int, k: int, a_lm: float, a_mt: float,
+                       then: int = 0) -> float:
     """k copied tokens judged by a level of depth e in a cheaper format (one pass over k + 1 tokens): it
-    keeps the agreeing prefix and writes its own token at the first mismatch; then the exact model over
-    what survived. Pending after the judge: the kept run plus, unless all k were kept, the judge's token."""
+    keeps the agreeing prefix and writes its own token at the first mismatch; then, with `then`, it drafts
+    that many more tokens itself (the three levels in one round: lookup copies for free, the cheap level
+    checks the copy and goes on where the copy ends); then the exact model over what survived. Pending
+    after the judge: the kept run plus, unless all k were kept, the judge's token (and its drafts)."""
     judged = e * mid.layer(k + 1) + mid.head(e, k + 1)
-    m = expected_run(a_lm, k) + (1 - a_lm**k)
+    drafted = then * (e * mid.layer(1) + mid.head(e, 1))
+    m = expected_run(a_lm, k) + (1 - a_lm**k) + then
     n = int(round(m)) + 1
-    return (1 + expected_run(a_mt, m)) / (judged + L * top.layer(n) + top.head(L, n))
+    return (1 + expected_run(a_mt, m)) / (judged + drafted + L * top.layer(n) + top.head(L, n))
 
 
 class Policy(ABC):
@@ -233,11 +238,16 @@ class Realized:
         seconds = sum(s for _, s in recent)
         return sum(n for n, _ in recent) / seconds if len(recent) >= EVIDENCE_ROUNDS and seconds > 0 else None
 
+    def below(self, kind: tuple, plain: float) -> bool:
+        """`kind` measured below WORSE_THAN_PLAIN of `plain` tokens/s over its recent rounds."""
+        rate = self.rate(kind)
+        return rate is not None and rate < WORSE_THAN_PLAIN * plain
+
     def judge(self, kind: tuple, plain: float) -> str | None:
         """Drop `kind` if it measured below WORSE_THAN_PLAIN of `plain` tokens/s; why, when dropped."""
-        rate = self.rate(kind)
-        if rate is None or rate >= WORSE_THAN_PLAIN * plain:
+        if not self.below(kind, plain):
             return None
+        rate = self.rate(kind)
         self.dropped[kind] = self.round + DROP_ROUNDS
         self.rounds.pop(kind, None)  # when it is tried again, new evidence decides
         return f"{rate / plain:.2f}x plain over its last rounds"
@@ -247,8 +257,9 @@ class Realized:
 
 
 def plan_kind(plan: Plan) -> tuple:
-    """What a plan is, leaving out how many tokens: (proposer, judges); a plain step is (top, ())."""
-    return (plan.proposer, plan.judges)
+    """What a plan is, leaving out how many tokens: (proposer, judges, whether the last judge drafts on);
+    a plain step is (top, (), False)."""
+    return (plan.proposer, plan.judges, plan.then > 0)
 
 
 class AutoPolicy(Policy):
@@ -257,8 +268,10 @@ class AutoPolicy(Policy):
     Candidates: a plain step; the lookup level's match (first k tokens, any k) verified by the
     full model; drafting k tokens at each exit, verified by the full model; and, with two exits,
     drafting at the lower one, judging at the upper one, and calling the full model once T
-    tentative tokens piled up (the hierarchy). A candidate's value is (1 + expected accepted
-    tokens) / expected seconds, where acceptance is per token and in order (``expected_run``).
+    tentative tokens piled up (the hierarchy). With a level in a cheaper format: drafting there,
+    the lookup match judged by it, and that judged match followed by its own drafts in the same
+    round (``Plan.then``). A candidate's value is (1 + expected accepted tokens) / expected seconds,
+    where acceptance is per token and in order (``expected_run``).
     """
 
     name = "auto"
@@ -276,19 +289,34 @@ class AutoPolicy(Policy):
         self._sticky: Plan | None = None  # a hierarchy plan waiting for its threshold
         self.realized = Realized()
         self._notes: list[str] = []  # kinds dropped since the last plan, for its reason
+        self._suspect: tuple | None = None  # a kind below the cost model's plain rate, judged once plain is measured
+        self._probes = 0  # plain rounds still to run to measure plain decoding for that judgement
 
     def observe(self, holder: str, judge: str, accepted: bool) -> None:
         self.acceptance.add(holder, judge, accepted)
 
     def observe_round(self, plan: Plan, committed: int, seconds: float) -> None:
         """Measured speed per kind of plan; a kind measured below plain decoding's is dropped for a while.
-        Plain's speed: measured in this generation once it has enough rounds, else the cost model's."""
+        Plain's speed is measured in this generation: a kind that measures below the cost model's plain
+        rate is a suspect, and plain steps run first (a probe) to measure plain decoding here, now. (The
+        model's one-token cost is calibrated on a short context; after a long prompt every plan is slower
+        than that figure, plain decoding too, and the plan would be dropped for what the context costs.)"""
         kind = plan_kind(plan)
         self.realized.add(kind, committed, seconds)
-        plain_kind = (len(self.levels) - 1, ())
-        if kind == plain_kind:
-            return
-        plain = self.realized.rate(plain_kind) or plain_rate(self.costs, self.L)
+        plain_kind = plan_kind(Plan(len(self.levels) - 1, 0, (), 1))
+        plain = self.realized.rate(plain_kind)
+        if kind != plain_kind:
+            if plain is None:
+                if self._suspect is None and self.realized.below(kind, plain_rate(self.costs, self.L)):
+                    self._suspect = (kind, plan)
+                    self._probes = EVIDENCE_ROUNDS - len(self.realized.rounds.get(plain_kind, []))
+                return
+            self._drop_if_below(kind, plan, plain)
+        elif self._suspect is not None and plain is not None:  # the probe has measured plain decoding
+            (suspect, suspect_plan), self._suspect, self._probes = self._suspect, None, 0
+            self._drop_if_below(suspect, suspect_plan, plain)
+
+    def _drop_if_below(self, kind: tuple, plan: Plan, plain: float) -> None:
         why = self.realized.judge(kind, plain)
         if why:
             named = " -> ".join(str(self.levels[i]) for i in (plan.proposer, *plan.judges))
@@ -312,7 +340,7 @@ class AutoPolicy(Policy):
                 rate = (exit_rate(c, L, lv.layer, k, a) if lv.precision is None
                         else lane_draft_rate(low, c, L, lv.layer, k, a))
                 yield rate, f"{lv} x{k}", Plan(i, k, (), 1, f"{lv} x{k}")
-        yield from self._judged_lookup(match, middle)
+        yield from self._judged_lookup(room, match, middle)
         if len(middle) == 2 and middle[0][1].precision == middle[1][1].precision:
             # the hierarchy: draft at d, judge at v, full once T are tentative (d, v in one format)
             (i_d, d_lv), (i_v, v_lv) = middle
@@ -325,7 +353,7 @@ class AutoPolicy(Policy):
                     yield (hierarchy_rate(low, L, d_lv.layer, v_lv.layer, k, T, a_dv, beta, top), label,
                            Plan(i_d, k, (i_v,), T, label))
 
-    def _judged_lookup(self, match: tuple[list[int], int], middle):
+    def _judged_lookup(self, room: int, match: tuple[list[int], int], middle):
         """Lookup's copy judged by a level in a cheaper format, then the exact model: the cheap level keeps
         the copy's agreeing prefix and writes its own token at the first mismatch, so a wrong copy still
         yields a token the exact model is likely to accept. (Only for levels in a cheaper format: with exact
@@ -338,14 +366,22 @@ class AutoPolicy(Policy):
                 continue
             a_lm = self.acceptance.rate(f"lookup:{n}", lv.name, lookup_prior(self.priors, n, lv.name))
             a_mt = self.acceptance.rate(lv.name, "target")
+            low = self.lane_costs[lv.precision]
             for k in range(1, len(tokens) + 1):
-                label = f"lookup {k} -> {lv}"
-                rate = lookup_judged_rate(self.lane_costs[lv.precision], self.costs, self.L, lv.layer, k, a_lm, a_mt)
-                yield rate, label, Plan(0, k, (i,), 1, label, tokens=tuple(tokens[:k]))
+                for then in range(0, max(0, min(MAX_LANE_DRAFT, room - k)) + 1):
+                    label = f"lookup {k} -> {lv}" + (f" +{then}" if then else "")
+                    rate = lookup_judged_rate(low, self.costs, self.L, lv.layer, k, a_lm, a_mt, then)
+                    yield rate, label, Plan(0, k, (i,), 1, label, tokens=tuple(tokens[:k]), then=then)
 
     def plan(self, room: int, pending: int, match: tuple[list[int], int]) -> Plan:
         if pending and self._sticky is not None:  # a hierarchy plan still piling up tentative tokens
             return self._sticky
+        if self._probes > 0 and not pending:
+            self._probes -= 1
+            named = " -> ".join(str(self.levels[i]) for i in (self._suspect[1].proposer, *self._suspect[1].judges))
+            return Plan(len(self.levels) - 1, 0, (), 1, "plain",
+                        f"measuring plain decoding here before judging {named}, which ran below the cost model's "
+                        "plain rate")
         scored = sorted(self._candidates(room, match), key=lambda x: -x[0])
         plain_rate = next(rate for rate, name, _ in scored if name == "plain")
         scored = [x for x in scored if x[1] == "plain" or not self.realized.is_dropped(plan_kind(x[2]))]
@@ -358,7 +394,8 @@ class AutoPolicy(Policy):
                   f"expected {best_rate / plain_rate:.2f}x a plain step")
         if self._notes:
             reason, self._notes = "; ".join([reason, *self._notes]), []
-        plan = Plan(plan.proposer, plan.count, plan.judges, plan.verify_at, label, reason, shown, plan.tokens)
+        plan = Plan(plan.proposer, plan.count, plan.judges, plan.verify_at, label, reason, shown, plan.tokens,
+                    plan.then)
         self._sticky = plan if plan.verify_at > 1 else None
         return plan
 

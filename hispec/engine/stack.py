@@ -166,6 +166,19 @@ class StageStack:
                 keep = length - self.frontier[i + 1]
                 self._hidden[i] = saved[:, :keep] if keep > 0 else None
 
+    def seed_from(self, other: StageStack, n: int) -> bool:
+        """Start this stack's caches from `other`'s keys and values of positions [0, n) (copied, not
+        shared), as if it had run them; False (nothing done) when it has attention exit heads or has run
+        anything. (A deviation for lanes in a cheaper format: a drafter's cache may hold anything, since
+        the exact model decides every token, and this spares it a pass over the whole prompt.)"""
+        if self._stateful or any(self.frontier) or min(other.frontier[1:]) < n:
+            return False
+        for layer in range(self.ee.num_layers):
+            keys, values = other.cache.keys[layer], other.cache.values[layer]
+            self.cache.update(keys[..., :n, :].clone(), values[..., :n, :].clone(), layer)
+        self.frontier = [n] * len(self.boundaries)
+        return True
+
     def cache_lengths(self) -> list[int]:
         return list(self.cache.lengths)
 

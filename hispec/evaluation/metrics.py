@@ -50,11 +50,16 @@ class StatsCollector:
 
     @staticmethod
     def choice_kind(choice: str) -> str:
-        """'lookup 4' -> 'lookup', 'exit 4 x2' -> 'exit 4', 'exit 2 x1 -> exit 4, ...' -> 'exit 2 -> exit 4'."""
+        """'lookup 4' -> 'lookup', 'exit 4 x2' -> 'exit 4', 'exit 2 x1 -> exit 4, ...' -> 'exit 2 -> exit 4',
+        'lookup 5 -> full@q4' -> 'lookup -> full@q4', 'lookup 5 -> full@q4 +4' -> 'lookup -> full@q4 (drafts on)'."""
         if "->" in choice:
             low, high = choice.split("->")[:2]
-            return f"{low.split(' x')[0].strip()} -> {high.split(',')[0].strip()}"
-        return choice.split(" x")[0] if choice.startswith("exit") else choice.split(" ")[0]
+            low = "lookup" if low.startswith("lookup") else low.split(" x")[0].strip()
+            high = high.split(",")[0].strip()
+            if " +" in high:
+                high = high.split(" +")[0] + " (drafts on)"
+            return f"{low} -> {high}"
+        return choice.split(" x")[0] if choice.startswith("exit") or "@" in choice else choice.split(" ")[0]
 
     def add(self, ev: Event) -> None:
         if isinstance(ev, TokenEvent):

@@ -11,6 +11,7 @@ from hispec.engine.decoding import DecodeConfig, Decoder
 from hispec.engine.events import DoneEvent, RoundEvent, TokenEvent, TokenState
 from hispec.engine.lanes import Lanes, lane_layout
 from hispec.engine.levels import build_levels, describe_spec, levels_by_role, parse_levels
+from hispec.engine.policy import Plan
 from hispec.errors import ConfigError
 from hispec.evaluation.runner import run
 from hispec.model.early_exit import EarlyExitModel
@@ -125,11 +126,15 @@ def test_the_exact_cache_ends_as_plain_exact_decoding_leaves_it(pair, levels, mo
     for layer in range(ee.num_layers):
         assert torch.equal(keys[layer][..., :held, :], pkeys[layer][..., :held, :]), layer
         assert torch.equal(values[layer][..., :held, :], pvalues[layer][..., :held, :]), layer
-    # The cheaper lane wrote caches of its own, and they differ from the exact ones (other weights).
+    # The cheaper lane wrote caches of its own after the prompt, and they differ from the exact ones
+    # (other weights); the prompt's positions it started from the exact lane's (a copy: Lanes.seed_cheap_lanes).
     q4_keys, _, q4_lengths = spec["q4"]
     assert min(q4_lengths[: 2 if levels[0] == 2 else 8]) > 0 or levels[0] == 2
-    last = ee.num_layers - 1
-    assert not torch.equal(q4_keys[last][..., :held, :], keys[last][..., :held, :])
+    last, n = ee.num_layers - 1, len(prompt)
+    assert not torch.equal(q4_keys[last][..., n:held, :], keys[last][..., n:held, :])
+    if levels[0] != 2:  # a lane holding the whole depth (no attention exit head): seeded with the prompt's
+        assert torch.equal(q4_keys[last][..., :n, :], keys[last][..., :n, :])
+        assert q4_keys[last].data_ptr() != keys[last].data_ptr()
 
 
 @pytest.mark.parametrize("levels", [("lookup", "2@q4", "full@q4"), ("2@q4", 2)], ids=lambda x: "+".join(map(str, x)))
@@ -159,8 +164,92 @@ def test_cheap_levels_write_and_judge_under_their_role_names(pair):
     token verify_wrote), the exact model accepts or rejects; the events name the roles of the presets."""
     _, ee = pair
     config = DecodeConfig(levels=("lookup", "full@q4"), policy="fixed", max_new_tokens=24, verify_threshold=2)
-    tokens = [e for e in Decoder(ee, PROMPTS[0], config).events() if isinstance(e, TokenEvent)]
+    tokens = [e for prompt in PROMPTS for e in Decoder(ee, prompt, config).events() if isinstance(e, TokenEvent)]
     deciders = {(e.state, e.stage) for e in tokens}
-    assert (TokenState.TENTATIVE, "verify") in deciders
+    # (which verdicts the 4-bit copy of a tiny random model gives is chance: it judges, under its role)
+    assert deciders & {(TokenState.TENTATIVE, "verify"), (TokenState.VERIFY_REJECTED, "verify")}
+    assert any(e.state == TokenState.VERIFY_WROTE and e.origin == e.stage == "verify" for e in tokens)
     assert any(e.state in (TokenState.ACCEPTED, TokenState.TARGET_REJECTED) and e.stage == "target" for e in tokens)
     assert {e.origin for e in tokens} >= {"lookup", "target"}
+
+
+# ---- the three levels in one round: lookup copies, the cheap lane judges and drafts on -----------
+class _DraftOn:
+    """A policy that always takes the three-level round where it can: lookup's whole match judged by
+    the 4-bit model, which then drafts `then` more tokens itself; the exact model verifies them all."""
+
+    name, lookup_len = "fixed", 6
+
+    def __init__(self, then):
+        self.then, self.plans = then, []
+
+    def lookup_limit(self, room):
+        return min(self.lookup_len, room)
+
+    def plan(self, room, pending, match):
+        tokens = tuple(match[0])
+        plan = (Plan(0, len(tokens), (1,), 1, f"lookup {len(tokens)} -> full@q4 +{self.then}", tokens=tokens,
+                     then=self.then) if tokens else Plan(1, min(2, room), (), 1, "full@q4 x2"))
+        self.plans.append(plan)
+        return plan
+
+    def observe(self, holder, judge, accepted):
+        pass
+
+    def observe_round(self, plan, committed, seconds):
+        pass
+
+
+@pytest.mark.parametrize("then", [1, 4])
+@pytest.mark.parametrize("budget", [5, 20])
+def test_lookup_judged_then_drafted_on_by_the_cheap_lane_is_exact(pair, monkeypatch, then, budget):
+    """Round by round: lookup proposes, full@q4 keeps the agreeing prefix (or writes its own token) and
+    drafts `then` more, the exact model decides. Output equals generate()'s; the drafts that go on after
+    the copy are the 4-bit model's, in the rounds that copied; a small budget is never overrun."""
+    import hispec.engine.decoding as decoding
+
+    model, ee = pair
+    policies = []
+
+    def make(*a, **k):
+        policies.append(_DraftOn(then))
+        return policies[-1]
+
+    monkeypatch.setattr(decoding, "make_policy", make)
+    for prompt in PROMPTS:
+        config = DecodeConfig(levels=("lookup", "full@q4"), policy="fixed", max_new_tokens=budget)
+        events = list(Decoder(ee, prompt, config).events())
+        assert list(events[-1].token_ids) == hf_greedy(model, prompt, budget), (prompt, then, budget)
+        assert len(events[-1].token_ids) <= budget
+    copied = [p for pol in policies for p in pol.plans if p.tokens]
+    assert copied or budget < 20, "no prompt gave a lookup match: the test would not exercise the three-level round"
+    # the rounds that copied: lookup's tokens first, then drafts by the 4-bit model in the same round
+    tokens = [e for e in Decoder(ee, PROMPTS[0], DecodeConfig(levels=("lookup", "full@q4"), policy="fixed",
+                                                            max_new_tokens=20)).events() if isinstance(e, TokenEvent)]
+    by_round: dict[int, list[str]] = {}
+    for e in tokens:
+        if e.state == TokenState.DRAFTED:
+            by_round.setdefault(e.round, []).append(e.origin)
+    # full@q4 holds the verify role in [lookup, full@q4, full]: its drafts follow the copy in one round
+    three = [r for r, origins in by_round.items() if origins[0] == "lookup" and origins[-1] == "verify"]
+    assert three, f"the 4-bit model never drafted on after a copy: {by_round}"
+
+
+def test_the_policy_plans_the_three_level_round_when_the_cheap_lane_agrees():
+    """With the 4-bit full model agreeing with the exact one and a lookup match at hand, the adaptive
+    policy's best plan copies, judges with full@q4 and drafts on (a 'lookup k -> full@q4 +m' round),
+    and that kind is told apart from the plain judged copy for the drop rule."""
+    from hispec.engine.costs import CostModel
+    from hispec.engine.policy import AutoPolicy, plan_kind
+
+    levels = build_levels(("lookup", "full@q4"), 30)
+    rows = (1, 8, 16)
+    exact = CostModel.given({1: 1e-3, 8: 1.4e-3, 16: 2.2e-3}, {(30, n): 0.3e-3 * (1 + n / 8) for n in rows})
+    cheap = CostModel.given({1: 0.4e-3, 8: 1.0e-3, 16: 1.8e-3}, {(30, n): 0.3e-3 * (1 + n / 8) for n in rows})
+    # keyed by the levels' role names: full@q4 is the verify level of [lookup, full@q4, full]
+    priors = {("verify", "target"): 1.0, ("lookup:3", "verify"): 0.6, ("lookup:3", "target"): 0.6}
+    policy = AutoPolicy(levels, {None: exact, "q4": cheap}, priors, lookup_len=6)
+    plan = policy.plan(64, 0, ([11, 12, 13, 14], 3))
+    assert plan.tokens and plan.judges == (1,) and plan.then > 0, plan.choice
+    assert plan.choice.startswith("lookup ") and "-> full@q4 +" in plan.choice
+    assert plan_kind(plan) != plan_kind(Plan(0, 4, (1,), 1, "lookup 4 -> full@q4", tokens=(1, 2, 3, 4)))
