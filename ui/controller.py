@@ -37,13 +37,15 @@ WHY_HINT = render.message_html("Generate once: the run's acceptance and this mac
 
 def page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens, chat,
                  temperature=0.0, top_k=0, top_p=1.0, seed=-1, policy=labels.DEFAULT_POLICY_LABEL,
-                 baseline=0) -> dict:
+                 baseline=0, levels="") -> dict:
     """The page's values as GenerateRequest's raw fields (labels mapped to the engine's names)."""
     return {"prompt": prompt, "model": model, "method": labels.method_name(method),
             "policy": labels.policy_name(policy), "draft_layer": draft_layer, "verify_layer": verify_layer,
             "draft_len": draft_len, "verify_threshold": verify_threshold, "max_new_tokens": max_new_tokens,
             "chat": bool(chat), "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-            "baseline": baseline}
+            "baseline": baseline,
+            # the Levels box belongs to HiSpec: the other methods have lists of their own
+            "levels": (labels.levels_name(levels) or None) if labels.method_name(method) == "hispec" else None}
 
 
 class Handlers:
@@ -54,17 +56,20 @@ class Handlers:
     # ---- generate, stop ---------------------------------------------------------------------------
     def generate(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
                  chat, temperature=0.0, top_k=0, top_p=1.0, seed=-1, policy=labels.DEFAULT_POLICY_LABEL,
-                 baseline=0, request: gr.Request = None):
+                 baseline=0, levels="", request: gr.Request = None):
         yield cleared(render.message_html("Starting…", "info"))  # nothing of the last run stays
         raw = page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
-                           max_new_tokens, chat, temperature, top_k, top_p, seed, policy, baseline)
-        view = GenerateView(model)
+                           max_new_tokens, chat, temperature, top_k, top_p, seed, policy, baseline, levels)
+        view = GenerateView(model, pairs=raw["baseline"] if isinstance(raw["baseline"], int) else 0)
         for update in self.server.submit(self.server.caller(request), GenerateRequest, raw):
             yield view.update(update)
 
     def stop(self, request: gr.Request = None) -> str:
         n = self.server.stop(self.server.caller(request), GENERATION_KINDS)
-        return render.message_html("Stopping…" if n else "Nothing to stop: no request of yours is running.", "info")
+        """The Stop button's reply, shown beside the status (never in it: the run's own last word stays)."""
+        if n:
+            return render.message_html("Stopping: the run ends after its current round.", "info")
+        return render.message_html("Nothing to stop: no request of yours is running.", "info")
 
     def api_generate(self, request: gr.Request = None, **fields):
         """/generate: progress as {"status": ...} while it runs, then the result (serving.api.
@@ -98,10 +103,11 @@ class Handlers:
 
     def compare(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
                 chat, temperature, top_k, top_p, seed, policy=labels.DEFAULT_POLICY_LABEL,
-                baselines=("Autoregressive",), repeats=3, request: gr.Request = None):
+                baselines=("Autoregressive",), repeats=3, levels="", request: gr.Request = None):
         """(top status, compare status, table, chart): the progress shows at the top of the page too."""
         raw = {"generate": page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
-                                        max_new_tokens, chat, temperature, top_k, top_p, seed, policy),
+                                        max_new_tokens, chat, temperature, top_k, top_p, seed, policy,
+                                        levels=levels),
                "baselines": [labels.BASELINES.get(b, b) for b in baselines or []], "repeats": repeats}
         starting = render.message_html("Compare: starting…", "info")
         yield starting, starting, "", gr.Plot(None, visible=False)  # nothing of an earlier comparison stays
@@ -151,7 +157,7 @@ class Handlers:
         try:
             lm = self.loaded(model)
         except HiSpecError as exc:
-            return (render.message_html(str(exc)),) + (gr.skip(),) * 6
+            return (render.message_html(str(exc)),) + (gr.skip(),) * 7
         return controls.preset_values(choice, model_defaults(lm))
 
     # ---- why this speed -------------------------------------------------------------------------
@@ -216,6 +222,7 @@ class Handlers:
 
 def stale_panels() -> tuple:
     """A new run starts: the last run's what-if, comparison and "Why this speed" panels are emptied,
-    not left beside it (what_if status, tokens, stats, chart, result; compare table, chart; why, chart)."""
+    not left beside it (what_if status, tokens, stats, chart, result; compare table, chart; why, chart;
+    the last Stop's reply)."""
     return ("", "", "", gr.Plot(None, visible=False), None, "", gr.Plot(None, visible=False), WHY_HINT,
-            gr.Plot(None, visible=False))
+            gr.Plot(None, visible=False), "")

@@ -87,10 +87,10 @@ def depth(L, d, v, method_label, heads=None):
 
 
 def preset_values(choice, fastest) -> tuple:
-    """(status, method, policy, d, v, draft_len, verify_threshold) of a preset; `fastest`: the
-    model's fixed HiSpec settings (model_view.model_defaults)."""
+    """(status, method, policy, d, v, draft_len, verify_threshold, levels) of a preset; `fastest`: the
+    model's fixed HiSpec settings (model_view.model_defaults). A preset is HiSpec's own levels."""
     if choice not in PRESETS:
-        return (gr.skip(),) * 7
+        return (gr.skip(),) * 8
     n_d, n_i = (fastest.draft_len, fastest.verify_threshold) if choice == FASTEST else PAPER_LENGTHS
     return (render.message_html(f"Preset: {choice}. {PRESETS[choice]}", "info"), "HiSpec", labels.FIXED,
-            fastest.draft_layer, fastest.verify_layer, n_d, n_i)
+            fastest.draft_layer, fastest.verify_layer, n_d, n_i, next(iter(labels.LEVELS)))

@@ -39,8 +39,10 @@ def stopped_message(ended: Ended, new_tokens: int) -> str:
 class GenerateView:
     """Folds one generation's updates; `update(u)` returns the page's outputs for it."""
 
-    def __init__(self, model_name: str):
-        self.model_name = model_name
+    def __init__(self, model_name: str, pairs: int = 0):
+        """`pairs`: the plain-baseline pairs the request measures after the run (its status says "Done"
+        once, at the very end, not when the tokens are in)."""
+        self.model_name, self.pairs = model_name, pairs
         self.run = LiveRun()
         self.vs_plain: dict | None = None
         self.prompt_ids: list[int] | None = None
@@ -59,14 +61,20 @@ class GenerateView:
             if isinstance(item, dict):
                 self.vs_plain = item.get("vs_plain", self.vs_plain)
                 self.prompt_ids = item.get("prompt_ids", self.prompt_ids)
+                if "levels" in item:
+                    self.run.trace.set_levels(item["levels"])
         for ev in events:
             self.run.add(ev)
         if not events:
             return (gr.skip(),) * OUTPUTS
         stats = self.run.summary()
         done = self.run.done is not None
-        status = ("Done: " + stats["finish_reason"].replace("_", " ") + "." if done
-                  else f"Generating… {stats['new_tokens']} tokens")
+        reason = stats["finish_reason"].replace("_", " ") if done else ""
+        if done and self.pairs:
+            status = (f"Generated {stats['new_tokens']} tokens ({reason}); timing plain decoding against it next "
+                      f"({self.pairs} pair{'s' if self.pairs != 1 else ''})…")
+        else:
+            status = f"Done: {reason}." if done else f"Generating… {stats['new_tokens']} tokens"
         return (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),
                 self.run.done.text if done else gr.skip(), render.stats_html(stats)) + self._charts(stats, done) + (
                     gr.skip(),)

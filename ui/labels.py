@@ -23,3 +23,26 @@ def policy_name(label) -> str:
 
 def method_label(name: str) -> str:
     return next((label for label, n in METHODS.items() if n == name), name)
+
+
+FORMAT_WORDS = {"q4": "4-bit"}
+# The level lists the page offers (the engine's words behind them); any other list can be typed in.
+LEVELS = {"HiSpec's own (lookup → exit d → exit v → full when adaptive)": "",
+          "lookup → 4-bit full model → full (precision level)": "lookup,full@q4",
+          "4-bit full model → full": "full@q4"}
+
+
+def level_words(level) -> str:
+    """A level as the page says it: 4 -> 'exit 4', 'full@q4' -> 'the 4-bit full model', '4@q4' -> 'exit 4 in
+    4-bit', 'lookup' -> 'lookup'."""
+    text = str(level)
+    if "@" in text:
+        depth, _, fmt = text.partition("@")
+        fmt = FORMAT_WORDS.get(fmt, fmt)
+        return f"the {fmt} full model" if depth == "full" else f"exit {depth} in {fmt}"
+    return text if text == "lookup" or text.startswith("exit") else f"exit {text}"
+
+
+def levels_name(label) -> str:
+    """The engine's level list of a Levels choice ('' : the method's own); typed text is passed on."""
+    return LEVELS.get(label, label or "")

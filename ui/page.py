@@ -92,6 +92,9 @@ def _ask(p, setup: Setup) -> None:
         p.stop_btn = gr.Button("Stop", variant="stop", elem_id="hs-stop")
         p.compare_btn = gr.Button("Compare with baseline", elem_id="hs-compare-btn")
     p.status = gr.HTML(render.message_html("Ready.", "info"), elem_id="hs-status")
+    # the Stop button's own reply: the status line above has one writer, the run, whose last word
+    # (Done, Stopped after N tokens) a Stop's reply arriving late can never overwrite
+    p.stop_note = gr.HTML("", elem_id="hs-stop-note")
 
 
 def _results(p) -> None:
@@ -106,13 +109,19 @@ def _results(p) -> None:
 
 def _settings_column(p, setup: Setup) -> None:
     L, preset = setup.num_layers, setup.preset
-    p.preset_choice = gr.Radio([*controls.PRESETS, controls.CUSTOM], value=None, label="Presets (HiSpec, fixed rounds)",
+    # the page starts on the adaptive policy, which no preset is: "Custom" until one is picked
+    p.preset_choice = gr.Radio([*controls.PRESETS, controls.CUSTOM], value=controls.CUSTOM, label="Presets (HiSpec, fixed rounds)",
                                elem_id="hs-preset", info=controls.PRESET_HELP)
     p.method = gr.Radio(list(labels.METHODS), value="HiSpec", label="Method", elem_id="hs-method")
     p.policy = gr.Radio(list(labels.POLICIES), value=labels.DEFAULT_POLICY_LABEL, label="Policy", elem_id="hs-policy",
                         info="Adaptive: each round, the plan with the most expected tokens per second from this run's "
                              "acceptance and this machine's pass costs (HiSpec then also has a free lookup level at "
                              "the bottom); Fixed: the paper's rounds with the settings below")
+    p.levels = gr.Dropdown(list(labels.LEVELS), value=next(iter(labels.LEVELS)), label="Levels (HiSpec)",
+                           allow_custom_value=True, elem_id="hs-levels",
+                           info="bottom first, the exact full model always on top and always deciding: or type a "
+                                "list such as lookup,2,4 or lookup,full@q4 (full@q4: the same weights in the GGUF's "
+                                "4-bit blocks, the default model on float32 only)")
     p.draft_layer = gr.Slider(1, L - 1, value=preset.draft_layer, step=1, label="Draft layer d",
                               info="exit that drafts (LayerSkip: its single exit)", elem_id="hs-draft-layer")
     p.verify_layer = gr.Slider(1, L - 1, value=preset.verify_layer, step=1, label="Verify layer v",

@@ -5,18 +5,20 @@ from __future__ import annotations
 import html
 import statistics
 
-from hispec.engine.levels import exits_by_role
+from hispec.engine.levels import levels_by_role
 from hispec.evaluation.bench import first_difference
 from hispec.evaluation import pairs
 from hispec.evaluation.metrics import pair_name, stats_rows
 from hispec.evaluation.trace import LEGEND, Trace, TraceToken
 from hispec.text import printable
+from ui.labels import level_words
 
 COLORS = {
     "drafted": "#d9d9d9",
     "tentative": "#ffe08a",
     "accepted": "#9be79b",
     "copied": "#c3a6f0",
+    "precision": "#7fd6c2",
     "verify-wrote": "#ffb347",
     "target-wrote": "#8ecdf5",
     "verify-rejected": "#f2b8e0",
@@ -28,6 +30,7 @@ _STATE_WORDS = {
     "tentative": "tentatively accepted by the verifier (exit {v}), waiting for the full model",
     "accepted": "drafted, accepted by the full model",
     "copied": "copied by the lookup level from earlier text, accepted by the full model",
+    "precision": "drafted by the same weights in 4-bit, accepted by the full model",
     "verify-wrote": "written by the intermediate verifier (exit {v})",
     "target-wrote": "written by the full model",
     "verify-rejected": "rejected by the intermediate verifier (exit {v})",
@@ -39,11 +42,15 @@ _STATE_WORDS = {
 def roles_of(settings: dict | None) -> dict[str, int]:
     """The exit layer of each role ("draft", "verify") a run's settings name, from its levels."""
     levels = (settings or {}).get("levels")
-    return exits_by_role(tuple(levels)) if levels else {}
+    return levels_by_role(tuple(levels)) if levels else {}
 
 
 def _title(token: TraceToken, roles: dict[str, int]) -> str:
-    words = _STATE_WORDS[token.css_class].format(d=roles.get("draft", "?"), v=roles.get("verify", "?"))
+    d, v = (roles.get(role, "?") for role in ("draft", "verify"))
+    words = _STATE_WORDS[token.css_class].format(d=d, v=v)
+    for level in (d, v):  # a level in a cheaper format: 'exit full@q4' reads 'the 4-bit full model'
+        if "@" in str(level):
+            words = words.replace(f"exit {level}", level_words(level))
     return f"token {token.index + 1} · id {token.token_id} · {words} · round {token.round}"
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import html
 
-from hispec.engine.levels import exits_by_role
+from hispec.engine.levels import levels_by_role
 from hispec.text import printable
+from ui.labels import level_words
 
 _SEP = " · "
 
@@ -135,8 +136,11 @@ def _outcome(step: dict) -> str:
 def _step_name(step: dict, roles: dict[str, int]) -> str:
     stage, exit_layer = step["stage"], step.get("exit")
     if stage in ("draft", "verify"):
-        layer = exit_layer or roles.get(stage)
+        level = roles.get(step.get("level") or stage)
         name = "Draft" if stage == "draft" else "Intermediate verify"
+        if isinstance(level, str) and "@" in level:  # a level in a cheaper format: 'by the 4-bit full model'
+            return f"{name} by {level_words(level)}"
+        layer = exit_layer or level
         return f"{name} at exit {layer}" if layer else name
     return {"prefill": "Prefill", "lookup": "Lookup", "target": "Full model", "stop": "Stopped"}.get(
         stage, step.get("title", stage))
@@ -188,7 +192,7 @@ def round_html(rounds: list[dict], i: int, settings: dict | None = None) -> str:
                 "Generate first: each round of the finished run can then be replayed step by step.</span></div>")
     i = min(max(i, 0), len(rounds) - 1)
     rnd = rounds[i]
-    roles = exits_by_role(tuple((settings or {}).get("levels") or ()))
+    roles = levels_by_role(tuple((settings or {}).get("levels") or ()))
     head = [round_label(rounds, i)]
     plan = rnd.get("plan")
     if plan:

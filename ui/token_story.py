@@ -16,6 +16,7 @@ WHO = {"draft": "the draft exit (layer {d})", "verify": "the intermediate verifi
 FATE = {
     "accepted": "accepted by the full model: committed",
     "copied": "accepted by the full model: committed",
+    "precision": "accepted by the full model: committed",
     "verify-wrote": "written as a correction by the verifier, then accepted by the full model: committed",
     "target-wrote": "written by the full model itself (a correction, a bonus token or a plain step): committed",
     "verify-rejected": "rejected by the intermediate verifier (exit {v}) before the full model saw it",

@@ -10,6 +10,7 @@ _STYLE = {
     "tentative": "33",
     "accepted": "32",
     "copied": "35",
+    "precision": "92",
     "verify-wrote": "1;33",
     "target-wrote": "36",
     "verify-rejected": "9;35",

@@ -112,6 +112,7 @@ class LiveRun:
         self.events.append(event_to_dict(ev))
         if isinstance(ev, DoneEvent):
             self.done = ev
+            self.trace.set_levels(ev.settings.get("levels"))
 
     def summary(self) -> dict:
         return self.stats.summary()

@@ -14,6 +14,7 @@ LEGEND = (
     ("tentative", "tentative", "accepted by the intermediate verifier, waiting for the full model"),
     ("accepted", "accepted", "drafted, then accepted by the full model (committed)"),
     ("copied", "copied", "proposed by the lookup level (copied from earlier text), accepted by the full model"),
+    ("precision", "4-bit draft", "drafted by the same weights in a cheaper format (4-bit), accepted by the full model"),
     ("verify-wrote", "verifier's token", "written by the intermediate verifier (a correction), committed"),
     ("target-wrote", "full model's token", "written by the full model itself: a correction, bonus or plain step"),
     ("verify-rejected", "rejected by verifier", "draft thrown away early by the intermediate verifier"),
@@ -34,12 +35,13 @@ class TraceToken:
     round: int
     born: S = S.DRAFTED  # the token's first state: how it entered the sequence
     history: list = field(default_factory=list)  # every (state, stage that decided it, round), in order
+    cheap: bool = False  # written by a level in a cheaper format of the weights (full@q4, 4@q4)
 
     @property
     def css_class(self) -> str:
         if self.state in COMMITTED_STATES:
             if self.born is S.DRAFTED:  # proposed (copied or drafted at an exit), then accepted
-                return "copied" if self.origin == "lookup" else "accepted"
+                return "copied" if self.origin == "lookup" else "precision" if self.cheap else "accepted"
             return "verify-wrote" if self.born is S.VERIFY_WROTE else "target-wrote"
         if self.state in (S.TENTATIVE, S.VERIFY_WROTE):
             return "tentative"
@@ -53,6 +55,17 @@ class TraceToken:
 class Trace:
     def __init__(self):
         self.tokens: dict[int, TraceToken] = {}
+        self.cheap_roles: set[str] = set()  # the roles of levels in a cheaper format (set_levels)
+
+    def set_levels(self, levels) -> None:
+        """The run's level list (settings' `levels`): tokens of its levels in a cheaper format get their
+        own class, those already here included."""
+        from hispec.engine.levels import levels_by_role
+
+        roles = levels_by_role(tuple(levels or ()))
+        self.cheap_roles = {role for role, level in roles.items() if "@" in str(level)}
+        for token in self.tokens.values():
+            token.cheap = token.origin in self.cheap_roles
 
     def add(self, ev: Event) -> None:
         if not isinstance(ev, TokenEvent):
@@ -60,7 +73,8 @@ class Trace:
         token = self.tokens.get(ev.serial)
         if token is None:
             token = self.tokens[ev.serial] = TraceToken(ev.serial, ev.index, ev.token_id, ev.text, ev.origin,
-                                                        ev.state, ev.stage, ev.round, ev.state)
+                                                        ev.state, ev.stage, ev.round, ev.state,
+                                                        cheap=ev.origin in self.cheap_roles)
         else:
             token.state, token.stage, token.round = ev.state, ev.stage, ev.round
         token.history.append((ev.state, ev.stage, ev.round))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hispec.engine.decoding import METHODS, DecodeConfig
 from hispec.engine.events import DoneEvent
+from hispec.engine.levels import parse_levels
 from hispec.engine.policy import DEFAULT_POLICY, POLICIES
 from hispec.errors import ConfigError
 from hispec.evaluation import bench, compare as comparing, runner, what_if as what_ifs
@@ -41,6 +42,7 @@ EMPTY_PROMPT = "The prompt is empty: type something or pick an example."
 LIVE_SETS = ("examples",) + tuple(LOADERS)  # the app's example prompts, then the PyPI prompt sets
 MAX_LIVE_PROMPTS = 5
 MAX_LIVE_TOKENS = 64
+MAX_LEVELS_CHARS = 64  # "lookup,4@q4,full@q4" and the like: a few levels
 METHOD_ORDER = ("hispec", "layerskip", "lookup", "autoregressive")  # as the page lists them
 
 
@@ -77,6 +79,7 @@ class GenerateRequest:
     seed: int = -1  # -1: random
     model: str | None = None  # None: the server's model
     baseline: int = 0  # N >= 1: also N pairs (this method, plain decoding) for stats.vs_plain
+    levels: str | None = None  # hispec: its level list, bottom first, e.g. "lookup,full@q4" (None: its own)
 
     kind = "generate"
     what = "generation"
@@ -103,7 +106,8 @@ class GenerateRequest:
                       top_k=inputs.whole("top-k", raw["top_k"] or 0, 0, MAX_TOP_K),
                       top_p=inputs.real("top-p", raw["top_p"], 0.0, 1.0),
                       seed=inputs.seed(raw["seed"]), model=inputs.name("model", raw["model"]),
-                      baseline=inputs.whole("baseline", raw["baseline"] or 0, 0, MAX_REPEATS))
+                      baseline=inputs.whole("baseline", raw["baseline"] or 0, 0, MAX_REPEATS),
+                      levels=_levels(raw["levels"], method))
         request.decode_config().validate()  # every value that does not need the model
         return request
 
@@ -111,7 +115,8 @@ class GenerateRequest:
         return DecodeConfig(self.method, self.draft_layer, self.verify_layer if self.method == "hispec" else None,
                             self.draft_len, self.verify_threshold, self.max_new_tokens, temperature=self.temperature,
                             top_k=self.top_k, top_p=self.top_p,
-                            seed=None if self.seed in (None, -1) else self.seed, policy=self.policy)
+                            seed=None if self.seed in (None, -1) else self.seed, policy=self.policy,
+                            levels=None if self.levels is None else parse_levels(self.levels))
 
     def prepare(self, lm, limits: Limits):
         ids = _encode(lm, self.prompt, self.chat, self.max_new_tokens, limits)
@@ -119,8 +124,19 @@ class GenerateRequest:
         return partial(_generate, lm, ids, config, self.baseline)
 
 
+def _levels(value, method: str) -> str | None:
+    """A level list as text ("lookup,full@q4"), checked for what needs no model; None or "": the method's own."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    text = inputs.text("levels", value, MAX_LEVELS_CHARS)
+    if method != "hispec":
+        raise ConfigError(f"levels apply to the hispec method only (got method {method!r}); leave levels out "
+                          "or choose hispec")
+    return ",".join(str(level) for level in parse_levels(text))
+
+
 def _generate(lm, ids, config, pairs, stop, emit):
-    yield {"prompt_ids": list(ids)}
+    yield {"prompt_ids": list(ids), "levels": list(config.levels or ())}  # the page colours 4-bit drafts from the start
     done = None
     for ev in runner.events(lm, ids, config, stop=stop):
         yield ev

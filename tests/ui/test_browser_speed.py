@@ -94,7 +94,13 @@ def test_stop_ends_on_how_many_tokens_were_kept(page, served):
         page.get_by_role("button", name="Stop", exact=True).click()
         wait_for_status(page, "Stopped after")
     assert re.search(r"Stopped after \d+ tokens?\.", page.inner_text("#hs-status"))
+    # the Stop's own reply sits beside the status, whenever it arrives: the status has one writer
+    page.wait_for_function("() => (document.querySelector('#hs-stop-note')?.innerText || '').includes('Stopping')")
     page.wait_for_timeout(1500)  # nothing overwrites it afterwards
+    assert "Stopped after" in page.inner_text("#hs-status")
+    # a Stop after the end leaves the run's last word and says that nothing was running
+    page.get_by_role("button", name="Stop", exact=True).click()
+    page.wait_for_function("() => (document.querySelector('#hs-stop-note')?.innerText || '').includes('Nothing to stop')")
     assert "Stopped after" in page.inner_text("#hs-status")
 
 

@@ -1,0 +1,54 @@
+"""/generate's `levels` field: a level list in the engine's words (lookup, exits, levels in a cheaper
+format such as full@q4), checked at the edge with what is allowed, and run exactly."""
+
+import pytest
+from helpers import EOS, char_tokenizer, hf_greedy, tiny_model
+
+from hispec.errors import ConfigError
+from hispec.model.early_exit import EarlyExitModel
+from hispec.model.loading import LoadedModel
+from hispec.serving.api import GenerateRequest, api_signature
+from hispec.serving.limits import Limits
+
+
+def parse(**raw):
+    return GenerateRequest.parse({"prompt": "hi", **raw}, Limits())
+
+
+def test_levels_are_read_in_the_engines_words_and_left_out_means_the_methods_own():
+    assert parse().levels is None and parse(levels="").levels is None and parse(levels="  ").levels is None
+    assert parse(levels="lookup, 2, 4").levels == "lookup,2,4"
+    assert parse(levels="lookup,full@q4").levels == "lookup,full@q4"
+    assert parse(levels="exit2,exit4,full").levels == "2,4"
+    assert parse(levels="lookup,full@q4").decode_config().levels == ("lookup", "full@q4")
+    assert "levels" in api_signature().parameters and api_signature().parameters["levels"].default is None
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"levels": "lookup,full@q8"}, "unknown precision 'q8' in level 'full@q8': choose from q4"),
+    ({"levels": "4,2"}, "exit layers must increase from the bottom level up"),
+    ({"levels": "2,lookup"}, "the lookup level can appear once, at the bottom"),
+    ({"levels": "1,2,3"}, "at most two exit levels"),
+    ({"levels": ["lookup"]}, "levels must be text"),
+    ({"levels": "lookup," * 40}, "levels is 280 characters, over this server's limit of 64"),
+    ({"levels": "lookup,4", "method": "layerskip"}, "levels apply to the hispec method only"),
+])
+def test_bad_levels_are_refused_naming_what_is_allowed(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(**raw)
+
+
+def test_a_level_list_runs_and_gives_the_models_greedy_output():
+    """Through the request's own path (prepare, then its work): lookup and exit 4 under the full model."""
+    import threading
+
+    model = tiny_model("llama", layers=8)
+    model.generation_config.eos_token_id = EOS
+    lm = LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")
+    request = parse(prompt="abab abab ab", levels="lookup,4", max_new_tokens=12, chat=False, policy="fixed")
+    work = request.prepare(lm, Limits())
+    out = list(work(threading.Event(), lambda *_: None))
+    prompt_ids = out[0]["prompt_ids"]
+    done = out[-1]
+    assert done.settings["levels"] == ["lookup", 4] or tuple(done.settings["levels"]) == ("lookup", 4)
+    assert list(done.token_ids) == hf_greedy(model, prompt_ids, 12, eos=EOS)

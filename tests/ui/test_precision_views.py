@@ -1,0 +1,69 @@
+"""A level in a cheaper format on the page: its tokens have their own colour and legend entry, the
+step-through and the tooltips name it in words, the Levels box reaches the request (HiSpec only)."""
+
+import pytest
+from helpers import ee_of, tiny_model
+
+from hispec.engine.decoding import DecodeConfig
+from hispec.evaluation.replay import replay_from_dicts
+from hispec.evaluation.runner import LiveRun, events as run_events
+from hispec.evaluation.trace import LEGEND
+from hispec.model.early_exit import EarlyExitModel
+from ui import labels, render
+from ui.controller import page_request
+from ui.steps_view import round_html
+
+q4 = pytest.importorskip("hispec.model.q4")
+if q4.q4_kernel.unavailable_reason():
+    pytest.skip(f"no 4-bit kernel here: {q4.q4_kernel.unavailable_reason()}", allow_module_level=True)
+
+
+class _LM:
+    """What runner.events needs of a loaded model."""
+
+    def __init__(self, ee):
+        self.ee, self.eos_ids, self.tokenizer = ee, (), None
+
+
+@pytest.fixture(scope="module")
+def run():
+    model = tiny_model("llama", layers=8, seed=3)
+    ee = ee_of(model)
+    ee.add_format("q4", lambda: EarlyExitModel(q4.q4_copy(model)))
+    live = LiveRun()
+    config = DecodeConfig(levels=("full@q4",), policy="fixed", max_new_tokens=16, draft_len=3).resolve_for(ee)
+    for ev in run_events(_LM(ee), [5, 17, 33, 5, 17], config):
+        live.add(ev)
+    return live
+
+
+def test_level_words():
+    assert labels.level_words("full@q4") == "the 4-bit full model"
+    assert labels.level_words("4@q4") == "exit 4 in 4-bit"
+    assert labels.level_words(4) == "exit 4" and labels.level_words("lookup") == "lookup"
+
+
+def test_the_4bit_models_accepted_drafts_have_their_own_colour_and_legend_entry(run):
+    assert "precision" in render.COLORS and any(cls == "precision" for cls, _, _ in LEGEND)
+    counts = run.trace.counts()
+    assert counts["precision"] > 0, counts  # the 4-bit model drafted, the exact model accepted
+    assert counts["accepted"] == 0  # no exact exit drafted in this run
+    html = render.tokens_html(run.trace, run.done.settings)
+    assert "hs-precision" in html and "4-bit" in html and "exit full@q4" not in html
+    assert "4-bit draft" in render.legend_html(counts) and f"({counts['precision']})" in render.legend_html(counts)
+
+
+def test_the_step_through_names_the_4bit_level(run):
+    rounds = replay_from_dicts(run.events)
+    shown = " ".join(round_html(rounds, i, run.done.settings) for i in range(1, len(rounds)))
+    assert "Draft by the 4-bit full model" in shown and "exit full@q4" not in shown
+
+
+def test_the_levels_box_reaches_the_request_for_hispec_only():
+    own, precision = list(labels.LEVELS)[:2]
+    args = ("hi", "tiny", "HiSpec", 2, 4, 3, 2, 16, True)
+    assert page_request(*args, levels=own)["levels"] is None
+    assert page_request(*args, levels=precision)["levels"] == "lookup,full@q4"
+    assert page_request(*args, levels="lookup,2,4")["levels"] == "lookup,2,4"  # typed by hand
+    lookup = ("hi", "tiny", "Lookup (copies earlier text)", 2, 4, 3, 2, 16, True)
+    assert page_request(*lookup, levels=precision)["levels"] is None
