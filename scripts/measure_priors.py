@@ -29,8 +29,9 @@ from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default")
-    ap.add_argument("--prompts", default="heldout-tune", choices=("heldout-tune",),
-                    help="the tuning split only: priors are defaults, and defaults never see the report split")
+    ap.add_argument("--prompts", default="heldout-tune", choices=("heldout-tune", "heldout-report"),
+                    help="heldout-tune: the priors (defaults never see the report split); heldout-report: the same "
+                         "measurement on the report split, to report agreement (never written into a manifest)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", required=True)
@@ -40,10 +41,13 @@ def main() -> int:
     ap.add_argument("--formats-only", action="store_true",
                     help="measure only the --formats runs; the manifest keeps its other priors, the new ones are added")
     args = ap.parse_args()
+    split = args.prompts.partition("-")[2]
+    if split == "report" and args.manifest:
+        ap.error("--manifest takes priors from the tuning split only; the report split's figures are for reporting")
     formats = tuple(f for f in args.formats.split(",") if f)
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, progress=lambda m: print(m, file=sys.stderr))
-    sets = apply_split(heldout_prompts(lm), "tune")
+    sets = apply_split(heldout_prompts(lm), split)
     result = measure(lm, sets, args.max_new_tokens,
                      progress=lambda d, t, w: print(f"[{d}/{t}] {w}", file=sys.stderr, flush=True),
                      formats=formats, exact=not args.formats_only)

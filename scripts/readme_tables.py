@@ -439,3 +439,46 @@ def load_table(r: dict) -> str:
                     "normal latency p50 / p90 / p99", "wall time"], [row])
             + f"\n\nModel {r['model']}, {r['max_new_tokens']} new tokens per request; one generation at a time per "
               "model, so requests queue.")
+
+
+def precision_table(report: dict) -> str:
+    """Issue 35: each method against its own format's plain decoding and against the same policy without
+    three-level plans, the share of three-level rounds, output equality; the goals; the plans chosen."""
+    import precision_goals as pg
+
+    rows = []
+    for r in pg.rows(report):
+        equal = "–" if r["equal"] is None else "yes" if r["equal"] else "NO"
+        rows.append([r["method"], _x(r["vs_plain"]), _x(r["vs_without"]),
+                     "–" if r["three_level"] is None else f"{r['three_level']:.0%}", equal])
+    out = [_table(["method@weights", "vs its format's autoregressive", f"vs {pg.WITHOUT} (same format)",
+                   "rounds with three levels", "output equal to its format's autoregressive"], rows)]
+    out.append(_table(["goal", "measured", ""], [[g, v, "–" if ok is None else "met" if ok else "**missed**"]
+                                               for g, v, ok in pg.goals(report)]))
+    prompts = len({(r["set"], r["prompt_id"]) for r in report["records"]})
+    return ("\n\n".join(out) + f"\n\nRatios: the geometric mean over {prompts} prompts of per-prompt ratios, "
+            f"{report['max_new_tokens']} new tokens, greedy. " + plans_line(report))
+
+
+def precision_agreement_table(report_split: dict, tune_split: dict) -> str:
+    """Per-token acceptance of each 4-bit level by the exact model (and of 4-bit exits by the 4-bit full
+    model), on the report split beside the tuning split the priors came from."""
+    rows = []
+    for run, pairs in report_split["acceptance"].items():
+        for key, m in pairs.items():
+            holder, _, judge = key.partition("->")
+            levels = report_split["runs"][run]["levels"]
+            level = {"draft": levels[0], "verify": levels[-1]}[holder]
+            judged_by = "the exact model" if judge == "target" else levels[-1]
+            if holder == "verify" and len(levels) > 1:
+                continue  # the same 4-bit full model judged by the exact one: its own row
+            tune = (tune_split["acceptance"].get(run) or {}).get(key) or {}
+            rows.append([f"{level} judged by {judged_by}", f"**{_pct1(m['rate'])}** ({m['judged']:,} tokens)",
+                         f"{_pct1(tune.get('rate'))} ({tune.get('judged', 0):,} tokens)"])
+    prompts = sum(len(v) for v in report_split["prompts"].values())
+    tune_prompts = sum(len(v) for v in tune_split["prompts"].values())
+    return (_table(["level", f"report split ({prompts} prompts)", f"tuning split ({tune_prompts} prompts, the priors)"],
+                   rows)
+            + f"\n\nPer-token acceptance, in order up to each block's first rejection, fixed rounds, greedy, "
+              f"{report_split['max_new_tokens']} new tokens a prompt; 4-bit levels run the GGUF's own blocks, "
+              "the exact model is the float32 dequantisation of the same file.")

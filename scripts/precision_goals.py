@@ -1,0 +1,74 @@
+"""Issue 35's figures from a bench JSON run in both weight formats with the precision levels
+(``bench --weights fp32,q4 --methods autoregressive@fp32,...,lookup+full@q4/auto@fp32,...``): each
+method's geometric mean of per-prompt ratios to its own format's plain decoding and to the same
+policy without three-level plans, the share of rounds that ran three levels, output equality with
+its format's plain decoding, and the goals met or missed. Used by the README's generated table
+(readme_tables.precision_table): repository tooling, outside the package."""
+
+from __future__ import annotations
+
+from q4_goals import geomean_ratio
+
+WITH = "lookup+full@q4/auto"  # hispec/auto with the precision level: lookup, the 4-bit model, the exact model
+WITHOUT = "lookup+4/auto"  # the same policy with an exit instead: its three-level plans never pay (issue 35)
+
+
+def fmt_of(method: str) -> str:
+    return method.rpartition("@")[2]
+
+
+def base_of(method: str) -> str:
+    return method.rpartition("@")[0]
+
+
+def three_level_share(report: dict, method: str) -> float | None:
+    """Rounds whose plan ran two levels below the exact model (a '->' plan: a judged copy, a copy judged
+    and drafted on, the hierarchy), over all the method's rounds, every prompt together."""
+    total = three = 0
+    for rec in report["records"]:
+        if rec["method"] == method:
+            for kind, n in (rec.get("policy_choices") or {}).items():
+                total += n
+                three += n if "->" in kind else 0
+    return three / total if total else None
+
+
+def outputs_equal(report: dict, method: str, reference: str) -> bool:
+    by: dict[tuple, dict] = {}
+    for rec in report["records"]:
+        by.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["token_ids"]
+    pairs = [(got[method], got[reference]) for got in by.values() if method in got and reference in got]
+    return bool(pairs) and all(a == b for a, b in pairs)
+
+
+def rows(report: dict) -> list[dict]:
+    out = []
+    for m in report["methods"]:
+        fmt = fmt_of(m)
+        plain, without = f"autoregressive@{fmt}", f"{WITHOUT}@{fmt}"
+        out.append({"method": m, "format": fmt, "vs_plain": geomean_ratio(report, m, plain),
+                    "vs_without": None if base_of(m) in (WITHOUT, "autoregressive") else geomean_ratio(report, m, without),
+                    "three_level": three_level_share(report, m),
+                    "equal": None if m == plain else outputs_equal(report, m, plain)})
+    return out
+
+
+def goals(report: dict) -> list[tuple[str, str, bool | None]]:
+    """The issue's goals, per format: (goal, measured, met; None: not measurable from this run)."""
+    by = {r["method"]: r for r in rows(report)}
+    out = []
+    for fmt, speed_goal in (("fp32", 2.0), ("q4", 1.5)):
+        r = by.get(f"{WITH}@{fmt}")
+        if r is None:
+            out.append((f"{fmt}: hispec/auto with a precision level", "not built for this format (no cheaper "
+                        "format of the 4-bit weights: int8 activations are not built)", None))
+            continue
+        share = r["three_level"]
+        out.append((f"{fmt}: three-level plans >= 30% of rounds", f"{share:.0%}" if share is not None else "–",
+                    None if share is None else share >= 0.30))
+        out.append((f"{fmt}: >= {speed_goal}x plain decoding", f"{r['vs_plain']}x",
+                    None if r["vs_plain"] is None else r["vs_plain"] >= speed_goal))
+        out.append((f"{fmt}: >= 1.2x the policy without three-level plans ({WITHOUT})", f"{r['vs_without']}x",
+                    None if r["vs_without"] is None else r["vs_without"] >= 1.2))
+        out.append((f"{fmt}: output equal to plain decoding", "yes" if r["equal"] else "NO", bool(r["equal"])))
+    return out
