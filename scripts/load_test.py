@@ -8,7 +8,10 @@ session, and malformed inputs. It checks every answer:
   normal   must complete, and its token ids must equal the engine's own greedy output for its prompt
            (computed before the load starts); an answer equal to another prompt's is counted as
            `crossed`, any other difference, refusal or error as `failed`
-  stop     must end stopped with a prefix of its prompt's greedy output, or done with all of it
+  stop     must end stopped with a prefix of its prompt's greedy output (or before it started), or
+           done with all of it only when it was done before the Stop was sent or ended within
+           STOP_MARGIN_S of the Stop's reply: a run that goes on to its end long after its Stop was
+           answered is a Stop that was lost, a failure. Every Stop's reply and timing is recorded.
   bad      must be refused with a readable message (an AppError), never a crash or a hang
 
 The limits are set so that no normal request may be refused (queue and time limit above the load,
@@ -26,6 +29,7 @@ import json
 import os
 import platform
 import random
+import re
 import statistics
 import sys
 import threading
@@ -40,6 +44,10 @@ BAD = [({"prompt": ""}, "prompt is empty"), ({"draft_layer": 5, "verify_layer": 
        ({"draft_len": 0}, "draft_len must be from 1"), ({"max_new_tokens": 10**400}, "is over this app's limit"),
        ({"method": ["hispec"]}, "unknown method"), ({"temperature": 1e-300}, "temperature must be 0"),
        ({"model": "/etc"}, "is not offered on this server")]
+# a run that ended within this long of its Stop's reply may have finished before the Stop reached it
+# (its last update is sent up to the server's throttle after its last round); one that ran on longer was
+# running when the Stop was answered, and should have stopped
+STOP_MARGIN_S = 1.0
 
 
 def machine() -> str:
@@ -90,8 +98,10 @@ def serve(model: str, max_new: int, sessions: int):
     return demo.local_url, demo.close, expected
 
 
-def judge(kind: str, prompt: str, ids: list[int] | None, finish: str | None, expected: dict) -> tuple[str, str]:
-    """(outcome, message) of one answer: completed | crossed | failed."""
+def judge(kind: str, prompt: str, ids: list[int] | None, finish: str | None, expected: dict,
+          stop: dict | None = None) -> tuple[str, str]:
+    """(outcome, message) of one answer: completed | crossed | failed; `stop`: a stop request's
+    record of its Stop (done_before_stop, result_after_reply_s, stop_reply)."""
     want = expected[prompt]
     if kind == "normal":
         if ids == want:
@@ -103,8 +113,13 @@ def judge(kind: str, prompt: str, ids: list[int] | None, finish: str | None, exp
     if finish == "stopped" and ids == want[: len(ids)]:
         return "completed", ""
     if ids == want:
+        if stop and not stop["done_before_stop"] and stop["result_after_reply_s"] > STOP_MARGIN_S:
+            return "failed", (f"a Stop ran in full: answered {stop['stop_reply']!r}, then the run went on for "
+                              f"{stop['result_after_reply_s']:.2f} s and wrote all {len(ids)} tokens ({finish})")
         return "completed", ""  # finished before the Stop arrived
-    return "failed", f"a stopped output is not a prefix of the greedy output ({finish})"
+    if finish == "stopped":
+        return "failed", "a stopped output is not a prefix of the greedy output"
+    return "failed", f"cut without saying so: {len(ids or [])} of {len(want)} tokens, finish reason {finish!r}"
 
 
 def one_request(client, kind: str, prompt: str, max_new: int, rng: random.Random, expected: dict) -> dict:
@@ -125,24 +140,42 @@ def one_request(client, kind: str, prompt: str, max_new: int, rng: random.Random
                 record.update(outcome="refused_as_expected" if ok else "failed", message=str(exc)[:160])
         else:
             job = client.submit(**named, api_name="/generate")
+            stop, replied_at = None, None
             if kind == "stop":
-                time.sleep(rng.uniform(0.0, 1.0))
-                client.predict(api_name="/stop")
+                stop = send_stop(client, job, rng.choice([0.0, rng.uniform(0.0, 1.0)]))  # half of them at 0 ms
+                replied_at = stop.pop("replied_at")
+                record.update(stop)
             try:
                 out = job.result(timeout=3600)
-            except AppError as exc:  # a Stop that reached the request while it waited for its turn
+            except AppError as exc:  # a Stop that reached the request before it started
                 if kind == "stop" and "Stopped before the generation started" in str(exc):
-                    record.update(outcome="completed", message="stopped while queued", finish="stopped")
+                    record.update(outcome="completed", message="stopped before it started", finish="stopped")
                     record["latency_s"] = round(time.monotonic() - t0, 3)
                     return record
                 raise
-            outcome, message = judge(kind, prompt, out.get("token_ids"), out["stats"].get("finish_reason"), expected)
+            if stop:
+                stop["result_after_reply_s"] = record["result_after_reply_s"] = round(time.monotonic() - replied_at, 3)
+            outcome, message = judge(kind, prompt, out.get("token_ids"), out["stats"].get("finish_reason"), expected,
+                                     stop)
             record.update(outcome=outcome, message=message, finish=out["stats"].get("finish_reason"),
                           new_tokens=len(out.get("token_ids") or []))
     except Exception as exc:  # a refusal of a normal request, a crash or a timeout: all failures
         record.update(outcome="failed", message=f"{type(exc).__name__}: {str(exc)[:200]}")
     record["latency_s"] = round(time.monotonic() - t0, 3)
     return record
+
+
+def send_stop(client, job, delay_s: float) -> dict:
+    """Stop `job` `delay_s` after it was sent (its queue join answered: the request is at the server,
+    so the Stop comes after it); what the Stop found and said."""
+    t0 = time.monotonic()
+    while getattr(job.communicator, "event_id", None) is None and not job.done() and time.monotonic() - t0 < 60:
+        time.sleep(0.001)
+    time.sleep(delay_s)
+    done = job.done()
+    reply = client.predict(api_name="/stop")
+    return {"stop_after_s": round(delay_s, 3), "done_before_stop": done, "replied_at": time.monotonic(),
+            "stop_reply": re.sub(r"<[^>]+>", "", str(reply)).strip()[:120]}
 
 
 def session(url, n_requests, max_new, rng, expected, deadline, out, lock):
@@ -176,9 +209,20 @@ def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dic
             "max_new_tokens": args.max_new_tokens, "seconds": round(seconds, 1), "requests": len(records), **count,
             "unfinished_sessions": unfinished,
             "by_kind": {k: sum(r["kind"] == k for r in records) for k in ("normal", "stop", "bad")},
+            "stops": stop_counts([r for r in records if r["kind"] == "stop"]),
             "latency_s_normal": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
                                  "mean": round(statistics.mean(latencies), 3) if latencies else None},
             "failures": [r for r in records if r["outcome"] in ("failed", "crossed")][:20]}
+
+
+def stop_counts(stops: list[dict]) -> dict:
+    """What the Stops did: stopped (before or while running), done before the Stop was sent or
+    reached it, ran in full long after their reply (lost: failures)."""
+    ran_in_full = [r for r in stops if "a Stop ran in full" in r.get("message", "")]
+    return {"sent": len(stops), "at_0_ms": sum(r.get("stop_after_s") == 0.0 for r in stops),
+            "stopped": sum(r.get("finish") == "stopped" for r in stops),
+            "done_before_it": sum(r.get("outcome") == "completed" and r.get("finish") != "stopped" for r in stops),
+            "ran_in_full": len(ran_in_full)}
 
 
 def main(argv=None) -> int:

@@ -1,23 +1,42 @@
-"""Who is asking: the session a Stop belongs to, and the address a rate limit counts.
+"""Who is asking: the session a Stop belongs to, the address a rate limit counts, and when the
+request arrived.
 
 The session is Gradio's session hash (one per browser tab or API client): a visitor's Stop reaches
 the requests of that session only. The address is the peer's IP, or, when the peer is a proxy the
-operator trusts (HISPEC_TRUSTED_PROXIES; Hugging Face Spaces runs behind one), the nearest address
-in X-Forwarded-For that is not a trusted proxy. A client cannot choose its address by sending a
-header: headers from untrusted peers are ignored.
+operator trusts (HISPEC_TRUSTED_PROXIES: its addresses, or "*" for a server reachable only through
+its proxy, the default on Hugging Face Spaces), the nearest address in X-Forwarded-For that is not
+a trusted proxy: the one the operator's proxy appended. A client cannot choose its address by
+sending a header: headers from untrusted peers are ignored, loopback included.
+
+That holds only if nothing under the app believes the header first: uvicorn (which serves Gradio)
+replaces the peer by the X-Forwarded-For address whenever the peer is loopback, by default. The
+app calls `forwarded_headers_left_to_serving()` before it launches, so that the peer it reports is
+the real one and this module alone decides.
+
+The arrival time is stamped on every HTTP request by `StampArrival` (an ASGI middleware the app
+installs): a Stop applies to the requests that arrived before it, however long they took to reach
+serving (serving.jobs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import os
+import time
+from dataclasses import dataclass, field
 
 ANY = "*"  # trust every peer's X-Forwarded-For (a server reachable only through its proxy)
+ARRIVED = "hispec.arrived"  # the ASGI scope key of a request's arrival (time.monotonic())
+UVICORN_TRUST = "FORWARDED_ALLOW_IPS"  # uvicorn's own list of peers whose forwarded headers it believes
+
+log = logging.getLogger("hispec.serving")
 
 
 @dataclass(frozen=True)
 class Caller:
     session: str  # whose requests a Stop reaches
     address: str  # what the rate limit counts
+    arrived: float | None = field(default=None, compare=False)  # when its HTTP request arrived (monotonic)
 
 
 LOCAL = Caller("local", "local")  # a caller without a request: the command line, a test
@@ -30,7 +49,8 @@ def caller_of(request, trusted_proxies: tuple[str, ...] = ()) -> Caller:
     session = str(getattr(request, "session_hash", None) or "anonymous")
     client = getattr(request, "client", None)
     peer = str(getattr(client, "host", None) or "unknown")
-    return Caller(session, client_address(peer, _header(request, "x-forwarded-for"), trusted_proxies))
+    return Caller(session, client_address(peer, _header(request, "x-forwarded-for"), trusted_proxies),
+                  arrival_of(request))
 
 
 def client_address(peer: str, forwarded: str | None, trusted_proxies: tuple[str, ...]) -> str:
@@ -43,6 +63,37 @@ def client_address(peer: str, forwarded: str | None, trusted_proxies: tuple[str,
         if hop not in trusted:
             return hop[:64]
     return peer
+
+
+def arrival_of(request) -> float | None:
+    """When the request's HTTP call arrived (StampArrival), or None when nothing stamped it."""
+    scope = getattr(getattr(request, "request", None), "scope", None)  # gr.Request -> the starlette request
+    value = scope.get(ARRIVED) if isinstance(scope, dict) else None
+    return value if isinstance(value, float) else None
+
+
+class StampArrival:
+    """ASGI middleware: stamps every HTTP and websocket request's scope with its arrival time
+    (time.monotonic() under ARRIVED), before anything queues it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") in ("http", "websocket"):
+            scope[ARRIVED] = time.monotonic()
+        await self.app(scope, receive, send)
+
+
+def forwarded_headers_left_to_serving(env=None) -> None:
+    """Tell uvicorn to believe no forwarded header (FORWARDED_ALLOW_IPS empty): by default it takes
+    X-Forwarded-For from loopback as the client's address, a header anyone can send. The proxies
+    to believe are HISPEC_TRUSTED_PROXIES, read by serving (above)."""
+    env = os.environ if env is None else env
+    if env.get(UVICORN_TRUST):
+        log.warning("%s=%r is ignored: the proxies to believe are set with HISPEC_TRUSTED_PROXIES", UVICORN_TRUST,
+                    env[UVICORN_TRUST])
+    env[UVICORN_TRUST] = ""
 
 
 def _header(request, name: str) -> str | None:

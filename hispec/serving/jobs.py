@@ -1,19 +1,30 @@
-"""The requests in flight, so that a Stop reaches each one: queued, loading or running.
+"""The requests in flight, so that a Stop reaches each one: queued, loading or running, and those not
+registered yet.
 
-A job is registered the moment a request is admitted and forgotten when its last update is sent.
-A session (a browser tab, an API client) may have several jobs at once; a Stop names the session
-and the kinds it ends (the page's Stop ends its generation-like jobs, the Benchmark tab's Stop its
-benchmark), and reaches every matching job, whichever started first or ended last.
+A job is registered once its request passes its own checks, and forgotten when its last update is
+sent. A session (a browser tab, an API client) may have several jobs at once; a Stop names the
+session and the kinds it ends (the page's Stop ends its generation-like jobs, the Benchmark tab's
+Stop its benchmark), and reaches every matching job, whichever started first or ended last.
+
+A Stop is also remembered from the moment it arrives: a job of that session and kind submitted
+before it (its request arrived earlier) is ended the moment it registers, however late that is.
+So a Stop sent right after a request can never be lost in the gap before the job exists; a request
+submitted after the Stop is not touched by it.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable
 
 STOPPED, TIME_LIMIT, LEFT = "stopped", "time limit", "left"  # why a job was told to end
+ALL_KINDS = "*"  # a remembered Stop of every kind
+REMEMBER_S = 600.0  # how long a Stop is remembered for the requests submitted before it
+MAX_REMEMBERED = 10_000  # Stops remembered at most (the oldest go first): a flood of Stops costs bounded memory
 
 
 @dataclass(eq=False)
@@ -23,6 +34,7 @@ class Job:
     kind: str
     stop: threading.Event = field(default_factory=threading.Event)
     reason: str | None = None  # the first reason it was told to end (None: it was not)
+    visitor: str = ""  # whose turn this is when the model is shared out (the client address); "": the session
 
     def end(self, reason: str) -> None:
         """Tell the job to end (its work checks `stop` between steps); the first reason stays."""
@@ -30,31 +42,63 @@ class Job:
             self.reason = reason
             self.stop.set()
 
+    @property
+    def who(self) -> str:
+        return self.visitor or self.session
+
 
 class Jobs:
-    def __init__(self):
+    def __init__(self, clock=time.monotonic):
         self._jobs: dict[int, Job] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._clock = clock
+        self._stops: OrderedDict[tuple[str, str], float] = OrderedDict()  # (session, kind) -> the last Stop's time
 
-    def open(self, session: str, kind: str) -> Job:
+    def open(self, session: str, kind: str, submitted: float | None = None, visitor: str = "") -> Job:
+        """Register a job; `submitted`: when its request arrived (time.monotonic()). A Stop of its
+        session and kind that arrived at or after that time ends it at once."""
         with self._lock:
-            job = Job(next(self._ids), session, kind)
+            job = Job(next(self._ids), session, kind, visitor=visitor)
             self._jobs[job.id] = job
-            return job
+            stops = [self._stops.get((session, k)) for k in (kind, ALL_KINDS)]
+        stopped_at = max((at for at in stops if at is not None), default=None)
+        if submitted is not None and stopped_at is not None and stopped_at >= submitted:
+            job.end(STOPPED)
+        return job
 
     def close(self, job: Job) -> None:
         with self._lock:
             self._jobs.pop(job.id, None)
 
-    def stop(self, session: str, kinds: Iterable[str] | None = None) -> int:
-        """End the session's jobs of these kinds (all kinds: None); returns how many were told."""
+    def stop(self, session: str, kinds: Iterable[str] | None = None, at: float | None = None) -> int:
+        """End the session's jobs of these kinds (all kinds: None), and remember the Stop (made `at`,
+        time.monotonic(); default now) for the ones submitted before it and not registered yet.
+        Returns how many registered jobs were told."""
         kinds = None if kinds is None else set(kinds)
+        at = self._clock() if at is None else at
         with self._lock:
+            for kind in (ALL_KINDS,) if kinds is None else sorted(kinds):
+                key = (session, kind)
+                self._stops[key] = max(at, self._stops.pop(key, at))  # moved to the newest end
+            self._forget(self._clock())
             hit = [j for j in self._jobs.values() if j.session == session and (kinds is None or j.kind in kinds)]
         for job in hit:
             job.end(STOPPED)
         return len(hit)
+
+    def _forget(self, now: float) -> None:
+        """Drop the remembered Stops older than REMEMBER_S, and the oldest beyond MAX_REMEMBERED."""
+        while self._stops:
+            key, at = next(iter(self._stops.items()))
+            if now - at < REMEMBER_S and len(self._stops) <= MAX_REMEMBERED:
+                break
+            del self._stops[key]
+
+    def remembered(self) -> int:
+        """How many Stops are remembered now."""
+        with self._lock:
+            return len(self._stops)
 
     def of(self, session: str | None = None) -> list[Job]:
         with self._lock:

@@ -2,8 +2,15 @@
 (HISPEC_*), its default and the message a visitor sees when it applies (README, Hosting it in public).
 
 The checks that cost nothing come first (serving.session): the prompt's length in characters
-before any templating or tokenizing, the rate per client address, the model allow-list; the
-prompt's length in tokens once it is tokenized.
+before any templating or tokenizing, the rate per client address (and a fair share of the overall
+figure when everyone together is over it), the model allow-list; the prompt's length in tokens
+once it is tokenized. The time limit counts a request's own time on the model, from when it gets
+its turn: waiting behind other visitors is not counted against it.
+
+The client address comes from the proxy hops the operator trusts (HISPEC_TRUSTED_PROXIES: the
+proxies' addresses, or "*" when the server can be reached only through its proxy, the default on
+Hugging Face Spaces, whose proxy appends the visitor's address to X-Forwarded-For); unset, no
+forwarded header is believed, from loopback either (serving.caller).
 """
 
 from __future__ import annotations
@@ -33,11 +40,11 @@ def on_spaces() -> bool:
 class Limits:
     max_prompt_tokens: int = 1024
     max_new_tokens: int = 512
-    max_seconds: float = 120.0  # wall time of one request, its wait for the model included
+    max_seconds: float = 120.0  # time of one request on the model, from its turn (the wait is not counted)
     queue_size: int = 16  # requests waiting for a model (or its load) before new ones are refused
     rate_per_minute: int = 12  # requests per client address per minute (0 = no limit)
     allowed_models: tuple[str, ...] = (DEFAULT_MODEL_NAME,)  # what visitors may choose; "*": any hub id
-    global_rate_per_minute: int = 60  # requests per minute from everyone (0 = no limit)
+    global_rate_per_minute: int = 60  # beyond this many a minute from everyone, each address its fair share (0: off)
     trusted_proxies: tuple[str, ...] = ()  # peers whose X-Forwarded-For names the client ("*": any)
 
     @classmethod
@@ -106,8 +113,10 @@ class Limits:
         models = ", ".join(m if m != ANY_HUB_MODEL else "any Hugging Face id" for m in self.allowed_models)
         rate = (f"{self.rate_per_minute} requests per minute per address" if self.rate_per_minute
                 else "no rate limit per address")
-        overall = f" ({self.global_rate_per_minute} from everyone)" if self.global_rate_per_minute else ""
+        overall = (f" (beyond {self.global_rate_per_minute} from everyone, each address its fair share)"
+                   if self.global_rate_per_minute else "")
         return (f"Limits: prompt ≤ {self.max_prompt_tokens} tokens ({self.max_prompt_chars:,} characters) · "
-                f"≤ {self.max_new_tokens} new tokens · ≤ {self.max_seconds:g} s per request, waiting included · "
-                f"{rate}{overall} · {self.queue_size} requests may wait · one job at a time per model · "
+                f"≤ {self.max_new_tokens} new tokens · ≤ {self.max_seconds:g} s on the model per request "
+                f"(waiting not counted) · {rate}{overall} · {self.queue_size} requests may wait · one job at a "
+                "time per model, taken in turns by visitors · "
                 f"models: {models}")

@@ -1,8 +1,14 @@
-"""How often requests may come: per client address and from everyone, in a sliding minute.
+"""How often requests may come: per client address, and a fair share when everyone together is busy,
+in a sliding minute.
 
 The address is the client's (see serving/caller.py), not the Gradio session: a client can open a
 new session for every request, it cannot change its address. Keys that have been idle for a whole
 window are forgotten, so one-off visitors cost nothing after a minute.
+
+The overall figure is not a budget that refuses whoever comes last (a few addresses could spend
+it and lock everybody else out): once the minute holds that many requests from everyone, an
+address is refused only while it has had its fair share of them (the overall figure over the
+addresses seen in the minute, itself included), so a new visitor is still admitted.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ class RateLimited(ConfigError):
 
 
 class RateLimits:
-    """At most `per_client` requests per address and `overall` requests from everyone in any
-    window of `window_s` seconds (0 = no limit). A refused request is not counted."""
+    """At most `per_client` requests per address in any window of `window_s` seconds; once the
+    window holds `overall` requests from everyone, an address that had its fair share of them is
+    refused (0 = no limit). A refused request is not counted."""
 
     def __init__(self, per_client: int, overall: int = 0, window_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -38,17 +45,29 @@ class RateLimits:
         now = self._clock() if now is None else now
         with self._lock:
             self._sweep(now)
-            checks = [(address, self.per_client, f"at most {self.per_client} requests per minute from one address"),
-                      (EVERYONE, self.overall, f"this server takes at most {self.overall} requests per minute "
-                                               "from everyone")]
-            checks = [c for c in checks if c[1]]
-            for key, limit, words in checks:
-                seen = self._recent(key, now)
-                if len(seen) >= limit:
-                    wait = max(1, round(self.window_s - (now - seen[0])))
-                    raise RateLimited(f"rate limit: {words}; try again in {wait} s")
-            for key, _, _ in checks:
+            mine = self._recent(address, now)
+            if self.per_client and len(mine) >= self.per_client:
+                raise RateLimited(f"rate limit: at most {self.per_client} requests per minute from one address; "
+                                  f"try again in {self._wait(mine, now)} s")
+            if self.overall:
+                everyone = self._recent(EVERYONE, now)
+                if len(everyone) >= self.overall:
+                    self._fair_share(address, mine, len(everyone), now)
+            for key in ((address,) if self.per_client or self.overall else ()) + ((EVERYONE,) if self.overall else ()):
                 self._seen.setdefault(key, deque()).append(now)
+
+    def _fair_share(self, address: str, mine: deque, total: int, now: float) -> None:
+        """The server is busy: refuse the address if it had its share of the minute's requests."""
+        addresses = sum(1 for key in list(self._seen) if key != EVERYONE and self._recent(key, now))
+        addresses += 0 if mine else 1  # a new visitor counts itself
+        share = self.overall / addresses
+        if len(mine) >= share:
+            raise RateLimited(f"rate limit: the server is busy ({total} requests from everyone in the last minute, "
+                              f"{self.overall} or more) and this address has had {len(mine)}, its fair share of "
+                              f"{share:.3g} among {addresses} addresses; try again in {self._wait(mine, now)} s")
+
+    def _wait(self, seen: deque, now: float) -> int:
+        return max(1, round(self.window_s - (now - seen[0])))
 
     def _recent(self, key: str, now: float) -> deque:
         seen = self._seen.get(key) or deque()

@@ -1,17 +1,23 @@
 """Every request of the page and the API, from admission to its last update, in one place.
 
+    submitted                                         when its request arrived: a later Stop ends it
     cheap checks (the request's own: sizes, types)   microseconds, before anything else
-    rate limit per client address, then overall
+    registered as a job                               a Stop made since it was submitted ends it here
+    rate limit per client address, then a fair share when everyone together is over the overall figure
     the model allow-list
     room in the queue
-    registered as a job                               from here on a Stop reaches it
     the model, loaded if needed (progress streamed)   kept loaded until the job ends
     prepare(model): tokenize, resolve, token limits
-    the model's turn, in arrival order                places streamed; Stop and the time limit apply
-    the work in a worker thread                       its items streamed in batches
-    the end: done, stopped, time limit, failed, or the client left
+    the model's turn, fair between visitors          places streamed; a Stop applies
+    the work in a worker thread                       its items streamed in batches; the time limit counts
+    the end: done, stopped, time limit, failed, refused, or the client left
 
-The time limit counts from admission, the wait included. A client that leaves (Gradio closes the
+A Stop is never lost: it is remembered from the moment it arrives and ends every job of that
+session (and kind) submitted before it, registered yet or not (serving.jobs). The time limit
+counts the job's own time on the model, from its turn: waiting behind other visitors is not
+counted (serving.turns shares the turns out between visitors). Every ending says which it was:
+the last update's outcome and message, and a generation cut by a Stop or by the time limit ends
+with its DoneEvent's reason "stopped" or "time_limit". A client that leaves (Gradio closes the
 update stream when the connection drops) ends its job within a heartbeat; a queued job ends at
 once. The worker releases the model's turn when the work really ends, never before. Updates are
 three small types (serving.updates); the page and the API turn them into what they show.
@@ -19,12 +25,15 @@ three small types (serving.updates); the page and the API turn them into what th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import queue
 import threading
 import time
 from typing import Callable, Iterable, Iterator
 
+from hispec.engine.events import DoneEvent
 from hispec.errors import HiSpecError
 from hispec.model.loading import LoadedModel
 from hispec.serving.caller import Caller, caller_of
@@ -38,6 +47,8 @@ log = logging.getLogger("hispec.serving")
 
 HEARTBEAT_S = 1.0  # longest silence of an update stream: a dropped client is noticed at the next update
 GRACE_S = 10.0  # after the time limit, how long the stream waits for the work to notice before it ends
+# a generation cut short ends with this reason (its DoneEvent's, in the page's stats and the API's finish_reason)
+FINISH_REASONS = {STOPPED: "stopped", TIME_LIMIT: "time_limit", LEFT: "left"}
 # work(stop, emit): yields (or emits) what the stream passes on; a str is progress text (a Status)
 Work = Callable[[threading.Event, Callable[[object], None]], Iterable[object] | None]
 _END = object()
@@ -63,18 +74,24 @@ class Server:
         return caller_of(request, self.limits.trusted_proxies)
 
     def stop(self, caller: Caller, kinds: Iterable[str] | None = None) -> int:
-        """End the caller's jobs of these kinds, queued or running; how many there were."""
-        return self.jobs.stop(caller.session, kinds)
+        """End the caller's jobs of these kinds submitted before this Stop, queued or running, and
+        those not registered yet (remembered, serving.jobs); how many were registered."""
+        return self.jobs.stop(caller.session, kinds, at=caller.arrived)
 
     # ---- one request ----------------------------------------------------------------------------
     def submit(self, caller: Caller, request_type, raw: dict) -> Iterator[Status | Output | Ended]:
-        """serve() a request of `request_type` (serving.api) from its raw fields."""
-        return self.serve(caller, request_type.kind, lambda: request_type.parse(raw, self.limits))
+        """serve() a request of `request_type` (serving.api) from its raw fields; submitted now (or
+        when its HTTP request arrived, caller.arrived), so a Stop made after this call reaches it."""
+        submitted = caller.arrived if caller.arrived is not None else time.monotonic()
+        return self.serve(caller, request_type.kind, lambda: request_type.parse(raw, self.limits), submitted)
 
-    def serve(self, caller: Caller, kind: str, parse: Callable[[], object]) -> Iterator[Status | Output | Ended]:
+    def serve(self, caller: Caller, kind: str, parse: Callable[[], object],
+              submitted: float | None = None) -> Iterator[Status | Output | Ended]:
         """The updates of one request; the last is always an Ended. `parse()` checks the request's
-        own fields and returns it (serving.api: `.model`, `.what`, `.prepare(lm, limits) -> work`)."""
+        own fields and returns it (serving.api: `.model`, `.what`, `.prepare(lm, limits) -> work`);
+        `submitted`: when the request was made (time.monotonic(); default: when serving starts)."""
         t0 = time.monotonic()
+        submitted = t0 if submitted is None else submitted
         job: Job | None = None
         what = "request"
         state = {"turns": None, "leased": None, "worker": False}
@@ -82,16 +99,18 @@ class Server:
             try:
                 request = parse()
                 what = request.what
+                job = self.jobs.open(caller.session, kind, submitted, visitor=caller.address)
+                if job.stop.is_set():  # a Stop made since it was submitted: nothing is counted or queued
+                    yield self._ended(job, f"before the {what} started")
+                    return
                 self.rates.admit(caller.address)
                 name = self.limits.check_model(request.model or self.default_model)
                 self._enter_queue()
             except HiSpecError as exc:
                 yield self._refused(kind, caller, exc)
                 return
-            job = self.jobs.open(caller.session, kind)
-            deadline = t0 + self.limits.max_seconds
             try:
-                lm = yield from self._lease(name, job, deadline, state)
+                lm = yield from self._lease(name, job, t0 + self.limits.max_seconds, state)
                 if lm is None:
                     yield self._ended(job, f"before the {what} started")
                     return
@@ -99,13 +118,14 @@ class Server:
                 turns = state["turns"] = self.registry.turns(name)
                 held = True  # a request that runs nothing on the model (a load) does not wait for its turn
                 if getattr(request, "needs_turn", True):
-                    held = yield from self._wait_turn(turns, job, deadline)
+                    held = yield from self._wait_turn(turns, job, math.inf)  # the wait is not counted
             finally:
                 self._leave_queue()
-            if not held:
+            if not held or job.stop.is_set():
                 yield self._ended(job, f"before the {what} started")
                 return
-            yield from self._run(job, work, deadline, state, what)
+            # the time limit counts the job's own time on the model, from its turn
+            yield from self._run(job, work, time.monotonic() + self.limits.max_seconds, state, what)
         except HiSpecError as exc:
             yield self._refused(kind, caller, exc)
         except GeneratorExit:  # the client left: its update stream was closed
@@ -130,7 +150,7 @@ class Server:
         """`fn(lm)` on the model in its turn, here and now: short follow-ups of a run (what each exit
         believes, this machine's pass costs). Raises HiSpecError when the model stays busy."""
         name = self.limits.check_model(model or self.default_model)
-        job = self.jobs.open(caller.session, kind)
+        job = self.jobs.open(caller.session, kind, visitor=caller.address)
         try:
             with self.registry.lease(name) as lm:
                 turns = self.registry.turns(name)
@@ -225,7 +245,7 @@ class Server:
         while True:
             batch, done, failure = self._collect(items, job, deadline)
             notes = [item for item in batch if isinstance(item, str)]  # progress text of the work
-            batch = [item for item in batch if not isinstance(item, str)]
+            batch = [self._honest(item, job) for item in batch if not isinstance(item, str)]
             if notes:
                 yield Status(notes[-1])
             if batch or not (done or failure or notes):
@@ -265,6 +285,14 @@ class Server:
                 batch_by = time.monotonic() + self.throttle_s
 
     @staticmethod
+    def _honest(item, job: Job):
+        """A generation the engine saw stopped says what stopped it: a Stop, the time limit, or a
+        client that left (the engine only knows its stop flag was set)."""
+        if isinstance(item, DoneEvent) and item.reason == "stopped" and job.reason in FINISH_REASONS:
+            return dataclasses.replace(item, reason=FINISH_REASONS[job.reason])
+        return item
+
+    @staticmethod
     def _out_of_time(job: Job, deadline: float) -> None:
         if time.monotonic() >= deadline:
             job.end(TIME_LIMIT)
@@ -273,7 +301,8 @@ class Server:
         """The last update: how the job ended; `when`: "before the generation started" or ""."""
         outcome = job.reason or "done"
         words = {STOPPED: "Stopped", LEFT: "The client left",
-                 TIME_LIMIT: f"Stopped at this server's time limit of {self.limits.max_seconds:g} s per request"}
+                 TIME_LIMIT: f"Cut at this server's time limit of {self.limits.max_seconds:g} s on the model per "
+                             "request"}
         message = words.get(outcome, "Done")
         return Ended(outcome, f"{message} {when}." if when else f"{message}.")
 

@@ -1,9 +1,16 @@
-"""One job at a time on a model, in the order they came, and a waiting job can leave.
+"""One job at a time on a model, shared out fairly between visitors, and a waiting job can leave.
 
 A model's layers are shared by every visitor; its KV caches and the timings the adaptive policy
 relies on are not, so one generation (or comparison, benchmark, timing) runs on a model at a time.
-Waiting jobs queue in arrival order and learn their place; a Stop, the time limit or a client that
-left takes a job out of the queue at once.
+Waiting jobs learn their place; a Stop or a client that left takes a job out of the queue at once.
+
+The order is fair between visitors (a visitor: the client address of the job, Job.who), not
+first come first served: each job gets a round when it arrives, the round of the job holding the
+model or the one after its visitor's latest job, whichever is later, and jobs run by round, then
+by arrival (start-time fair queuing, one turn a round per visitor). So a visitor's extra jobs
+queue behind the first job of every other visitor, one visitor sending many long requests
+delays a newcomer by one job at most, and a job already waiting is never overtaken by a later
+job of the same or a later round: nobody waits forever.
 """
 
 from __future__ import annotations
@@ -21,8 +28,11 @@ STEP_S = 0.5  # how often a waiting job looks at its stop flag and reports its p
 class Turns:
     def __init__(self):
         self._cond = threading.Condition()
-        self._queue: deque[Job] = deque()
+        self._queue: deque[Job] = deque()  # in arrival order
         self._holder: Job | None = None
+        self._round: dict[Job, int] = {}  # each waiting or holding job's round
+        self._latest: dict[str, int] = {}  # each visitor's latest round
+        self._now = 0  # the round of the job holding the model (or of the last one that did)
 
     def wait(self, job: Job, deadline: float, step_s: float = STEP_S) -> Iterator[int]:
         """Wait for the model: yields the job's place (1 = next) every `step_s` while others run;
@@ -30,24 +40,24 @@ class Turns:
         passed first. A generator: `held = yield from turns.wait(job, deadline)`."""
         with self._cond:
             self._queue.append(job)
+            self._round[job] = self._latest[job.who] = max(self._now, self._latest.get(job.who, -1) + 1)
         try:
             while True:
                 with self._cond:
                     if job.stop.is_set() or time.monotonic() >= deadline:
                         return False
-                    if self._holder is None and self._queue[0] is job:
-                        self._queue.popleft()
-                        self._holder = job
+                    if self._take(job):
                         return True
                     self._cond.wait(min(step_s, max(0.0, deadline - time.monotonic())))
-                    if self._holder is None and self._queue[0] is job:
-                        continue  # our turn came while waiting: take it without reporting a place
+                    if self._take(job):
+                        return True  # our turn came while waiting: take it without reporting a place
                     place = self._place(job)
                 yield place
         finally:
             with self._cond:
                 if job in self._queue:  # left before its turn (stopped, out of time, or closed)
                     self._queue.remove(job)
+                    self._left(job)
                     self._cond.notify_all()
 
     def hold(self, job: Job, timeout: float) -> bool:
@@ -63,10 +73,44 @@ class Turns:
         with self._cond:
             if self._holder is job:
                 self._holder = None
+                self._round.pop(job, None)
+                self._forget_idle()
                 self._cond.notify_all()
 
+    def order(self) -> list[Job]:
+        """The waiting jobs in the order they will get the model."""
+        with self._cond:
+            return self._order()
+
+    # ---- under the lock ---------------------------------------------------------------------------
+    def _take(self, job: Job) -> bool:
+        if self._holder is not None or self._order()[0] is not job:
+            return False
+        self._queue.remove(job)
+        self._holder = job
+        self._now = self._round[job]
+        return True
+
+    def _order(self) -> list[Job]:
+        arrival = {job: n for n, job in enumerate(self._queue)}
+        return sorted(self._queue, key=lambda job: (self._round[job], arrival[job]))
+
     def _place(self, job: Job) -> int:
-        return list(self._queue).index(job) + 1 if job in self._queue else 0
+        order = self._order()
+        return order.index(job) + 1 if job in order else 0
+
+    def _left(self, job: Job) -> None:
+        """A job left the queue before its turn: its round is free for its visitor's next job."""
+        mine = self._round.pop(job)
+        if self._latest.get(job.who) == mine:
+            others = [r for j, r in self._round.items() if j.who == job.who]
+            self._latest[job.who] = max(others, default=mine - 1)
+        self._forget_idle()
+
+    def _forget_idle(self) -> None:
+        """Forget visitors with nothing here whose next job would start at the current round anyway."""
+        active = {j.who for j in self._round}
+        self._latest = {who: r for who, r in self._latest.items() if who in active or r + 1 > self._now}
 
     @property
     def busy(self) -> bool:

@@ -107,12 +107,16 @@ def test_the_rate_limit_counts_the_address_not_the_session(lm):
 
 
 def test_the_overall_rate_limit_and_its_window():
+    """Beyond the overall figure an address that had its fair share is refused; a new one is not."""
     rates = RateLimits(per_client=0, overall=2, window_s=60)
     rates.admit("a", now=0)
-    rates.admit("b", now=1)
-    with pytest.raises(ConfigError, match=r"at most 2 requests per minute from everyone; try again in 59 s"):
-        rates.admit("c", now=1)
-    rates.admit("c", now=60.5)  # the first one left the window
+    rates.admit("a", now=1)
+    with pytest.raises(ConfigError, match=r"the server is busy \(2 requests from everyone in the last minute, 2 or "
+                                          r"more\) and this address has had 2, its fair share of 2 among 1 "
+                                          r"addresses; try again in 59 s"):
+        rates.admit("a", now=1)
+    rates.admit("b", now=1)  # a new visitor is still admitted
+    rates.admit("a", now=61.5)  # its requests left the window
 
 
 def test_one_off_visitors_are_forgotten():
@@ -146,8 +150,10 @@ def test_limits_from_env_and_hosted_default(monkeypatch):
     limits = Limits.from_env(env)
     assert limits == Limits(100, 50, 9.5, 3, 4, ("default", "a/b"), 30, ("10.0.0.1",))
     text = limits.describe()
-    for part in ("prompt ≤ 100 tokens (800 characters)", "≤ 50 new tokens", "≤ 9.5 s per request",
-                 "4 requests per minute per address (30 from everyone)", "3 requests may wait",
+    for part in ("prompt ≤ 100 tokens (800 characters)", "≤ 50 new tokens",
+                 "≤ 9.5 s on the model per request (waiting not counted)",
+                 "4 requests per minute per address (beyond 30 from everyone, each address its fair share)",
+                 "3 requests may wait", "taken in turns by visitors",
                  "models: default, a/b"):
         assert part in text, text
     assert Limits.from_env({}).allowed_models == ("default",)  # unset: the embedded default only
@@ -362,3 +368,25 @@ def test_the_load_test_fails_when_answers_cross(capsys, monkeypatch):
     report = capsys.readouterr().out
     assert code == 1, report
     assert '"crossed": 0' not in report, report
+
+
+def test_the_load_test_fails_when_a_stop_is_lost(capsys, monkeypatch):
+    """The check is shown to catch what it checks: with every Stop lost (the server's stop reaches
+    nothing) and runs slow enough to go on long after the Stop's reply, each stop request that runs
+    in full is a failure."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import load_test
+    from hispec.model.early_exit import EarlyExitModel
+
+    original = EarlyExitModel.run_layers
+
+    def slowed(self, *args, **kwargs):
+        time.sleep(0.02)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Server, "stop", lambda self, caller, kinds=None: 0)
+    monkeypatch.setattr(EarlyExitModel, "run_layers", slowed)
+    code = load_test.main(["--sessions", "4", "--requests", "3", "--max-new-tokens", "30", "--seed", "2"])
+    report = capsys.readouterr().out
+    assert code == 1, report
+    assert '"ran_in_full": 0' not in report and "a Stop ran in full" in report, report

@@ -1,6 +1,7 @@
-"""The request path (serving.session.Server): admission, the model's turn in arrival order, the
-worker, Stop of queued and running jobs, the time limit counted from admission, clients that leave,
-and failures that end only their own request."""
+"""The request path (serving.session.Server): admission, the model's turn (in arrival order
+between newcomers), the worker, Stop of queued and running jobs, the time limit on a running job,
+clients that leave, and failures that end only their own request. (Fair turns between visitors, the
+time limit not counting the wait, and Stops made before a job registered: test_fair.py.)"""
 
 from __future__ import annotations
 
@@ -216,16 +217,6 @@ def test_generate_and_compare_from_one_tab_ending_together(server):
 
 
 # ---- the time limit, clients that leave, failures --------------------------------------------------
-def test_the_time_limit_counts_the_wait_for_the_model():
-    server = one_model_server(max_seconds=0.5)
-    with held_by_another(server.registry):
-        t0 = time.monotonic()
-        last = list(server.submit(ME, GenerateRequest, gen()))[-1]
-        assert time.monotonic() - t0 < 2
-    assert last == Ended("time limit", "Stopped at this server's time limit of 0.5 s per request before the "
-                                       "generation started.")
-
-
 def test_a_running_generation_stops_at_the_time_limit_and_keeps_what_it_wrote():
     server = one_model_server(max_seconds=0.4)
     with slow(server.registry.get("tiny"), 0.03):

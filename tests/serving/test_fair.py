@@ -1,0 +1,224 @@
+"""Fair to every visitor (serving): a Stop that cannot be lost, however early it comes; turns of the
+model shared out between visitors; a time limit that counts a job's own time, not its wait; an
+ending that says what ended it; an overall rate figure that refuses only those over their share."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import math
+import re
+import threading
+import time
+
+import pytest
+from helpers import tiny_server
+
+from hispec.engine.events import DoneEvent
+from hispec.errors import ConfigError
+from hispec.serving import jobs as jobs_module
+from hispec.serving.api import GenerateRequest
+from hispec.serving.caller import Caller
+from hispec.serving.jobs import Job, Jobs
+from hispec.serving.ratelimit import RateLimits
+from hispec.serving.turns import Turns
+from hispec.serving.updates import Ended, Output
+
+ME, OTHER = Caller("tab-1", "10.0.0.1"), Caller("tab-2", "10.0.0.2")
+
+
+def gen(prompt="hi", max_new=8) -> dict:
+    return {"prompt": prompt, "method": "hispec", "policy": "fixed", "draft_layer": 2, "verify_layer": 5,
+            "draft_len": 2, "verify_threshold": 3, "max_new_tokens": max_new, "chat": True}
+
+
+def events_of(updates) -> list:
+    return [item for u in updates if isinstance(u, Output) for item in u.items if not isinstance(item, dict)]
+
+
+def done_of(updates) -> DoneEvent | None:
+    return next((e for e in reversed(events_of(updates)) if isinstance(e, DoneEvent)), None)
+
+
+@contextlib.contextmanager
+def slow(lm, seconds: float):
+    """Every layer-range call of the model takes `seconds` more."""
+    original = lm.ee.run_layers
+
+    def slowed(*args, **kwargs):
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    lm.ee.run_layers = slowed
+    try:
+        yield
+    finally:
+        del lm.ee.run_layers
+
+
+def in_thread(fn):
+    box = {}
+    thread = threading.Thread(target=lambda: box.setdefault("out", fn()), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def wait_until(condition, timeout=20.0):
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.01)
+
+
+# ---- a Stop that cannot be lost ----------------------------------------------------------------------
+def test_a_stop_at_0_ms_after_the_request_is_never_lost():
+    server = tiny_server()
+    stream = server.submit(ME, GenerateRequest, gen(max_new=200))
+    server.stop(ME, ("generate",))  # at 0 ms: nothing of the request has been checked or registered yet
+    updates = list(stream)
+    assert updates[-1] == Ended("stopped", "Stopped before the generation started.")
+    assert not events_of(updates), "the stopped request never ran"
+    assert server.jobs.of() == [] and not server.registry.turns("tiny").busy
+
+
+def test_a_stop_reaches_a_request_that_arrived_before_it_and_reached_serving_after():
+    """Under load a request can reach serving long after its HTTP call arrived (Gradio's queue, the
+    handler's first update): the Stop sent in between applies to it."""
+    server = tiny_server()
+    arrived = time.monotonic()
+    server.stop(Caller("tab-1", "10.0.0.1", arrived + 0.001), ("generate",))
+    updates = list(server.submit(Caller("tab-1", "10.0.0.1", arrived), GenerateRequest, gen(max_new=50)))
+    assert updates[-1] == Ended("stopped", "Stopped before the generation started.")
+    assert not events_of(updates)
+
+
+def test_a_request_made_after_a_stop_runs_and_a_stop_of_another_kind_or_tab_does_not_reach_it():
+    """Control: a remembered Stop ends only what was submitted before it, of its kinds and session."""
+    server = tiny_server()
+    server.stop(ME, ("generate",))
+    server.stop(OTHER)
+    server.stop(Caller(ME.session, ME.address, time.monotonic() + 60), ("bench",))  # a later Stop, of benchmarks
+    updates = list(server.submit(ME, GenerateRequest, gen(max_new=6)))
+    assert updates[-1] == Ended("done", "Done.")
+    assert done_of(updates).token_ids
+
+
+def test_remembered_stops_cost_bounded_memory(monkeypatch):
+    now = [0.0]
+    jobs = Jobs(clock=lambda: now[0])
+    monkeypatch.setattr(jobs_module, "MAX_REMEMBERED", 100)
+    for i in range(1000):  # a flood of Stops from fresh sessions
+        jobs.stop(f"tab-{i}", ("generate",))
+    assert jobs.remembered() == 100
+    assert jobs.open("tab-999", "generate", submitted=-1.0).stop.is_set()  # the newest are kept
+    now[0] = jobs_module.REMEMBER_S + 1
+    jobs.stop("late", ("generate",))
+    assert jobs.remembered() == 1  # the old ones are forgotten
+
+
+# ---- the model's turns shared out between visitors ---------------------------------------------------
+def test_a_visitors_extra_jobs_queue_behind_other_visitors():
+    turns = Turns()
+    a1, a2, a3 = (Job(i, f"tab-a{i}", "generate", visitor="10.0.0.1") for i in (1, 2, 3))  # one address, 3 tabs
+    b1, c1 = Job(4, "tab-b", "generate", visitor="10.0.0.2"), Job(5, "tab-c", "generate", visitor="10.0.0.3")
+    assert turns.hold(a1, 1.0)
+    waits = {job: turns.wait(job, math.inf, step_s=0.01) for job in (a2, a3, b1, c1)}  # in this order
+    for waiting in waits.values():
+        next(waiting)  # queued, its place reported
+    assert turns.order() == [b1, c1, a2, a3]
+    turns.release(a1)
+    with pytest.raises(StopIteration):
+        next(waits[b1])  # the next turn is the other visitor's
+    for waiting in waits.values():
+        waiting.close()
+
+
+def test_one_visitors_long_jobs_beside_anothers_short_one():
+    """Three long requests from one address (three tabs), then a short one from another: the short one
+    runs after the first long one, not after all three, and its time limit is not spent waiting."""
+    server = tiny_server(max_seconds=8.0)
+    lm = server.registry.get("tiny")
+    turns = server.registry.turns("tiny")
+    finished = []
+
+    def one(caller, max_new):
+        out = list(server.submit(caller, GenerateRequest, gen(max_new=max_new)))
+        finished.append(caller.session)
+        return out
+
+    with slow(lm, 0.02):
+        heavy = [in_thread(lambda: one(Caller("heavy-0", "10.0.0.9"), 40))]
+        wait_until(lambda: turns.busy)
+        for i in (1, 2):
+            heavy.append(in_thread(lambda i=i: one(Caller(f"heavy-{i}", "10.0.0.9"), 40)))
+            wait_until(lambda i=i: turns.waiting == i)
+        light, box = in_thread(lambda: one(Caller("light", "10.0.0.5"), 4))
+        light.join(60)
+        for thread, _ in heavy:
+            thread.join(60)
+    assert finished.index("light") == 1, finished
+    assert box["out"][-1] == Ended("done", "Done."), box["out"][-1]
+
+
+def test_the_time_limit_counts_the_jobs_own_time_not_its_wait():
+    server = tiny_server(max_seconds=0.5)
+    turns = server.registry.turns("tiny")
+    holder = Job(0, "another-visitor", "generate")
+    assert turns.hold(holder, 1.0)
+    releaser = threading.Timer(1.2, turns.release, (holder,))  # the model stays busy for 1.2 s
+    releaser.start()
+    try:
+        updates = list(server.submit(ME, GenerateRequest, gen(max_new=4)))
+    finally:
+        releaser.join()
+    assert updates[-1] == Ended("done", "Done."), updates[-1]
+    assert done_of(updates).token_ids
+
+
+# ---- an ending that says what ended it ---------------------------------------------------------------
+def test_the_time_limit_and_a_stop_each_end_with_their_own_reason_and_message():
+    """The engine sees both as its stop flag: serving says which it was, in the stream's end, the
+    DoneEvent's reason (the API's finish_reason) and the page's status and stats."""
+    from ui.generate_view import GenerateView
+
+    server = tiny_server(max_seconds=0.4)
+    with slow(server.registry.get("tiny"), 0.03):
+        cut = list(server.submit(ME, GenerateRequest, gen(max_new=200)))
+    assert cut[-1] == Ended("time limit", "Cut at this server's time limit of 0.4 s on the model per request.")
+    assert done_of(cut).reason == "time_limit" and 0 < len(done_of(cut).token_ids) < 200
+    page = GenerateView("tiny")
+    shown = [page.update(u) for u in cut][-1]
+    status, stats = html.unescape(shown[0]), shown[4]
+    assert "Cut at this server's time limit of 0.4 s on the model per request, after " in status, status
+    assert re.search(r"stopped by</td><td>time limit<", stats), stats
+
+    server = tiny_server(max_seconds=60)
+    stopped = []
+    with slow(server.registry.get("tiny"), 0.03):
+        for update in server.submit(OTHER, GenerateRequest, gen(max_new=200)):
+            stopped.append(update)
+            if events_of([update]):
+                server.stop(OTHER)
+    assert stopped[-1] == Ended("stopped", "Stopped.")
+    assert done_of(stopped).reason == "stopped" and len(done_of(stopped).token_ids) < 200
+
+
+# ---- the overall figure: a fair share, not a lock-out lever ------------------------------------------
+def test_addresses_that_spent_the_overall_figure_cannot_lock_out_a_new_visitor():
+    rates = RateLimits(per_client=12, overall=60, window_s=60)
+    for i in range(60):  # 8 addresses spend the minute's 60 between them (7 or 8 each)
+        rates.admit(f"10.0.0.{i % 8}", now=i * 0.1)
+    rates.admit("10.9.9.9", now=7.0)  # a new visitor is admitted
+    with pytest.raises(ConfigError, match=r"rate limit: the server is busy \(61 requests from everyone in the "
+                                          r"last minute, 60 or more\) and this address has had 8, its fair share of "
+                                          r"6.67 among 9 addresses; try again in 53 s"):
+        rates.admit("10.0.0.0", now=7.1)
+    rates.admit("10.0.0.0", now=60.5)  # the first six left the window: 55 in it, under the figure
+
+
+def test_the_overall_figure_at_the_server_refuses_the_heavy_address_not_the_new_one():
+    server = tiny_server(global_rate_per_minute=3)
+    heavy, newcomer = Caller("h", "10.0.0.7"), Caller("n", "10.0.0.8")
+    outcomes = [list(server.submit(heavy, GenerateRequest, gen(max_new=2)))[-1].outcome for _ in range(4)]
+    assert outcomes == ["done", "done", "done", "refused"]
+    assert list(server.submit(newcomer, GenerateRequest, gen(max_new=2)))[-1].outcome == "done"
