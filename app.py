@@ -26,6 +26,7 @@ import gradio as gr
 from hispec.errors import HiSpecError
 from hispec.evaluation import published
 from hispec.serving.api import api_signature
+from hispec.serving.caller import StampArrival, forwarded_headers_left_to_serving
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.session import Server
@@ -143,7 +144,14 @@ def api_endpoint(h: Handlers):
         bound = full.bind(*args, **kwargs)
         bound.apply_defaults()
         values = dict(bound.arguments)
-        yield from h.api_generate(request=values.pop("request"), **values)
+        try:
+            yield from h.api_generate(request=values.pop("request"), **values)
+        except gr.Error:
+            raise
+        except Exception as exc:  # a fault while the answer is built: the app's message, not Gradio's generic one
+            log.exception("/generate failed while its answer was built")
+            raise gr.Error(f"The generation failed while its answer was built ({type(exc).__name__}: {exc}). "
+                           "The app is still running; try again.", print_exception=False) from None
 
     generate.__signature__ = full
     generate.__annotations__ = {name: param.annotation for name, param in full.parameters.items()} | {"return": dict}
@@ -156,7 +164,14 @@ def model_choices() -> list[str]:
 
 
 def launch_kwargs() -> dict:
-    return dict(css=(ASSETS / "app.css").read_text(), theme=gr.themes.Soft(), head=token_story.EXPLAIN_JS)
+    """What launch() takes besides the address: the page's look, and the serving edge: every request
+    stamped with its arrival (a Stop reaches the requests sent before it), and uvicorn told to believe
+    no X-Forwarded-For (serving.caller takes the address from the proxies the operator trusts)."""
+    forwarded_headers_left_to_serving()
+    from starlette.middleware import Middleware
+
+    return dict(css=(ASSETS / "app.css").read_text(), theme=gr.themes.Soft(), head=token_story.EXPLAIN_JS,
+                app_kwargs={"middleware": [Middleware(StampArrival)]})
 
 
 def serve(registry: ModelRegistry, model_name: str, limits: Limits) -> Server:
