@@ -73,12 +73,13 @@ def _wire_runs(p, h: Handlers) -> None:
              p.compare_plot, p.why_out, p.why_plot]
     for trigger in (p.generate_btn.click, p.prompt.submit):
         trigger(stepper.cleared, None, analysis + [p.timer, p.play_btn], api_name=False, queue=False)
-        trigger(stale_panels, None, stale, api_name=False, queue=False)
-        run = trigger(h.generate, settings + [p.policy, p.baseline], views, concurrency_limit=None, api_name=False)
+        trigger(stale_panels, None, stale + [p.stop_note], api_name=False, queue=False)
+        run = trigger(h.generate, settings + [p.policy, p.baseline, p.levels], views, concurrency_limit=None,
+                      api_name=False)
         # two views after the run, each on its own: one failing leaves the other
         run.then(h.why_after_run, [p.last_run], why_views, api_name=False)
         run.then(h.after_run, [p.last_run], analysis, api_name=False)
-    p.compare_btn.click(h.compare, settings + [p.policy, p.baselines, p.repeats],
+    p.compare_btn.click(h.compare, settings + [p.policy, p.baselines, p.repeats, p.levels],
                         [p.status, p.compare_status, p.compare_out, p.compare_plot], concurrency_limit=None,
                         api_name="compare")
     what_if = p.what_if_btn.click(h.what_if, settings + [p.why_dv, p.why_vt, p.what_if_takes],
@@ -87,7 +88,8 @@ def _wire_runs(p, h: Handlers) -> None:
     # its result joins the prediction and the measured run in one table
     what_if.then(h.why, [p.last_run, p.why_dv, p.why_vt, p.what_if_result], [p.why_out, p.why_plot], api_name=False)
     # outside the queue: a Stop is never refused, nor waits behind the jobs it stops
-    p.stop_btn.click(h.stop, None, [p.status], queue=False, api_name="stop")
+    # its reply goes beside the status, never into it: the run alone writes the status line
+    p.stop_btn.click(h.stop, None, [p.stop_note], queue=False, api_name="stop")
     p.load_btn.click(h.load, [p.model], [p.status, p.info, p.draft_layer, p.verify_layer, p.num_layers, p.draft_len,
                                          p.verify_threshold, p.head_layers, p.method_settings],
                      concurrency_limit=None, api_name="load_model")
@@ -115,7 +117,8 @@ def _wire_controls(p, h: Handlers) -> None:
         control.change(controls.depth, [p.num_layers, p.draft_layer, p.verify_layer, p.method, p.head_layers],
                        [p.depth], api_name=False, queue=False)
     p.preset_choice.input(h.preset, [p.preset_choice, p.model], [p.status, p.method, p.policy, p.draft_layer,
-                                                                  p.verify_layer, p.draft_len, p.verify_threshold],
+                                                                  p.verify_layer, p.draft_len, p.verify_threshold,
+                                                                  p.levels],
                           api_name=False)
     # a visitor's pick of a method sets its own defaults for this model (LayerSkip's exit is the benchmark's)
     p.method.change(controls.shown_for, [p.method], [p.draft_layer, p.verify_layer, p.draft_len, p.verify_threshold],
@@ -126,7 +129,7 @@ def _wire_controls(p, h: Handlers) -> None:
                           [p.draft_layer, p.verify_layer, p.status], api_name=False, queue=False)
     p.verify_layer.release(controls.keep_above, [p.draft_layer, p.verify_layer, p.num_layers],
                            [p.draft_layer, p.verify_layer, p.status], api_name=False, queue=False)
-    for control in (p.method, p.policy, p.draft_layer, p.verify_layer, p.draft_len, p.verify_threshold):
+    for control in (p.method, p.policy, p.draft_layer, p.verify_layer, p.draft_len, p.verify_threshold, p.levels):
         control.input(controls.custom, None, [p.preset_choice], api_name=False, queue=False)
     p.show_rejected.change(None, [p.show_rejected], None, api_name=False, queue=False,
                            js="(show) => { document.querySelector('#hs-tokens')"

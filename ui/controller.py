@@ -69,7 +69,9 @@ class Handlers:
         """The Stop button's reply, shown beside the status (never in it: the run's own last word stays)."""
         if n:
             return render.message_html("Stopping: the run ends after its current round.", "info")
-        return render.message_html("Nothing to stop: no request of yours is running.", "info")
+        # a request sent just before the Stop may not be registered yet: serving remembers the Stop for it
+        return render.message_html("Nothing to stop: no request of yours is running (one sent just before this "
+                                   "Stop is stopped as it arrives).", "info")
 
     def api_generate(self, request: gr.Request = None, **fields):
         """/generate: progress as {"status": ...} while it runs, then the result (serving.api.

@@ -119,6 +119,10 @@ def why_html(story: dict) -> str:
         items = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in story["differences"])
         notes = ("<p>The estimate lies outside the measured range. By how much, and why they may differ:</p>"
                  f"<ul class='hs-why-notes'>{items}</ul>")
+    if any("@" in p["kind"] for p in story["plans"]):
+        notes += ("<p class='hs-hint'>Plans with a level in a cheaper format (the 4-bit model: full@q4) are "
+                  "measured only: this page's cost model holds the exact format's pass costs, so it gives them no "
+                  "estimate. They are exact all the same: the exact model decides every token.</p>")
     plain = story["plain"]
     calibration = ""
     if plain["measured_decode_tokens_per_s"]:

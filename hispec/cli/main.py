@@ -325,10 +325,21 @@ def cmd_train_ee(args) -> int:
     return run_from_args(args, log=lambda msg: print(msg, file=sys.stderr, flush=True))
 
 
+REPOSITORY_TOOLS = {
+    "figures": "the README's generated figures are repository tooling: run `python scripts/figures.py` "
+               "(or `python scripts/figures.py --check`) from a checkout",
+    "load-test": "the load test is repository tooling: run `python scripts/load_test.py --help` from a checkout",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     import shlex
 
     parser = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    if given and given[0] in REPOSITORY_TOOLS:  # a command people look for here that lives in scripts/
+        print(f"hispec: '{given[0]}' is not a command of the package: {REPOSITORY_TOOLS[given[0]]}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     args.command_line = "python -m hispec " + shlex.join(sys.argv[1:] if argv is None else argv)  # for the reports
     try:

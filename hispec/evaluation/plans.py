@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from hispec.engine.events import DoneEvent, Event, PolicyEvent, RoundEvent, TokenEvent
-from hispec.engine.levels import exits_by_role
+from hispec.engine.levels import levels_by_role
 from hispec.evaluation.metrics import StatsCollector
 
 PLAIN = "plain"
@@ -40,13 +40,16 @@ class PlanRow:
 
 def fixed_kind(settings: dict) -> str:
     """The one plan a fixed run runs, named as the adaptive policy names its plans."""
-    roles = exits_by_role(tuple(settings.get("levels") or ()))
     levels = tuple(settings.get("levels") or ())
+    roles = levels_by_role(levels)  # exits by their layer, levels in a cheaper format by their spec ('full@q4')
+    roles = {role: level if isinstance(level, str) else f"exit {level}" for role, level in roles.items()}
     if not roles:
         return "lookup" if "lookup" in levels else PLAIN
-    if len(roles) == 2:
-        return f"exit {roles['draft']} -> exit {roles['verify']}"
-    return f"exit {next(iter(roles.values()))}"
+    kind = " -> ".join(roles[r] for r in ("draft", "verify") if r in roles)
+    # with a level in a cheaper format the lookup level is named too ('lookup -> full@q4'); exact lists keep
+    # the names their rounds always had ('exit 2 -> exit 4')
+    cheap = any("@" in level for level in roles.values())
+    return f"lookup -> {kind}" if cheap and "lookup" in levels else kind
 
 
 def _lengths(choice: str) -> tuple[int, int]:

@@ -87,8 +87,12 @@ def measured_pairs(acceptance: dict, method: str) -> tuple[float | None, float |
 
 
 # ---- a run plan by plan (evaluation.plans), measured and predicted ------------------------------
-def plan_settings(kind: str, draft_len: int, verify_at: int) -> RoundSettings:
-    """The fixed round a plan kind of evaluation.plans stands for."""
+def plan_settings(kind: str, draft_len: int, verify_at: int) -> RoundSettings | None:
+    """The fixed round a plan kind of evaluation.plans stands for; None for a plan with a level in a cheaper
+    format ('full@q4', 'lookup -> full@q4'): this model has the exact format's costs only, so such a plan is
+    measured, not estimated."""
+    if "@" in kind:
+        return None
     words = kind.split()
     if kind == "lookup":
         return RoundSettings("lookup", draft_len=draft_len)
@@ -121,7 +125,9 @@ def explain_plans(rows, costs: CostModel, num_layers: int, plain_tokens_per_s: f
                 "measured_tokens_per_s": row.tokens_per_s, "a_dv": a_dv, "a_vt": a_vt,
                 "draft_len": row.draft_len, "verify_at": row.verify_at, "predicted": None, "break_even": None,
                 "predicted_tokens_per_s": None}
-        if r.method == "autoregressive":
+        if r is None:
+            pass  # a level in a cheaper format: measured only (plan_settings)
+        elif r.method == "autoregressive":
             item.update(predicted=1.0, predicted_tokens_per_s=plain_rate(costs, num_layers) * scale)
         elif a_vt is not None:
             predicted = model.speedup(r, a_dv if a_dv is not None else a_vt, a_vt)

@@ -42,14 +42,14 @@ DEFINITION = ("Acceptance, everywhere on this page: of the tokens a level propos
 def shape_of(settings: dict) -> RoundSettings | None:
     """The fixed round a run's settings describe (the sliders' curves are for it); None: no exits."""
     method = settings.get("method")
-    if method not in ("hispec", "layerskip"):
-        return None
+    if method not in ("hispec", "layerskip") or any("@" in str(x) for x in settings.get("levels") or ()):
+        return None  # no exits, or a level in a cheaper format (the sliders' curves are the exact format's)
     return RoundSettings.from_settings(settings)
 
 
 def _interval_prediction(model: SpeedModel, plan: dict, judged: dict) -> tuple[float, float] | None:
     r = plan_settings(plan["kind"], plan["draft_len"], plan["verify_at"])
-    if r.method == "autoregressive" or plan["a_vt"] is None:
+    if r is None or r.method == "autoregressive" or plan["a_vt"] is None:
         return None
     to_full = next((k for k in judged if k.endswith("->target")), None)
     vt = acceptance_interval(plan["a_vt"], judged.get(to_full, 0))

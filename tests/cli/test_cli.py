@@ -150,3 +150,11 @@ def test_single_runs_say_so(folder, capsys):
     assert main(["generate", "--model", folder, "--method", "autoregressive,hispec", "--prompt", "hi",
                  "--max-new-tokens", "6", "--no-color"]) == 0
     assert "1 run each, in the order given (single warm runs: --repeats N for medians)" in capsys.readouterr().out
+
+
+def test_a_repository_tool_asked_of_the_package_says_where_it_is(capsys):
+    from hispec.cli.main import main
+
+    assert main(["figures"]) == 2
+    err = capsys.readouterr().err
+    assert "python scripts/figures.py" in err and "not a command of the package" in err

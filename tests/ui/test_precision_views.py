@@ -67,3 +67,26 @@ def test_the_levels_box_reaches_the_request_for_hispec_only():
     assert page_request(*args, levels="lookup,2,4")["levels"] == "lookup,2,4"  # typed by hand
     lookup = ("hi", "tiny", "Lookup (copies earlier text)", 2, 4, 3, 2, 16, True)
     assert page_request(*lookup, levels=precision)["levels"] is None
+
+
+def test_why_this_speed_explains_a_run_with_the_4bit_level_measured_only(run):
+    """The plan table lists the 4-bit plans measured, with no estimate, and says why; nothing breaks on
+    a kind such as 'lookup -> full@q4'."""
+    from hispec.evaluation.plans import plan_rows
+    from hispec.evaluation.speed_model import explain_plans, plan_settings
+    from hispec.evaluation.why import speed_story
+    from hispec.engine.costs import CostModel
+    from ui.why_view import why_html
+
+    assert plan_settings("lookup -> full@q4 (drafts on)", 3, 1) is None and plan_settings("full@q4", 3, 1) is None
+    costs = CostModel.given({n: 1e-3 for n in (1, 4, 16)}, {(8, n): 1e-4 for n in (1, 4, 16)})
+    kept = {"settings": run.done.settings, "stats": run.summary(), "events": run.events, "vs_plain": None}
+    story = speed_story(kept, costs, (0.5, 0.5))
+    kinds = [p["kind"] for p in story["plans"]]
+    assert any("full@q4" in k for k in kinds), kinds
+    assert all(p["predicted"] is None for p in story["plans"] if "@" in p["kind"])
+    assert story["shape"] is None  # no slider curves for a list with a cheaper format
+    assert "measured only" in why_html(story)
+    rows = plan_rows([__import__("hispec.engine.events", fromlist=["event_from_dict"]).event_from_dict(d)
+                      for d in run.events], run.done.settings)
+    assert explain_plans(rows, costs, 8)  # and the kinds of a list with a cheaper format parse
