@@ -30,7 +30,7 @@ from hispec.serving.caller import StampArrival, forwarded_headers_left_to_servin
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.session import Server
-from ui import bench_tab, controls, stepper, token_story
+from ui import bench_tab, controls, labels, stepper, token_story
 from ui.controller import Handlers, stale_panels
 from ui.model_view import model_defaults, model_info, settings_by_method, trained_layers
 from ui.page import Setup, build_page
@@ -48,7 +48,8 @@ def build(server: Server, model_choices: list[str] | None = None) -> gr.Blocks:
     choices = [m for m in (model_choices or [server.default_model]) if m in allowed] or [server.default_model]
     setup = Setup(server.default_model, choices, "*" in allowed, lm.ee.num_layers, model_defaults(lm),
                   trained_layers(lm), settings_by_method(lm), model_info(server.default_model, lm),
-                  server.limits.max_new_tokens, server.limits.max_prompt_chars, server.limits.describe())
+                  server.limits.max_new_tokens, server.limits.max_prompt_chars, server.limits.describe(),
+                  labels.default_levels(lm.ee.formats()))
     h = Handlers(server, published.load(ASSETS / "published_points.json"))
     with gr.Blocks(title=TITLE) as demo:
         p = build_page(setup)

@@ -460,25 +460,22 @@ def precision_table(report: dict) -> str:
             f"{report['max_new_tokens']} new tokens, greedy. " + plans_line(report))
 
 
-def precision_agreement_table(report_split: dict, tune_split: dict) -> str:
+def precision_agreement_table(measured: dict) -> str:
     """Per-token acceptance of each 4-bit level by the exact model (and of 4-bit exits by the 4-bit full
-    model), on the report split beside the tuning split the priors came from."""
+    model), from a scripts/measure_priors.py run (--formats q4)."""
     rows = []
-    for run, pairs in report_split["acceptance"].items():
+    for run, pairs in measured["acceptance"].items():
+        levels = measured["runs"][run]["levels"]
         for key, m in pairs.items():
             holder, _, judge = key.partition("->")
-            levels = report_split["runs"][run]["levels"]
+            if holder == "verify" and len(levels) > 1:
+                continue  # the 4-bit full model judged by the exact one: its own row
             level = {"draft": levels[0], "verify": levels[-1]}[holder]
             judged_by = "the exact model" if judge == "target" else levels[-1]
-            if holder == "verify" and len(levels) > 1:
-                continue  # the same 4-bit full model judged by the exact one: its own row
-            tune = (tune_split["acceptance"].get(run) or {}).get(key) or {}
-            rows.append([f"{level} judged by {judged_by}", f"**{_pct1(m['rate'])}** ({m['judged']:,} tokens)",
-                         f"{_pct1(tune.get('rate'))} ({tune.get('judged', 0):,} tokens)"])
-    prompts = sum(len(v) for v in report_split["prompts"].values())
-    tune_prompts = sum(len(v) for v in tune_split["prompts"].values())
-    return (_table(["level", f"report split ({prompts} prompts)", f"tuning split ({tune_prompts} prompts, the priors)"],
-                   rows)
-            + f"\n\nPer-token acceptance, in order up to each block's first rejection, fixed rounds, greedy, "
-              f"{report_split['max_new_tokens']} new tokens a prompt; 4-bit levels run the GGUF's own blocks, "
-              "the exact model is the float32 dequantisation of the same file.")
+            rows.append([f"{level} judged by {judged_by}", f"**{_pct1(m['rate'])}**", f"{m['judged']:,}"])
+    prompts = sum(len(v) for v in measured["prompts"].values())
+    split = "report" if "heldout-report" in measured.get("command", "") else "tuning"
+    return (_table(["level", "per-token acceptance", "tokens judged"], rows)
+            + f"\n\nOn the {split} split ({prompts} prompts, {measured['max_new_tokens']} new tokens each): acceptance "
+              "per token, in order up to each block's first rejection, fixed rounds, greedy; 4-bit levels run the "
+              "GGUF's own blocks, the exact model is the float32 dequantisation of the same file.")

@@ -32,6 +32,14 @@ LEVELS = {"HiSpec's own (lookup → exit d → exit v → full when adaptive)": 
           "4-bit full model → full": "full@q4"}
 
 
+def default_levels(formats: tuple[str, ...]) -> str:
+    """The Levels box's first value for a model offering these cheaper formats: the precision list where
+    the 4-bit copy is offered (it measured fastest, exact all the same: README, Precision levels), else
+    HiSpec's own list."""
+    own, precision = list(LEVELS)[:2]
+    return precision if "q4" in formats else own
+
+
 def level_words(level) -> str:
     """A level as the page says it: 4 -> 'exit 4', 'full@q4' -> 'the 4-bit full model', '4@q4' -> 'exit 4 in
     4-bit', 'lookup' -> 'lookup'."""

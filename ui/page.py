@@ -41,6 +41,7 @@ class Setup:
     max_new_tokens: int
     max_prompt_chars: int
     limits_text: str
+    levels: str = next(iter(labels.LEVELS))  # the Levels box's first value (labels.default_levels)
 
 
 def build_page(setup: Setup) -> SimpleNamespace:
@@ -117,7 +118,7 @@ def _settings_column(p, setup: Setup) -> None:
                         info="Adaptive: each round, the plan with the most expected tokens per second from this run's "
                              "acceptance and this machine's pass costs (HiSpec then also has a free lookup level at "
                              "the bottom); Fixed: the paper's rounds with the settings below")
-    p.levels = gr.Dropdown(list(labels.LEVELS), value=next(iter(labels.LEVELS)), label="Levels (HiSpec)",
+    p.levels = gr.Dropdown(list(labels.LEVELS), value=setup.levels, label="Levels (HiSpec)",
                            allow_custom_value=True, elem_id="hs-levels",
                            info="bottom first, the exact full model always on top and always deciding: or type a "
                                 "list such as lookup,2,4 or lookup,full@q4 (full@q4: the same weights in the GGUF's "

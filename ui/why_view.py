@@ -130,11 +130,39 @@ def why_html(story: dict) -> str:
                        f"first token (the cost model alone: {plain['model_tokens_per_s']:.1f}); the estimates in "
                        "tokens/s are scaled to the measured one.")
     return (f"<div class='hs-why'><p class='hs-definition'>{html.escape(story['definition'])}</p>"
+            f"<p class='hs-speed-source'>{html.escape(speed_source_words(story))}</p>"
             f"<p><b>Plan by plan</b> ({html.escape(_policy_words(story))}):</p>{plans_table(story)}"
             f"<p><b>The run against plain decoding</b>:</p>{table}{notes}"
             f"<p class='hs-hint'>Estimates: the cost model of this machine (pass and head costs timed for this model) "
             "at the acceptance shown, the same formulas the adaptive policy plans with; the range is that of the "
             f"acceptance's 90% interval. Measured figures are the facts; estimates explain them.{calibration}</p></div>")
+
+
+def speed_source_words(story: dict) -> str:
+    """Where the run's speed came from, in a sentence or two: which plans wrote how many tokens in how
+    much time, which of them beat plain decoding (measured here, else the cost model's plain step), and,
+    when the exits' hierarchy barely ran, that it did and where to see it."""
+    plans = [p for p in story["plans"] if p["new_tokens"]]
+    if not plans:
+        return ""
+    plain = story["plain"]["measured_decode_tokens_per_s"] or story["plain"]["model_tokens_per_s"]
+    source = "plain decoding measured here" if story["plain"]["measured_decode_tokens_per_s"] else "the cost model's plain step"
+    parts, faster = [], []
+    for p in sorted(plans, key=lambda p: -p["new_tokens"]):
+        rate = p["measured_tokens_per_s"]
+        seconds = p["new_tokens"] / rate if rate else 0.0
+        parts.append(f"{p['kind']} wrote {_n(p['new_tokens'], 'token')} in {seconds:.1f} s")
+        if p["kind"] != "plain" and rate and plain and rate > plain:
+            faster.append(f"{p['kind']} ({rate / plain:.2f}×)")
+    text = "Where the speed came from: " + "; ".join(parts) + ". "
+    text += (f"Faster than {source}: {', '.join(faster)}." if faster
+             else f"No plan beat {source} in this run.")
+    rounds = sum(p["rounds"] for p in story["plans"])
+    hierarchy = sum(p["rounds"] for p in story["plans"] if p["kind"].startswith("exit") and "->" in p["kind"])
+    if story["policy"] == "auto" and rounds and hierarchy / rounds < 0.1:
+        text += (f" The exits' hierarchy (draft exit, then verifier exit, then the full model) ran in {hierarchy} of "
+                 f"{rounds} rounds: to watch it at work, pick the Teaching preset (fixed rounds).")
+    return text
 
 
 def _policy_words(story: dict) -> str:

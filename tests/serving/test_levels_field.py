@@ -52,3 +52,21 @@ def test_a_level_list_runs_and_gives_the_models_greedy_output():
     done = out[-1]
     assert done.settings["levels"] == ["lookup", 4] or tuple(done.settings["levels"]) == ("lookup", 4)
     assert list(done.token_ids) == hf_greedy(model, prompt_ids, 12, eos=EOS)
+
+
+def test_a_levels_request_and_its_preset_equivalent_give_the_same_tokens_and_settings():
+    """levels '2,5' with fixed rounds is the paper's hispec with draft layer 2 and verify layer 5."""
+    import threading
+
+    model = tiny_model("llama", layers=8)
+    model.generation_config.eos_token_id = EOS
+    lm = LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")
+    common = dict(prompt="hello there", max_new_tokens=16, chat=False, policy="fixed", draft_len=2,
+                  verify_threshold=3)
+    runs = []
+    for raw in ({"levels": "2,5"}, {"draft_layer": 2, "verify_layer": 5}):
+        work = parse(**common, **raw).prepare(lm, Limits())
+        runs.append(list(work(threading.Event(), lambda *_: None))[-1])
+    by_levels, by_preset = runs
+    assert list(by_levels.token_ids) == list(by_preset.token_ids)
+    assert tuple(by_levels.settings["levels"]) == tuple(by_preset.settings["levels"]) == (2, 5)

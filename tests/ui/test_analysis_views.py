@@ -257,6 +257,11 @@ def test_why_tells_an_adaptive_run_plan_by_plan_against_measured_plain_decoding(
     assert "this run, measured against plain decoding (2 pairs of runs, 24 tokens each" in text
     assert "at the sliders" in text and "break-even of the same plan" in text
     assert plot.visible
+    # where the speed came from, in words, above the plan table: each plan's tokens and time, and the verdict
+    source = re.search(r"Where the speed came from: (.*?)Plan by plan", text, re.S)[1]
+    for kind in kept["stats"]["policy_choices"]:
+        assert f"{kind} wrote" in source or kind == "plain", (kind, source)
+    assert "plain decoding measured here" in source and ("Faster than" in source or "No plan beat" in source)
     fixed = list(h.generate("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0))
     view, _ = h.why(fixed[-1][-1], 0.5, 0.5)
     assert "not measured" in plain(view) and "estimated from its plans" not in plain(view)

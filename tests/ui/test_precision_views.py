@@ -90,3 +90,23 @@ def test_why_this_speed_explains_a_run_with_the_4bit_level_measured_only(run):
     rows = plan_rows([__import__("hispec.engine.events", fromlist=["event_from_dict"]).event_from_dict(d)
                       for d in run.events], run.done.settings)
     assert explain_plans(rows, costs, 8)  # and the kinds of a list with a cheaper format parse
+
+
+def test_where_the_speed_came_from_names_the_faster_plans_and_a_hierarchy_that_barely_ran():
+    from ui.why_view import speed_source_words
+
+    story = {"policy": "auto", "plain": {"measured_decode_tokens_per_s": 20.0, "model_tokens_per_s": 30.0},
+             "plans": [{"kind": "lookup", "new_tokens": 40, "measured_tokens_per_s": 50.0, "rounds": 10},
+                       {"kind": "exit 2 -> exit 4", "new_tokens": 3, "measured_tokens_per_s": 10.0, "rounds": 1},
+                       {"kind": "plain", "new_tokens": 20, "measured_tokens_per_s": 20.0, "rounds": 20}]}
+    words = speed_source_words(story)
+    assert "lookup wrote 40 tokens in 0.8 s" in words and "Faster than plain decoding measured here: lookup (2.50×)" in words
+    assert "exit 2 -> exit 4 (" not in words  # slower than plain: not named as faster
+    assert "ran in 1 of 31 rounds" in words and "Teaching preset" in words
+    story["plain"]["measured_decode_tokens_per_s"] = None
+    assert "No plan beat" not in speed_source_words(story) and "the cost model's plain step" in speed_source_words(story)
+
+
+def test_the_levels_box_starts_on_the_precision_list_where_the_model_offers_4bit():
+    own, precision = list(labels.LEVELS)[:2]
+    assert labels.default_levels(("q4",)) == precision and labels.default_levels(()) == own
