@@ -159,7 +159,8 @@ def speed_source_words(story: dict) -> str:
              else f"No plan beat {source} in this run.")
     rounds = sum(p["rounds"] for p in story["plans"])
     hierarchy = sum(p["rounds"] for p in story["plans"] if p["kind"].startswith("exit") and "->" in p["kind"])
-    if story["policy"] == "auto" and rounds and hierarchy / rounds < 0.1:
+    two_exits = sum(isinstance(x, int) for x in story.get("levels", (2, 4))) >= 2  # the list has a hierarchy of exits
+    if story["policy"] == "auto" and two_exits and rounds and hierarchy / rounds < 0.1:
         text += (f" The exits' hierarchy (draft exit, then verifier exit, then the full model) ran in {hierarchy} of "
                  f"{rounds} rounds: to watch it at work, pick the Teaching preset (fixed rounds).")
     return text

@@ -101,6 +101,7 @@ def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_
     low = run_prediction([dict(p, predicted=p["range"][0]) if p.get("range") else p for p in plans])
     high = run_prediction([dict(p, predicted=p["range"][1]) if p.get("range") else p for p in plans])
     story = {"definition": DEFINITION, "method": settings.get("method"), "policy": settings.get("policy"),
+             "levels": tuple(settings.get("levels") or ()),
              "measured": measured, "plans": plans, "predicted": predicted,
              "predicted_range": (low, high) if low is not None and high is not None else None,
              "plain": {"measured_decode_tokens_per_s": plain_decode, "model_tokens_per_s": plain_rate(costs, L)},

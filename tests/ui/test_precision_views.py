@@ -103,6 +103,7 @@ def test_where_the_speed_came_from_names_the_faster_plans_and_a_hierarchy_that_b
     assert "lookup wrote 40 tokens in 0.8 s" in words and "Faster than plain decoding measured here: lookup (2.50×)" in words
     assert "exit 2 -> exit 4 (" not in words  # slower than plain: not named as faster
     assert "ran in 1 of 31 rounds" in words and "Teaching preset" in words
+    assert "Teaching preset" not in speed_source_words({**story, "levels": ("lookup", "full@q4")})  # no exits
     story["plain"]["measured_decode_tokens_per_s"] = None
     assert "No plan beat" not in speed_source_words(story) and "the cost model's plain step" in speed_source_words(story)
 
