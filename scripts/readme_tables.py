@@ -460,9 +460,16 @@ def precision_table(report: dict) -> str:
             f"{report['max_new_tokens']} new tokens, greedy. " + plans_line(report))
 
 
-def precision_agreement_table(measured: dict) -> str:
+def precision_agreement_table(measured: dict, tune: dict | None = None) -> str:
     """Per-token acceptance of each 4-bit level by the exact model (and of 4-bit exits by the 4-bit full
-    model), from a scripts/measure_priors.py run (--formats q4)."""
+    model), from scripts/measure_priors.py runs (--formats q4): `measured` (the report split) beside
+    `tune` (the tuning split: the priors the policy starts from)."""
+    def split_of(m: dict) -> str:
+        return "report" if "heldout-report" in m.get("command", "") else "tuning"
+
+    def prompts(m: dict) -> int:
+        return sum(len(v) for v in m["prompts"].values())
+
     rows = []
     for run, pairs in measured["acceptance"].items():
         levels = measured["runs"][run]["levels"]
@@ -472,10 +479,15 @@ def precision_agreement_table(measured: dict) -> str:
                 continue  # the 4-bit full model judged by the exact one: its own row
             level = {"draft": levels[0], "verify": levels[-1]}[holder]
             judged_by = "the exact model" if judge == "target" else levels[-1]
-            rows.append([f"{level} judged by {judged_by}", f"**{_pct1(m['rate'])}**", f"{m['judged']:,}"])
-    prompts = sum(len(v) for v in measured["prompts"].values())
-    split = "report" if "heldout-report" in measured.get("command", "") else "tuning"
-    return (_table(["level", "per-token acceptance", "tokens judged"], rows)
-            + f"\n\nOn the {split} split ({prompts} prompts, {measured['max_new_tokens']} new tokens each): acceptance "
-              "per token, in order up to each block's first rejection, fixed rounds, greedy; 4-bit levels run the "
-              "GGUF's own blocks, the exact model is the float32 dequantisation of the same file.")
+            row = [f"{level} judged by {judged_by}", f"**{_pct1(m['rate'])}** ({m['judged']:,} tokens)"]
+            if tune is not None:
+                t = (tune["acceptance"].get(run) or {}).get(key) or {}
+                row.append(f"{_pct1(t.get('rate'))} ({t.get('judged', 0):,} tokens)")
+            rows.append(row)
+    head = ["level", f"{split_of(measured)} split ({prompts(measured)} prompts)"]
+    if tune is not None:
+        head.append(f"{split_of(tune)} split ({prompts(tune)} prompts: the priors)")
+    return (_table(head, rows)
+            + f"\n\nAcceptance per token, in order up to each block's first rejection, fixed rounds, greedy, "
+              f"{measured['max_new_tokens']} new tokens a prompt; 4-bit levels run the GGUF's own blocks, the exact "
+              "model is the float32 dequantisation of the same file.")
