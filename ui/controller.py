@@ -60,13 +60,13 @@ class Handlers:
         yield cleared(render.message_html("Starting…", "info"))  # nothing of the last run stays
         raw = page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
                            max_new_tokens, chat, temperature, top_k, top_p, seed, policy, baseline, levels)
-        view = GenerateView(model, pairs=raw["baseline"] if isinstance(raw["baseline"], int) else 0)
+        view = GenerateView(model, pairs=_pairs(raw["baseline"]))
         for update in self.server.submit(self.server.caller(request), GenerateRequest, raw):
             yield view.update(update)
 
     def stop(self, request: gr.Request = None) -> str:
-        n = self.server.stop(self.server.caller(request), GENERATION_KINDS)
         """The Stop button's reply, shown beside the status (never in it: the run's own last word stays)."""
+        n = self.server.stop(self.server.caller(request), GENERATION_KINDS)
         if n:
             return render.message_html("Stopping: the run ends after its current round.", "info")
         # a request sent just before the Stop may not be registered yet: serving remembers the Stop for it
@@ -220,6 +220,15 @@ class Handlers:
             beliefs, beliefs_view = None, render.message_html(f"What each exit believes: {exc}")
         return (rounds, gr.update(value=start, maximum=max(len(rounds) - 1, 1)), view, beliefs_view,
                 token_story.explain_all_html(trace, beliefs, settings))
+
+
+def _pairs(value) -> int:
+    """The plain-baseline pairs a page value asks for, for the status's words (serving checks the value
+    itself): a slider's 2.0 is 2; anything that is not a number, 0."""
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 def stale_panels() -> tuple:

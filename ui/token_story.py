@@ -9,6 +9,7 @@ import html
 from hispec.engine.events import TokenState as S
 from hispec.evaluation.trace import Trace, TraceToken
 from hispec.text import printable
+from ui.labels import level_words
 from ui.render import roles_of
 
 WHO = {"draft": "the draft exit (layer {d})", "verify": "the intermediate verifier (exit {v})",
@@ -130,6 +131,9 @@ _JUDGED = {S.TENTATIVE: "kept by {who} (tentative)", S.VERIFY_REJECTED: "rejecte
 
 
 def _who(level: str, d, v) -> str:
+    held = {"draft": d, "verify": v}.get(level)
+    if "@" in str(held):  # a level in a cheaper format: named in words, not as an exit layer
+        return {"draft": "the draft level", "verify": "the intermediate verifier"}[level] + f" ({level_words(held)})"
     return WHO.get(level, level).format(d=d, v=v)
 
 
@@ -164,8 +168,11 @@ def explain_token(token: TraceToken, winner: TraceToken | None, fell_with_anothe
     an earlier token of its block was rejected."""
     roles = roles_of(settings)
     d, v = roles.get("draft"), roles.get("verify")
-    who = WHO.get(token.origin, token.origin).format(d=d, v=v)
+    who = _who(token.origin, d, v)
     fate = FATE.get(token.css_class, token.css_class).format(d=d, v=v)
+    for held in (d, v):
+        if "@" in str(held):
+            fate = fate.replace(f"exit {held}", level_words(held))
     lines = [f"<p><b>{_tok(token.text, 'hs-' + token.css_class)}</b> · token {token.index + 1} · round "
              f"{token.round}</p>", f"<p>Proposed by <b>{html.escape(who)}</b>; {html.escape(fate)}.</p>"]
     if token.rejected and winner is not None:

@@ -259,8 +259,9 @@ def test_the_engine_the_cli_the_page_and_the_api_share_one_default_policy(server
 def test_the_status_says_done_once_at_the_very_end_when_plain_pairs_follow(server):
     """With pairs against plain decoding, "Done" appears once, after the pairs, not when the tokens are in."""
     h = Handlers(server)
-    statuses = [out[0] for out in h.generate("hello there", "tiny", *HISPEC, 12, True, policy=labels.FIXED, baseline=1)
-                if isinstance(out[0], str)]
+    # baseline as the page's slider sends it (a float)
+    statuses = [out[0] for out in h.generate("hello there", "tiny", *HISPEC, 12, True, policy=labels.FIXED,
+                                             baseline=1.0) if isinstance(out[0], str)]
     done = [i for i, s in enumerate(statuses) if "Done" in s]
     assert done == [len(statuses) - 1], statuses
     assert any("timing plain decoding" in s for s in statuses), statuses

@@ -111,3 +111,10 @@ def test_where_the_speed_came_from_names_the_faster_plans_and_a_hierarchy_that_b
 def test_the_levels_box_starts_on_the_precision_list_where_the_model_offers_4bit():
     own, precision = list(labels.LEVELS)[:2]
     assert labels.default_levels(("q4",)) == precision and labels.default_levels(()) == own
+
+
+def test_a_4bit_tokens_story_names_the_level_in_words(run):
+    from ui import token_story
+
+    html_all = token_story.explain_all_html(run.trace, None, run.done.settings)
+    assert "exit full@q4" not in html_all and "4-bit" in html_all
