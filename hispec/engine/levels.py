@@ -8,6 +8,7 @@
     [lookup, exit d, exit v, full]
     [full@q4, full]             the same weights in a cheaper format draft (a precision level)
     [lookup, full@q4, full]     lookup drafts, the 4-bit model tentatively verifies, the exact model decides
+    [lookup, full@a8, full]     on the 4-bit model: its int8-activation copy tentatively verifies
 
 A level is (depth, precision): an exit layer or the full depth, run in the model's exact format or in a
 cheaper format of the same weights (``PRECISIONS``; written ``E@q4`` or ``full@q4``). The levels of one
@@ -35,8 +36,11 @@ from hispec.errors import ConfigError
 
 LOOKUP, EXIT, FULL = "lookup", "exit", "full"
 # Cheaper formats of the same weights a level may run in (the exact format is the model's own: None).
-# q4: the GGUF file's own 4-bit blocks through the batch-invariant kernel (hispec/model/q4.py).
-PRECISIONS = ("q4",)
+# q4: the GGUF file's own 4-bit blocks through the batch-invariant kernel (hispec/model/q4.py);
+# a8: the same blocks with int8 activations per block of 32 (the kernel's act8 products), cheaper still.
+# Listed from the most precise down: at equal depth a level above is never less precise than one below.
+PRECISIONS = ("q4", "a8")
+_RANK = {None: len(PRECISIONS), **{p: len(PRECISIONS) - 1 - i for i, p in enumerate(PRECISIONS)}}
 
 
 @dataclass(frozen=True)
@@ -124,9 +128,9 @@ def split_level(item: str | int) -> tuple[int | None, str | None]:
 
 
 def _order_key(item) -> tuple[float, int]:
-    """Deeper is higher; at equal depth the exact format is higher than a cheaper one."""
+    """Deeper is higher; at equal depth the exact format is higher than a cheaper one (q4 above a8)."""
     layer, precision = split_level(item)
-    return (float("inf") if layer is None else layer, 1 if precision is None else 0)
+    return (float("inf") if layer is None else layer, _RANK[precision])
 
 
 def build_levels(spec: tuple[str | int, ...], num_layers: int) -> tuple[Level, ...]:

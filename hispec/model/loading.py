@@ -260,6 +260,7 @@ def load_model(
         load_gguf_weights(model, default_gguf_path(), cache_dir=source)  # blocks kept beside the conversion
     ee = EarlyExitModel(model)
     _offer_q4_levels(ee, name, source, weights, device)
+    _offer_a8_levels(ee, name, weights, device)
     from hispec.model.heads import find_and_attach  # trained exit heads, refused if made for another model
 
     if adapter and exits is None:  # its exits are trained into the model: heads of the original do not apply
@@ -293,6 +294,26 @@ def _offer_q4_levels(ee: EarlyExitModel, name: str, source: str, weights: str, d
         return EarlyExitModel(q4_copy(ee.model, cached_gguf(default_gguf_path(), ee.model.config, source)))
 
     ee.add_format("q4", build, why)
+
+
+def _offer_a8_levels(ee: EarlyExitModel, name: str, weights: str, device: str) -> None:
+    """Levels in 'a8' ('full@a8', '4@a8') run the default model's 4-bit blocks with int8 activations per
+    block of 32 (csrc/q4_kernel.cpp, the native route's act8 mode): a cheaper drafter of the same weights,
+    for the 4-bit model (whose exact format is the 4-bit kernel over float32 activations) and for the
+    float32 model (below its 'q4' levels). Built on first use from the 4-bit copy's modules, which it
+    shares (no second copy of the blocks beyond the native route's own tables)."""
+    why = None
+    if name != DEFAULT_MODEL:
+        why = f"a8 levels run the default model's own GGUF blocks ({DEFAULT_GGUF}); '{name}' has none (drop the @a8 levels)"
+    elif not device.startswith("cpu"):
+        why = "a8 levels run on the CPU (an x86 AVX2/AVX-512 kernel); this model is on " + device
+
+    def build() -> EarlyExitModel:
+        from hispec.model.q4_layer import a8_copy
+
+        return a8_copy(ee if weights == "q4" else ee.in_format("q4"))
+
+    ee.add_format("a8", build, why)
 
 
 def resolve_weights(weights: str | None = None) -> str:

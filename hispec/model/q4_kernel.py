@@ -41,6 +41,9 @@ ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
 }
+# VNNI (dpbusd) for the int8-activation products where the AVX-512 host has it; without it the same
+# integers come from maddubs + madd, so the flag changes speed, never a bit.
+VNNI_FLAG = "-mavx512vnni"
 COMMON_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
 
 _lock = threading.Lock()
@@ -76,6 +79,13 @@ def host_isa() -> str | None:
     return "avx512" if has_avx512 else "avx2" if has_avx2 else None
 
 
+def isa_flags(isa: str) -> list[str]:
+    flags = list(ISA_FLAGS[isa])
+    if isa == "avx512" and "avx512_vnni" in _cpu_flags():
+        flags.append(VNNI_FLAG)
+    return flags
+
+
 def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
@@ -99,7 +109,7 @@ def _compiler_version(cxx: str) -> str:
 
 def library_path(isa: str, cxx: str) -> Path:
     digest = hashlib.sha1()
-    for part in (SOURCE.read_bytes(), " ".join(COMMON_FLAGS + ISA_FLAGS[isa]).encode(), _compiler_version(cxx).encode()):
+    for part in (SOURCE.read_bytes(), " ".join(COMMON_FLAGS + isa_flags(isa)).encode(), _compiler_version(cxx).encode()):
         digest.update(part)
     return build_dir() / f"q4_kernel-{isa}-{digest.hexdigest()[:12]}.so"
 
@@ -116,7 +126,7 @@ def build(isa: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], str(SOURCE), "-o", tmp]
+    cmd = [cxx, *COMMON_FLAGS, *isa_flags(isa), str(SOURCE), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
@@ -162,6 +172,9 @@ def load(isa: str | None = None) -> ctypes.CDLL:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.hispec_q41_matmul.argtypes = [p, i64, i64, p, p, p, i64, p, i64, ctypes.c_int]
         lib.hispec_q41_matmul.restype = None
+        lib.hispec_q41_matmul_a8.argtypes = [p, i64, i64, p, p, p, i64, p, i64, ctypes.c_int]
+        lib.hispec_q41_matmul_a8.restype = None
+        lib.hispec_q4_vnni.restype = ctypes.c_int
         lib.hispec_q80_matmul.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
         lib.hispec_q80_matmul.restype = None
         lib.hispec_q80_rows.argtypes = [p, i64, i64, p, p, p]

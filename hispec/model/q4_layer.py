@@ -46,7 +46,7 @@ class _Layer(ctypes.Structure):
 
 class _Dims(ctypes.Structure):
     _fields_ = [("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64), ("inter", _i64),
-                ("eps", _f), ("qk_eps", _f), ("scaling", _f)]
+                ("eps", _f), ("qk_eps", _f), ("scaling", _f), ("act8", ctypes.c_int32)]
 
 
 def enabled_by_env() -> bool:
@@ -97,8 +97,10 @@ def support(lean) -> str | None:
 class NativeLayers:
     """Decoder layers of a 4-bit lean path, described once for ``hispec_q4_layers``."""
 
-    def __init__(self, lean, isa: str | None = None):
-        """`isa`: the kernel build to run ('avx512', 'avx2'; default the host's, ``q4_kernel.host_isa``)."""
+    def __init__(self, lean, isa: str | None = None, act8: bool = False):
+        """`isa`: the kernel build to run ('avx512', 'avx2'; default the host's, ``q4_kernel.host_isa``);
+        `act8`: the products take int8 activations per block of 32 (the 'a8' precision level, a cheaper
+        drafter of the same weights; the kernel's header says how), else float32 (the exact 4-bit route)."""
         reason = support(lean)
         if reason:
             raise ValueError(f"the native 4-bit route cannot run this model: {reason}")
@@ -108,7 +110,9 @@ class NativeLayers:
         self.E = first.input_norm.weight.shape[0]
         self.H, self.KV, self.D, self.I = first.n_heads, first.n_kv, first.head_dim, first.intermediate
         qk_eps = _eps(first.q_norm) if first.q_norm is not None else 0.0
-        self.dims = _Dims(self.E, self.H, self.KV, self.D, self.I, _eps(first.input_norm), qk_eps, first.scaling)
+        self.act8 = bool(act8)
+        self.dims = _Dims(self.E, self.H, self.KV, self.D, self.I, _eps(first.input_norm), qk_eps, first.scaling,
+                          int(self.act8))
         self.table = (_Layer * len(lean.layers))()
         self.keep = []  # tensors whose pointers the table holds
         for slot, w in zip(self.table, lean.layers):
@@ -169,6 +173,23 @@ def set_enabled(ee, on: bool, isa: str | None = None) -> bool:
         return False
     lean.native = NativeLayers(lean, isa) if on and support(lean) is None else None
     return lean.native is not None
+
+
+def a8_copy(ee) -> "EarlyExitModel":
+    """A second view of a 4-bit EarlyExitModel whose decoder layers run with int8 activations (the 'a8'
+    level): the same modules and 4-bit blocks, its own lean path and native table in act8 mode. Exit
+    heads and the LM head are as in `ee` (float32 activations). Raises ConfigError where the native
+    route cannot run (the a8 products exist only there)."""
+    from hispec.errors import ConfigError
+    from hispec.model.early_exit import EarlyExitModel
+
+    twin = EarlyExitModel(ee.model)
+    if twin.lean is None or twin.lean.native is None:
+        why = ("HISPEC_Q4_NATIVE=0" if not enabled_by_env() else
+               support(twin.lean) if twin.lean is not None else "the lean path is off")
+        raise ConfigError(f"a8 levels run in the native 4-bit route, which cannot run here ({why})")
+    twin.lean.native = NativeLayers(twin.lean, act8=True)
+    return twin
 
 
 def unavailable_reason() -> str | None:

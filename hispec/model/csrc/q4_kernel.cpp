@@ -319,6 +319,204 @@ const char *hispec_q4_isa(void) { return HISPEC_ISA; }
 
 }  // extern "C"
 
+
+// ==================================================================================================
+// int8 activations (the 'a8' precision level: the same Q4_1 weights, a cheaper product). Each row of x
+// is quantised per block of 32: dx_b = amax_b / 127, xq_i = round(x_i / dx_b) in int8 (what llama.cpp
+// computes for Q4_1 x Q8_1). Per output element and block, the 32 products q_i * xq_i are summed
+// exactly in integers (VNNI's dpbusd where the build has it, else maddubs + madd: the same integers),
+// then acc = fma(float(sums), d_b * dx_b, acc) lane by lane, blocks in order, and at the end the lanes'
+// fixed tree plus the minimum term sum_b m_b * sum(x_b) over the float block sums of x (the unquantised
+// row: more accurate than llama.cpp's dx_b * sum(xq_b)). Every element is accumulated in its own
+// registers from its own row's quantisation, so this product is batch-invariant too.
+//
+// Layout of a quantised row (quantize_row): AVX-512 takes two blocks per 512-bit vector, so the bytes
+// of a pair of blocks (b, b + 1) are stored [b 0..15 | b+1 0..15 | b 16..31 | b+1 16..31], the order
+// in which two blocks' nibbles unpack (low nibbles = weights 0..15, high = 16..31); a last odd block
+// keeps its natural order. dxe holds, per pair, the 16 lanes' activation scales
+// [dx_b x4 | dx_b+1 x4 | dx_b x4 | dx_b+1 x4] (and, per odd last block, dx_b x16). AVX2 takes one
+// block per 256-bit vector in natural order; dxe holds dx_b per block.
+// ==================================================================================================
+
+namespace {
+
+constexpr int64_t DXE_PER_PAIR = VL == 16 ? 16 : 2;  // floats of dxe per pair of blocks
+
+inline int64_t dxe_len(int64_t nb) { return (nb / 2) * DXE_PER_PAIR + (nb % 2) * (VL == 16 ? 16 : 1); }
+
+inline void quantize_row(const float *x, int64_t K, int8_t *xq, float *dxe) {
+    const int64_t nb = K / QK;
+    int8_t blk[QK];
+    float dx[2] = {0, 0};
+    for (int64_t b = 0; b < nb; b++) {
+        const float *p = x + b * QK;
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) {
+            float a = fabsf(p[i]);
+            amax = a > amax ? a : amax;
+        }
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int i = 0; i < QK; i++) {
+            long v = lrintf(p[i] * id);
+            blk[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+        }
+        const float d = amax / 127.0f;
+        if (VL == 16 && (b % 2 == 0) && b + 1 < nb) {  // first of a pair
+            memcpy(xq + b * QK, blk, 16);
+            memcpy(xq + b * QK + 32, blk + 16, 16);
+            dx[0] = d;
+        } else if (VL == 16 && b % 2 == 1) {  // second of a pair
+            memcpy(xq + (b - 1) * QK + 16, blk, 16);
+            memcpy(xq + (b - 1) * QK + 48, blk + 16, 16);
+            dx[1] = d;
+            float *e = dxe + (b / 2) * DXE_PER_PAIR;
+            for (int i = 0; i < 16; i++) e[i] = dx[(i / 4) % 2];
+        } else {  // natural order: AVX2, or AVX-512's odd last block
+            memcpy(xq + b * QK, blk, QK);
+            if (VL == 16)
+                for (int i = 0; i < 16; i++) dxe[(nb / 2) * DXE_PER_PAIR + i] = d;
+            else
+                dxe[b] = d;
+        }
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline __m512i dot_u8s8(__m512i w, __m512i x) {  // 16 lanes, each the sum of 4 adjacent u8 * s8 products
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
+#else
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1));
+#endif
+}
+
+template <int R>
+inline __attribute__((always_inline)) void column_a8(const int8_t *xq, int64_t K, const float *dxe, int64_t lde,
+                                                     const float *sx, const Q41 &w, int64_t n, float *out,
+                                                     int64_t ldo) {
+    const int64_t nb = w.nb;
+    const uint8_t *qs = w.qs + n * nb * (QK / 2);
+    const uint16_t *d = w.d + n * nb;
+    const __m512i lanes = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m256i low4 = _mm256_set1_epi8(15);
+    vf acc[R];
+    for (int r = 0; r < R; r++) acc[r] = vzero();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + b * (QK / 2)));
+        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        int32_t dd;
+        memcpy(&dd, d + b, 4);
+        __m512 dw = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(dd))));
+        for (int r = 0; r < R; r++) {
+            __m512i s = dot_u8s8(wq, _mm512_loadu_si512((const void *)(xq + r * K + b * QK)));
+            acc[r] = vfma(_mm512_cvtepi32_ps(s), vmul(dw, vload(dxe + r * lde + (b / 2) * DXE_PER_PAIR)), acc[r]);
+        }
+    }
+    if (b < nb) {  // an odd last block: its 32 weights in the vector's low half, the high half zero
+        __m128i v = _mm_loadu_si128((const __m128i *)(qs + b * (QK / 2)));
+        __m128i lo = _mm_and_si128(v, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15));
+        __m512i wq = _mm512_zextsi256_si512(_mm256_set_m128i(hi, lo));
+        vf dw = vset1(half(d[b]));
+        for (int r = 0; r < R; r++) {
+            __m512i x = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xq + r * K + b * QK)));
+            acc[r] = vfma(_mm512_cvtepi32_ps(dot_u8s8(wq, x)), vmul(dw, vload(dxe + r * lde + (b / 2) * DXE_PER_PAIR)),
+                          acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * ldo + n] = vsum(acc[r]) + min_term(w.m + n * nb, sx + r * nb, nb);
+}
+#else
+template <int R>
+inline __attribute__((always_inline)) void column_a8(const int8_t *xq, int64_t K, const float *dxe, int64_t lde,
+                                                     const float *sx, const Q41 &w, int64_t n, float *out,
+                                                     int64_t ldo) {
+    const int64_t nb = w.nb;
+    const uint8_t *qs = w.qs + n * nb * (QK / 2);
+    const uint16_t *d = w.d + n * nb;
+    const __m128i low4 = _mm_set1_epi8(15);
+    const __m256i ones = _mm256_set1_epi16(1);
+    vf acc[R];
+    for (int r = 0; r < R; r++) acc[r] = vzero();
+    for (int64_t b = 0; b < nb; b++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(qs + b * (QK / 2)));
+        __m256i wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_and_si128(v, low4));
+        const float dw = half(d[b]);
+        for (int r = 0; r < R; r++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + r * K + b * QK));
+            __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
+            acc[r] = vfma(_mm256_cvtepi32_ps(s), vset1(dw * dxe[r * lde + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * ldo + n] = vsum(acc[r]) + min_term(w.m + n * nb, sx + r * nb, nb);
+}
+#endif
+
+template <int R>
+void columns_a8(const int8_t *xq, int64_t K, const float *dxe, int64_t lde, const float *sx, const Q41 &w, int64_t n0,
+                int64_t n1, float *out, int64_t ldo) {
+    for (int64_t n = n0; n < n1; n++) column_a8<R>(xq, K, dxe, lde, sx, w, n, out, ldo);
+}
+
+// Columns [n0, n1) of the quantised rows (M of them) times a Q4_1 matrix, rows in tiles of up to 4.
+inline void product_cols_a8(const int8_t *xq, const float *dxe, int64_t M, const float *sx, const Q41 &w, int64_t n0,
+                            int64_t n1, float *out, int64_t ldo) {
+    const int64_t K = w.nb * QK, lde = dxe_len(w.nb);
+    for (int64_t r0 = 0; r0 < M; r0 += 4) {
+        const int R = (int)(M - r0 < 4 ? M - r0 : 4);
+        const int8_t *x = xq + r0 * K;
+        const float *e = dxe + r0 * lde, *s = sx + r0 * w.nb;
+        float *o = out + r0 * ldo;
+        switch (R) {
+        case 1: columns_a8<1>(x, K, e, lde, s, w, n0, n1, o, ldo); break;
+        case 2: columns_a8<2>(x, K, e, lde, s, w, n0, n1, o, ldo); break;
+        case 3: columns_a8<3>(x, K, e, lde, s, w, n0, n1, o, ldo); break;
+        default: columns_a8<4>(x, K, e, lde, s, w, n0, n1, o, ldo); break;
+        }
+    }
+}
+
+inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *dxe) {
+    for (int64_t r = 0; r < M; r++) quantize_row(x + r * K, K, xq + r * K, dxe + r * dxe_len(K / QK));
+}
+
+}  // namespace
+
+extern "C" {
+
+// out[M, ldo] (its first N columns) = x[M, K] @ W[N, K].T, W in Q4_1, x quantised to int8 per block of 32.
+void hispec_q41_matmul_a8(const float *x, int64_t M, int64_t K, const uint8_t *qs, const uint16_t *d,
+                          const uint16_t *m, int64_t N, float *out, int64_t ldo, int nthreads) {
+    Q41 w{qs, d, m, K / QK};
+    const int64_t nb = K / QK;
+    int8_t *xq = (int8_t *)malloc(M * K);
+    float *dxe = (float *)malloc(sizeof(float) * M * dxe_len(nb));
+    float *sx = (float *)malloc(sizeof(float) * M * nb);
+    quantize_rows(x, M, K, xq, dxe);
+    block_sums(x, M, K, sx);
+    int64_t tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
+        product_cols_a8(xq, dxe, M, sx, w, n0, n1, out, ldo);
+    }
+    free(xq);
+    free(dxe);
+    free(sx);
+}
+
+// 1 when this build's int8 products use VNNI (dpbusd), 0 for maddubs + madd (the same integers)
+int hispec_q4_vnni(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+}  // extern "C"
+
 // ==================================================================================================
 // The whole decoder layer (the 4-bit path's native route, hispec/model/q4_layer.py): for layers
 // [0, n_layers) of `layers`, over q new rows (positions past .. past + q - 1) of hidden (q, E), in
@@ -365,6 +563,7 @@ struct hispec_layer {
 struct hispec_dims {
     int64_t hidden, heads, kv_heads, head_dim, inter;
     float eps, qk_eps, scaling;
+    int32_t act8;  // 1: the products take int8 activations per block of 32 (the 'a8' level); 0: float32
 };
 
 }  // extern "C"
@@ -411,6 +610,15 @@ inline void product_cols(const float *x, int64_t M, const float *sx, const Mat &
         int R = (int)(M - r0 < ROWS ? M - r0 : ROWS);
         rows_tile(R, x + r0 * w.K, w.K, sx + r0 * nb, q, n0, n1, out + r0 * ldo, ldo);
     }
+}
+
+// product_cols, or with act8 its int8-activation twin over the rows' quantisation (xq, dxe)
+inline void product(bool act8, const float *x, const int8_t *xq, const float *dxe, int64_t M, const float *sx,
+                    const Mat &w, int64_t n0, int64_t n1, float *out, int64_t ldo) {
+    if (act8)
+        product_cols_a8(xq, dxe, M, sx, Q41{w.qs, w.d, w.m, w.K / QK}, n0, n1, out, ldo);
+    else
+        product_cols(x, M, sx, w, n0, n1, out, ldo);
 }
 
 inline int64_t ntasks(int64_t N) { return (N + COLS_PER_TASK - 1) / COLS_PER_TASK; }
@@ -477,6 +685,9 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
         float *xn = (float *)malloc(sizeof(float) * q * maxk);  // this thread's normed rows
         float *sx = (float *)malloc(sizeof(float) * q * (maxk / QK + 1));
         float *scores = (float *)malloc(sizeof(float) * (total + 2 * D));
+        const bool act8 = dims->act8 != 0;  // each thread quantises every row into its own buffers
+        int8_t *xq = act8 ? (int8_t *)malloc(q * maxk) : nullptr;
+        float *dxe = act8 ? (float *)malloc(sizeof(float) * q * dxe_len(maxk / QK)) : nullptr;
         float *rot = scores + total;  // D floats of scratch (rotary), D more (attention accumulators)
         const bool lead = omp_get_thread_num() == 0;
         double t0 = prof && lead ? now() : 0;
@@ -492,11 +703,12 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
             // 1. input norm (every thread, all rows) and the fused q/k/v product (columns split)
             for (int64_t r = 0; r < q; r++) rms_norm_row(hidden + r * E, L.in_norm, E, dims->eps, xn + r * E);
             block_sums_rows(xn, q, E, sx);
+            if (act8) quantize_rows(xn, q, E, xq, dxe);
             mark(2);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(NQKV); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < NQKV ? n0 + COLS_PER_TASK : NQKV;
-                product_cols(xn, q, sx, L.qkv, n0, n1, qkv, NQKV);
+                product(act8, xn, xq, dxe, q, sx, L.qkv, n0, n1, qkv, NQKV);
                 if (L.qkv_bias)
                     for (int64_t r = 0; r < q; r++)
                         for (int64_t n = n0; n < n1; n++) qkv[r * NQKV + n] = qkv[r * NQKV + n] + L.qkv_bias[n];
@@ -560,11 +772,12 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
             mark(1);
             // 4. o_proj + residual
             block_sums_rows(attn, q, H * D, sx);
+            if (act8) quantize_rows(attn, q, H * D, xq, dxe);
             mark(2);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(E); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                product_cols(attn, q, sx, L.o, n0, n1, tmp, E);
+                product(act8, attn, xq, dxe, q, sx, L.o, n0, n1, tmp, E);
                 for (int64_t r = 0; r < q; r++)
                     for (int64_t n = n0; n < n1; n++) {
                         float y = tmp[r * E + n];
@@ -576,17 +789,18 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
             // 5. post norm, gate and up (a task computes the same columns of both), SiLU(gate) * up
             for (int64_t r = 0; r < q; r++) rms_norm_row(hidden + r * E, L.post_norm, E, dims->eps, xn + r * E);
             block_sums_rows(xn, q, E, sx);
+            if (act8) quantize_rows(xn, q, E, xq, dxe);
             mark(2);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(I); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < I ? n0 + COLS_PER_TASK : I;
                 // gate columns into tmp[:, n], up columns into act[:, n] (row stride I each)
-                product_cols(xn, q, sx, L.gate_up, n0, n1, tmp, I);
+                product(act8, xn, xq, dxe, q, sx, L.gate_up, n0, n1, tmp, I);
                 Mat up = L.gate_up;
                 up.qs += I * (up.K / 2);
                 up.d += I * (up.K / QK);
                 up.m += I * (up.K / QK);
-                product_cols(xn, q, sx, up, n0, n1, act, I);
+                product(act8, xn, xq, dxe, q, sx, up, n0, n1, act, I);
                 for (int64_t r = 0; r < q; r++) {  // n1 - n0 = 32 (the intermediate size is whole blocks)
                     if (L.gate_up_bias)
                         for (int64_t n = n0; n < n1; n++) {
@@ -600,11 +814,12 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
             mark(0);
             // 6. down + residual
             block_sums_rows(act, q, I, sx);
+            if (act8) quantize_rows(act, q, I, xq, dxe);
             mark(2);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(E); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                product_cols(act, q, sx, L.down, n0, n1, tmp, E);
+                product(act8, act, xq, dxe, q, sx, L.down, n0, n1, tmp, E);
                 for (int64_t r = 0; r < q; r++)
                     for (int64_t n = n0; n < n1; n++) {
                         float y = tmp[r * E + n];
@@ -617,6 +832,8 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
         free(xn);
         free(sx);
         free(scores);
+        free(xq);
+        free(dxe);
     }
     free(qkv);
     free(attn);

@@ -1,0 +1,183 @@
+"""The 'a8' precision: the 4-bit blocks with int8 activations per block of 32 (hispec_q41_matmul_a8 and the
+native route's act8 mode in csrc/q4_kernel.cpp). A cheaper format of the same weights: close to the float
+product (int8 rounding of the activations, never bit for bit), batch-invariant on its own (a row's bits do
+not depend on the rows beside it or its place in the pass), and, as a level below the exact model, never
+changing a token of the exact model's output."""
+
+import pytest
+import torch
+from helpers import ee_of, hf_greedy, tiny_model
+
+from hispec.engine.decoding import DecodeConfig
+from hispec.engine.levels import parse_levels
+from hispec.errors import ConfigError
+from hispec.evaluation.runner import run
+from hispec.model import q4_kernel, q4_layer
+from hispec.model.early_exit import EarlyExitModel
+from hispec.model.q4 import Q4_1, QuantizedMatrix, q4_copy, to_q4
+
+REASON = q4_kernel.unavailable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"4-bit kernel unavailable here: {REASON}")
+ISAS = [isa for isa in ("avx512", "avx2") if q4_kernel.host_isa() == "avx512" or isa == "avx2"]
+L = 6
+
+
+def _matrix(N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qs = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
+    d = (torch.rand(N, K // 32, generator=g) * 0.02 + 1e-3).half().view(torch.int16)
+    m = (-torch.rand(N, K // 32, generator=g) * 0.1).half().view(torch.int16)
+    return QuantizedMatrix(Q4_1, qs, d, m, (N, K))
+
+
+def _a8(lib, w, x):
+    N, K = w.shape
+    out = torch.empty(x.shape[0], N)
+    lib.hispec_q41_matmul_a8(x.data_ptr(), x.shape[0], K, w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), N,
+                             out.data_ptr(), N, 2)
+    return out
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("K,N", [(576, 1536), (1536, 576), (544, 96), (96, 64)])  # 544, 96: an odd block count
+def test_the_int8_product_is_close_to_the_float_one_and_batch_invariant(isa, K, N):
+    lib, w = q4_kernel.load(isa), _matrix(N, K)
+    x = torch.randn(9, K, generator=torch.Generator().manual_seed(1))
+    y = _a8(lib, w, x)
+    exact = x.double() @ w.dequantize().double().T
+    rel = ((y.double() - exact).norm() / exact.norm()).item()
+    assert 1e-4 < rel < 2e-2  # int8 activations: about 0.7% here, far from float32 rounding (1e-7)
+    for i in range(9):  # alone, or anywhere in a pass of another size
+        assert torch.equal(_a8(lib, w, x[i : i + 1].contiguous())[0], y[i])
+    assert torch.equal(_a8(lib, w, x[2:7].contiguous()), y[2:7])
+
+
+def _reference(w, x):
+    """The a8 product in float64 from its definition: xq = round(x / dx) per block (dx = amax / 127),
+    sum_b d_b * dx_b * (q_b . xq_b) + m_b * sum(x_b)."""
+    N, K = w.shape
+    xb = x.double().view(x.shape[0], K // 32, 32)
+    dx = xb.abs().amax(-1, keepdim=True) / 127
+    xq = torch.where(dx > 0, torch.round(xb / torch.where(dx > 0, dx, 1)), 0).clamp(-127, 127)
+    packed = w.qs.view(N, K // 32, 16)
+    q = torch.cat([packed & 15, packed >> 4], dim=-1).double()  # [N, nb, 32]
+    d = w.d.view(torch.float16).double()
+    m = w.m.view(torch.float16).double()
+    ints = torch.einsum("rbi,nbi->rnb", xq, q)
+    return (ints * d[None] * dx[..., 0][:, None]).sum(-1) + (xb.sum(-1)[:, None] * m[None]).sum(-1)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_int8_product_computes_its_definition(isa):
+    """Against a float64 reference of the same quantisation: equal to float32 rounding, so the blocks' and
+    the activations' layouts (pairs of blocks interleaved on AVX-512) line up."""
+    lib = q4_kernel.load(isa)
+    for K, N in [(576, 64), (544, 32), (96, 40)]:
+        w = _matrix(N, K, seed=K)
+        x = torch.randn(5, K, generator=torch.Generator().manual_seed(2))
+        ref = _reference(w, x)
+        torch.testing.assert_close(_a8(lib, w, x).double(), ref, rtol=1e-5, atol=1e-4 * ref.abs().max().item())
+
+
+def test_a_zero_block_of_activations_gives_the_minimum_term_only():
+    """amax 0: a scale of 0 and no division by it; the block contributes nothing but m * sum(x) = 0."""
+    lib, w = q4_kernel.lib(), _matrix(64, 96)
+    x = torch.randn(1, 96)
+    x[0, 32:64] = 0
+    y = _a8(lib, w, x)
+    assert torch.isfinite(y).all()
+    exact = x.double() @ w.dequantize().double().T
+    assert ((y.double() - exact).norm() / exact.norm()).item() < 2e-2
+
+
+def _views(seed=4):
+    q4 = EarlyExitModel(to_q4(tiny_model("llama", layers=L, seed=seed)))
+    return q4, q4_layer.a8_copy(q4)
+
+
+def _run(ee, ids, chunks, layers=L):
+    cache, outs, at = ee.new_cache(64), [], 0
+    for n in chunks:
+        outs.append(ee.run_layers(ee.embed(ids[at : at + n]), 0, layers, cache))
+        at += n
+    return torch.cat(outs, dim=1), cache
+
+
+def test_the_a8_view_shares_the_blocks_and_runs_act8():
+    q4, a8 = _views()
+    assert a8.lean.native.act8 and not q4.lean.native.act8 and a8.model is q4.model
+    assert a8.lean.native.dims.act8 == 1
+    ids = list(range(5, 25))
+    h8, _ = _run(a8, ids, [20], layers=1)
+    h4, _ = _run(q4, ids, [20], layers=1)
+    rel = ((h8 - h4).norm() / h4.norm()).item()
+    assert 0 < rel < 0.1  # one layer in another format of the same weights: close, not the same
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_an_a8_rows_bits_do_not_depend_on_the_pass_that_carries_it(isa):
+    q4 = EarlyExitModel(to_q4(tiny_model("llama", layers=L, seed=5)))
+    a8 = q4_layer.a8_copy(q4)
+    a8.lean.native = q4_layer.NativeLayers(a8.lean, isa, act8=True)
+    ids = list(range(3, 23))
+    ref, ref_cache = _run(a8, ids, [20])
+    for chunks in ([1] * 20, [7, 1, 5, 3, 4], [12, 8]):
+        out, cache = _run(a8, ids, chunks)
+        assert torch.equal(out, ref), chunks
+        for i in range(L):
+            assert torch.equal(cache.keys[i][..., :20, :], ref_cache.keys[i][..., :20, :])
+
+
+def test_a8_is_refused_where_the_native_route_is_off(monkeypatch):
+    monkeypatch.setenv("HISPEC_Q4_NATIVE", "0")
+    q4 = EarlyExitModel(to_q4(tiny_model("llama", layers=2, seed=1)))
+    with pytest.raises(ConfigError, match="a8 levels run in the native 4-bit route.*HISPEC_Q4_NATIVE=0"):
+        q4_layer.a8_copy(q4)
+
+
+def test_a8_sits_below_q4_at_equal_depth():
+    assert parse_levels("lookup,full@a8,full@q4") == ("lookup", "full@a8", "full@q4")
+    assert parse_levels("2@a8,full@a8") == ("2@a8", "full@a8")
+    with pytest.raises(ConfigError, match="more precise"):
+        parse_levels("full@q4,full@a8")
+    with pytest.raises(ConfigError, match="choose from q4, a8"):
+        parse_levels("full@a4")
+
+
+# ---- as a level: the exact model keeps the last word -----------------------------------------------
+PROMPTS = [[5, 17, 33, 5, 17, 33, 5, 9, 41], [70], [8, 9, 10, 11, 8, 9, 10]]
+
+
+def _tokens(ee, prompt, **config):
+    return run(ee, prompt, DecodeConfig(max_new_tokens=20, **config)).token_ids
+
+
+@pytest.fixture(scope="module")
+def fp32_with_formats():
+    model = tiny_model("llama", layers=8, seed=3)
+    ee = ee_of(model)
+    ee.add_format("q4", lambda: EarlyExitModel(q4_copy(model)))
+    ee.add_format("a8", lambda: q4_layer.a8_copy(ee.in_format("q4")))
+    return model, ee
+
+
+@pytest.mark.parametrize("levels", [("full@a8",), ("lookup", "full@a8"), ("full@a8", "full@q4"),
+                                    ("lookup", "2@a8", "full@a8"), ("2@a8", "full@q4")],
+                         ids=lambda x: "+".join(map(str, x)))
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_a8_levels_give_the_float32_models_greedy_output(fp32_with_formats, levels, policy):
+    model, ee = fp32_with_formats
+    for prompt in PROMPTS:
+        tokens = _tokens(ee, prompt, levels=levels, policy=policy, draft_len=3, verify_threshold=2)
+        assert tokens == hf_greedy(model, prompt, 20), (levels, policy, prompt)
+
+
+@pytest.mark.parametrize("levels", [("full@a8",), ("lookup", "full@a8"), ("2@a8", "full@a8")],
+                         ids=lambda x: "+".join(map(str, x)))
+def test_a8_levels_on_the_4bit_model_give_its_own_plain_output(levels):
+    q4 = EarlyExitModel(to_q4(tiny_model("llama", layers=8, seed=6)))
+    q4.add_format("a8", lambda: q4_layer.a8_copy(q4))
+    for prompt in PROMPTS:
+        plain = _tokens(q4, prompt, method="autoregressive")
+        tokens = _tokens(q4, prompt, levels=levels, policy="fixed", draft_len=4, verify_threshold=2)
+        assert tokens == plain, (levels, prompt)
