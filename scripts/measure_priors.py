@@ -38,19 +38,26 @@ def main() -> int:
     ap.add_argument("--manifest", default=None, help="write the priors into this exit-head manifest")
     ap.add_argument("--formats", default="", help="cheaper formats whose levels to measure too, e.g. q4 "
                     "([full@q4, full], [d@q4, full], [v@q4, full], [d@q4, full@q4, full], [v@q4, full@q4, full])")
+    ap.add_argument("--full-only", action="store_true",
+                    help="of each --formats format, measure only its full depth ([full@P, full]), not its exits")
+    ap.add_argument("--weights", default="fp32", choices=("fp32", "q4"),
+                    help="the exact model's format: q4 judges the cheaper levels (--formats a8) by the 4-bit model "
+                         "(reporting only: the manifest's priors are judged by the float32 model)")
     ap.add_argument("--formats-only", action="store_true",
                     help="measure only the --formats runs; the manifest keeps its other priors, the new ones are added")
     args = ap.parse_args()
     split = args.prompts.partition("-")[2]
+    if args.weights != "fp32" and args.manifest:
+        ap.error("--manifest takes priors judged by the float32 model; --weights q4 is for reporting")
     if split == "report" and args.manifest:
         ap.error("--manifest takes priors from the tuning split only; the report split's figures are for reporting")
     formats = tuple(f for f in args.formats.split(",") if f)
     torch.set_num_threads(args.threads)
-    lm = load_model(args.model, progress=lambda m: print(m, file=sys.stderr))
+    lm = load_model(args.model, weights=args.weights, progress=lambda m: print(m, file=sys.stderr))
     sets = apply_split(heldout_prompts(lm), split)
     result = measure(lm, sets, args.max_new_tokens,
                      progress=lambda d, t, w: print(f"[{d}/{t}] {w}", file=sys.stderr, flush=True),
-                     formats=formats, exact=not args.formats_only)
+                     formats=formats, exact=not args.formats_only, full_only=args.full_only)
     command = "python scripts/measure_priors.py " + shlex.join(sys.argv[1:])
     priors, exits = lookup_priors(result), exit_priors(result)
     report = {**run_record(lm, command), **result, "lookup_priors": priors,
@@ -64,10 +71,13 @@ def main() -> int:
         if args.formats_only:  # the exact-format priors stay as measured before; these are added
             shipped = manifest.get("policy_priors") or {}
             shipped["exits"] = {**(shipped.get("exits") or {}), **exits}
-            shipped["formats_source"] = (
-                f"levels in {', '.join(formats)}: per-token acceptance as above, on the same split "
-                f"({sum(len(v) for v in sets.values())} prompts, {args.max_new_tokens} new tokens): '{command}' "
-                f"({args.json})")
+            this = (f"levels in {', '.join(formats)}: per-token acceptance as above, on the same split "
+                    f"({sum(len(v) for v in sets.values())} prompts, {args.max_new_tokens} new tokens): '{command}' "
+                    f"({args.json})")
+            # other formats' sources stay (one ' | ' separated entry per measurement)
+            kept = [e for e in (shipped.get("formats_source") or "").split(" | ")
+                    if e and not e.startswith(f"levels in {', '.join(formats)}:")]
+            shipped["formats_source"] = " | ".join([*kept, this])
             manifest["policy_priors"] = shipped
         else:
             manifest["policy_priors"] = {

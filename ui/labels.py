@@ -25,11 +25,12 @@ def method_label(name: str) -> str:
     return next((label for label, n in METHODS.items() if n == name), name)
 
 
-FORMAT_WORDS = {"q4": "4-bit"}
+FORMAT_WORDS = {"q4": "4-bit", "a8": "4-bit, int8-activation"}
 # The level lists the page offers (the engine's words behind them); any other list can be typed in.
 LEVELS = {"HiSpec's own (lookup → exit d → exit v → full when adaptive)": "",
           "lookup → 4-bit full model → full (precision level)": "lookup,full@q4",
-          "4-bit full model → full": "full@q4"}
+          "4-bit full model → full": "full@q4",
+          "lookup → 4-bit full model with int8 activations → full": "lookup,full@a8"}
 
 
 def default_levels(formats: tuple[str, ...]) -> str:

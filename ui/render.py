@@ -30,7 +30,8 @@ _STATE_WORDS = {
     "tentative": "tentatively accepted by the verifier (exit {v}), waiting for the full model",
     "accepted": "drafted, accepted by the full model",
     "copied": "copied by the lookup level from earlier text, accepted by the full model",
-    "precision": "drafted by the same weights in 4-bit, accepted by the full model",
+    "precision": "drafted by the same weights in a cheaper format (4-bit, or 4-bit with int8 activations), "
+                 "accepted by the full model",
     "verify-wrote": "written by the intermediate verifier (exit {v})",
     "target-wrote": "written by the full model",
     "verify-rejected": "rejected by the intermediate verifier (exit {v})",

@@ -20,11 +20,12 @@ from dataclasses import replace
 from hispec.engine.decoding import DecodeConfig, Decoder
 from hispec.text import Detokenizer
 
-def _configs(lm, formats: tuple[str, ...] = (), exact: bool = True) -> dict[str, DecodeConfig]:
+def _configs(lm, formats: tuple[str, ...] = (), exact: bool = True, full_only: bool = False) -> dict[str, DecodeConfig]:
     """[lookup, full]; [exit d, full] and [exit v, full]; [exit d, exit v, full], at the model's defaults;
     for each cheaper format P in `formats` (levels are (depth, precision)): [full@P, full], [d@P, full],
     [v@P, full] (each judged by the exact model) and [d@P, full@P, full], [v@P, full@P, full] (exits
-    judged by the whole model in that format). `exact=False` leaves out the exact-format runs."""
+    judged by the whole model in that format). `exact=False` leaves out the exact-format runs; `full_only`
+    keeps only [full@P, full] of each format (the level the 3-level plans put in the middle)."""
     preset = DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
     d, v = preset.draft_layer, preset.verify_layer
     one = lambda *levels: DecodeConfig("hispec", levels=levels, policy="fixed", draft_len=1,  # noqa: E731
@@ -32,6 +33,9 @@ def _configs(lm, formats: tuple[str, ...] = (), exact: bool = True) -> dict[str,
     configs = {"lookup": DecodeConfig("lookup", policy="fixed"),
                f"exit {d}": one(d), f"exit {v}": one(v), f"exits {d}, {v}": one(d, v)} if exact else {}
     for p in formats:
+        if full_only:
+            configs[f"full@{p}"] = one(f"full@{p}")
+            continue
         configs.update({f"full@{p}": one(f"full@{p}"), f"exit {d}@{p}": one(f"{d}@{p}"), f"exit {v}@{p}": one(f"{v}@{p}"),
                         f"exit {d}@{p}, full@{p}": one(f"{d}@{p}", f"full@{p}"),
                         f"exit {v}@{p}, full@{p}": one(f"{v}@{p}", f"full@{p}")})
@@ -39,11 +43,11 @@ def _configs(lm, formats: tuple[str, ...] = (), exact: bool = True) -> dict[str,
 
 
 def measure(lm, sets: dict, max_new_tokens: int = 128, progress=None, formats: tuple[str, ...] = (),
-            exact: bool = True) -> dict:
+            exact: bool = True, full_only: bool = False) -> dict:
     """Per run and (holder, judge) pair: tokens accepted and judged, in order up to each block's first
     rejection, over every prompt of `sets`; and the rates. Lookup holders are 'lookup:N' (N: the
     n-gram length of the match that proposed the token). `formats`, `exact`: see `_configs`."""
-    configs = _configs(lm, formats, exact)
+    configs = _configs(lm, formats, exact, full_only)
     counts: dict[str, dict[str, list[int]]] = {name: {} for name in configs}
     detok = Detokenizer(lm.tokenizer)
     prompts = [(s, p) for s, ps in sets.items() for p in ps]
