@@ -7,6 +7,7 @@ kernel's batch invariance on this host's build. Two clocks: wall time on the thr
 (robust to other processes on the machine; no threading). Medians and minima of --repeats calls.
 
     python scripts/q4_steps.py --json assets/bench/q4_steps_avx512.json
+    (with --a8: also the 4-bit blocks with int8 activations, the 'a8' level, on the same steps)
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python scripts/q4_steps.py --json assets/bench/q4_steps_avx2.json
 """
 
@@ -53,13 +54,21 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None, help="wall-clock threads (default: torch's)")
     p.add_argument("--cpu-time", action="store_true", help="also one-thread CPU time")
     p.add_argument("--json", default=None)
+    p.add_argument("--a8", action="store_true", help="also time the a8 view of the 4-bit model (int8 activations)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     models = {w: load_model("default", device="cpu", weights=w, exits="none") for w in ("fp32", "q4")}
+    if args.a8:
+        from types import SimpleNamespace
+
+        models["a8"] = SimpleNamespace(ee=models["q4"].ee.in_format("a8"))
     text = "Summarise the history of the printing press in Europe, its inventors, and its effects. " * 8
     context = models["fp32"].encode(text)[:128]
-    report = {"host": host.describe(), "context": len(context), "repeats": args.repeats, "wall_ms": {}, "cpu_ms": {}}
+    from hispec.evaluation.record import code_version
+
+    report = {"command": "python scripts/q4_steps.py " + " ".join(sys.argv[1:]), "code": code_version(),
+              "host": host.describe(), "context": len(context), "repeats": args.repeats, "wall_ms": {}, "cpu_ms": {}}
     for name, clock, threads in (("wall_ms", time.perf_counter, torch.get_num_threads()),
                                  ("cpu_ms", time.thread_time, 1)):
         if name == "cpu_ms" and not args.cpu_time:
@@ -78,6 +87,12 @@ def main() -> int:
                                for n, v in merged.items()}
         report[name]["fp32_over_q4_median"] = {n: round(report[name]["fp32"][n]["median"] / report[name]["q4"][n]["median"], 2)
                                                for n in TOKENS}
+        # a k-token pass against a 1-token step, per format: what verifying k drafts costs
+        report[name]["k_over_1_median"] = {w: {n: round(report[name][w][n]["median"] / report[name][w][1]["median"], 2)
+                                               for n in TOKENS} for w in models}
+        if "a8" in models:
+            report[name]["a8_over_q4_median"] = {n: round(report[name]["a8"][n]["median"] / report[name]["q4"][n]["median"], 2)
+                                                 for n in TOKENS}
     host.finish(report["host"])
     print(json.dumps({k: v for k, v in report.items() if k != "host"}, indent=1))
     print("host:", report["host"]["cpu"], "avx512" if report["host"]["avx512"] else "no avx512",

@@ -460,6 +460,20 @@ def precision_table(report: dict) -> str:
             f"{report['max_new_tokens']} new tokens, greedy. " + plans_line(report))
 
 
+def a8_agreement_table(report: dict, tune: dict, report_q4: dict) -> str:
+    """The a8 level (the 4-bit blocks with int8 activations) judged per token by each exact model it can sit
+    under: the float32 model (report split, and the tuning split's prior) and the 4-bit model (report split)."""
+    def cell(m: dict) -> str:
+        r = m["acceptance"]["full@a8"]["draft->target"]
+        return f"**{_pct1(r['rate'])}** ({r['judged']:,} tokens, {sum(len(v) for v in m['prompts'].values())} prompts)"
+
+    rows = [["full@a8 judged by the float32 model", cell(report), cell(tune).replace("**", "")],
+            ["full@a8 judged by the 4-bit model (its exact format on 4-bit weights)", cell(report_q4), "–"]]
+    return (_table(["level", "report split", "tuning split (the prior)"], rows)
+            + f"\n\nAcceptance per token, in order up to each block's first rejection, fixed one-token rounds, greedy, "
+              f"{report['max_new_tokens']} new tokens a prompt; the prior (judged by float32) serves both formats.")
+
+
 def precision_agreement_table(measured: dict, tune: dict | None = None) -> str:
     """Per-token acceptance of each 4-bit level by the exact model (and of 4-bit exits by the 4-bit full
     model), from scripts/measure_priors.py runs (--formats q4): `measured` (the report split) beside

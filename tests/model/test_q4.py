@@ -341,3 +341,19 @@ def test_every_method_on_the_default_model_in_4bit_equals_its_plain_decoding(def
                        DecodeConfig("hispec", draft_layer=8, verify_layer=20, draft_len=3, verify_threshold=3,
                                     max_new_tokens=24)):
             assert run(lm.ee, ids, config, eos_ids=lm.eos_ids).token_ids == ref, (prompt, config)
+
+
+@pytest.mark.real_model
+def test_a8_levels_on_the_default_model_keep_each_formats_own_output(default_pair):
+    """The default model offers 'a8' in both formats (the file's blocks with int8 activations); a list with
+    it equals each format's plain decoding, and the a8 model itself agrees with the 4-bit one on most
+    tokens, not all (another format: its own greedy text would differ)."""
+    for lm in default_pair:
+        assert "a8" in lm.ee.formats()
+        ids = lm.encode("Write a Python function that adds two numbers.")
+        ref = run(lm.ee, ids, DecodeConfig("autoregressive", max_new_tokens=24), eos_ids=lm.eos_ids).token_ids
+        for levels in (("lookup", "full@a8"), ("full@a8",)):
+            got = run(lm.ee, ids, DecodeConfig(levels=levels, policy="auto", max_new_tokens=24), eos_ids=lm.eos_ids)
+            assert got.token_ids == ref, (lm.weights, levels)
+    a8 = default_pair[1].ee.in_format("a8")
+    assert a8.lean.native.act8 and a8.model is default_pair[1].model  # shares the 4-bit blocks
