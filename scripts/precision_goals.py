@@ -67,9 +67,9 @@ def goals(report: dict) -> list[tuple[str, str, bool | None]]:
         share = r["three_level"]
         out.append((f"{fmt}: {WITH[fmt]}: three-level plans >= 30% of rounds", f"{share:.0%}" if share is not None else "–",
                     None if share is None else share >= 0.30))
-        out.append((f"{fmt}: {WITH[fmt]}: >= {speed_goal}x plain decoding", f"{r['vs_plain']}x",
+        out.append((f"{fmt}: {WITH[fmt]}: >= {speed_goal}x plain decoding", f"{r['vs_plain']}x" if r["vs_plain"] is not None else "–",
                     None if r["vs_plain"] is None else r["vs_plain"] >= speed_goal))
-        out.append((f"{fmt}: {WITH[fmt]}: >= 1.2x the policy without three-level plans ({WITHOUT})", f"{r['vs_without']}x",
+        out.append((f"{fmt}: {WITH[fmt]}: >= 1.2x the policy without three-level plans ({WITHOUT})", f"{r['vs_without']}x" if r["vs_without"] is not None else f"– ({WITHOUT}@{fmt} not in this run)",
                     None if r["vs_without"] is None else r["vs_without"] >= 1.2))
         out.append((f"{fmt}: {WITH[fmt]}: output equal to plain decoding", "yes" if r["equal"] else "NO", bool(r["equal"])))
     return out

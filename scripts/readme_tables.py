@@ -474,6 +474,43 @@ def a8_agreement_table(report: dict, tune: dict, report_q4: dict) -> str:
               f"{report['max_new_tokens']} new tokens a prompt; the prior (judged by float32) serves both formats.")
 
 
+def _rate(measured: dict, run: str) -> float:
+    return measured["acceptance"][run]["draft->target"]["rate"]
+
+
+def precision_breakeven_table(steps: dict, a8_q4: dict, a8_fp32: dict, q4_fp32: dict) -> str:
+    """Why a cheaper full model pays as a drafter in float32 and not in 4-bit, from measured figures only:
+    per-token agreement a (report split), the drafter's one-token step c and the exact model's k-token pass
+    v(k), both over the exact model's one-token step (scripts/q4_steps.py, wall clock medians). A round of k
+    drafts yields (1 - a^(k+1)) / (1 - a) tokens for k c + v(k + 1) one-token steps of the exact model."""
+    wall = steps["wall_ms"]
+
+    def med(fmt: str, n: int) -> float:
+        return wall[fmt][str(n)]["median"]
+
+    rows = []
+    for label, draft, exact, a in (("full@q4 under the float32 model", "q4", "fp32", _rate(q4_fp32, "full@q4")),
+                                   ("full@a8 under the float32 model", "a8", "fp32", _rate(a8_fp32, "full@a8")),
+                                   ("full@a8 under the 4-bit model", "a8", "q4", _rate(a8_q4, "full@a8"))):
+        c = med(draft, 1) / med(exact, 1)
+        cells, best = [], (0.0, 1)
+        for k in (1, 3, 7, 15):
+            tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+            speed = tokens / (k * c + med(exact, k + 1) / med(exact, 1))
+            cells.append(f"{speed:.2f}×")
+            best = max(best, (speed, k))
+        k = best[1]
+        tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+        need = (tokens / 1.5 - med(exact, k + 1) / med(exact, 1)) / k
+        rows.append([label, _pct1(a), f"{c:.2f}", *cells, f"{need:.2f}" if need > 0 else "none reaches 1.5×"])
+    v = ", ".join(f"{n} tokens {med(f, n) / med(f, 1):.2f}" for f in ("fp32", "q4") for n in (2, 8, 16))
+    return (_table(["drafter, exact model", "a (per token)", "c (draft step / exact step)", "k=1", "k=3", "k=7",
+                    "k=15", "c needed for 1.5× (at the best k)"], rows)
+            + "\n\nExpected speed of a round of k drafts against plain decoding, no lookup, no policy overhead: an upper "
+              "bound from the measured figures. The exact model's k-token pass over its one-token step, "
+              f"fp32 then q4: {v}.")
+
+
 def precision_agreement_table(measured: dict, tune: dict | None = None) -> str:
     """Per-token acceptance of each 4-bit level by the exact model (and of 4-bit exits by the 4-bit full
     model), from scripts/measure_priors.py runs (--formats q4): `measured` (the report split) beside

@@ -74,8 +74,11 @@ def test_the_shipped_manifest_carries_measured_priors_and_says_where_its_default
     measured = json.loads((ASSETS / "policy" / "priors_cpu_tune.json").read_text())
     assert measured["lookup_priors"] == lookup
     formats = json.loads((ASSETS / "policy" / "priors_q4_cpu_tune.json").read_text())  # the 4-bit levels' runs
-    assert {**measured["exit_priors"], **formats["exit_priors"]} == manifest["policy_priors"]["exits"]
+    a8 = json.loads((ASSETS / "policy" / "priors_a8_cpu_tune.json").read_text())  # the int8-activation level's
+    assert {**measured["exit_priors"], **formats["exit_priors"], **a8["exit_priors"]} == manifest["policy_priors"]["exits"]
     assert all("@q4" in k for k in formats["exit_priors"]) and "--formats q4" in manifest["policy_priors"]["formats_source"]
+    assert list(a8["exit_priors"]) == ["full@a8-target"] and "--formats a8" in manifest["policy_priors"]["formats_source"]
+    assert all(k.startswith("heldout-tune-") for k in a8["prompts"])
     d, v = manifest["default_layers"]["draft"], manifest["default_layers"]["verify"]
     assert {f"{d}-target", f"{v}-target", f"{d}-{v}"} <= set(manifest["policy_priors"]["exits"])
     assert all(k.startswith("heldout-tune-") for k in measured["prompts"])

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # attention heads' cached vs one-pass states: where different kernels meet.
 FILES = ["tests/model/test_exit_heads.py", "tests/model/test_lean.py", "tests/model/test_graphs.py",
          "tests/model/test_attention_heads.py",
-         "tests/model/test_q4.py"]  # there the 4-bit kernel's AVX2 build runs every method too
+         "tests/model/test_q4.py", "tests/model/test_a8.py"]  # there the 4-bit kernel's AVX2 build runs every method too
 
 
 @pytest.mark.slow_isa
