@@ -175,15 +175,14 @@ def set_enabled(ee, on: bool, isa: str | None = None) -> bool:
     return lean.native is not None
 
 
-def a8_copy(ee) -> "EarlyExitModel":
+def a8_copy(ee):
     """A second view of a 4-bit EarlyExitModel whose decoder layers run with int8 activations (the 'a8'
     level): the same modules and 4-bit blocks, its own lean path and native table in act8 mode. Exit
     heads and the LM head are as in `ee` (float32 activations). Raises ConfigError where the native
     route cannot run (the a8 products exist only there)."""
     from hispec.errors import ConfigError
-    from hispec.model.early_exit import EarlyExitModel
 
-    twin = EarlyExitModel(ee.model)
+    twin = type(ee)(ee.model)  # an EarlyExitModel (its class taken from `ee`: this module sits below it)
     if twin.lean is None or twin.lean.native is None:
         why = ("HISPEC_Q4_NATIVE=0" if not enabled_by_env() else
                support(twin.lean) if twin.lean is not None else "the lean path is off")
