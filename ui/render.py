@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import statistics
 
+from hispec.engine.events import COMMITTED_STATES
 from hispec.engine.levels import levels_by_role
 from hispec.evaluation.bench import first_difference
 from hispec.evaluation import pairs
@@ -12,6 +13,7 @@ from hispec.evaluation.metrics import pair_name, stats_rows
 from hispec.evaluation.trace import LEGEND, Trace, TraceToken
 from hispec.text import printable
 from ui.labels import level_words
+from ui.token_life import life
 
 COLORS = {
     "drafted": "#d9d9d9",
@@ -46,24 +48,31 @@ def roles_of(settings: dict | None) -> dict[str, int]:
     return levels_by_role(tuple(levels)) if levels else {}
 
 
-def _title(token: TraceToken, roles: dict[str, int]) -> str:
+def _title(token: TraceToken, roles: dict[str, int], winner: TraceToken | None = None) -> str:
+    """The tooltip: what the token is now, then its whole life (who wrote it, who judged it, in which
+    rounds) and, for a rejected token, what the position holds instead."""
     d, v = (roles.get(role, "?") for role in ("draft", "verify"))
     words = _STATE_WORDS[token.css_class].format(d=d, v=v)
     for level in (d, v):  # a level in a cheaper format: 'exit full@q4' reads 'the 4-bit full model'
         if "@" in str(level):
             words = words.replace(f"exit {level}", level_words(level))
-    return f"token {token.index + 1} · id {token.token_id} · {words} · round {token.round}"
+    story = life(token, d, v)
+    if token.rejected and winner is not None and winner.serial != token.serial:
+        story += f"; replaced by '{printable(winner.text)}' ({life(winner, d, v).partition(' in round')[0]})"
+    return (f"token {token.index + 1} · id {token.token_id} · {words} · round {token.round} · {story} "
+            "· click for the whole story")
 
 
 def tokens_html(trace: Trace, settings: dict | None = None, show_rejected: bool = True) -> str:
     """The coloured tokens of a run; `settings`: its resolved settings (the exits' layers by role)."""
     roles = roles_of(settings)
+    winners = {t.index: t for t in trace if t.state in COMMITTED_STATES}
     spans = []
     for token in trace:
         if token.rejected and not show_rejected:
             continue
         text = html.escape(printable(token.text), quote=True)
-        title = html.escape(_title(token, roles), quote=True)
+        title = html.escape(_title(token, roles, winners.get(token.index)), quote=True)
         spans.append(f'<span class="hs-tok hs-{token.css_class}" title="{title}" data-s="{token.serial}" '
                      f'tabindex="0">{text}</span>')
     body = "".join(spans) or '<span class="hs-empty">The generated text appears here, token by token.</span>'

@@ -11,9 +11,10 @@ from hispec.evaluation.trace import Trace, TraceToken
 from hispec.text import printable
 from ui.labels import level_words
 from ui.render import roles_of
+from ui.token_life import WHO
+from ui.token_life import life as _life
+from ui.token_life import who as _who
 
-WHO = {"draft": "the draft exit (layer {d})", "verify": "the intermediate verifier (exit {v})",
-       "target": "the full model", "lookup": "the lookup level (copied from earlier text)"}
 FATE = {
     "accepted": "accepted by the full model: committed",
     "copied": "accepted by the full model: committed",
@@ -123,32 +124,6 @@ def _sampling_note(token: TraceToken, beliefs: dict | None, settings: dict) -> s
         steps.append(f"{name}: min(1, {p_j:.1%} / {p_h:.1%}) = <b>{min(1.0, p_j / p_h):.0%}</b>")
     return ("<p>Sampled run: the chance each judge kept this token — " + "; ".join(steps)
             + " (each against the level that last held it).</p>")
-
-
-_JUDGED = {S.TENTATIVE: "kept by {who} (tentative)", S.VERIFY_REJECTED: "rejected by {who}",
-           S.ACCEPTED: "accepted by the full model (committed)", S.TARGET_REJECTED: "rejected by the full model",
-           S.TARGET_WROTE: "committed", S.DISCARDED: "discarded (the run ended inside its block)"}
-
-
-def _who(level: str, d, v) -> str:
-    held = {"draft": d, "verify": v}.get(level)
-    if "@" in str(held):  # a level in a cheaper format: named in words, not as an exit layer
-        return {"draft": "the draft level", "verify": "the intermediate verifier"}[level] + f" ({level_words(held)})"
-    return WHO.get(level, level).format(d=d, v=v)
-
-
-def _life(token: TraceToken, d, v) -> str:
-    """One token's life in words: how it entered the sequence and every verdict on it, with rounds."""
-    state, stage, r = token.history[0] if token.history else (token.born, token.origin, token.round)
-    if state is S.DRAFTED:
-        born = "copied by the lookup level" if token.origin == "lookup" else f"drafted by {_who(token.origin, d, v)}"
-    else:
-        born = f"written by {_who(token.origin, d, v)}"
-    steps = [f"{born} in round {r}"]
-    for state, stage, r in token.history[1:]:
-        if state in _JUDGED and not (state is S.TARGET_WROTE and token.born is S.TARGET_WROTE):
-            steps.append(f"{_JUDGED[state].format(who=_who(stage, d, v))} in round {r}")
-    return ", then ".join(steps)
 
 
 def chain_html(token: TraceToken, trace: Trace, d, v) -> str:

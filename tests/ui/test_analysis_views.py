@@ -290,5 +290,13 @@ def test_the_story_of_a_token_replaced_twice_tells_the_whole_chain(server):
     assert story.index(first.text + ":") < story.index(second.text + ":") < story.rindex(last.text + ":")
     assert "← this one" in story
     # the tooltip, the story and the step-through count tokens alike, from 1
-    assert f"token {index + 1} · id" in render.tokens_html(r.trace, r.settings)
+    tips = [html.unescape(t) for t in re.findall(r'title="([^"]*)"', render.tokens_html(r.trace, r.settings))]
+    assert any(t.startswith(f"token {index + 1} · id") for t in tips)
+    # the tooltip tells the chain too: the verifier's own token, who rejected it, what replaced it
+    tip = next(t for t in tips if t.startswith(f"token {index + 1} · id {second.token_id} ·"))
+    assert (f"written by the intermediate verifier (exit 4) in round {second.history[0][2]}, then rejected by the "
+            f"full model in round {second.history[-1][2]}; replaced by '{last.text}' (written by the full model)") in tip
+    first_tip = next(t for t in tips if t.startswith(f"token {index + 1} · id {first.token_id} ·"))
+    assert f"drafted by the draft exit (layer 2) in round {first.history[0][2]}, then rejected by the intermediate" \
+           f" verifier (exit 4)" in first_tip and "click for the whole story" in first_tip
     assert f"token {index + 1} · round" in story
