@@ -222,3 +222,46 @@ def hf_probs_from_logits(logits, t, k, p):
 def test_bad_sampling_settings(kw, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         DecodeConfig("hispec", **kw).validate()
+
+
+# Levels in a cheaper format of the same weights (levels are (depth, precision)): the 4-bit copy and its
+# int8-activation view propose from their own distributions (the weights quantised: partial agreement),
+# judged by the exact model, so the rule must still give the target's distribution.
+PRECISION_LISTS = {"full@q4": ("full@q4",), "lookup+full@q4": ("lookup", "full@q4"),
+                   "full@a8+full@q4": ("full@a8", "full@q4"), "lookup+full@a8": ("lookup", "full@a8")}
+
+
+def sample_precision_joint(model, name):
+    q4 = pytest.importorskip("hispec.model.q4")
+    if q4.q4_kernel.unavailable_reason():
+        pytest.skip(f"no 4-bit kernel here: {q4.q4_kernel.unavailable_reason()}")
+    from hispec.model import q4_layer
+
+    ee = EarlyExitModel(model)
+    ee.add_format("q4", lambda: EarlyExitModel(q4.q4_copy(model)))
+    ee.add_format("a8", lambda: q4_layer.a8_copy(ee.in_format("q4")))
+    prompt = LOOKUP_PROMPT if name.startswith("lookup") else PROMPT
+    counts, proposed, rejected = Counter(), 0, 0
+    for seed in range(RUNS):
+        r = run(ee, prompt, DecodeConfig("hispec", levels=PRECISION_LISTS[name], max_new_tokens=3, seed=seed,
+                                         draft_len=2, verify_threshold=2, lookup_len=3, temperature=1.0))
+        counts[tuple(r.token_ids[1:3])] += 1
+        proposed += r.stats["drafted"] > 0
+        rejected += any(rate < 1 for rate in r.stats["acceptance"].values())
+    assert proposed > RUNS // 2 and rejected > RUNS // 50, (proposed, rejected)  # the cheap level proposed, was judged
+    return counts, exact_joint(model, 1.0, prompt=prompt)
+
+
+@pytest.mark.parametrize("name", list(PRECISION_LISTS))
+def test_precision_level_sampling_matches_the_target(model, name):
+    counts, expected = sample_precision_joint(model, name)
+    p = chi_square_p(counts, expected, RUNS)
+    assert p > ALPHA, f"{name}: sampled distribution differs from the target's (p={p:.2e})"
+
+
+def test_the_precision_test_rejects_a_broken_rule(model, monkeypatch):
+    """The same check with the verifier's rule broken (top-prediction matching) must fail."""
+    monkeypatch.setattr(sampling.Selector, "judge", _top_prediction_matching)
+    counts, expected = sample_precision_joint(model, "full@q4")
+    p = chi_square_p(counts, expected, RUNS)
+    assert p < ALPHA, f"the chi-square test failed to notice the broken rule with a precision level (p={p:.3f})"
