@@ -15,7 +15,11 @@
 A Stop is never lost: it is remembered from the moment it arrives and ends every job of that
 session (and kind) submitted before it, registered yet or not (serving.jobs). The time limit
 counts the job's own time on the model, from its turn: waiting behind other visitors is not
-counted (serving.turns shares the turns out between visitors). Every ending says which it was:
+counted (serving.turns shares the turns out between visitors). The model is shared round by round:
+a generation passes its turn between the engine's rounds (engine.gate) once it has had SLICE_S of
+it and another visitor waits, so a short request never waits for a long one to finish; the paused
+time counts neither against the time limit nor in the job's speed figures (the decoder's clock
+stands still while it waits). Every ending says which it was:
 the last update's outcome and message, and a generation cut by a Stop or by the time limit ends
 with its DoneEvent's reason "stopped" or "time_limit". A client that leaves (Gradio closes the
 update stream when the connection drops) ends its job within a heartbeat; a queued job ends at
@@ -34,6 +38,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from hispec.engine.events import DoneEvent
+from hispec.engine.gate import gated
 from hispec.errors import HiSpecError
 from hispec.model.loading import LoadedModel
 from hispec.serving.caller import Caller, caller_of
@@ -45,6 +50,7 @@ from hispec.serving.updates import Ended, Output, Status
 
 log = logging.getLogger("hispec.serving")
 
+SLICE_S = 0.25  # a generation's turn on a shared model: it passes the model on after this much of its own time
 HEARTBEAT_S = 1.0  # longest silence of an update stream: a dropped client is noticed at the next update
 GRACE_S = 10.0  # after the time limit, how long the stream waits for the work to notice before it ends
 # a generation cut short ends with this reason (its DoneEvent's, in the page's stats and the API's finish_reason)
@@ -226,12 +232,28 @@ class Server:
     def _run(self, job: Job, work: Work, deadline: float, state: dict, what: str):
         items: queue.Queue = queue.Queue()
         turns, leased = state["turns"], state["leased"]
+        paused = [0.0]  # seconds this job's turn was with other visitors: the time limit does not count them
+        pausing: list[float | None] = [None]  # since when it waits for its turn back (None: it holds the model)
+        slice_start = [time.monotonic()]
+
+        def give_way() -> None:  # between the engine's rounds (engine.gate): share the model round by round
+            now = time.monotonic()
+            if turns is None or now - slice_start[0] < SLICE_S:
+                return
+            pausing[0] = now
+            try:
+                turns.pass_turn(job)
+            finally:
+                paused[0] += time.monotonic() - now
+                pausing[0] = None
+            slice_start[0] = time.monotonic()
 
         def worker():
             try:
-                out = work(job.stop, items.put)  # a generator yields its items; other work emits them
-                for item in out or ():
-                    items.put(item)
+                with gated(give_way):
+                    out = work(job.stop, items.put)  # a generator yields its items; other work emits them
+                    for item in out or ():
+                        items.put(item)
             except BaseException as exc:  # handed to the stream, reported there
                 items.put(_Failure(exc))
             finally:
@@ -242,8 +264,12 @@ class Server:
 
         state["worker"] = True
         threading.Thread(target=worker, name=f"hispec-{job.kind}-{job.id}", daemon=True).start()
+        def deadline_now() -> float:
+            since = pausing[0]
+            return deadline + paused[0] + (time.monotonic() - since if since is not None else 0.0)
+
         while True:
-            batch, done, failure = self._collect(items, job, deadline)
+            batch, done, failure = self._collect(items, job, deadline_now)
             notes = [item for item in batch if isinstance(item, str)]  # progress text of the work
             batch = [self._honest(item, job) for item in batch if not isinstance(item, str)]
             if notes:
@@ -257,17 +283,19 @@ class Server:
                 return
             if done:
                 break
-            if time.monotonic() > deadline + GRACE_S:  # the work does not notice: stop waiting for it
+            if time.monotonic() > deadline_now() + GRACE_S:  # the work does not notice: stop waiting for it
                 break
         yield self._ended(job, "")
 
-    def _collect(self, items: queue.Queue, job: Job, deadline: float):
+    def _collect(self, items: queue.Queue, job: Job, deadline_now: Callable[[], float]):
         """What the worker emitted over one throttle period (or a heartbeat's silence):
-        (items, worker ended, failure). Sets the time limit once it has passed."""
+        (items, worker ended, failure). Sets the time limit once it has passed (`deadline_now()`: the
+        limit with the job's paused time added, as it stands now)."""
         batch: list = []
         first_by, batch_by = time.monotonic() + HEARTBEAT_S, None
         while True:
             now = time.monotonic()
+            deadline = deadline_now()
             self._out_of_time(job, deadline)
             until = batch_by if batch_by is not None else first_by
             if not job.stop.is_set():

@@ -7,7 +7,9 @@ Waiting jobs learn their place; a Stop or a client that left takes a job out of 
 The order is fair between visitors (a visitor: the client address of the job, Job.who), not
 first come first served: each job gets a round when it arrives, the round of the job holding the
 model or the one after its visitor's latest job, whichever is later, and jobs run by round, then
-by arrival (start-time fair queuing, one turn a round per visitor). So a visitor's extra jobs
+by arrival (start-time fair queuing, one turn a round per visitor). A turn is a slice of a job, not
+the whole job: a generation running on the model passes it (`pass_turn`, called by serving between
+the engine's rounds, engine.gate) when another visitor waits, and queues for its next turn. So a visitor's extra jobs
 queue behind the first job of every other visitor, one visitor sending many long requests
 delays a newcomer by one job at most, and a job already waiting is never overtaken by a later
 job of the same or a later round: nobody waits forever.
@@ -68,6 +70,28 @@ class Turns:
                 next(waiting)
         except StopIteration as end:
             return bool(end.value)
+
+    def pass_turn(self, job: Job, step_s: float = STEP_S) -> bool:
+        """Round-by-round sharing: the holder hands the model to the next waiting job if one of another
+        visitor waits, and takes its turn back when the order comes round to it again (its visitor's
+        next round, as if it had just arrived). Blocks until then, whatever happens to `job` meanwhile:
+        a generation must not touch the model between rounds without holding it. True if it passed."""
+        with self._cond:
+            if self._holder is not job or not any(j.who != job.who for j in self._queue):
+                return False
+            self._holder = None
+            # its next turn is the next round; the visitor's own waiting jobs move one round back, so
+            # that a visitor's jobs keep their order among themselves while visitors take turns
+            for other in self._queue:
+                if other.who == job.who:
+                    self._round[other] += 1
+            self._round[job] = self._now + 1
+            self._latest[job.who] = max(r for j, r in self._round.items() if j.who == job.who)
+            self._queue.append(job)
+            self._cond.notify_all()
+            while not self._take(job):
+                self._cond.wait(step_s)
+            return True
 
     def release(self, job: Job) -> None:
         with self._cond:

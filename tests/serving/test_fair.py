@@ -134,8 +134,9 @@ def test_a_visitors_extra_jobs_queue_behind_other_visitors():
 
 
 def test_one_visitors_long_jobs_beside_anothers_short_one():
-    """Three long requests from one address (three tabs), then a short one from another: the short one
-    runs after the first long one, not after all three, and its time limit is not spent waiting."""
+    """Three long requests from one address (three tabs), then a short one from another: the model is
+    shared round by round, so the short one ends first, not after the first long one (let alone all
+    three); the long ones end in their own order; no time limit is spent waiting."""
     server = tiny_server(max_seconds=8.0)
     lm = server.registry.get("tiny")
     turns = server.registry.turns("tiny")
@@ -156,8 +157,54 @@ def test_one_visitors_long_jobs_beside_anothers_short_one():
         light.join(60)
         for thread, _ in heavy:
             thread.join(60)
-    assert finished.index("light") == 1, finished
+    assert finished == ["light", "heavy-0", "heavy-1", "heavy-2"], finished
     assert box["out"][-1] == Ended("done", "Done."), box["out"][-1]
+    assert all(b["out"][-1] == Ended("done", "Done.") for _, b in heavy), [b["out"][-1] for _, b in heavy]
+
+
+def test_a_turn_passes_to_another_visitor_only_and_comes_back():
+    turns = Turns()
+    a1, a2 = Job(1, "tab-a1", "generate", visitor="10.0.0.1"), Job(2, "tab-a2", "generate", visitor="10.0.0.1")
+    b1 = Job(3, "tab-b", "generate", visitor="10.0.0.2")
+    assert turns.hold(a1, 1.0)
+    wait_a2 = turns.wait(a2, math.inf, step_s=0.01)
+    next(wait_a2)
+    assert not turns.pass_turn(a1)  # only the visitor's own job waits: a1 keeps the model
+    wait_b1 = turns.wait(b1, math.inf, step_s=0.01)
+    next(wait_b1)
+    passing, box = in_thread(lambda: turns.pass_turn(a1, step_s=0.01))
+    with pytest.raises(StopIteration):
+        while True:
+            next(wait_b1)  # b1 gets the model while a1 waits for it back
+    assert passing.is_alive() and turns.order() == [a1, a2]  # a1 keeps its place before its visitor's a2
+    turns.release(b1)
+    passing.join(5)
+    assert box["out"] is True and not passing.is_alive()
+    assert turns.order() == [a2]
+    wait_a2.close()
+
+
+def test_a_shared_turn_changes_no_token_and_no_speed_figure():
+    """A long generation that passed its turn to a short one of another visitor: its tokens are what it
+    gives alone, and its own elapsed time leaves out the time the other one held the model."""
+    server = tiny_server(max_seconds=30.0)
+    lm = server.registry.get("tiny")
+    turns = server.registry.turns("tiny")
+    alone = done_of(list(server.submit(ME, GenerateRequest, gen("a long one", max_new=30))))
+    with slow(lm, 0.02):
+        t0 = time.monotonic()
+        long_run, long_box = in_thread(lambda: list(server.submit(ME, GenerateRequest, gen("a long one", max_new=30))))
+        wait_until(lambda: turns.busy)
+        time.sleep(0.3)
+        t1 = time.monotonic()
+        short_box = {"out": list(server.submit(OTHER, GenerateRequest, gen(max_new=6)))}
+        short_s = time.monotonic() - t1  # the short request's whole time: mostly its own turns
+        long_run.join(60)
+        long_wall = time.monotonic() - t0
+    assert short_box["out"][-1] == Ended("done", "Done.") and not long_run.is_alive()
+    shared = done_of(long_box["out"])
+    assert shared.token_ids == alone.token_ids
+    assert shared.t < long_wall - 0.5 * short_s, (shared.t, long_wall, short_s)
 
 
 def test_the_time_limit_counts_the_jobs_own_time_not_its_wait():
