@@ -204,7 +204,10 @@ def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dic
 
     count = {k: sum(r["outcome"] == k for r in records) for k in ("completed", "refused_as_expected", "crossed",
                                                                   "failed")}
-    return {"command": "python scripts/load_test.py " + " ".join(sys.argv[1:]), "machine": machine(),
+    from hispec.evaluation.record import code_version
+
+    return {"command": "python scripts/load_test.py " + " ".join(sys.argv[1:]), "code": code_version(),
+            "machine": machine(),
             "model": args.model, "sessions": args.sessions, "requests_per_session": args.requests,
             "max_new_tokens": args.max_new_tokens, "seconds": round(seconds, 1), "requests": len(records), **count,
             "unfinished_sessions": unfinished,

@@ -437,8 +437,17 @@ def load_table(r: dict) -> str:
            f"{lat['p50']:.1f} / {lat['p90']:.1f} / {lat['p99']:.1f} s", f"{r['seconds']:.0f} s"]
     return (_table(["sessions × requests", "completed", "malformed, refused with their message", "failed", "crossed",
                     "normal latency p50 / p90 / p99", "wall time"], [row])
-            + f"\n\nModel {r['model']}, {r['max_new_tokens']} new tokens per request; one generation at a time per "
-              "model, so requests queue.")
+            + f"\n\nModel {r['model']}, {r['max_new_tokens']} new tokens per request, every session at once; one "
+              "generation at a time per model, its turn shared round by round between visitors, so requests queue."
+            + _stops_line(r))
+
+
+def _stops_line(r: dict) -> str:
+    stops = r.get("stops")
+    if not stops:
+        return ""
+    return (f" Stops: {stops['sent']} sent ({stops['at_0_ms']} at 0 ms after their request), {stops['stopped']} "
+            f"stopped, {stops['ran_in_full']} ran in full, {stops['done_before_it']} done before the Stop.")
 
 
 def precision_table(report: dict) -> str:
