@@ -682,6 +682,7 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
 #pragma omp parallel num_threads(nthreads)
     {
         int64_t maxk = E > I ? E : I;
+        maxk = maxk > H * D ? maxk : H * D;  // the widest row a product takes (attention rows: H * D)
         float *xn = (float *)malloc(sizeof(float) * q * maxk);  // this thread's normed rows
         float *sx = (float *)malloc(sizeof(float) * q * (maxk / QK + 1));
         float *scores = (float *)malloc(sizeof(float) * (total + 2 * D));
