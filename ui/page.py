@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from hispec.evaluation import pairs
 from hispec.evaluation import what_if as what_ifs
 from hispec.evaluation.trace import Trace
 from hispec.serving.api import MAX_REPEATS
@@ -135,9 +136,10 @@ def _settings_column(p, setup: Setup) -> None:
                       elem_id="hs-depth")
     p.max_new = gr.Slider(1, setup.max_new_tokens, value=min(96, setup.max_new_tokens), step=1, label="Max new tokens", elem_id="hs-max-new")
     p.chat = gr.Checkbox(True, label="Use the chat template")
-    p.baseline = gr.Slider(0, MAX_REPEATS, value=1, step=1, label="Speed measured against plain decoding: pairs",
+    p.baseline = gr.Slider(0, MAX_REPEATS, value=pairs.MIN_PAIRS, step=1, label="Speed measured against plain decoding: pairs",
                            info="after the run, pairs of runs (this method, plain decoding) on the same prompt and "
-                                "length give the speed ratio the page states; 0: none", elem_id="hs-baseline")
+                                f"length give the speed ratio the page states (fewer than {pairs.MIN_PAIRS}: not enough "
+                                "to tell); 0: none", elem_id="hs-baseline")
     with gr.Accordion("Sampling (temperature 0 = greedy, exact)", open=False):
         p.temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature",
                                   info="> 0 samples; every stage then uses speculative sampling, so the output is "

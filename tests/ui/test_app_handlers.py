@@ -256,6 +256,20 @@ def test_the_engine_the_cli_the_page_and_the_api_share_one_default_policy(server
     assert engine == cli == page == api == GenerateRequest.policy == DEFAULT_POLICY, (engine, cli, page, api)
 
 
+def test_the_default_run_measures_enough_pairs_to_give_a_range(server):
+    """The page's pairs slider starts at the fewest pairs whose ratio gets a range (pairs.MIN_PAIRS)."""
+    import gradio as gr
+
+    import app
+    from hispec.evaluation import pairs
+
+    demo = app.build(server, ["tiny"])
+    slider = next(b for b in demo.blocks.values() if isinstance(b, gr.Slider) and b.elem_id == "hs-baseline")
+    assert slider.value == pairs.MIN_PAIRS == 3
+    assert pairs.summary([1.2])["verdict"].startswith("not enough to tell")
+    assert pairs.summary([1.5, 1.6, 1.55])["verdict"] == "55% faster"
+
+
 def test_the_status_says_done_once_at_the_very_end_when_plain_pairs_follow(server):
     """With pairs against plain decoding, "Done" appears once, after the pairs, not when the tokens are in."""
     h = Handlers(server)
