@@ -196,15 +196,14 @@ def test_a_shared_turn_changes_no_token_and_no_speed_figure():
         long_run, long_box = in_thread(lambda: list(server.submit(ME, GenerateRequest, gen("a long one", max_new=30))))
         wait_until(lambda: turns.busy)
         time.sleep(0.3)
-        t1 = time.monotonic()
         short_box = {"out": list(server.submit(OTHER, GenerateRequest, gen(max_new=6)))}
-        short_s = time.monotonic() - t1  # the short request's whole time: mostly its own turns
         long_run.join(60)
         long_wall = time.monotonic() - t0
     assert short_box["out"][-1] == Ended("done", "Done.") and not long_run.is_alive()
-    shared = done_of(long_box["out"])
+    shared, short = done_of(long_box["out"]), done_of(short_box["out"])
     assert shared.token_ids == alone.token_ids
-    assert shared.t < long_wall - 0.5 * short_s, (shared.t, long_wall, short_s)
+    # the long one's own clock left out (most of) the time the short one computed on the model
+    assert long_wall - shared.t > 0.8 * short.t > 0, (shared.t, long_wall, short.t)
 
 
 def test_the_time_limit_counts_the_jobs_own_time_not_its_wait():
