@@ -20,13 +20,14 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.engine.decoding import DecodeConfig  # noqa: E402
+from hispec.engine.config import DecodeConfig, preset  # noqa: E402
 from hispec.model.early_exit import EarlyExitModel  # noqa: E402
 from hispec.evaluation.runner import run  # noqa: E402
 from hispec.evaluation.timing_only import RecordedAcceptance, SyntheticAcceptance  # noqa: E402
@@ -75,8 +76,8 @@ def hf_greedy(model, prompt, n, device):
     return out[0, len(prompt):].tolist()
 
 
-SETTINGS = [DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=2, draft_len=3, policy="fixed"),
-            DecodeConfig("hispec", policy="fixed"), DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3,
+SETTINGS = [preset("autoregressive"), preset("layerskip", draft_layer=2, draft_len=3, policy="fixed"),
+            preset("hispec", policy="fixed"), preset("hispec", draft_layer=1, verify_layer=3, draft_len=3,
                                                  verify_threshold=2, policy="fixed")]
 
 
@@ -133,7 +134,7 @@ def bf16_mismatch(device, quick):
         for seed in range(n_prompts):
             g = torch.Generator().manual_seed(100 + seed)
             prompt = torch.randint(3, 4096, (16,), generator=g).tolist()
-            refs.append((prompt, run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=n_new)).token_ids))
+            refs.append((prompt, run(ee, prompt, preset("autoregressive", max_new_tokens=n_new)).token_ids))
         if eager_refs is None:
             eager_refs = refs
         else:  # graph passes attend over a masked full buffer: bf16 rounding may differ from eager
@@ -141,13 +142,12 @@ def bf16_mismatch(device, quick):
         for config in SETTINGS[1:]:
             diff, first = 0, []
             for prompt, ref in refs:
-                ids = run(ee, prompt, DecodeConfig(config.method, config.draft_layer, config.verify_layer,
-                                                   config.draft_len, config.verify_threshold, n_new,
-                                                   policy=config.policy)).token_ids
+                ids = run(ee, prompt, replace(config, max_new_tokens=n_new)).token_ids
                 if ids != ref:
                     diff += 1
                     first.append(next(i for i, (a, b) in enumerate(zip(ids, ref)) if a != b))
-            key = f"{config.method}(d={config.draft_layer},v={config.verify_layer})" + ("+graphs" if mode == "graphs" else "")
+            d, v = (config.preset.draft_layer, config.preset.verify_layer) if config.preset else (None, None)
+            key = f"{config.method}(d={d},v={v})" + ("+graphs" if mode == "graphs" else "")
             out["methods"][key] = {"differs": diff, "rate": diff / n_prompts, "first_divergence": first}
     return out
 
@@ -196,9 +196,9 @@ def step_costs(ee, d, v, device, reps):
 def side_by_side(ee, prompt, d, v, n_new, ar_tps, ls_judge, hs_judge) -> dict:
     """layerskip (exit v, draft_len 4) and hispec (d, v, draft_len 2, threshold 4) under timing-only
     acceptance judges: tokens/s, ratios, acceptance reached, passes and syncs per round."""
-    ls = run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new, policy="fixed"),
+    ls = run(ee, prompt, preset("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new, policy="fixed"),
              judge=ls_judge)
-    hs = run(ee, prompt, DecodeConfig("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
+    hs = run(ee, prompt, preset("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
                                       max_new_tokens=n_new, policy="fixed"), judge=hs_judge)
     return dict(layerskip_tokens_per_s=ls.stats["tokens_per_s"], hispec_tokens_per_s=hs.stats["tokens_per_s"],
                 layerskip_vs_ar=ls.stats["tokens_per_s"] / ar_tps, hispec_vs_ar=hs.stats["tokens_per_s"] / ar_tps,
@@ -235,18 +235,18 @@ def timings(shape, device, dtype, quick, modes=("eager", "graphs")):
         ee.set_graphs(graph_backend(device) if mode == "graphs" else None)
         t0 = time.perf_counter()
         # warm-up (and, with graphs, the captures), then alternate methods so noise hits all alike
-        run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=8))
+        run(ee, prompt, preset("autoregressive", max_new_tokens=8))
         for p_dv, p_vt in RATES[:1]:
-            run(ee, prompt, DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new, policy="fixed"),
+            run(ee, prompt, preset("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new, policy="fixed"),
                 judge=SyntheticAcceptance(1.0, p_vt, seed=1))
-            run(ee, prompt, DecodeConfig("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
+            run(ee, prompt, preset("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
                                          max_new_tokens=n_new, policy="fixed"), judge=SyntheticAcceptance(p_dv, p_vt, seed=1))
         part = {"warmup_s": round(time.perf_counter() - t0, 2),
                 "step_ms": step_costs(ee, d, v, device, 3 if quick else 10)}
         ar = []
         for _ in range(1 if quick else 2):
             sync(device)
-            ar.append(run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=n_new)).stats["tokens_per_s"])
+            ar.append(run(ee, prompt, preset("autoregressive", max_new_tokens=n_new)).stats["tokens_per_s"])
         part["autoregressive_tokens_per_s"] = max(ar)
         ar_tps = part["autoregressive_tokens_per_s"]
         part["synthetic"] = []

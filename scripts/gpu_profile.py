@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpu_check  # noqa: E402
 
-from hispec.engine.decoding import DecodeConfig  # noqa: E402
+from hispec.engine.config import DecodeConfig, preset  # noqa: E402
 from hispec.model.early_exit import EarlyExitModel  # noqa: E402
 from hispec.evaluation.runner import run  # noqa: E402
 from hispec.evaluation.timing_only import SyntheticAcceptance  # noqa: E402
@@ -67,10 +67,10 @@ def main():
     d, v = max(1, round(L / 8)), max(2, round(L / 4))
     prompt = list(range(3, 131))
     methods = {
-        "autoregressive": (DecodeConfig("autoregressive", max_new_tokens=args.new), None),
-        "layerskip@0.9": (DecodeConfig("layerskip", draft_layer=v, draft_len=4, max_new_tokens=args.new, policy="fixed"),
+        "autoregressive": (preset("autoregressive", max_new_tokens=args.new), None),
+        "layerskip@0.9": (preset("layerskip", draft_layer=v, draft_len=4, max_new_tokens=args.new, policy="fixed"),
                           (1.0, 0.9)),
-        "hispec@0.9/0.9": (DecodeConfig("hispec", d, v, 2, 4, max_new_tokens=args.new, policy="fixed"), (0.9, 0.9)),
+        "hispec@0.9/0.9": (preset("hispec", d, v, 2, 4, max_new_tokens=args.new, policy="fixed"), (0.9, 0.9)),
     }
     report = {"shape": args.shape, "layers": L, "d": d, "v": v, "graphs": args.cuda_graphs, "runs": {}}
     for name, (cfg, rates) in methods.items():  # warm-up

@@ -278,7 +278,7 @@ def choose_exits(agreement: dict, num_layers: int) -> tuple[int, int]:
     little to be worth speculating with."""
     import math
 
-    from hispec.engine.decoding import default_draft_layer, default_verify_layer
+    from hispec.engine.config import default_draft_layer, default_verify_layer
 
     by_layer = {int(k): a for k, a in agreement.items()}
 

@@ -66,7 +66,7 @@ def serve(model: str, max_new: int, sessions: int):
     import torch
 
     import app
-    from hispec.engine.decoding import DecodeConfig
+    from hispec.engine.config import DecodeConfig, preset
     from hispec.evaluation.runner import run
     from hispec.model.loading import LoadedModel
     from hispec.serving.limits import Limits
@@ -89,7 +89,7 @@ def serve(model: str, max_new: int, sessions: int):
     registry.add(model, lm)
     limits = Limits(rate_per_minute=0, global_rate_per_minute=0, queue_size=4 * sessions, max_seconds=3600,
                     allowed_models=(model,))
-    config = DecodeConfig("autoregressive", max_new_tokens=max_new, policy="fixed")
+    config = preset("autoregressive", max_new_tokens=max_new, policy="fixed")
     expected = {p: run(lm.ee, lm.encode(p), config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer)).token_ids
                 for p in PROMPTS}
     demo = app.build(app.serve(registry, model, limits), [model])

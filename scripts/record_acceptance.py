@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.engine.decoding import DecodeConfig, Decoder  # noqa: E402
+from hispec.engine.config import DecodeConfig, preset  # noqa: E402
+from hispec.engine.decoding import Decoder  # noqa: E402
 from hispec.evaluation.record import finish, run_record  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 from hispec.evaluation.timing_only import RecordedAcceptance  # noqa: E402
@@ -55,11 +56,11 @@ def main() -> int:
     prompts = [q for qs in heldout_prompts(lm).values() for q in qs][: args.prompts]
     patterns = {}
     for name, settings in PATTERNS.items():
-        config = DecodeConfig(max_new_tokens=args.max_new_tokens, **settings).resolve_for(lm.ee)
+        config = preset(max_new_tokens=args.max_new_tokens, **settings).resolve_for(lm.ee)
         runs, tokens = record(lm, prompts, config)
         model = "SmolLM2-135M-Instruct" if lm.name == "default" else lm.name
-        exits = (f"d={config.draft_layer} v={config.verify_layer}" if name == "hispec"
-                 else f"exit {config.draft_layer}")
+        d, v = config.preset.draft_layer, config.preset.verify_layer
+        exits = f"d={d} v={v}" if name == "hispec" else f"exit {d}"
         source = f"{model} with trained exit heads, {name} {exits}, {len(prompts)} held-out prompts"
         patterns[name] = RecordedAcceptance(runs, source).to_dict(
             settings={k: v for k, v in vars(config).items() if k != "stop_strings"}, generated_tokens=tokens)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.engine.decoding import DecodeConfig  # noqa: E402
+from hispec.engine.config import DecodeConfig, preset  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 from hispec.evaluation.record import finish, run_record  # noqa: E402
 from hispec.evaluation.runner import run  # noqa: E402
@@ -82,8 +82,8 @@ def main() -> int:
     command = "python scripts/time_split.py " + shlex.join(sys.argv[1:])
     report = {**run_record(lm, command), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads, "methods": {}}
     for method in args.methods.split(","):
-        config = DecodeConfig(method, max_new_tokens=args.max_new_tokens, policy="fixed")
-        run(lm.ee, lm.encode(prompts[0].text, chat=prompts[0].chat), DecodeConfig(method, max_new_tokens=8, policy="fixed"),
+        config = preset(method, max_new_tokens=args.max_new_tokens, policy="fixed")
+        run(lm.ee, lm.encode(prompts[0].text, chat=prompts[0].chat), preset(method, max_new_tokens=8, policy="fixed"),
             eos_ids=lm.eos_ids)  # warm-up
         timer.reset()
         wall, tokens = 0.0, 0

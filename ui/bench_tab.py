@@ -13,7 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from hispec.engine.decoding import DEFAULT_LAYERS
+from hispec.engine.config import DEFAULT_LAYERS
 from hispec.evaluation.bench import BENCH_METHODS
 from hispec.evaluation.report import figures, table_html
 from hispec.serving.api import LIVE_SETS, MAX_LIVE_PROMPTS, MAX_LIVE_TOKENS, BenchRequest

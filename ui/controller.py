@@ -11,17 +11,17 @@ import html
 
 import gradio as gr
 
-from hispec.engine.costs import model_costs
 from hispec.engine.events import event_from_dict
 from hispec.engine.levels import exits_by_role
 from hispec.errors import HiSpecError
 from hispec.evaluation import what_if as what_ifs
-from hispec.evaluation.beliefs import exit_beliefs
 from hispec.evaluation.replay import replay_from_dicts
 from hispec.evaluation.speed_model import measured_pairs
 from hispec.evaluation.why import speed_story
 from hispec.evaluation.trace import Trace
-from hispec.serving.api import CompareRequest, GenerateRequest, LoadRequest, WhatIfRequest, generate_response
+from hispec.serving.api import (BeliefsRequest, CompareRequest, CostsRequest, GenerateRequest, LoadRequest,
+                               WhatIfRequest)
+from hispec.serving.answer import api_answer
 from hispec.serving.session import Server
 from hispec.serving.updates import Ended, Output, Status
 from ui import charts, controls, labels, render, stepper, token_story, why_view
@@ -74,20 +74,13 @@ class Handlers:
                                    "Stop is stopped as it arrives).", "info")
 
     def api_generate(self, request: gr.Request = None, **fields):
-        """/generate: progress as {"status": ...} while it runs, then the result (serving.api.
-        generate_response); bad input raises an error naming what is wrong and what is allowed."""
-        view = GenerateView(fields.get("model") or self.server.default_model)
-        for update in self.server.submit(self.server.caller(request), GenerateRequest, fields):
-            if isinstance(update, Ended):
-                if not update.ok:
-                    raise gr.Error(update.message, print_exception=False)
-                if view.run.done is None:  # stopped (or out of time) before it started
-                    raise gr.Error(update.message, print_exception=False)
-                yield generate_response(view.run, view.tokens(), view.vs_plain)
-                return
-            view.update(update)
-            yield {"status": update.text if isinstance(update, Status) else
-                   f"generating: {view.run.stats.new_tokens} tokens"}
+        """/generate: progress as {"status": ...} while it runs, then the result (assembled by serving.answer);
+        bad input raises an error naming what is wrong and what is allowed."""
+        updates = self.server.submit(self.server.caller(request), GenerateRequest, fields)
+        try:
+            yield from api_answer(updates, lambda run: render.tokens_html(run.trace, run.done.settings))
+        except HiSpecError as exc:
+            raise gr.Error(str(exc), print_exception=False) from None
 
     # ---- what if, compare -----------------------------------------------------------------------
     def what_if(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
@@ -186,8 +179,7 @@ class Handlers:
         known = getattr(lm.ee, "cost_model", None)
         if known is not None and known.covers(exits_used):  # timed before: nothing to run, no need to wait
             return known
-        return self.server.run_now(self.server.caller(request), "costs", model,
-                                   lambda lm: model_costs(lm.ee, exits_used))
+        return self.server.result(self.server.caller(request), CostsRequest, {"model": model, "exits": exits_used})
 
     def why_after_run(self, run, request: gr.Request = None):
         """After a run: the sliders take the measured acceptance, and the view is redrawn."""
@@ -213,8 +205,8 @@ class Handlers:
         try:
             beliefs = None
             if token_ids and run.get("prompt_ids"):
-                beliefs = self.server.run_now(self.server.caller(request), "beliefs", run["model"], lambda lm: exit_beliefs(
-                    lm.ee, run["prompt_ids"], token_ids, tokenizer=lm.tokenizer))
+                beliefs = self.server.result(self.server.caller(request), BeliefsRequest, {
+                    "model": run["model"], "prompt_ids": run["prompt_ids"], "token_ids": token_ids})
             beliefs_view = beliefs_html(beliefs) if beliefs else render.message_html("No token was generated.", "info")
         except HiSpecError as exc:
             beliefs, beliefs_view = None, render.message_html(f"What each exit believes: {exc}")

@@ -15,6 +15,7 @@ from hispec.engine.events import Event
 from hispec.evaluation import what_if as what_ifs
 from hispec.evaluation.runner import LiveRun
 from hispec.evaluation.trace import Trace
+from hispec.serving.answer import Generation
 from hispec.serving.updates import Ended, Output, Status
 from ui import charts, render
 
@@ -43,10 +44,17 @@ class GenerateView:
         """`pairs`: the plain-baseline pairs the request measures after the run (its status says "Done"
         once, at the very end, not when the tokens are in)."""
         self.model_name, self.pairs = model_name, pairs
-        self.run = LiveRun()
-        self.vs_plain: dict | None = None
-        self.prompt_ids: list[int] | None = None
+        self.fold = Generation()  # serving's fold of the updates: the run, its pairs, its prompt's ids
+        self.run = self.fold.run
         self._charted = 0.0
+
+    @property
+    def vs_plain(self) -> dict | None:
+        return self.fold.vs_plain
+
+    @property
+    def prompt_ids(self) -> list[int] | None:
+        return self.fold.prompt_ids
 
     def update(self, update) -> tuple:
         if isinstance(update, Status):
@@ -56,16 +64,7 @@ class GenerateView:
         return self._ended(update)
 
     def _output(self, items: tuple) -> tuple:
-        events = [item for item in items if isinstance(item, Event)]
-        for item in items:
-            if isinstance(item, dict):
-                self.vs_plain = item.get("vs_plain", self.vs_plain)
-                self.prompt_ids = item.get("prompt_ids", self.prompt_ids)
-                if "levels" in item:
-                    self.run.trace.set_levels(item["levels"])
-        for ev in events:
-            self.run.add(ev)
-        if not events:
+        if not self.fold.add(items):
             return (gr.skip(),) * OUTPUTS
         stats = self.run.summary()
         done = self.run.done is not None

@@ -4,8 +4,9 @@ agreement (or raw exits), and the line naming it."""
 from __future__ import annotations
 
 import html
+from typing import NamedTuple
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 
 
 def _pct(value) -> str:
@@ -50,18 +51,30 @@ def exits_html(info: dict | None) -> str:
             f"{rows}</table><ul>{notes}</ul></div>")
 
 
-def model_defaults(lm):
+class Sliders(NamedTuple):
+    """The page's four sliders, in the paper's names (the preset's)."""
+
+    draft_layer: int | None
+    verify_layer: int | None
+    draft_len: int | None
+    verify_threshold: int | None
+
+
+def _sliders(config) -> Sliders:
+    return Sliders(config.preset.draft_layer, config.preset.verify_layer, config.draft_len, config.verify_threshold)
+
+
+def model_defaults(lm) -> Sliders:
     """HiSpec's settings for this model: its trained exits' recommendation, else the engine's defaults."""
-    return DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
+    return _sliders(preset("hispec", policy="fixed").resolve_for(lm.ee))
 
 
 def settings_by_method(lm) -> dict[str, list]:
     """(d, v, draft_len, verify_threshold) each exit method resolves to on this model, as the
     benchmark runs it (None: not used): LayerSkip's exit is its own, not HiSpec's draft exit."""
-    hispec = DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
-    layerskip = DecodeConfig("layerskip", policy="fixed").resolve_for(lm.ee)
-    return {"hispec": [hispec.draft_layer, hispec.verify_layer, hispec.draft_len, hispec.verify_threshold],
-            "layerskip": [layerskip.draft_layer, None, layerskip.draft_len, None]}
+    hispec = model_defaults(lm)
+    layerskip = _sliders(preset("layerskip", policy="fixed").resolve_for(lm.ee))
+    return {"hispec": list(hispec), "layerskip": [layerskip.draft_layer, None, layerskip.draft_len, None]}
 
 
 def trained_layers(lm) -> list[int]:

@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 
 from hispec.cli.parsers import build_parser
-from hispec.engine.decoding import METHODS, DecodeConfig
+from hispec.engine.config import DecodeConfig, METHODS, preset
 from hispec.engine.levels import parse_method
 from hispec.engine.policy import DEFAULT_POLICY
 from hispec.errors import HiSpecError
@@ -65,7 +65,7 @@ def cmd_generate(args) -> int:
     for p in prompts:
         p["chat"] = p["chat"] and not args.raw
     specs = {m: parse_method(m, METHODS) for m in methods}
-    configs = {m: DecodeConfig(method=spec.method, draft_layer=args.draft_layer, verify_layer=args.verify_layer,
+    configs = {m: preset(method=spec.method, draft_layer=args.draft_layer, verify_layer=args.verify_layer,
                                draft_len=args.draft_len, verify_threshold=args.verify_threshold,
                                max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),
                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -218,7 +218,7 @@ def _bench_inputs(args, weights: str | None = None):
     if getattr(args, "levels", None):
         raise HiSpecError(f"bench takes level lists as methods, joined by '+': --methods "
                           f"{args.levels.replace(',', '+')} (not --levels)")
-    base = DecodeConfig("hispec", args.draft_layer, args.verify_layer, args.draft_len, args.verify_threshold,
+    base = preset("hispec", args.draft_layer, args.verify_layer, args.draft_len, args.verify_threshold,
                         args.max_new_tokens, policy=getattr(args, "policy", DEFAULT_POLICY),
                         lookup_len=getattr(args, "lookup_len", 8))
     base.validate()

@@ -138,3 +138,30 @@ def model_costs(ee, exits: tuple[int, ...] = ()) -> CostModel:
     if not costs.covers(tuple(exits)):
         costs.calibrate(ee, tuple(exits))
     return costs
+
+
+class CostLearner:
+    """The cost model of each lane's copy of the model (calibrated once, for the exits it runs), refined
+    as an observer of the generation: every pass the stack reports and every exit head the decoder
+    runs. None for a lane that needs none (the fixed policy, on a model never calibrated)."""
+
+    def __init__(self, models: dict, levels, adaptive: bool):
+        self.lanes = {}
+        for precision, model in models.items():
+            exits = tuple(lv.layer for lv in levels if lv.kind == "exit" and lv.precision == precision)
+            self.lanes[precision] = model_costs(model, exits) if adaptive else getattr(model, "cost_model", None)
+
+    def on_pass(self, p) -> None:
+        """A decode pass (engine.stack.StagePass); the prefill's passes are not handed in."""
+        costs = self.lanes[p.precision]
+        if costs is not None and len(p.serials) <= 16:
+            costs.observe_pass(p.end - p.start, len(p.serials), p.seconds)
+
+    def on_head(self, level, rows: int, seconds: float, head_work: list) -> None:
+        """An exit head of `level` (engine.levels.Level) ran on `rows` rows in `seconds`; its attention
+        step, for a head that has one, is in the stack's `head_work` (drained here)."""
+        attend = sum(s for at, _, s in head_work if at == level.layer)
+        head_work.clear()
+        costs = self.lanes[level.precision]
+        if costs is not None:
+            costs.observe_head(level.layer, rows, seconds + attend)

@@ -26,7 +26,7 @@ from hispec.engine.levels import EXIT, LOOKUP, Level
 POLICIES = ("fixed", "auto")
 
 # ---- the adaptive policy's constants, each with why ---------------------------------------------
-# A level pair's prior is what its model ships, measured (engine.decoding's _priors: acceptance in
+# A level pair's prior is what its model ships, measured (engine.priors.acceptance_priors: acceptance in
 # generations on the tuning split, else the heads' own agreement); these constants are what the policy
 # falls back on where nothing was measured, and how it weighs what it measures.
 UNKNOWN_PRIOR = 0.3  # a pair with nothing measured (raw exits, no manifest): between raw exits' 4-10% agreement
@@ -200,7 +200,7 @@ class FixedPolicy(Policy):
 
 class Acceptance:
     """Per-token acceptance by (proposer, judge), measured in this generation, smoothed towards a
-    prior (measured: engine.decoding's _priors; else UNKNOWN_PRIOR) worth `weight` observations."""
+    prior (measured: engine.priors.acceptance_priors; else UNKNOWN_PRIOR) worth `weight` observations."""
 
     def __init__(self, priors: dict[tuple[str, str], float], weight: float = PRIOR_WEIGHT):
         self.priors, self.weight = priors, weight

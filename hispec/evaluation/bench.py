@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from hispec.engine.costs import CostModel
-from hispec.engine.decoding import METHODS, DecodeConfig, default_verify_layer, recommended_settings
+from hispec.engine.config import METHODS, DecodeConfig, Preset, default_verify_layer, recommended_settings
 from hispec.engine.levels import LOOKUP, parse_method, split_level
 from hispec.errors import ConfigError
 from hispec.evaluation.prompts import Prompt
@@ -104,9 +104,14 @@ def method_config(lm: LoadedModel, method: str, base: DecodeConfig, layerskip_ex
     is always the fixed plain loop: a policy there would only add planning to the baseline."""
     spec = parse_method(split_weights(method)[0], METHODS)
     policy = "fixed" if spec.method == "autoregressive" else spec.policy or base.policy
-    return replace(base, method=spec.method, levels=spec.levels, policy=policy,
-                   verify_layer=base.verify_layer if spec.method == "hispec" else None,
-                   draft_layer=base.draft_layer if spec.method == "hispec" else layerskip_exit or bench_exit(lm))
+    return replace(base, levels=spec.levels, policy=policy, preset=_preset(lm, spec.method, base, layerskip_exit))
+
+
+def _preset(lm: LoadedModel, method: str, base: DecodeConfig, layerskip_exit: int | None) -> Preset:
+    """A bench method's preset: hispec at the base's layers (None: the model's), layerskip at the bench's exit."""
+    if method == "hispec":
+        return replace(base.preset or Preset(), method="hispec")
+    return Preset(method, layerskip_exit or bench_exit(lm) if method == "layerskip" else None)
 
 
 class CostSnapshot:
@@ -237,13 +242,14 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
 
         llamacpp.check(lm)  # before any prompt runs
     on = lambda method: models.get(split_weights(method)[1], lm)  # noqa: E731
-    resolved = replace(base, method="hispec").resolve_for(lm.ee)
+    resolved = replace(base, preset=_preset(lm, "hispec", base, None)).resolve_for(lm.ee)
     report = {**run_record(lm, command, base), "methods": methods, "max_new_tokens": base.max_new_tokens,
-              "settings": {"policy": base.policy, "lookup_len": base.lookup_len, "draft_layer": resolved.draft_layer, "verify_layer": resolved.verify_layer,
+              "settings": {"policy": base.policy, "lookup_len": base.lookup_len, "draft_layer": resolved.preset.draft_layer,
+                           "verify_layer": resolved.preset.verify_layer,
                            "layerskip_exit": layerskip_exit or bench_exit(lm),
                            "draft_len": resolved.draft_len, "verify_threshold": resolved.verify_threshold,
-                           "layerskip_draft_len": replace(base, method="layerskip", draft_layer=layerskip_exit or
-                                                          bench_exit(lm)).resolve_for(lm.ee).draft_len},
+                           "layerskip_draft_len": replace(base, preset=_preset(lm, "layerskip", base, layerskip_exit)
+                                                          ).resolve_for(lm.ee).draft_len},
               "records": [], "summary": {}, "complete": False}
     if models:
         report["weights"] = {fmt: getattr(m, "weights", "fp32") for fmt, m in models.items()}

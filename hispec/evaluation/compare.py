@@ -14,7 +14,7 @@ import threading
 from dataclasses import replace
 from typing import Iterator
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig
 from hispec.evaluation import pairs as timed_pairs
 from hispec.evaluation.runner import plain_config
 
@@ -25,9 +25,7 @@ def compare_configs(config: DecodeConfig, baselines: list[str], ee) -> list[Deco
     """The chosen method with its own settings and policy, then each baseline with its fixed
     meaning on this model: plain decoding, and LayerSkip at the model's own exit and length."""
     chosen = config.resolve_for(ee)
-    others = [replace(config, method=m, levels=None, draft_layer=None, verify_layer=None, draft_len=None,
-                      verify_threshold=None, policy="fixed").resolve_for(ee)
-              for m in baselines if m != config.method]
+    others = [replace(config.as_preset(m), policy="fixed").resolve_for(ee) for m in baselines if m != config.method]
     return [chosen] + others
 
 
@@ -43,7 +41,7 @@ def what_ran(config: DecodeConfig) -> str:
     if config.policy == "auto":
         return f"{levels}; adaptive policy (plans chosen each round)"
     lengths = f"draft_len {config.draft_len}"
-    if config.verify_layer is not None:
+    if config.exit_layer("verify") is not None and config.exit_layer("draft") is not None:
         lengths += f", verify_threshold {config.verify_threshold}"
     return f"{levels}; fixed rounds, {lengths}"
 

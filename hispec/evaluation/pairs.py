@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig
 from hispec.evaluation.runner import RunResult, timed_events
 from hispec.text import Detokenizer
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import Decoder
 from hispec.text import Detokenizer
 
 def _configs(lm, formats: tuple[str, ...] = (), exact: bool = True, full_only: bool = False) -> dict[str, DecodeConfig]:
@@ -26,11 +27,10 @@ def _configs(lm, formats: tuple[str, ...] = (), exact: bool = True, full_only: b
     [v@P, full] (each judged by the exact model) and [d@P, full@P, full], [v@P, full@P, full] (exits
     judged by the whole model in that format). `exact=False` leaves out the exact-format runs; `full_only`
     keeps only [full@P, full] of each format (the level the 3-level plans put in the middle)."""
-    preset = DecodeConfig("hispec", policy="fixed").resolve_for(lm.ee)
-    d, v = preset.draft_layer, preset.verify_layer
-    one = lambda *levels: DecodeConfig("hispec", levels=levels, policy="fixed", draft_len=1,  # noqa: E731
-                                       verify_threshold=1)
-    configs = {"lookup": DecodeConfig("lookup", policy="fixed"),
+    own = preset("hispec", policy="fixed").resolve_for(lm.ee)
+    d, v = own.preset.draft_layer, own.preset.verify_layer
+    one = lambda *levels: DecodeConfig(levels=levels, policy="fixed", draft_len=1, verify_threshold=1)  # noqa: E731
+    configs = {"lookup": preset("lookup", policy="fixed"),
                f"exit {d}": one(d), f"exit {v}": one(v), f"exits {d}, {v}": one(d, v)} if exact else {}
     for p in formats:
         if full_only:

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from hispec.model.cache import LayerKVCache
-from hispec.engine.decoding import DecodeConfig, default_draft_layer
+from hispec.engine.config import DecodeConfig, default_draft_layer, preset
 
 COUNTS = (1, 2, 4, 8, 16)
 FILLER = ("Speculative decoding drafts a few tokens cheaply and checks them with the full model in one "
@@ -132,8 +132,8 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
     L = ee.num_layers
     d = default_draft_layer(L)
     # the single-exit self-speculation the engine would run: its recommended exit and draft_len
-    single = DecodeConfig("layerskip").resolve_for(ee)
-    e, k = single.draft_layer, single.draft_len
+    single = preset("layerskip").resolve_for(ee)
+    e, k = single.preset.draft_layer, single.draft_len
     lean_on = ee.lean is not None
     ids = _context_ids(lm, context + max(counts))
     probe = _Probe(lm, ids[:context])

@@ -15,7 +15,6 @@ fails a run.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
@@ -78,10 +77,11 @@ def priors(ee) -> dict:
 
 
 def settings(config) -> dict | None:
-    """A decoding configuration (a dataclass) in full, JSON-ready; None stays None."""
+    """A decoding configuration in full (engine.config.DecodeConfig.settings: levels, lengths, budget,
+    sampling and the preset's names, plus its stop strings), JSON-ready; None stays None."""
     if config is None:
         return None
-    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    return json.loads(json.dumps({**config.settings(), "stop_strings": list(config.stop_strings)}, default=str))
 
 
 def run_record(lm, command: str | None, config=None) -> dict:

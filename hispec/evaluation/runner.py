@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Generator, Iterable, Iterator
 
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig
+from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, Event, event_to_dict
 from hispec.evaluation.metrics import StatsCollector
 from hispec.evaluation.trace import Trace
@@ -83,8 +84,7 @@ def with_setup(stats: dict, setup_s: float) -> dict:
 def plain_config(config: DecodeConfig) -> DecodeConfig:
     """Plain decoding with the run's budget and sampling: nothing of its levels (a 'plain' run
     that kept the exit levels would still draft at them)."""
-    return replace(config, method="autoregressive", levels=None, draft_layer=None, verify_layer=None,
-                   draft_len=None, verify_threshold=None, policy="fixed")
+    return config.plain()
 
 
 def events(lm, prompt_ids: list[int], config: DecodeConfig, stop: threading.Event | None = None,

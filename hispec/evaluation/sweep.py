@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from hispec.engine.decoding import DecodeConfig, default_draft_layer, default_verify_layer
+from hispec.engine.config import DecodeConfig, Preset, default_draft_layer, default_verify_layer, preset
 from hispec.errors import ConfigError
 from hispec.evaluation.bench import geomean, iqr, mean_or_none, run_one, warmup_ids
 from hispec.evaluation.record import finish, run_record
@@ -35,7 +35,6 @@ AXES = {"layers": ("draft_layer", "verify_layer"), "lengths": ("draft_len", "ver
 LABELS = {"draft_layer": "draft layer d", "verify_layer": "verify layer v", "draft_len": "draft_len",
           "verify_threshold": "verify_threshold"}
 SHORT = {"draft_layer": "d", "verify_layer": "v", "draft_len": "draft_len", "verify_threshold": "threshold"}
-DEFAULT_DRAFT_LEN, DEFAULT_VERIFY_THRESHOLD = 2, 4  # hispec's defaults (see decoding.DecodeConfig.resolve)
 DEFAULT_DRAFT_LENS, DEFAULT_VERIFY_THRESHOLDS = (1, 2, 3, 4), (2, 4, 6, 8)
 
 
@@ -114,7 +113,15 @@ class Grid:
                               f"{num_layers} layers, so draft and verify layers must be between 1 and {num_layers - 1}")
 
     def config(self, row: int, col: int, base: DecodeConfig) -> DecodeConfig:
-        return replace(base, method="hispec", **{self.axes[0]: row, self.axes[1]: col})
+        if self.name == "layers":  # the paper's (d, v) grid: the hispec preset at each pair
+            return replace(base, levels=None, preset=Preset("hispec", row, col))
+        return replace(base, **{self.axes[0]: row, self.axes[1]: col})
+
+
+def _in_paper_names(config: DecodeConfig) -> dict:
+    """A resolved hispec configuration as the sweep's axes name it: d, v and the two lengths."""
+    return {"draft_layer": config.preset.draft_layer, "verify_layer": config.preset.verify_layer,
+            "draft_len": config.draft_len, "verify_threshold": config.verify_threshold}
 
 
 def _list(values) -> str:
@@ -185,22 +192,20 @@ def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], bas
     after every prompt (after the JSON is written). `stop`, once set, ends the sweep before the
     next point; the prompt in progress is dropped, the report says `stopped`."""
     L = lm.ee.num_layers
-    base = replace(base, method="hispec").resolve_for(lm.ee)
+    base = replace(base, preset=replace(base.preset or Preset(), method="hispec")).resolve_for(lm.ee)
     for g in grids:
         g.check(L)
     points: list[tuple[Grid | None, int | None, int | None]] = [(None, None, None)]
     points += [(g, r, c) for g in grids for r, c in g.cells()]
     # the engine's defaults for this model (its trained exits' recommendation where it has one)
-    preset = DecodeConfig("hispec").resolve_for(lm.ee)
-    defaults = {"draft_layer": preset.draft_layer, "verify_layer": preset.verify_layer,
-                "draft_len": preset.draft_len, "verify_threshold": preset.verify_threshold}
+    defaults = _in_paper_names(preset("hispec").resolve_for(lm.ee))
+    at = _in_paper_names(base)
     report = {
         **run_record(lm, command, base), "kind": "sweep", "reference": REFERENCE,
         "max_new_tokens": base.max_new_tokens,
-        "base": {k: getattr(base, k) for k in defaults}, "defaults": defaults,
+        "base": at, "defaults": defaults,
         "grids": {g.name: {"rows_axis": g.axes[0], "cols_axis": g.axes[1], "rows": list(g.rows),
-                           "cols": list(g.cols), "fixed": {k: getattr(base, k) for k in defaults
-                                                           if k not in g.axes},
+                           "cols": list(g.cols), "fixed": {k: at[k] for k in defaults if k not in g.axes},
                            "skipped": g.skipped()} for g in grids},
         "prompts": {name: [p.id for p in ps] for name, ps in sets.items()},
         "records": [], "summary": {}, "complete": False,

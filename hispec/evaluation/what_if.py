@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig
 from hispec.evaluation import pairs
 from hispec.evaluation.runner import RunResult, plain_config
 from hispec.evaluation.timing_only import SyntheticAcceptance

@@ -3,6 +3,8 @@ work it runs once admitted (serving.session runs that work; this module only say
 
     GenerateRequest   one generation (and, with `baseline` N, N pairs of runs against plain decoding)
     CompareRequest    the method and its baselines, several runs each, alternating
+    CostsRequest      this machine's pass costs (a follow-up of a run: "Why this speed")
+    BeliefsRequest    what each exit predicted at every position of a finished run (a follow-up)
     WhatIfRequest     TIMING ONLY runs at a chosen acceptance, each after a real plain run
     BenchRequest      a small live benchmark on a few prompts of a set
     LoadRequest       load a model (the allow-list applies)
@@ -11,7 +13,7 @@ work it runs once admitted (serving.session runs that work; this module only say
 characters before anything reads it), and names the field and what is allowed on any error.
 `prepare(lm, limits)` runs the checks that need the model (token counts, layers, context) and
 returns the work: `work(stop, emit)`, a generator of what the update stream carries.
-The response of /generate is `generate_response`: the one JSON shape of a finished generation.
+The answer of /generate is assembled by serving.answer from the updates of a GenerateRequest.
 """
 
 from __future__ import annotations
@@ -20,15 +22,17 @@ import inspect
 import json
 import typing
 from dataclasses import MISSING, dataclass, fields
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 
-from hispec.engine.decoding import METHODS, DecodeConfig
+from hispec.engine.config import METHODS, DecodeConfig, check_prompt, preset
+from hispec.engine.costs import model_costs
 from hispec.engine.events import DoneEvent
 from hispec.engine.levels import parse_levels
 from hispec.engine.policy import DEFAULT_POLICY, POLICIES
 from hispec.errors import ConfigError
 from hispec.evaluation import bench, compare as comparing, runner, what_if as what_ifs
+from hispec.evaluation.beliefs import exit_beliefs
 from hispec.evaluation.prompts import LOADERS, Prompt, load_sets
 from hispec.serving import inputs
 from hispec.serving.limits import Limits
@@ -47,9 +51,7 @@ METHOD_ORDER = ("hispec", "layerskip", "lookup", "autoregressive")  # as the pag
 
 
 def _check_context(lm, ids: list[int], max_new_tokens: int) -> None:
-    if len(ids) + max_new_tokens > lm.ee.context_limit:
-        raise ConfigError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                          f"context of {lm.ee.context_limit} tokens")
+    check_prompt(len(ids), max_new_tokens, lm.ee.context_limit)
 
 
 def _encode(lm, prompt: str, chat: bool, max_new_tokens: int, limits: Limits) -> list[int]:
@@ -108,15 +110,21 @@ class GenerateRequest:
                       seed=inputs.seed(raw["seed"]), model=inputs.name("model", raw["model"]),
                       baseline=inputs.whole("baseline", raw["baseline"] or 0, 0, MAX_REPEATS),
                       levels=_levels(raw["levels"], method))
-        request.decode_config().validate()  # every value that does not need the model
+        request.decode_config()  # checked here, once: every value that does not need the model
         return request
 
     def decode_config(self) -> DecodeConfig:
-        return DecodeConfig(self.method, self.draft_layer, self.verify_layer if self.method == "hispec" else None,
-                            self.draft_len, self.verify_threshold, self.max_new_tokens, temperature=self.temperature,
-                            top_k=self.top_k, top_p=self.top_p,
-                            seed=None if self.seed in (None, -1) else self.seed, policy=self.policy,
-                            levels=None if self.levels is None else parse_levels(self.levels))
+        """The request as the engine's one configuration (built and checked once per request)."""
+        return self._config
+
+    @cached_property
+    def _config(self) -> DecodeConfig:
+        config = preset(self.method, self.draft_layer, self.verify_layer if self.method == "hispec" else None,
+                        self.draft_len, self.verify_threshold, self.max_new_tokens, temperature=self.temperature,
+                        top_k=self.top_k, top_p=self.top_p, seed=None if self.seed in (None, -1) else self.seed,
+                        policy=self.policy, levels=None if self.levels is None else parse_levels(self.levels))
+        config.validate()
+        return config
 
     def prepare(self, lm, limits: Limits):
         ids = _encode(lm, self.prompt, self.chat, self.max_new_tokens, limits)
@@ -143,17 +151,6 @@ def _generate(lm, ids, config, pairs, stop, emit):
         done = ev if isinstance(ev, DoneEvent) else done
     if pairs and done is not None and done.token_ids and not stop.is_set():
         yield from comparing.vs_plain(lm, ids, config, len(done.token_ids), pairs, stop)
-
-
-def generate_response(run: runner.LiveRun, html: str, vs_plain: dict | None = None) -> dict:
-    """What /generate returns: text, token_ids, html (the coloured tokens), stats (with `vs_plain`
-    when a baseline was measured), settings and trace (every engine event, in order)."""
-    done = run.done
-    stats = run.summary()
-    if vs_plain is not None:
-        stats["vs_plain"] = vs_plain
-    return {"text": done.text, "token_ids": list(done.token_ids), "html": html, "stats": stats,
-            "settings": done.settings, "trace": run.events}
 
 
 def api_signature() -> inspect.Signature:
@@ -266,7 +263,7 @@ class BenchRequest:
         for prompts in sets.values():
             for p in prompts:
                 limits.check_request(len(lm.encode(p.text, chat=p.chat)), self.max_new_tokens)
-        base = DecodeConfig("hispec", max_new_tokens=self.max_new_tokens)
+        base = preset("hispec", max_new_tokens=self.max_new_tokens)
         base.resolve_for(lm.ee)  # checked here; each method resolves its own defaults
 
         def work(stop, emit):
@@ -294,3 +291,64 @@ class LoadRequest:
 
     def prepare(self, lm, limits: Limits):
         return lambda stop, emit: iter([lm])
+
+
+# ---- follow-ups of a run: this machine's pass costs, what each exit believes -----------------------
+@dataclass(frozen=True)
+class CostsRequest:
+    """The model's pass costs on this machine (engine.costs), calibrated for these exits if they are
+    not yet: the numbers "Why this speed" explains a run with."""
+
+    model: str | None = None
+    exits: tuple[int, ...] = ()
+
+    kind = "costs"
+    what = "cost measurement"
+    follow_up = True  # part of a run the visitor made: not counted again by the per-address rate limit
+
+    @classmethod
+    def parse(cls, raw: dict, limits: Limits) -> CostsRequest:
+        exits = raw.get("exits") or ()
+        if isinstance(exits, (str, bytes)) or not isinstance(exits, (list, tuple)) or len(exits) > 4:
+            raise ConfigError(f"exits must be a list of at most 4 exit layers (got {inputs.shown(exits)})")
+        return cls(inputs.name("model", raw.get("model")),
+                   tuple(sorted({inputs.whole("exit layer", e, 1, MAX_LAYER) for e in exits})))
+
+    def prepare(self, lm, limits: Limits):
+        bad = [e for e in self.exits if not 0 < e < lm.ee.num_layers]
+        if bad:
+            raise ConfigError(f"exit layer {bad[0]} is impossible: this model has {lm.ee.num_layers} layers")
+        return lambda stop, emit: iter([model_costs(lm.ee, self.exits)])
+
+
+@dataclass(frozen=True)
+class BeliefsRequest:
+    """What every exit predicted at every generated position of a finished run (evaluation.beliefs)."""
+
+    model: str | None = None
+    prompt_ids: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()
+
+    kind = "beliefs"
+    what = "look at the exits"
+    follow_up = True
+
+    @classmethod
+    def parse(cls, raw: dict, limits: Limits) -> BeliefsRequest:
+        ids = {}
+        for name, most in (("prompt_ids", limits.max_prompt_tokens), ("token_ids", limits.max_new_tokens)):
+            value = raw.get(name) or ()
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) > most:
+                raise ConfigError(f"{name} must be a list of at most {most} token ids (got {inputs.shown(value)})")
+            ids[name] = tuple(inputs.whole("a token id", t, 0, None) for t in value)
+        if not ids["prompt_ids"] or not ids["token_ids"]:
+            raise ConfigError("both prompt_ids and token_ids must hold at least one token id")
+        return cls(inputs.name("model", raw.get("model")), ids["prompt_ids"], ids["token_ids"])
+
+    def prepare(self, lm, limits: Limits):
+        vocab = lm.ee.model.config.vocab_size
+        if any(t >= vocab for t in self.prompt_ids + self.token_ids):
+            raise ConfigError(f"a token id is beyond this model's vocabulary of {vocab}")
+        _check_context(lm, list(self.prompt_ids), len(self.token_ids))
+        return lambda stop, emit: iter([exit_beliefs(lm.ee, list(self.prompt_ids), list(self.token_ids),
+                                                     tokenizer=lm.tokenizer)])

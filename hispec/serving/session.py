@@ -109,7 +109,8 @@ class Server:
                 if job.stop.is_set():  # a Stop made since it was submitted: nothing is counted or queued
                     yield self._ended(job, f"before the {what} started")
                     return
-                self.rates.admit(caller.address)
+                if not getattr(request, "follow_up", False):  # a run's follow-up was counted with the run
+                    self.rates.admit(caller.address)
                 name = self.limits.check_model(request.model or self.default_model)
                 self._enter_queue()
             except HiSpecError as exc:
@@ -151,23 +152,17 @@ class Server:
                 if state["leased"]:
                     self.registry.release(state["leased"])
 
-    def run_now(self, caller: Caller, kind: str, model: str, fn: Callable[[LoadedModel], object],
-                timeout_s: float = 30.0):
-        """`fn(lm)` on the model in its turn, here and now: short follow-ups of a run (what each exit
-        believes, this machine's pass costs). Raises HiSpecError when the model stays busy."""
-        name = self.limits.check_model(model or self.default_model)
-        job = self.jobs.open(caller.session, kind, visitor=caller.address)
-        try:
-            with self.registry.lease(name) as lm:
-                turns = self.registry.turns(name)
-                if not turns.hold(job, timeout_s):
-                    raise HiSpecError("the model is busy with another visitor's request; try again in a moment")
-                try:
-                    return fn(lm)
-                finally:
-                    turns.release(job)
-        finally:
-            self.jobs.close(job)
+    def result(self, caller: Caller, request_type, raw: dict):
+        """A request whose work yields one result (a run's follow-ups: serving.api.CostsRequest,
+        BeliefsRequest), served like any other: admitted, queued, in its turn, under the time limit.
+        Returns the result; raises HiSpecError with the ending's message when it did not finish."""
+        last = None
+        for update in self.submit(caller, request_type, raw):
+            if isinstance(update, Output) and update.items:
+                last = update.items[-1]
+            elif isinstance(update, Ended) and not (update.ok and last is not None):
+                raise HiSpecError(update.message)
+        return last
 
     # ---- the steps ------------------------------------------------------------------------------
     def _enter_queue(self) -> None:

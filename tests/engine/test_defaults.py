@@ -3,7 +3,8 @@
 import pytest
 from helpers import tiny_model
 
-from hispec.engine.decoding import DecodeConfig, Decoder, recommended_settings
+from hispec.engine.config import DecodeConfig, preset, recommended_settings
+from hispec.engine.decoding import Decoder
 from hispec.model.early_exit import EarlyExitModel
 
 REC = {"draft": 2, "verify": 5, "draft_len": 1, "verify_threshold": 3, "layerskip_exit": 3,
@@ -17,40 +18,40 @@ def ee():
 
 def test_without_trained_exits_the_depth_rules_apply(ee):
     assert recommended_settings(ee) == {}
-    c = Decoder(ee, [5, 6], DecodeConfig("hispec")).config
-    assert (c.draft_layer, c.verify_layer, c.draft_len, c.verify_threshold) == (1, 2, 2, 4)
-    c = Decoder(ee, [5, 6], DecodeConfig("layerskip")).config
-    assert (c.draft_layer, c.draft_len) == (2, 4)
+    c = Decoder(ee, [5, 6], preset("hispec")).config
+    assert (c.preset.draft_layer, c.preset.verify_layer, c.draft_len, c.verify_threshold) == (1, 2, 2, 4)
+    c = Decoder(ee, [5, 6], preset("layerskip")).config
+    assert (c.preset.draft_layer, c.draft_len) == (2, 4)
 
 
 def test_the_manifest_recommendation_fills_what_is_unset(ee):
     ee.exit_info = {"default_layers": dict(REC)}
-    c = Decoder(ee, [5, 6], DecodeConfig("hispec")).config
-    assert (c.draft_layer, c.verify_layer, c.draft_len, c.verify_threshold) == (2, 5, 1, 3)
-    c = Decoder(ee, [5, 6], DecodeConfig("layerskip")).config
-    assert (c.draft_layer, c.draft_len) == (3, 2)
+    c = Decoder(ee, [5, 6], preset("hispec")).config
+    assert (c.preset.draft_layer, c.preset.verify_layer, c.draft_len, c.verify_threshold) == (2, 5, 1, 3)
+    c = Decoder(ee, [5, 6], preset("layerskip")).config
+    assert (c.preset.draft_layer, c.draft_len) == (3, 2)
     # what the user sets wins; a draft layer of one's own does not inherit the recommended verifier
-    c = Decoder(ee, [5, 6], DecodeConfig("hispec", draft_layer=4, verify_threshold=6)).config
-    assert (c.draft_layer, c.verify_layer, c.draft_len, c.verify_threshold) == (4, 5, 1, 6)
-    c = Decoder(ee, [5, 6], DecodeConfig("hispec", draft_layer=1)).config
-    assert (c.draft_layer, c.verify_layer) == (1, 2)
+    c = Decoder(ee, [5, 6], preset("hispec", draft_layer=4, verify_threshold=6)).config
+    assert (c.preset.draft_layer, c.preset.verify_layer, c.draft_len, c.verify_threshold) == (4, 5, 1, 6)
+    c = Decoder(ee, [5, 6], preset("hispec", draft_layer=1)).config
+    assert (c.preset.draft_layer, c.preset.verify_layer) == (1, 2)
 
 
 def test_an_impossible_recommendation_is_ignored(ee):
     ee.exit_info = {"default_layers": {"draft": 5, "verify": 3, "layerskip_exit": 8, "draft_len": True}}
     assert recommended_settings(ee) == {}
-    c = Decoder(ee, [5, 6], DecodeConfig("hispec")).config
-    assert (c.draft_layer, c.verify_layer, c.draft_len) == (1, 2, 2)
+    c = Decoder(ee, [5, 6], preset("hispec")).config
+    assert (c.preset.draft_layer, c.preset.verify_layer, c.draft_len) == (1, 2, 2)
 
 
 def test_resolve_for_a_model_is_resolve_with_its_recommendation(ee):
-    from hispec.engine.decoding import recommended_settings as rec
+    from hispec.engine.config import preset, recommended_settings as rec
 
     ee.exit_info = {"default_layers": dict(REC)}
-    for config in (DecodeConfig("hispec"), DecodeConfig("layerskip"), DecodeConfig("hispec", policy="fixed"),
+    for config in (preset("hispec"), preset("layerskip"), preset("hispec", policy="fixed"),
                    DecodeConfig(levels=("lookup", 3, 6))):
         assert config.resolve_for(ee) == config.resolve(ee.num_layers, rec(ee))
-    assert Decoder(ee, [5, 6], DecodeConfig("hispec")).config == DecodeConfig("hispec").resolve_for(ee)
+    assert Decoder(ee, [5, 6], preset("hispec")).config == preset("hispec").resolve_for(ee)
 
 
 def test_exits_by_role_follow_the_level_names():
@@ -65,16 +66,16 @@ def test_exits_by_role_follow_the_level_names():
 
 
 def test_a_resolved_configuration_reads_its_exits_by_role(ee):
-    hispec = DecodeConfig("hispec", policy="fixed").resolve_for(ee)
+    hispec = preset("hispec", policy="fixed").resolve_for(ee)
     assert (hispec.exit_layer("draft"), hispec.exit_layer("verify")) == (1, 2)
-    auto = DecodeConfig("hispec", draft_layer=3, verify_layer=6, policy="auto").resolve_for(ee)
+    auto = preset("hispec", draft_layer=3, verify_layer=6, policy="auto").resolve_for(ee)
     assert auto.levels == ("lookup", 3, 6) and (auto.exit_layer("draft"), auto.exit_layer("verify")) == (3, 6)
-    single = DecodeConfig("layerskip", draft_layer=4).resolve_for(ee)
+    single = preset("layerskip", draft_layer=4).resolve_for(ee)
     assert (single.exit_layer("draft"), single.exit_layer("verify")) == (4, None)
     under_lookup = DecodeConfig(levels=("lookup", 4)).resolve_for(ee)
     assert (under_lookup.exit_layer("draft"), under_lookup.exit_layer("verify")) == (None, 4)
-    assert DecodeConfig("autoregressive").resolve_for(ee).exit_layer("draft") is None
-    assert DecodeConfig("hispec").exit_layer("draft") is None  # unresolved: no level list yet
+    assert preset("autoregressive").resolve_for(ee).exit_layer("draft") is None
+    assert preset("hispec").exit_layer("draft") is None  # unresolved: no level list yet
 
 
 def test_one_default_policy_for_the_engine_and_the_cli():

@@ -3,13 +3,14 @@
 import pytest
 from helpers import ee_of, tiny_model
 
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import Decoder
 from hispec.errors import ConfigError, ModelLoadError
 from hispec.model.loading import load_model
 
 
 def make(ee, prompt=(1, 2, 3), **kw):
-    return Decoder(ee, list(prompt), DecodeConfig(**kw))
+    return Decoder(ee, list(prompt), preset(**kw))
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -3,7 +3,7 @@
 import pytest
 from helpers import EOS, ee_of, hf_greedy, tiny_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.evaluation.runner import run
 
 SETTINGS = [
@@ -29,7 +29,7 @@ def arch_model(request):
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["six", "one"])
 def test_greedy_equals_transformers_generate(arch_model, settings, prompt):
     ref = hf_greedy(arch_model, prompt, 40)
-    result = run(ee_of(arch_model), prompt, DecodeConfig(max_new_tokens=40, **settings))
+    result = run(ee_of(arch_model), prompt, preset(max_new_tokens=40, **settings))
     assert result.token_ids == ref
     assert result.stats["new_tokens"] == 40
 
@@ -43,7 +43,7 @@ def test_greedy_with_eos_stops_where_generate_stops(method):
     for first in range(3, 12):
         prompt = [first, (first * 7) % 12]
         ref = hf_greedy(model, prompt, 30, eos=EOS)
-        result = run(ee, prompt, DecodeConfig(method=method, max_new_tokens=30, draft_layer=2,
+        result = run(ee, prompt, preset(method=method, max_new_tokens=30, draft_layer=2,
                                               verify_layer=5 if method == "hispec" else None, policy="fixed"),
                      eos_ids=[EOS])
         assert result.token_ids == ref

@@ -5,7 +5,8 @@ import time
 
 from helpers import ee_of, hf_greedy
 
-from hispec.engine.decoding import DecodeConfig, decode
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import decode
 from hispec.engine.events import DoneEvent, RoundEvent
 from hispec.engine.gate import gated
 
@@ -18,7 +19,7 @@ def test_give_way_runs_once_a_round_and_its_wait_is_not_counted(tiny_llama, monk
         calls.append(1)
         offset[0] += 100.0
 
-    config = DecodeConfig("autoregressive", max_new_tokens=6)
+    config = preset("autoregressive", max_new_tokens=6)
     with gated(wait_a_while):
         events = list(decode(ee_of(tiny_llama), [5, 6, 7], config))
     rounds = [e for e in events if isinstance(e, RoundEvent)]
@@ -32,5 +33,5 @@ def test_give_way_runs_once_a_round_and_its_wait_is_not_counted(tiny_llama, monk
 
 
 def test_without_a_gate_nothing_waits(tiny_llama):
-    events = list(decode(ee_of(tiny_llama), [5, 6, 7], DecodeConfig("autoregressive", max_new_tokens=3)))
+    events = list(decode(ee_of(tiny_llama), [5, 6, 7], preset("autoregressive", max_new_tokens=3)))
     assert isinstance(events[-1], DoneEvent)

@@ -4,7 +4,8 @@ import pytest
 from helpers import ee_of, hf_greedy, identity_layer_model, tiny_model
 
 from hispec.engine.costs import CostModel
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import Decoder
 from hispec.errors import ConfigError
 from hispec.engine.events import PolicyEvent, TokenEvent, TokenState
 from hispec.engine.levels import build_levels, parse_levels, parse_method
@@ -55,7 +56,7 @@ def test_levels_carry_the_role_names_of_the_presets():
 
 
 def test_presets_resolve_to_their_level_lists():
-    resolve = lambda **kw: DecodeConfig(**{"policy": "fixed", **kw}).resolve(8).levels  # noqa: E731
+    resolve = lambda **kw: preset(**{"policy": "fixed", **kw}).resolve(8).levels  # noqa: E731
     assert resolve(method="autoregressive") == ()
     assert resolve(method="layerskip") == (2,)
     assert resolve(method="hispec") == (1, 2)
@@ -124,7 +125,7 @@ def test_lookup_level_runs_no_layers_and_copies_a_cycle():
     ee = ee_of(model)
     prompt = [5, 9, 14]
     ref = hf_greedy(model, prompt, 60)
-    r = run(ee, prompt, DecodeConfig("lookup", max_new_tokens=60, lookup_len=8))
+    r = run(ee, prompt, preset("lookup", max_new_tokens=60, lookup_len=8))
     assert r.token_ids == ref
     copied = [t for t in r.trace if t.css_class == "copied"]
     assert len(copied) > 30
@@ -200,11 +201,11 @@ def test_auto_piles_tentative_tokens_up_when_the_verifier_is_trusted():
 def test_auto_says_what_it_chose_every_round_and_stats_count_it():
     model = identity_layer_model()
     ee = ee_of(model)
-    decoder = Decoder(ee, [5, 9, 14], DecodeConfig("hispec", policy="auto", max_new_tokens=40))
+    decoder = Decoder(ee, [5, 9, 14], preset("hispec", policy="auto", max_new_tokens=40))
     events = list(decoder.events())
     plans = [e for e in events if isinstance(e, PolicyEvent)]
-    assert len(plans) == decoder.round and all(p.reason and "plain" in p.estimates for p in plans)
-    r = run(ee, [5, 9, 14], DecodeConfig("hispec", policy="auto", max_new_tokens=40))
+    assert len(plans) == decoder.ledger.round and all(p.reason and "plain" in p.estimates for p in plans)
+    r = run(ee, [5, 9, 14], preset("hispec", policy="auto", max_new_tokens=40))
     assert sum(r.stats["policy_choices"].values()) == r.stats["rounds"]
     assert r.settings["policy"] == "auto" and r.settings["levels"] == ("lookup", 1, 2)
 
@@ -232,7 +233,7 @@ def test_summarize_set_is_real_documents_with_their_source():
 
 
 def test_seeded_sampling_runs_fixed_rounds_so_that_it_is_reproducible():
-    config = DecodeConfig("hispec", policy="auto", temperature=0.8, seed=3).resolve(8)
+    config = preset("hispec", policy="auto", temperature=0.8, seed=3).resolve(8)
     assert config.policy == "fixed" and config.levels == (1, 2)
-    assert DecodeConfig("hispec", policy="auto", temperature=0.8).resolve(8).policy == "auto"
-    assert DecodeConfig("hispec", policy="auto", seed=3).resolve(8).policy == "auto"  # greedy: exact anyway
+    assert preset("hispec", policy="auto", temperature=0.8).resolve(8).policy == "auto"
+    assert preset("hispec", policy="auto", seed=3).resolve(8).policy == "auto"  # greedy: exact anyway

@@ -8,7 +8,8 @@ import pytest
 from helpers import tiny_model
 
 from hispec.engine import policy
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import Decoder
 from hispec.engine.levels import build_levels
 from hispec.model.early_exit import EarlyExitModel
 from hispec.paths import ASSETS
@@ -26,9 +27,9 @@ def ee():
 
 
 def test_each_pair_gets_its_own_measured_prior(ee):
-    from hispec.engine import decoding
+    from hispec.engine import priors as engine_priors
 
-    priors = decoding._priors(ee, build_levels(("lookup", 2, 5), 8))
+    priors = engine_priors.acceptance_priors(ee, build_levels(("lookup", 2, 5), 8))
     assert priors[("draft", "verify")] == 0.599  # the pair's agreement, not exit 2's with the final layer
     assert priors[("draft", "target")] == 0.388 and priors[("verify", "target")] == 0.405
     assert {k: v for k, v in priors.items() if k[0].startswith("lookup")} == {
@@ -36,18 +37,18 @@ def test_each_pair_gets_its_own_measured_prior(ee):
     assert not any(k[0] == "lookup" for k in priors)
     # priors measured in generations on the tuning split (policy_priors.exits) come first
     ee.exit_info["policy_priors"]["exits"] = {"2-target": 0.31, "2-5": 0.52}
-    priors = decoding._priors(ee, build_levels(("lookup", 2, 5), 8))
+    priors = engine_priors.acceptance_priors(ee, build_levels(("lookup", 2, 5), 8))
     assert priors[("draft", "verify")] == 0.52 and priors[("draft", "target")] == 0.31
     assert priors[("verify", "target")] == 0.405  # none measured for exit 5: its agreement
     del ee.exit_info["policy_priors"]["exits"]
     # without a lookup level there is no lookup prior; without a pair figure no draft->verify prior
     ee.exit_info["evaluation"]["pairs"] = {}
-    priors = decoding._priors(ee, build_levels((2, 5), 8))
+    priors = engine_priors.acceptance_priors(ee, build_levels((2, 5), 8))
     assert ("draft", "verify") not in priors and not any(k[0].startswith("lookup") for k in priors)
 
 
 def test_the_auto_policy_estimates_from_those_priors(ee):
-    decoder = Decoder(ee, [5, 6, 7], DecodeConfig("hispec", levels=("lookup", 2, 5), policy="auto", max_new_tokens=4))
+    decoder = Decoder(ee, [5, 6, 7], preset("hispec", levels=("lookup", 2, 5), policy="auto", max_new_tokens=4))
     auto = decoder.policy
     assert auto.acceptance.rate("draft", "verify") == pytest.approx(0.599)
     assert policy.lookup_prior(auto.priors, 3) == 0.33

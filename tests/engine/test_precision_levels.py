@@ -7,7 +7,8 @@ import pytest
 import torch
 from helpers import ee_of, hf_greedy, tiny_model
 
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, RoundEvent, TokenEvent, TokenState
 from hispec.engine.lanes import Lanes, lane_layout
 from hispec.engine.levels import build_levels, describe_spec, levels_by_role, parse_levels
@@ -117,7 +118,7 @@ def test_the_exact_cache_ends_as_plain_exact_decoding_leaves_it(pair, levels, mo
     prompt = PROMPTS[0]
     config = DecodeConfig(levels=levels, policy="fixed", max_new_tokens=20, draft_len=3, verify_threshold=2)
     spec, tokens, events = _final_caches(ee, prompt, config, monkeypatch)
-    plain, plain_tokens, _ = _final_caches(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=20), monkeypatch)
+    plain, plain_tokens, _ = _final_caches(ee, prompt, preset("autoregressive", max_new_tokens=20), monkeypatch)
     assert tokens == plain_tokens
     keys, values, lengths = spec[None]
     pkeys, pvalues, plengths = plain[None]

@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 import hispec.engine.sampling as sampling
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
 from hispec.evaluation.runner import run
@@ -81,7 +81,7 @@ def sample_joint(model, method, **kw):
         else dict(draft_layer=2, draft_len=3)
     counts = Counter()
     for seed in range(RUNS):
-        r = run(ee, PROMPT, DecodeConfig(method, max_new_tokens=3, seed=seed, **layers, **kw))
+        r = run(ee, PROMPT, preset(method, max_new_tokens=3, seed=seed, **layers, **kw))
         counts[tuple(r.token_ids[1:3])] += 1
     return counts
 
@@ -144,7 +144,7 @@ def sample_lookup_joint(model, levels, runs=RUNS, **kw):
     ee = EarlyExitModel(model)
     counts, copied = Counter(), 0
     for seed in range(runs):
-        r = run(ee, LOOKUP_PROMPT, DecodeConfig("hispec", levels=levels, max_new_tokens=3, seed=seed, draft_len=2,
+        r = run(ee, LOOKUP_PROMPT, preset("hispec", levels=levels, max_new_tokens=3, seed=seed, draft_len=2,
                                                 verify_threshold=2, lookup_len=3, **kw))
         counts[tuple(r.token_ids[1:3])] += 1
         copied += r.stats["drafted"] > 0
@@ -180,19 +180,19 @@ def test_the_test_rejects_a_lookup_rule_that_trusts_copies(model, monkeypatch):
 @pytest.mark.parametrize("method", ["autoregressive", "layerskip", "hispec"])
 def test_seeded_runs_are_reproducible(model, method):
     ee = EarlyExitModel(model)
-    config = DecodeConfig(method, max_new_tokens=20, temperature=1.0, seed=7)
+    config = preset(method, max_new_tokens=20, temperature=1.0, seed=7)
     a, b = run(ee, PROMPT, config), run(ee, PROMPT, config)
     assert a.token_ids == b.token_ids
     assert [(t.serial, t.state) for t in a.trace] == [(t.serial, t.state) for t in b.trace]
-    outs = {tuple(run(ee, PROMPT, DecodeConfig(method, max_new_tokens=20, temperature=1.0, seed=s)).token_ids)
+    outs = {tuple(run(ee, PROMPT, preset(method, max_new_tokens=20, temperature=1.0, seed=s)).token_ids)
             for s in range(5)}
     assert len(outs) > 1
 
 
 def test_temperature_zero_is_greedy(model):
     ee = EarlyExitModel(model)
-    greedy = run(ee, PROMPT, DecodeConfig("hispec", max_new_tokens=10, draft_layer=1, verify_layer=2))
-    seeded = run(ee, PROMPT, DecodeConfig("hispec", max_new_tokens=10, draft_layer=1, verify_layer=2,
+    greedy = run(ee, PROMPT, preset("hispec", max_new_tokens=10, draft_layer=1, verify_layer=2))
+    seeded = run(ee, PROMPT, preset("hispec", max_new_tokens=10, draft_layer=1, verify_layer=2,
                                           temperature=0.0, top_k=3, top_p=0.5, seed=1))
     assert greedy.token_ids == seeded.token_ids
 
@@ -221,7 +221,7 @@ def hf_probs_from_logits(logits, t, k, p):
 ])
 def test_bad_sampling_settings(kw, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-        DecodeConfig("hispec", **kw).validate()
+        preset("hispec", **kw).validate()
 
 
 # Levels in a cheaper format of the same weights (levels are (depth, precision)): the 4-bit copy and its
@@ -243,7 +243,7 @@ def sample_precision_joint(model, name):
     prompt = LOOKUP_PROMPT if name.startswith("lookup") else PROMPT
     counts, proposed, rejected = Counter(), 0, 0
     for seed in range(RUNS):
-        r = run(ee, prompt, DecodeConfig("hispec", levels=PRECISION_LISTS[name], max_new_tokens=3, seed=seed,
+        r = run(ee, prompt, preset("hispec", levels=PRECISION_LISTS[name], max_new_tokens=3, seed=seed,
                                          draft_len=2, verify_threshold=2, lookup_len=3, temperature=1.0))
         counts[tuple(r.token_ids[1:3])] += 1
         proposed += r.stats["drafted"] > 0

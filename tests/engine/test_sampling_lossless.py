@@ -44,7 +44,8 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
 
 import hispec.engine.sampling as sampling
 from hispec.engine.costs import CostModel
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, PolicyEvent, TokenEvent, TokenState
 from hispec.model.early_exit import EarlyExitModel
 
@@ -248,20 +249,20 @@ def chain_rule_p(model, prompt, samples: list[Sample], config: DecodeConfig) -> 
 
 # ---- the cases ----------------------------------------------------------------------------------
 def auto(**kw):
-    return DecodeConfig("hispec", levels=("lookup", D, VER), policy="auto", max_new_tokens=MAX_NEW, **kw)
+    return preset("hispec", levels=("lookup", D, VER), policy="auto", max_new_tokens=MAX_NEW, **kw)
 
 
 # name: (configuration, seeded, least share of runs with a bonus draw)
 CASES = {
     "auto": (auto(temperature=1.0), False, 0.5),
     "auto-warped": (auto(temperature=0.8, top_k=12, top_p=0.95), False, 0.5),
-    "hispec": (DecodeConfig("hispec", draft_layer=D, verify_layer=VER, draft_len=2, verify_threshold=2,
+    "hispec": (preset("hispec", draft_layer=D, verify_layer=VER, draft_len=2, verify_threshold=2,
                             policy="fixed", max_new_tokens=MAX_NEW, temperature=1.0), True, 0.5),
-    "layerskip": (DecodeConfig("layerskip", draft_layer=VER, draft_len=2, policy="fixed", max_new_tokens=MAX_NEW,
+    "layerskip": (preset("layerskip", draft_layer=VER, draft_len=2, policy="fixed", max_new_tokens=MAX_NEW,
                                temperature=1.0), True, 0.5),
     # Two copies both accepted, then the bonus: sharper rows (temperature 0.7) and a longer run.
-    "lookup": (DecodeConfig("lookup", lookup_len=2, policy="fixed", max_new_tokens=12, temperature=0.7), True, 0.4),
-    "lookup-d-v": (DecodeConfig("hispec", levels=("lookup", D, VER), draft_len=2, verify_threshold=2, lookup_len=2,
+    "lookup": (preset("lookup", lookup_len=2, policy="fixed", max_new_tokens=12, temperature=0.7), True, 0.4),
+    "lookup-d-v": (preset("hispec", levels=("lookup", D, VER), draft_len=2, verify_threshold=2, lookup_len=2,
                                 policy="fixed", max_new_tokens=MAX_NEW, temperature=1.0), True, 0.5),
 }
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hispec.engine.costs import CostModel
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig
 from hispec.engine.levels import build_levels
 from hispec.engine.policy import AutoPolicy, FixedPolicy, Plan, Policy, make_policy
 from hispec.engine.sampling import PointMass, SamplingParams, Selector, Verdict, residual

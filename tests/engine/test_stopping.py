@@ -5,13 +5,13 @@ import threading
 import pytest
 from helpers import EOS, ee_of, hf_greedy, identity_layer_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import TokenEvent, TokenState
 from hispec.evaluation.runner import run
 from hispec.text import Detokenizer
 
-METHODS = [DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=2, draft_len=4, policy="fixed"),
-           DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=5)]
+METHODS = [preset("autoregressive"), preset("layerskip", draft_layer=2, draft_len=4, policy="fixed"),
+           preset("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=5)]
 
 
 def with_(config, **kw):
@@ -90,8 +90,8 @@ def test_context_limit_is_checked_before_running(tiny_llama):
     from hispec.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"prompt \(250 tokens\) \+ max_new_tokens \(7\) exceeds"):
-        run(ee_of(tiny_llama), [5] * 250, DecodeConfig("hispec", max_new_tokens=7))
-    r = run(ee_of(tiny_llama), [5] * 250, DecodeConfig("hispec", max_new_tokens=6))
+        run(ee_of(tiny_llama), [5] * 250, preset("hispec", max_new_tokens=7))
+    r = run(ee_of(tiny_llama), [5] * 250, preset("hispec", max_new_tokens=6))
     assert len(r.token_ids) == 6
 
 
@@ -105,7 +105,7 @@ def test_stop_discards_pending_tokens(tiny_llama):
         if isinstance(ev, TokenEvent) and ev.state is TokenState.DRAFTED and ev.index >= 6:
             stop.set()  # lands in the middle of a draft block
 
-    config = DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=8, max_new_tokens=60,
+    config = preset("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=8, max_new_tokens=60,
                           policy="fixed")
     r = run(ee_of(tiny_llama), [5, 6, 7], config, on_event=on_event, stop=stop)
     final = {t.serial: t.state for t in r.trace}

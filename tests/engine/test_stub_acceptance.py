@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import VOCAB, ee_of, identity_layer_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import TokenEvent
 from hispec.evaluation.runner import run
 
@@ -107,7 +107,7 @@ def test_hispec_event_sequence(model, table, draft_mode, verify_mode):
     ee.exit_heads = {d: StubHead(ee.final_head, MODES[draft_mode]), v: StubHead(ee.final_head, MODES[verify_mode], shift=2)}
     events = []
     prompt = [7, 11, 13]
-    config = DecodeConfig("hispec", d, v, draft_len=2, verify_threshold=4, max_new_tokens=23, policy="fixed")
+    config = preset("hispec", d, v, draft_len=2, verify_threshold=4, max_new_tokens=23, policy="fixed")
     result = run(ee, prompt, config, on_event=events.append)
     f_t = stage_fn(table, ALWAYS)
     want, committed = reference(stage_fn(table, MODES[draft_mode]), stage_fn(table, MODES[verify_mode], 2), f_t,
@@ -127,7 +127,7 @@ def test_hispec_event_sequence(model, table, draft_mode, verify_mode):
 
 def test_hispec_always_commits_a_full_block_per_full_pass(model, table):
     ee = ee_of(model)
-    result = run(ee, [7], DecodeConfig("hispec", 2, 4, draft_len=2, verify_threshold=4, max_new_tokens=21,
+    result = run(ee, [7], preset("hispec", 2, 4, draft_len=2, verify_threshold=4, max_new_tokens=21,
                                        policy="fixed"))
     # 1 token from prefill, then 4 tentative + 1 bonus per full verification.
     assert result.stats["full_passes"] == 4
@@ -140,7 +140,7 @@ def test_layerskip_event_sequence(model, table, mode):
     ee = ee_of(model)
     ee.exit_heads = {3: StubHead(ee.final_head, MODES[mode])}
     events = []
-    result = run(ee, [5, 6], DecodeConfig("layerskip", draft_layer=3, draft_len=3, max_new_tokens=17, policy="fixed"),
+    result = run(ee, [5, 6], preset("layerskip", draft_layer=3, draft_len=3, max_new_tokens=17, policy="fixed"),
                  on_event=events.append)
     f_t = stage_fn(table, ALWAYS)
     want, committed = reference(stage_fn(table, MODES[mode]), None, f_t, table[6], 3, None, 17, hierarchical=False)
@@ -156,7 +156,7 @@ def test_trained_head_never_used_as_target(model, table):
     # Even a wrong head registered at the last layer index must not change the target.
     ee = ee_of(model)
     ee.exit_heads = {6: StubHead(ee.final_head, NEVER)}
-    result = run(ee, [7], DecodeConfig("autoregressive", max_new_tokens=5))
+    result = run(ee, [7], preset("autoregressive", max_new_tokens=5))
     f_t = stage_fn(table, ALWAYS)
     expected = [table[7]]
     for _ in range(4):

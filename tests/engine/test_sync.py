@@ -4,16 +4,17 @@ and one host-device transfer per verification decision instead of one per drafte
 import pytest
 from helpers import EOS, hf_greedy, tiny_model
 
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import Decoder
 from hispec.model.early_exit import EarlyExitModel
 from hispec.engine.events import RoundEvent, TokenEvent, TokenState
 from hispec.evaluation.metrics import StatsCollector
 
 SETTINGS = [
-    DecodeConfig("layerskip", draft_layer=3, draft_len=4, policy="fixed"),
-    DecodeConfig("layerskip", draft_layer=1, draft_len=1, policy="fixed"),
-    DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4, policy="fixed"),
-    DecodeConfig("hispec", draft_layer=1, verify_layer=2, draft_len=1, verify_threshold=1, policy="fixed"),
+    preset("layerskip", draft_layer=3, draft_len=4, policy="fixed"),
+    preset("layerskip", draft_layer=1, draft_len=1, policy="fixed"),
+    preset("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4, policy="fixed"),
+    preset("hispec", draft_layer=1, verify_layer=2, draft_len=1, verify_threshold=1, policy="fixed"),
 ]
 
 
@@ -26,7 +27,7 @@ def _run(ee, prompt, config, defer, eos=()):
     return decoder, events, stats.summary()
 
 
-@pytest.mark.parametrize("config", SETTINGS, ids=lambda c: f"{c.method}-{c.draft_layer}-{c.draft_len}")
+@pytest.mark.parametrize("config", SETTINGS, ids=lambda c: f"{c.method}-{c.preset and c.preset.draft_layer}-{c.draft_len}")
 def test_deferred_drafts_give_the_same_greedy_output(config):
     from dataclasses import replace
 
@@ -42,14 +43,14 @@ def test_deferred_drafts_give_the_same_greedy_output(config):
 def test_one_transfer_per_verification_decision():
     model = tiny_model("llama", seed=4)
     ee = EarlyExitModel(model)
-    config = DecodeConfig("layerskip", draft_layer=3, draft_len=4, max_new_tokens=40, policy="fixed")
+    config = preset("layerskip", draft_layer=3, draft_len=4, max_new_tokens=40, policy="fixed")
     eager, _, eager_stats = _run(ee, [7, 3, 19], config, False)
     deferred, events, stats = _run(ee, [7, 3, 19], config, True)
     rounds = sum(isinstance(e, RoundEvent) for e in events)
     # layerskip: the prefill's token, then one verdict per round (the drafts travel with it).
     assert stats["host_syncs"] == 1 + rounds
     assert eager_stats["host_syncs"] == 1 + rounds + eager_stats["drafted"]
-    hispec = DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4, max_new_tokens=40,
+    hispec = preset("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4, max_new_tokens=40,
                           policy="fixed")
     _, events, stats = _run(ee, [7, 3, 19], hispec, True)
     rounds = sum(isinstance(e, RoundEvent) for e in events)
@@ -66,8 +67,8 @@ def test_eos_drafted_mid_block_cuts_the_block():
     for first in range(3, 12):
         prompt = [first, (first * 7) % 12]
         ref = hf_greedy(model, prompt, 30, eos=EOS)
-        for config in (DecodeConfig("layerskip", draft_layer=2, draft_len=5, max_new_tokens=30, policy="fixed"),
-                       DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=4, max_new_tokens=30,
+        for config in (preset("layerskip", draft_layer=2, draft_len=5, max_new_tokens=30, policy="fixed"),
+                       preset("hispec", draft_layer=2, verify_layer=5, draft_len=4, max_new_tokens=30,
                                     policy="fixed")):
             _, events, _ = _run(ee, prompt, config, True, eos=[EOS])
             assert list(events[-1].token_ids) == ref

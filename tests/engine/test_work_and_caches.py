@@ -6,21 +6,22 @@ import pytest
 import torch
 from helpers import ee_of
 
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import Decoder
 from hispec.engine.events import COMMITTED_STATES, PassEvent, RoundEvent, TokenEvent
 from hispec.engine.stack import StageStack
 from hispec.model.cache import LayerKVCache
 
 CASES = [
-    DecodeConfig("layerskip", draft_layer=3, draft_len=3, max_new_tokens=30, policy="fixed"),
-    DecodeConfig("hispec", draft_layer=1, verify_layer=4, draft_len=2, verify_threshold=3,
+    preset("layerskip", draft_layer=3, draft_len=3, max_new_tokens=30, policy="fixed"),
+    preset("hispec", draft_layer=1, verify_layer=4, draft_len=2, verify_threshold=3,
                  max_new_tokens=30, policy="fixed"),
-    DecodeConfig("hispec", draft_layer=5, verify_layer=6, draft_len=4, verify_threshold=2,
+    preset("hispec", draft_layer=5, verify_layer=6, draft_len=4, verify_threshold=2,
                  max_new_tokens=30, policy="fixed"),
 ]
 
 
-@pytest.mark.parametrize("config", CASES, ids=lambda c: f"{c.method}-{c.draft_layer}-{c.verify_layer}")
+@pytest.mark.parametrize("config", CASES, ids=lambda c: f"{c.method}-{c.preset and c.preset.draft_layer}-{c.preset and c.preset.verify_layer}")
 def test_no_token_runs_through_a_layer_twice_and_caches_shrink_with_depth(tiny_llama, config):
     ee = ee_of(tiny_llama)
     evals = defaultdict(lambda: [0] * ee.num_layers)
@@ -51,7 +52,7 @@ def test_stats_split_useful_and_wasted_work(tiny_llama):
     ee = ee_of(tiny_llama)
     from hispec.evaluation.runner import run
 
-    r = run(ee, [3, 14, 15], DecodeConfig("hispec", 2, 4, max_new_tokens=24, policy="fixed"))
+    r = run(ee, [3, 14, 15], preset("hispec", 2, 4, max_new_tokens=24, policy="fixed"))
     work = r.stats["layer_tokens"]
     # 23 tokens after the prefill token went through all 8 layers; the last one is never run.
     assert work["useful"] == 23 * 8
@@ -70,12 +71,12 @@ def test_stats_time_each_stages_layer_passes(tiny_llama):
         if isinstance(ev, PassEvent):
             passes[ev.stage] += ev.seconds
 
-    s = run(ee, [3, 14, 15], DecodeConfig("hispec", 2, 4, max_new_tokens=24, policy="fixed"), on_event=seen).stats
+    s = run(ee, [3, 14, 15], preset("hispec", 2, 4, max_new_tokens=24, policy="fixed"), on_event=seen).stats
     assert set(s["stage_s"]) == {"prefill", "draft", "verify", "target"}
     assert all(v > 0 for v in s["stage_s"].values())
     assert s["stage_s"] == pytest.approx(dict(passes))
     assert 0 < s["layers_share"] <= 1 and sum(s["stage_s"].values()) <= s["wall_s"]
-    ar = run(ee, [3, 14, 15], DecodeConfig("autoregressive", max_new_tokens=5)).stats
+    ar = run(ee, [3, 14, 15], preset("autoregressive", max_new_tokens=5)).stats
     assert set(ar["stage_s"]) == {"prefill", "target"}
 
 

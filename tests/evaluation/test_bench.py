@@ -8,7 +8,7 @@ import pytest
 from hispec.evaluation import prompts as prompt_sets
 from hispec.evaluation.bench import benchmark, summarise
 from hispec.cli.main import main
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.errors import ConfigError
 from hispec.evaluation.prompts import Prompt, load_sets
 from hispec.evaluation.report import write_html
@@ -52,7 +52,7 @@ def test_report_schema_ratios_and_equality(lm, tmp_path):
     sets = {"mine": [Prompt("h", "hello"), Prompt("a", "abc", chat=False)], "more": [Prompt("x", "xyz")]}
     path = tmp_path / "b.json"
     seen = []
-    benchmark(lm, sets, METHODS, DecodeConfig("hispec", 2, 5, max_new_tokens=12, policy="fixed"), layerskip_exit=4,
+    benchmark(lm, sets, METHODS, preset("hispec", 2, 5, max_new_tokens=12, policy="fixed"), layerskip_exit=4,
                        json_path=str(path), progress=lambda d, t, w: seen.append(json.loads(path.read_text())))
     assert [len(s["records"]) for s in seen] == [5, 10, 15]  # written after every prompt
     saved = json.loads(path.read_text())
@@ -106,7 +106,7 @@ def test_differing_outputs_are_counted_with_where_they_first_differ():
 
 def test_long_prompts_are_skipped_and_reported(lm):
     report = benchmark(lm, {"x": [Prompt("long", "y" * 300, chat=False), Prompt("ok", "hi")]}, ["autoregressive"],
-                       DecodeConfig("hispec", max_new_tokens=8), warmup=False)
+                       preset("hispec", max_new_tokens=8), warmup=False)
     assert [s["prompt_id"] for s in report["skipped"]] == ["long"] and len(report["records"]) == 1
 
 
@@ -134,7 +134,7 @@ def test_cli_bench_writes_json_and_html(tmp_path, capsys):
 
 def test_html_report_from_a_report(lm, tmp_path):
     report = benchmark(lm, {"s": [Prompt("h", "hello")]}, ["autoregressive", "hispec"],
-                       DecodeConfig("hispec", 2, 5, max_new_tokens=6, policy="fixed"), warmup=False)
+                       preset("hispec", 2, 5, max_new_tokens=6, policy="fixed"), warmup=False)
     write_html(report, str(tmp_path / "x.html"))
     assert "<table>" in (tmp_path / "x.html").read_text()
 
@@ -145,7 +145,7 @@ def test_stop_ends_the_run_and_keeps_whole_prompts_only(lm):
     stop = threading.Event()
     sets = {"s": [Prompt("h", "hello"), Prompt("a", "abc")]}
     report = benchmark(lm, sets, ["autoregressive", "hispec"],
-                       DecodeConfig("hispec", 2, 5, max_new_tokens=6, policy="fixed"),
+                       preset("hispec", 2, 5, max_new_tokens=6, policy="fixed"),
                        warmup=False, progress=lambda d, t, w: stop.set(), stop=stop)
     assert report["stopped"] is True and report["complete"] is False
     assert [r["prompt_id"] for r in report["records"]] == ["h", "h"]
@@ -176,7 +176,7 @@ def test_compare_outputs_script_counts_divergences(tmp_path):
 def test_levels_policies_and_transformers_prompt_lookup_side_by_side(lm):
     sets = {"rep": [Prompt("r", "abcabcabcabc", chat=False)]}
     methods = ["autoregressive", "hf_lookup", "hispec/fixed", "hispec/auto", "lookup+2"]
-    report = benchmark(lm, sets, methods, DecodeConfig("hispec", 2, 5, max_new_tokens=16, policy="auto"),
+    report = benchmark(lm, sets, methods, preset("hispec", 2, 5, max_new_tokens=16, policy="auto"),
                        layerskip_exit=4, warmup=False)
     by = {r["method"]: r for r in report["records"]}
     assert set(by) == set(methods) and report["summary"]["all"]["all_outputs_equal"]
@@ -199,7 +199,7 @@ def test_unknown_bench_methods_are_refused():
 
 def test_autoregressive_is_the_fixed_plain_loop_under_any_policy(lm):
     report = benchmark(lm, {"s": [Prompt("h", "hello")]}, ["autoregressive", "autoregressive/auto", "hispec"],
-                       DecodeConfig("hispec", 2, 5, max_new_tokens=8, policy="auto"), warmup=False)
+                       preset("hispec", 2, 5, max_new_tokens=8, policy="auto"), warmup=False)
     for r in report["records"]:
         if r["method"].startswith("autoregressive"):
             assert r["settings"]["policy"] == "fixed" and r["policy_choices"] == {}
@@ -226,7 +226,7 @@ def test_every_method_starts_from_one_calibrated_cost_model(lm, monkeypatch):
     lm.ee.cost_model = None
     methods = ["hispec/auto", "lookup+2+5/auto", "autoregressive", "layerskip/fixed"]
     report = benchmark(lm, {"s": [Prompt("h", "hello"), Prompt("a", "abcabc")]}, methods,
-                       DecodeConfig("hispec", 2, 5, max_new_tokens=10), layerskip_exit=4)
+                       preset("hispec", 2, 5, max_new_tokens=10), layerskip_exit=4)
     assert calibrations == [(2, 4, 5)]  # once, for every exit the methods use
     start = report["cost_model"]["fp32"]
     assert start["exits"] == [2, 4, 5] and "restored from that snapshot before every run" in start["how"]
@@ -239,6 +239,7 @@ def test_every_method_starts_from_one_calibrated_cost_model(lm, monkeypatch):
 def test_timing_starts_before_the_decoder_is_built(lm, monkeypatch):
     import time
 
+    from hispec.engine.config import preset
     from hispec.engine.decoding import Decoder
     from hispec.evaluation import runner
 
@@ -249,7 +250,7 @@ def test_timing_starts_before_the_decoder_is_built(lm, monkeypatch):
 
     monkeypatch.setattr(runner, "Decoder", SlowToBuild)
     rec = benchmark(lm, {"s": [Prompt("h", "hello")]}, ["hispec/fixed"],
-                    DecodeConfig("hispec", 2, 5, max_new_tokens=6), warmup=False)["records"][0]
+                    preset("hispec", 2, 5, max_new_tokens=6), warmup=False)["records"][0]
     assert rec["setup_s"] >= 0.05 and rec["wall_s"] >= rec["setup_s"]  # a lower bound, not a speed claim
     new = len(rec["token_ids"])
     assert rec["tokens_per_s"] == pytest.approx(new / rec["wall_s"])

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.evaluation import compare, pairs, runner, what_if
 from hispec.evaluation.runner import plain_config
 
@@ -51,7 +51,7 @@ def lm(tiny_loaded):
 
 def test_a_pair_cut_by_a_stop_is_not_counted(lm, monkeypatch):
     ids = lm.encode("hello")
-    method = DecodeConfig("hispec", 2, 4, 2, 2, 12, policy="fixed").resolve_for(lm.ee)
+    method = preset("hispec", 2, 4, 2, 2, 12, policy="fixed").resolve_for(lm.ee)
     plain = plain_config(method).resolve_for(lm.ee)
     stop = threading.Event()
     runs = []
@@ -88,7 +88,7 @@ def test_every_comparison_times_its_runs_with_the_one_helper(lm, monkeypatch):
     monkeypatch.setattr(runner, "Decoder", decoder)
     monkeypatch.setattr(pairs, "timed_events", timed)
     ids, stop = lm.encode("hello"), threading.Event()
-    config = DecodeConfig("hispec", 2, 4, 2, 2, 10, policy="fixed").resolve_for(lm.ee)
+    config = preset("hispec", 2, 4, 2, 2, 10, policy="fixed").resolve_for(lm.ee)
     list(compare.vs_plain(lm, ids, config, 10, 2, stop))
     list(compare.compare(lm, ids, compare.compare_configs(config, ["autoregressive"], lm.ee), 2, stop))
     list(what_if.what_if(lm, ids, config, (0.5, 0.5), 2, stop))
@@ -97,7 +97,7 @@ def test_every_comparison_times_its_runs_with_the_one_helper(lm, monkeypatch):
 
 def test_a_what_if_take_says_where_each_runs_time_went(lm):
     ids = lm.encode("hello")
-    config = DecodeConfig("hispec", 2, 4, 2, 2, 10, policy="fixed").resolve_for(lm.ee)
+    config = preset("hispec", 2, 4, 2, 2, 10, policy="fixed").resolve_for(lm.ee)
     take = next(i for i in what_if.what_if(lm, ids, config, (0.5, 0.5), 1, threading.Event())
                 if isinstance(i, what_if.TakeDone))
     for split in (take.synthetic_split, take.plain_split):

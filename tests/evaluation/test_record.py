@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.policy import PRIOR_WEIGHT, UNKNOWN_PRIOR
 from hispec.evaluation import record
 from hispec.evaluation.profile import profile
@@ -58,7 +58,7 @@ def test_the_record_holds_command_code_machine_priors_and_settings(tiny_loaded):
                        "evaluation": {"agreement": {"2": {"trained": 0.39, "raw": 0.04}},
                                       "pairs": {"2-4": {"trained": 0.6, "raw": 0.5}}}}
     try:
-        out = record.run_record(lm, "python -m hispec bench x", DecodeConfig("hispec", 2, 4, max_new_tokens=9))
+        out = record.run_record(lm, "python -m hispec bench x", preset("hispec", 2, 4, max_new_tokens=9))
     finally:
         lm.ee.exit_info = None
     assert out["command"] == "python -m hispec bench x"

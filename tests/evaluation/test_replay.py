@@ -8,18 +8,19 @@ import threading
 import pytest
 from helpers import ee_of
 
-from hispec.engine.decoding import DecodeConfig, decode
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import decode
 from hispec.engine.events import DoneEvent, PassEvent, RoundEvent, TokenEvent, event_from_dict, event_to_dict
 from hispec.engine.events import TokenState as S
 from hispec.evaluation.replay import replay, replay_from_dicts
 
 PROMPT = [3, 14, 15, 92, 65, 3, 14, 15]  # repeats itself: the lookup level finds matches
 CASES = {
-    "hispec": DecodeConfig("hispec", draft_layer=2, verify_layer=4, draft_len=2, verify_threshold=4,
+    "hispec": preset("hispec", draft_layer=2, verify_layer=4, draft_len=2, verify_threshold=4,
                            max_new_tokens=20, policy="fixed"),
-    "layerskip": DecodeConfig("layerskip", draft_layer=2, draft_len=3, max_new_tokens=16, policy="fixed"),
-    "autoregressive": DecodeConfig("autoregressive", max_new_tokens=8),
-    "lookup-2-4": DecodeConfig("hispec", levels=("lookup", 2, 4), draft_len=2, verify_threshold=3,
+    "layerskip": preset("layerskip", draft_layer=2, draft_len=3, max_new_tokens=16, policy="fixed"),
+    "autoregressive": preset("autoregressive", max_new_tokens=8),
+    "lookup-2-4": preset("hispec", levels=("lookup", 2, 4), draft_len=2, verify_threshold=3,
                                max_new_tokens=16, policy="fixed"),
 }
 
@@ -135,7 +136,7 @@ def test_json_round_trip(generation):
 
 
 def test_auto_policy_plans_are_attached(tiny_llama):
-    config = DecodeConfig("hispec", draft_layer=2, verify_layer=4, policy="auto", max_new_tokens=10)
+    config = preset("hispec", draft_layer=2, verify_layer=4, policy="auto", max_new_tokens=10)
     events = list(decode(ee_of(tiny_llama), PROMPT, config))
     rounds = replay(events)
     assert all(r["plan"] and r["plan"]["choice"] for r in rounds[1:])
@@ -147,7 +148,7 @@ def test_auto_policy_plans_are_attached(tiny_llama):
 def test_a_stopped_generation_replays(tiny_llama):
     stop = threading.Event()
     events = []
-    config = DecodeConfig("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=8,
+    config = preset("hispec", draft_layer=1, verify_layer=3, draft_len=3, verify_threshold=8,
                           max_new_tokens=60, policy="fixed")
     for ev in decode(ee_of(tiny_llama), [5, 6, 7], config, stop=stop):
         events.append(ev)
@@ -169,7 +170,7 @@ def test_a_stopped_generation_replays(tiny_llama):
 
 def test_nothing_to_replay(tiny_llama):
     assert replay([]) == []
-    events = list(decode(ee_of(tiny_llama), PROMPT, DecodeConfig("hispec", max_new_tokens=0)))
+    events = list(decode(ee_of(tiny_llama), PROMPT, preset("hispec", max_new_tokens=0)))
     assert replay(events) == []
-    one = replay(list(decode(ee_of(tiny_llama), PROMPT, DecodeConfig("hispec", max_new_tokens=1))))
+    one = replay(list(decode(ee_of(tiny_llama), PROMPT, preset("hispec", max_new_tokens=1))))
     assert len(one) == 1 and len(one[0]["steps"][0]["committed"]) == 1

@@ -9,7 +9,7 @@ from helpers import save_tiny_folder
 
 from hispec.evaluation import sweep as sweep_mod
 from hispec.cli.main import main
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.errors import ConfigError
 from hispec.evaluation.prompts import Prompt
 from hispec.evaluation.report import sweep_figures, write_html
@@ -29,7 +29,7 @@ def lm(tiny_loaded):
 def swept(lm, tmp_path_factory):
     path = tmp_path_factory.mktemp("sweep") / "s.json"
     seen = []
-    report = sweep(lm, SETS, [LAYERS, LENGTHS], DecodeConfig("hispec", max_new_tokens=12, policy="fixed"),
+    report = sweep(lm, SETS, [LAYERS, LENGTHS], preset("hispec", max_new_tokens=12, policy="fixed"),
                    json_path=str(path), progress=lambda d, t, w: seen.append((d, t, w, json.loads(path.read_text()))))
     return report, path, seen
 
@@ -157,7 +157,7 @@ def test_interrupt_keeps_the_results_so_far(lm, tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        sweep(lm, SETS, [LENGTHS], DecodeConfig("hispec", max_new_tokens=8, policy="fixed"), json_path=str(path),
+        sweep(lm, SETS, [LENGTHS], preset("hispec", max_new_tokens=8, policy="fixed"), json_path=str(path),
               warmup=False, progress=interrupt)
     saved = json.loads(path.read_text())
     assert saved["complete"] is False
@@ -168,7 +168,7 @@ def test_interrupt_keeps_the_results_so_far(lm, tmp_path):
 
 def test_stop_ends_the_sweep_between_points(lm):
     stop = threading.Event()
-    report = sweep(lm, SETS, [LENGTHS], DecodeConfig("hispec", max_new_tokens=8, policy="fixed"), warmup=False,
+    report = sweep(lm, SETS, [LENGTHS], preset("hispec", max_new_tokens=8, policy="fixed"), warmup=False,
                    progress=lambda d, t, w: stop.set(), stop=stop)
     assert report["stopped"] is True and report["complete"] is False
     assert {r["prompt_id"] for r in report["records"]} == {"h"}

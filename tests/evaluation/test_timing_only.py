@@ -6,7 +6,8 @@ import json
 import pytest
 from helpers import tiny_model
 
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import Decoder
 from hispec.model.early_exit import EarlyExitModel
 from hispec.evaluation.runner import run
 from hispec.evaluation.timing_only import RecordedAcceptance, SyntheticAcceptance
@@ -34,8 +35,8 @@ def test_runs_are_counted_across_verdicts_and_replayed_across_other_block_sizes(
         RecordedAcceptance({"target": [1, -1]})
 
 
-@pytest.mark.parametrize("config", [DecodeConfig("layerskip", draft_layer=3, draft_len=3, policy="fixed"),
-                                    DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2,
+@pytest.mark.parametrize("config", [preset("layerskip", draft_layer=3, draft_len=3, policy="fixed"),
+                                    preset("hispec", draft_layer=2, verify_layer=5, draft_len=2,
                                                  verify_threshold=3, policy="fixed")], ids=lambda c: c.method)
 def test_replaying_a_recorded_generation_reproduces_its_verdicts_and_text(config, tmp_path):
     from dataclasses import replace
@@ -60,7 +61,7 @@ def test_replaying_a_recorded_generation_reproduces_its_verdicts_and_text(config
 def test_a_timing_only_run_writes_text_that_is_not_the_models():
     model = tiny_model("llama", seed=4)
     ee = EarlyExitModel(model)
-    config = DecodeConfig("layerskip", draft_layer=3, draft_len=4, max_new_tokens=30, policy="fixed")
+    config = preset("layerskip", draft_layer=3, draft_len=4, max_new_tokens=30, policy="fixed")
     honest = run(ee, [7, 3, 19], config)
     forced = run(ee, [7, 3, 19], config, judge=SyntheticAcceptance(1.0, 1.0))
     assert forced.stats["acceptance"]["draft->target"] == 1.0 and "timing only" in forced.settings["timing_only"]

@@ -5,7 +5,7 @@ import pytest
 from helpers import tiny_model
 from test_speed_model import flat_costs
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import event_to_dict
 from hispec.evaluation.plans import fixed_kind, plan_rows
 from hispec.evaluation.runner import run
@@ -31,7 +31,7 @@ def kept(r, events, vs_plain=None) -> dict:
 
 
 def test_a_fixed_run_is_one_plan_with_the_runs_own_acceptance(ee):
-    r, events = traced(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
+    r, events = traced(ee, [5, 6, 7, 8], preset("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
     rows = plan_rows(events, r.settings)
     assert [row.kind for row in rows] == ["exit 2 -> exit 4"] == [fixed_kind(r.settings)]
     row = rows[0]
@@ -43,7 +43,7 @@ def test_a_fixed_run_is_one_plan_with_the_runs_own_acceptance(ee):
 
 def test_an_adaptive_run_is_told_plan_by_plan_lookup_included(ee):
     prompt = [5, 6, 7, 8, 9] * 6  # a prompt that repeats itself: the lookup level has something to copy
-    r, events = traced(ee, prompt, DecodeConfig("hispec", 2, 4, max_new_tokens=40, policy="auto"))
+    r, events = traced(ee, prompt, preset("hispec", 2, 4, max_new_tokens=40, policy="auto"))
     rows = plan_rows(events, r.settings)
     kinds = {row.kind for row in rows}
     assert kinds == set(r.stats["policy_choices"]), (kinds, r.stats["policy_choices"])
@@ -56,7 +56,7 @@ def test_an_adaptive_run_is_told_plan_by_plan_lookup_included(ee):
 
 
 def test_the_story_puts_the_estimate_beside_the_measured_ratio_and_names_the_gap(ee):
-    r, events = traced(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
+    r, events = traced(ee, [5, 6, 7, 8], preset("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
     costs = flat_costs()
     measured = {"median": 0.30, "low": 0.28, "high": 0.33, "runs": 3, "new_tokens": 24,
                 "plain_decode_tokens_per_s": [0.1, 0.125, 0.125]}
@@ -79,7 +79,7 @@ def test_the_story_puts_the_estimate_beside_the_measured_ratio_and_names_the_gap
 
 
 def test_without_a_measurement_no_estimate_of_the_run_is_stated(ee):
-    r, events = traced(ee, [5, 6, 7, 8], DecodeConfig("layerskip", 2, max_new_tokens=12, policy="fixed"))
+    r, events = traced(ee, [5, 6, 7, 8], preset("layerskip", 2, max_new_tokens=12, policy="fixed"))
     story = speed_story(kept(r, events), flat_costs(), (0.5, 0.5))
     assert story["measured"] is None and story["differences"] == []
     from ui.why_view import why_html
@@ -89,7 +89,7 @@ def test_without_a_measurement_no_estimate_of_the_run_is_stated(ee):
 
 
 def test_a_what_if_at_the_sliders_joins_the_same_table(ee):
-    r, events = traced(ee, [5, 6, 7, 8], DecodeConfig("hispec", 2, 4, 2, 2, max_new_tokens=12, policy="fixed"))
+    r, events = traced(ee, [5, 6, 7, 8], preset("hispec", 2, 4, 2, 2, max_new_tokens=12, policy="fixed"))
     what_if = {"rates": (0.9, 0.9), "median": 1.4, "low": 1.2, "high": 2.0, "takes": 3}
     story = speed_story(kept(r, events), flat_costs(), (0.9, 0.9), what_if)
     assert story["sliders"]["what_if"] == what_if

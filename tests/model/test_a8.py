@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import ee_of, hf_greedy, tiny_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.levels import parse_levels
 from hispec.errors import ConfigError
 from hispec.evaluation.runner import run
@@ -149,7 +149,7 @@ PROMPTS = [[5, 17, 33, 5, 17, 33, 5, 9, 41], [70], [8, 9, 10, 11, 8, 9, 10]]
 
 
 def _tokens(ee, prompt, **config):
-    return run(ee, prompt, DecodeConfig(max_new_tokens=20, **config)).token_ids
+    return run(ee, prompt, preset(max_new_tokens=20, **config)).token_ids
 
 
 @pytest.fixture(scope="module")

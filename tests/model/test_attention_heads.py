@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import ee_of, hf_greedy, tiny_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.stack import StageStack
 from hispec.errors import ConfigError
 from hispec.evaluation.runner import run
@@ -123,7 +123,7 @@ def test_greedy_exactness_with_attention_heads(trained, kind, settings):
     ee.attach_exit_heads(attached)
     try:
         for prompt in ([5, 17, 33, 2, 9, 41], [70]):
-            result = run(ee, prompt, DecodeConfig(max_new_tokens=30, **settings, policy="fixed"))
+            result = run(ee, prompt, preset(max_new_tokens=30, **settings, policy="fixed"))
             assert result.token_ids == hf_greedy(model, prompt, 30)
     finally:
         for head in heads.values():
@@ -206,7 +206,7 @@ def test_cli_trains_attention_heads_that_the_engine_loads(tmp_path, monkeypatch,
     assert sorted(lm.ee.exit_heads) == [2, 5] and all(h.stateful for h in lm.ee.exit_heads.values())
     assert lm.ee.exit_info["head"]["type"] == "attention"
     prompt = lm.encode("abc def")
-    result = run(lm.ee, prompt, DecodeConfig(max_new_tokens=20, draft_layer=2, verify_layer=5, policy="fixed"),
+    result = run(lm.ee, prompt, preset(max_new_tokens=20, draft_layer=2, verify_layer=5, policy="fixed"),
                  eos_ids=lm.eos_ids)
     assert result.token_ids == hf_greedy(lm.model, prompt, 20, eos=2)
     # the prompts the heads were held out from: a clean benchmark set

@@ -6,7 +6,7 @@ import torch
 
 from helpers import model_threads
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.model.loading import load_model
 from hispec.evaluation.runner import run
 from hispec.text import Detokenizer
@@ -40,14 +40,14 @@ def test_every_method_equals_generate(lm, kind):
     ref = lm.model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
                             attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
     detok = Detokenizer(lm.tokenizer)
-    for config in (DecodeConfig("autoregressive", max_new_tokens=32),
-                   DecodeConfig("layerskip", max_new_tokens=32, policy="fixed"),
-                   DecodeConfig("hispec", max_new_tokens=32, policy="fixed"),
-                   DecodeConfig("hispec", draft_layer=8, verify_layer=20, draft_len=3, verify_threshold=3,
+    for config in (preset("autoregressive", max_new_tokens=32),
+                   preset("layerskip", max_new_tokens=32, policy="fixed"),
+                   preset("hispec", max_new_tokens=32, policy="fixed"),
+                   preset("hispec", draft_layer=8, verify_layer=20, draft_len=3, verify_threshold=3,
                                 max_new_tokens=32, policy="fixed"),
-                   DecodeConfig("hispec", policy="auto", max_new_tokens=32),
-                   DecodeConfig("lookup", max_new_tokens=32),
-                   DecodeConfig("hispec", levels=("lookup", 4), max_new_tokens=32)):
+                   preset("hispec", policy="auto", max_new_tokens=32),
+                   preset("lookup", max_new_tokens=32),
+                   preset("hispec", levels=("lookup", 4), max_new_tokens=32)):
         r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=detok)
         assert r.token_ids == ref, config
         assert r.text == lm.tokenizer.decode(ref, skip_special_tokens=True)
@@ -64,6 +64,7 @@ def test_recorded_acceptance_of_the_default_model_replays_its_own_verdicts(lm):
     import sys
     from pathlib import Path
 
+    from hispec.engine.config import preset
     from hispec.engine.decoding import Decoder
     from hispec.evaluation.timing_only import RecordedAcceptance
     from hispec.training.heads.prompts import heldout_prompts
@@ -72,7 +73,7 @@ def test_recorded_acceptance_of_the_default_model_replays_its_own_verdicts(lm):
     import record_acceptance
 
     prompt = next(iter(heldout_prompts(lm).values()))[0]
-    config = DecodeConfig(max_new_tokens=24, **record_acceptance.PATTERNS["hispec"]).resolve_for(lm.ee)
+    config = preset(max_new_tokens=24, **record_acceptance.PATTERNS["hispec"]).resolve_for(lm.ee)
     runs, tokens = record_acceptance.record(lm, [prompt], config)
     assert tokens > 0 and runs["verify"] and runs["target"]
     real = Decoder(lm.ee, lm.encode(prompt.text, chat=prompt.chat), config, eos_ids=lm.eos_ids)

@@ -5,14 +5,14 @@ import pytest
 from helpers import hf_greedy, save_tiny_folder
 from transformers import AutoModelForCausalLM
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.evaluation.runner import run
 
 
-@pytest.mark.parametrize("config", [DecodeConfig("autoregressive"),
-                                    DecodeConfig("layerskip", draft_layer=4, policy="fixed"),
-                                    DecodeConfig("hispec", draft_layer=2, verify_layer=5, policy="fixed")],
+@pytest.mark.parametrize("config", [preset("autoregressive"),
+                                    preset("layerskip", draft_layer=4, policy="fixed"),
+                                    preset("hispec", draft_layer=2, verify_layer=5, policy="fixed")],
                          ids=lambda c: c.method)
 def test_offloaded_layers_give_the_same_greedy_output(tmp_path, config):
     from dataclasses import replace

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import ee_of, hf_greedy, save_tiny_folder, tiny_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.errors import ModelLoadError
 from hispec.evaluation.runner import run
 from hispec.model.heads import (ExitHead, find_and_attach, load_heads, make_heads, model_identity, preferred_layers,
@@ -167,7 +167,7 @@ def test_greedy_exactness_with_heads(trained, kind, vocab, settings):
     ee.attach_exit_heads(attached, {"default_layers": {"draft": 2, "verify": 5}})
     try:
         for prompt in ([5, 17, 33, 2, 9, 41], [70]):
-            result = run(ee, prompt, DecodeConfig(max_new_tokens=30, **settings, policy="fixed"))
+            result = run(ee, prompt, preset(max_new_tokens=30, **settings, policy="fixed"))
             assert result.token_ids == hf_greedy(model, prompt, 30)
     finally:
         for head in heads.values():
@@ -179,7 +179,7 @@ def test_sampling_with_reduced_vocabulary_heads_runs(trained):
     model, _, _, _, data = trained
     ee = ee_of(model)
     ee.attach_exit_heads(_perturbed(ee, [2, 5], vocab_ids=frequent_tokens(data.tokens, 30, 100)))
-    result = run(ee, [5, 17, 33], DecodeConfig(max_new_tokens=20, draft_layer=2, verify_layer=5, temperature=0.8,
+    result = run(ee, [5, 17, 33], preset(max_new_tokens=20, draft_layer=2, verify_layer=5, temperature=0.8,
                                                seed=3))
     assert len(result.token_ids) == 20 and all(0 <= t < 100 for t in result.token_ids)
 
@@ -210,7 +210,7 @@ def test_cli_train_exits_on_a_folder(tmp_path, monkeypatch, capsys):
     assert preferred_layers(lm.ee) == (2, 6)
     assert info["training"]["tokens"] > 0 and info["model"] == {**model_identity(lm.model, folder)}
     prompt = lm.encode("abc def")
-    result = run(lm.ee, prompt, DecodeConfig(max_new_tokens=20, draft_layer=2, verify_layer=6, policy="fixed"),
+    result = run(lm.ee, prompt, preset(max_new_tokens=20, draft_layer=2, verify_layer=6, policy="fixed"),
                  eos_ids=lm.eos_ids)
     assert result.token_ids == hf_greedy(lm.model, prompt, 20, eos=2)
     # raw exits on request; an explicit folder for another model is refused
@@ -267,7 +267,7 @@ def test_shipped_heads_of_the_default_model():
         assert a["trained"] > a["raw"] + 0.15
     ids = lm.encode("Name three colours.")
     ref = hf_greedy(lm.model, ids, 24)
-    for config in (DecodeConfig("hispec", d, v, pref["draft_len"], pref["verify_threshold"], max_new_tokens=24,
+    for config in (preset("hispec", d, v, pref["draft_len"], pref["verify_threshold"], max_new_tokens=24,
                                 policy="fixed"),
-                   DecodeConfig("layerskip", pref["layerskip_exit"], max_new_tokens=24, policy="fixed")):
+                   preset("layerskip", pref["layerskip_exit"], max_new_tokens=24, policy="fixed")):
         assert run(lm.ee, ids, config).token_ids == ref

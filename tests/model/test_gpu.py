@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.evaluation.runner import run
 
@@ -19,8 +19,8 @@ def test_float32_on_cuda_equals_generate(arch):
     x = torch.tensor([prompt], device="cuda")
     ref = model.generate(x, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0,
                          attention_mask=torch.ones_like(x))[0, len(prompt):].tolist()
-    for config in (DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=3, policy="fixed"),
-                   DecodeConfig("hispec", draft_layer=2, verify_layer=5, policy="fixed")):
+    for config in (preset("autoregressive"), preset("layerskip", draft_layer=3, policy="fixed"),
+                   preset("hispec", draft_layer=2, verify_layer=5, policy="fixed")):
         from dataclasses import replace
 
         assert run(ee, prompt, replace(config, max_new_tokens=32)).token_ids == ref
@@ -30,7 +30,7 @@ def test_float32_on_cuda_equals_generate(arch):
 def test_bfloat16_runs_on_cuda():
     model = tiny_model("llama", seed=5).cuda().to(torch.bfloat16)
     ee = EarlyExitModel(model)
-    r = run(ee, [5, 6, 7], DecodeConfig("hispec", max_new_tokens=24, policy="fixed"))
+    r = run(ee, [5, 6, 7], preset("hispec", max_new_tokens=24, policy="fixed"))
     assert len(r.token_ids) == 24 and r.settings["dtype"] == "bfloat16" and r.settings["device"].startswith("cuda")
 
 
@@ -45,8 +45,8 @@ def test_cuda_graphs_float32_equal_generate_and_replay(arch):
     x = torch.tensor([prompt], device="cuda")
     ref = model.generate(x, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0,
                          attention_mask=torch.ones_like(x))[0, len(prompt):].tolist()
-    for config in (DecodeConfig("autoregressive"), DecodeConfig("layerskip", draft_layer=3, draft_len=3, policy="fixed"),
-                   DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, verify_threshold=3,
+    for config in (preset("autoregressive"), preset("layerskip", draft_layer=3, draft_len=3, policy="fixed"),
+                   preset("hispec", draft_layer=2, verify_layer=5, draft_len=2, verify_threshold=3,
                                 policy="fixed")):
         for _ in range(2):  # the second run replays the graphs captured by the first
             r = run(ee, prompt, replace(config, max_new_tokens=32))
@@ -59,5 +59,5 @@ def test_cuda_graphs_in_bfloat16_run():
     model = tiny_model("llama", seed=5).cuda().to(torch.bfloat16)
     ee = EarlyExitModel(model)
     ee.set_graphs("cuda")
-    r = run(ee, [5, 6, 7], DecodeConfig("hispec", max_new_tokens=24, policy="fixed"))
+    r = run(ee, [5, 6, 7], preset("hispec", max_new_tokens=24, policy="fixed"))
     assert len(r.token_ids) == 24 and ee.graphs.replays > 0

@@ -9,16 +9,17 @@ import pytest
 import torch
 from helpers import hf_greedy, tiny_model
 
-from hispec.engine.decoding import DecodeConfig, Decoder
+from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, PassEvent, RoundEvent, TokenEvent
 from hispec.errors import ConfigError
 from hispec.model.early_exit import EarlyExitModel
 
 SETTINGS = [
-    DecodeConfig("autoregressive", policy="fixed"),
-    DecodeConfig("layerskip", draft_layer=3, draft_len=4, policy="fixed"),
-    DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4, policy="fixed"),
-    DecodeConfig("hispec", draft_layer=1, verify_layer=2, draft_len=1, verify_threshold=1, policy="fixed"),
+    preset("autoregressive", policy="fixed"),
+    preset("layerskip", draft_layer=3, draft_len=4, policy="fixed"),
+    preset("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4, policy="fixed"),
+    preset("hispec", draft_layer=1, verify_layer=2, draft_len=1, verify_threshold=1, policy="fixed"),
 ]
 
 
@@ -40,7 +41,7 @@ def _shape(events):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("config", SETTINGS, ids=lambda c: f"{c.method}-{c.draft_layer}-{c.draft_len}")
+@pytest.mark.parametrize("config", SETTINGS, ids=lambda c: f"{c.method}-{c.preset and c.preset.draft_layer}-{c.draft_len}")
 def test_replayed_passes_give_the_same_events_and_greedy_output(arch, config):
     model = tiny_model(arch, seed=3)
     config = replace(config, max_new_tokens=40)
@@ -64,7 +65,7 @@ def test_replayed_passes_give_the_same_events_and_greedy_output(arch, config):
 def test_graphs_are_captured_once_and_reused_by_the_next_generation():
     ee = EarlyExitModel(tiny_model("llama", seed=3))
     ee.set_graphs("emulate")
-    config = DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4,
+    config = preset("hispec", draft_layer=2, verify_layer=5, draft_len=3, verify_threshold=4,
                           max_new_tokens=30, policy="fixed")
     first = _events(ee, [5, 17, 33], config)
     captured, storage = ee.graphs.captures, ee.graphs.storage
@@ -79,7 +80,7 @@ def test_a_second_generation_while_the_first_holds_the_buffers_runs_eagerly():
     model = tiny_model("llama", seed=4)
     ee = EarlyExitModel(model)
     ee.set_graphs("emulate")
-    config = DecodeConfig("layerskip", draft_layer=3, draft_len=2, max_new_tokens=24, policy="fixed")
+    config = preset("layerskip", draft_layer=3, draft_len=2, max_new_tokens=24, policy="fixed")
     a_prompt, b_prompt = [7, 3, 19], [11, 40, 2, 8]
     a = Decoder(ee, a_prompt, config).events()
     a_events = [next(a) for _ in range(30)]  # A is mid-generation and holds the static buffers
@@ -96,7 +97,7 @@ def test_a_second_generation_while_the_first_holds_the_buffers_runs_eagerly():
 def test_stopping_early_gives_the_buffers_back():
     ee = EarlyExitModel(tiny_model("llama", seed=4))
     ee.set_graphs("emulate")
-    gen = Decoder(ee, [7, 3, 19], DecodeConfig("hispec", max_new_tokens=24, policy="fixed")).events()
+    gen = Decoder(ee, [7, 3, 19], preset("hispec", max_new_tokens=24, policy="fixed")).events()
     next(gen), next(gen)
     assert ee.graphs.storage.in_use()
     gen.close()  # a consumer that walks away (the app's Stop, a closed connection)
@@ -107,7 +108,7 @@ def test_a_longer_generation_gets_bigger_buffers_and_fresh_graphs():
     model = tiny_model("llama", seed=4, max_position_embeddings=1024)
     ee = EarlyExitModel(model)
     ee.set_graphs("emulate")
-    config = DecodeConfig("layerskip", draft_layer=3, draft_len=2, policy="fixed")
+    config = preset("layerskip", draft_layer=3, draft_len=2, policy="fixed")
     _events(ee, [7, 3, 19], replace(config, max_new_tokens=16))
     small, captures = ee.graphs.storage, ee.graphs.captures
     assert small.capacity == 256
@@ -155,7 +156,7 @@ def test_a_failed_capture_falls_back_to_eager_passes_with_the_reason(monkeypatch
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(ee.graphs, "_capture", refuse)
-    config = DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, max_new_tokens=20, policy="fixed")
+    config = preset("hispec", draft_layer=2, verify_layer=5, draft_len=2, max_new_tokens=20, policy="fixed")
     done = _events(ee, [7, 3, 19], config)[-1]
     assert list(done.token_ids) == hf_greedy(model, [7, 3, 19], 20)
     assert ee.graphs.replays == 0 and "not permitted" in ee.graphs.disabled and "[0, 2) x 1" in ee.graphs.disabled
@@ -168,7 +169,7 @@ def test_generations_on_threads_share_the_buffers_one_at_a_time():
     ee = EarlyExitModel(model)
     ee.set_graphs("emulate")
     prompts = [[7, 3, 19], [11, 40, 2, 8], [5, 5, 6], [9, 1, 30, 4, 4]]
-    config = DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, max_new_tokens=24, policy="fixed")
+    config = preset("hispec", draft_layer=2, verify_layer=5, draft_len=2, max_new_tokens=24, policy="fixed")
     results = {}
 
     def work(i):
@@ -207,7 +208,7 @@ def test_a_generation_asking_for_buffers_while_others_are_made_never_replays_the
 
     monkeypatch.setattr(graphs_module, "StaticKV", SlowFirst)
     prompts = [[7, 3, 19], [11, 40, 2, 8]]
-    config = DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, max_new_tokens=24, policy="fixed")
+    config = preset("hispec", draft_layer=2, verify_layer=5, draft_len=2, max_new_tokens=24, policy="fixed")
     results = {}
 
     def work(i):
@@ -245,8 +246,8 @@ def test_graph_passes_with_attention_exit_heads_equal_generate(device):
     x = torch.tensor([prompt], device=device)
     ref = model.generate(x, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0,
                          attention_mask=torch.ones_like(x))[0, len(prompt):].tolist()
-    for config in (DecodeConfig("layerskip", draft_layer=2, draft_len=3, policy="fixed"),
-                   DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, verify_threshold=3,
+    for config in (preset("layerskip", draft_layer=2, draft_len=3, policy="fixed"),
+                   preset("hispec", draft_layer=2, verify_layer=5, draft_len=2, verify_threshold=3,
                                 policy="fixed")):
         for defer in (False, True):
             done = _events(ee, prompt, replace(config, max_new_tokens=32), defer)[-1]

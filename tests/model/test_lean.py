@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import hf_greedy, save_tiny_folder, tiny_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
 from hispec.model.lean import LeanPath
@@ -70,7 +70,7 @@ def test_engine_uses_the_lean_path_by_default_and_can_switch(monkeypatch):
 def test_stock_path_stays_exact(method, extra):
     """The stock layers remain a working engine path (accelerate-dispatched models use it)."""
     model = tiny_model("qwen2", seed=9)
-    config = DecodeConfig(method, max_new_tokens=30, policy="fixed", **extra)
+    config = preset(method, max_new_tokens=30, policy="fixed", **extra)
     result = run(EarlyExitModel(model, lean=False), [4, 8, 15], config)
     assert result.token_ids == hf_greedy(model, [4, 8, 15], 30)
 
@@ -161,5 +161,5 @@ def test_layers_with_forward_hooks_keep_the_stock_path():
     model.model.layers[3].register_forward_pre_hook(lambda *a: calls.append(1))
     ee = EarlyExitModel(model)
     assert ee.lean is None and "forward hooks" in ee.stock_reason
-    run(ee, [4, 5], DecodeConfig("autoregressive", max_new_tokens=3))
+    run(ee, [4, 5], preset("autoregressive", max_new_tokens=3))
     assert calls, "the stock path calls the model's own layers, hooks included"

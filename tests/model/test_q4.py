@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import hf_greedy, tiny_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.errors import ConfigError, ModelLoadError
 from hispec.evaluation.runner import run
 from hispec.model import q4_kernel
@@ -126,12 +126,12 @@ def test_to_q4_swaps_every_product_and_keeps_the_rest():
 
 ARCHS = [("llama", {}), ("llama", {"attention_bias": True}), ("qwen2", {}), ("qwen3", {}), ("mistral", {})]
 CONFIGS = [
-    DecodeConfig("layerskip", draft_layer=2, draft_len=3),
-    DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, verify_threshold=3),
-    DecodeConfig("hispec", draft_layer=1, verify_layer=4, draft_len=3, verify_threshold=1),
-    DecodeConfig("hispec", policy="auto"),
-    DecodeConfig("lookup"),
-    DecodeConfig("hispec", levels=("lookup", 2, 5)),
+    preset("layerskip", draft_layer=2, draft_len=3),
+    preset("hispec", draft_layer=2, verify_layer=5, draft_len=2, verify_threshold=3),
+    preset("hispec", draft_layer=1, verify_layer=4, draft_len=3, verify_threshold=1),
+    preset("hispec", policy="auto"),
+    preset("lookup"),
+    preset("hispec", levels=("lookup", 2, 5)),
 ]
 
 
@@ -142,14 +142,14 @@ def test_every_method_in_4bit_equals_4bit_plain_decoding(arch, extra):
     assert ee.lean is not None and not ee.lean.packed, ee.stock_reason  # the lean path, on the 4-bit products
     r = random.Random(0)
     for prompt in ([5, 9, 11, 3, 7, 5, 9, 11], [r.randrange(3, 100) for _ in range(12)], [70]):
-        ref = run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=40)).token_ids
+        ref = run(ee, prompt, preset("autoregressive", max_new_tokens=40)).token_ids
         for config in CONFIGS:
             from dataclasses import replace
 
             assert run(ee, prompt, replace(config, max_new_tokens=40)).token_ids == ref, (prompt, config)
     # transformers' own layers and generate() on the same 4-bit modules: the same tokens
     prompt = [5, 9, 11, 3, 7]
-    ref = run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=24)).token_ids
+    ref = run(ee, prompt, preset("autoregressive", max_new_tokens=24)).token_ids
     assert hf_greedy(model, prompt, 24) == ref
 
 
@@ -171,11 +171,11 @@ def test_exit_heads_work_in_4bit():
                                rtol=1e-5, atol=1e-5)
     ee.attach_exit_heads(heads, {"default_layers": {"draft": 2, "verify": 5}})
     prompt = [5, 17, 33, 2, 9, 41]
-    ref = run(ee, prompt, DecodeConfig("autoregressive", max_new_tokens=30)).token_ids
-    for config in (DecodeConfig("hispec", draft_layer=2, verify_layer=5, draft_len=2, verify_threshold=2,
+    ref = run(ee, prompt, preset("autoregressive", max_new_tokens=30)).token_ids
+    for config in (preset("hispec", draft_layer=2, verify_layer=5, draft_len=2, verify_threshold=2,
                                 max_new_tokens=30),
-                   DecodeConfig("layerskip", draft_layer=5, draft_len=3, max_new_tokens=30),
-                   DecodeConfig("hispec", policy="auto", max_new_tokens=30)):
+                   preset("layerskip", draft_layer=5, draft_len=3, max_new_tokens=30),
+                   preset("hispec", policy="auto", max_new_tokens=30)):
         assert run(ee, prompt, config).token_ids == ref, config
 
 
@@ -281,7 +281,7 @@ def test_bench_runs_both_formats_side_by_side(tmp_path, monkeypatch):
     with pytest.raises(ConfigError):
         check_methods(["autoregressive@int3"])
     sets = {"t": [Prompt("a", "hello there", False), Prompt("b", "abcabcabc", False)]}
-    report = benchmark(fp32, sets, methods, DecodeConfig("hispec", draft_layer=2, verify_layer=5, max_new_tokens=12),
+    report = benchmark(fp32, sets, methods, preset("hispec", draft_layer=2, verify_layer=5, max_new_tokens=12),
                        json_path=str(tmp_path / "b.json"), models={"fp32": fp32, "q4": q4}, host=True)
     summary = report["summary"]["all"]["methods"]
     assert all(summary[m]["outputs_equal"] for m in methods)  # each against its own format's plain decoding
@@ -335,10 +335,10 @@ def test_every_method_on_the_default_model_in_4bit_equals_its_plain_decoding(def
     _, lm = default_pair
     for prompt in ("Name three colours.", "Write a Python function that adds two numbers."):
         ids = lm.encode(prompt)
-        ref = run(lm.ee, ids, DecodeConfig("autoregressive", max_new_tokens=24), eos_ids=lm.eos_ids).token_ids
-        for config in (DecodeConfig("layerskip", max_new_tokens=24), DecodeConfig("hispec", max_new_tokens=24),
-                       DecodeConfig("hispec", policy="auto", max_new_tokens=24), DecodeConfig("lookup", max_new_tokens=24),
-                       DecodeConfig("hispec", draft_layer=8, verify_layer=20, draft_len=3, verify_threshold=3,
+        ref = run(lm.ee, ids, preset("autoregressive", max_new_tokens=24), eos_ids=lm.eos_ids).token_ids
+        for config in (preset("layerskip", max_new_tokens=24), preset("hispec", max_new_tokens=24),
+                       preset("hispec", policy="auto", max_new_tokens=24), preset("lookup", max_new_tokens=24),
+                       preset("hispec", draft_layer=8, verify_layer=20, draft_len=3, verify_threshold=3,
                                     max_new_tokens=24)):
             assert run(lm.ee, ids, config, eos_ids=lm.eos_ids).token_ids == ref, (prompt, config)
 
@@ -351,7 +351,7 @@ def test_a8_levels_on_the_default_model_keep_each_formats_own_output(default_pai
     for lm in default_pair:
         assert "a8" in lm.ee.formats()
         ids = lm.encode("Write a Python function that adds two numbers.")
-        ref = run(lm.ee, ids, DecodeConfig("autoregressive", max_new_tokens=24), eos_ids=lm.eos_ids).token_ids
+        ref = run(lm.ee, ids, preset("autoregressive", max_new_tokens=24), eos_ids=lm.eos_ids).token_ids
         for levels in (("lookup", "full@a8"), ("full@a8",)):
             got = run(lm.ee, ids, DecodeConfig(levels=levels, policy="auto", max_new_tokens=24), eos_ids=lm.eos_ids)
             assert got.token_ids == ref, (lm.weights, levels)

@@ -136,13 +136,13 @@ def test_the_api_tells_the_time_limit_from_a_stop_and_says_why_it_refused():
 
 
 def test_a_fault_while_the_answer_is_built_gives_the_apps_message(monkeypatch):
-    import ui.controller
+    from hispec.serving.answer import Generation
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated fault in the answer")
 
     with app_on_loopback() as (url, _):
-        monkeypatch.setattr(ui.controller, "generate_response", broken)
+        monkeypatch.setattr(Generation, "response", broken)
         with pytest.raises(AppError, match=r"The generation failed while its answer was built \(RuntimeError: "
                                            r"simulated fault in the answer\)\. The app is still running"):
             generate(Client(url, verbose=False))

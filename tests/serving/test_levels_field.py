@@ -70,3 +70,34 @@ def test_a_levels_request_and_its_preset_equivalent_give_the_same_tokens_and_set
     by_levels, by_preset = runs
     assert list(by_levels.token_ids) == list(by_preset.token_ids)
     assert tuple(by_levels.settings["levels"]) == tuple(by_preset.settings["levels"]) == (2, 5)
+
+
+@pytest.mark.parametrize("raw", [{"levels": "lookup,2,5"}, {"draft_layer": 2, "verify_layer": 5}, {}])
+def test_a_served_request_checks_and_resolves_its_configuration_once(monkeypatch, raw):
+    """From the raw fields to the last token: DecodeConfig.validate runs once (at the edge, before any
+    work), the preset-to-levels resolution once (in prepare, with the model); the Decoder takes it as it is."""
+    import threading
+
+    from hispec.engine.config import DecodeConfig
+
+    counts = {"validate": 0, "resolve": 0}
+    validate, resolve = DecodeConfig.validate, DecodeConfig.resolve
+
+    def counted_validate(self):
+        counts["validate"] += 1
+        return validate(self)
+
+    def counted_resolve(self, *args, **kwargs):
+        if not (self.resolved is not None and self.levels is not None):  # a real resolution, not a pass-through
+            counts["resolve"] += 1
+        return resolve(self, *args, **kwargs)
+
+    monkeypatch.setattr(DecodeConfig, "validate", counted_validate)
+    monkeypatch.setattr(DecodeConfig, "resolve", counted_resolve)
+    model = tiny_model("llama", layers=8)
+    model.generation_config.eos_token_id = EOS
+    lm = LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")
+    request = parse(prompt="hello there", max_new_tokens=8, chat=False, policy="fixed", **raw)
+    assert counts == {"validate": 1, "resolve": 0}  # the edge: checked, nothing resolved yet
+    done = list(request.prepare(lm, Limits())(threading.Event(), lambda *_: None))[-1]
+    assert done.token_ids and counts == {"validate": 1, "resolve": 1}

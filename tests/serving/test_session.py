@@ -12,13 +12,13 @@ import time
 import pytest
 from helpers import EOS, char_tokenizer, tiny_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import DoneEvent
 from hispec.errors import HiSpecError
 from hispec.evaluation.runner import run
 from hispec.model.early_exit import EarlyExitModel
 from hispec.model.loading import LoadedModel
-from hispec.serving.api import CompareRequest, GenerateRequest
+from hispec.serving.api import BeliefsRequest, CompareRequest, CostsRequest, GenerateRequest
 from hispec.serving.caller import Caller
 from hispec.serving.jobs import Job
 from hispec.serving.limits import Limits
@@ -105,7 +105,7 @@ def wait_until(condition, timeout=10.0):
 
 
 def expected_ids(lm, prompt, max_new):
-    config = DecodeConfig("autoregressive", max_new_tokens=max_new, policy="fixed")
+    config = preset("autoregressive", max_new_tokens=max_new, policy="fixed")
     return run(lm.ee, lm.encode(prompt), config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer)).token_ids
 
 
@@ -120,11 +120,14 @@ def test_a_generation_streams_its_events_and_ends_done(server):
 
 
 def test_requests_take_turns_in_arrival_order(server):
+    """Waiting requests get the model in the order they came. The waiters need one turn each (one token:
+    the prefill, no round to pass the model on at), so they finish in the order of their turns; the
+    first request may pass its turn on between its rounds (round-by-round sharing), so it may end anywhere."""
     lm = server.registry.get("tiny")
     finished = []
 
     def one(i):
-        out = list(server.submit(Caller(f"tab-{i}", f"10.0.1.{i}"), GenerateRequest, gen(max_new=3)))
+        out = list(server.submit(Caller(f"tab-{i}", f"10.0.1.{i}"), GenerateRequest, gen(max_new=3 if i == 0 else 1)))
         finished.append(i)
         return out
 
@@ -137,7 +140,7 @@ def test_requests_take_turns_in_arrival_order(server):
             wait_until(lambda i=i: server.registry.turns("tiny").waiting == i)
         for t, _ in [(first, None), *threads]:
             t.join(30)
-    assert finished == [0, 1, 2, 3]
+    assert sorted(finished) == [0, 1, 2, 3] and [i for i in finished if i] == [1, 2, 3]
 
 
 def test_a_waiting_request_says_its_place():
@@ -281,12 +284,57 @@ def test_the_queue_is_bounded():
         waiting.close()
 
 
-def test_short_follow_ups_wait_for_the_models_turn_and_give_up(server):
-    with held_by_another(server.registry):
-        with pytest.raises(HiSpecError, match="busy with another visitor"):
-            server.run_now(ME, "costs", "tiny", lambda lm: 1, timeout_s=0.2)
-    assert server.run_now(ME, "costs", "tiny", lambda lm: lm.ee.num_layers) == 8
+def test_a_runs_follow_ups_are_requests_of_serving_in_the_models_turn(server):
+    """Pass costs and exit beliefs are request types (serving.api): admitted, queued, run in the model's
+    turn as jobs (a Stop and the time limit apply), with their answer as the result."""
+    lm = server.registry.get("tiny")
+    costs = server.result(ME, CostsRequest, {"model": "tiny", "exits": [2, 5]})
+    assert costs is lm.ee.cost_model and costs.covers((2, 5))
+    ids = lm.encode("hi")
+    done = done_of(list(server.submit(ME, GenerateRequest, gen(max_new=6))))
+    beliefs = server.result(ME, BeliefsRequest, {"model": "tiny", "prompt_ids": ids, "token_ids": list(done.token_ids)})
+    assert beliefs["num_layers"] == 8 and beliefs["layers"][-1]["kind"] == "full"
     assert not server.registry.turns("tiny").busy and server.jobs.of() == []
+    with held_by_another(server.registry):  # it waits for the model's turn like any request: a Stop ends it
+        box = {}
+        thread = threading.Thread(target=lambda: box.setdefault("out", _result_or_error(server)), daemon=True)
+        thread.start()
+        wait_until(lambda: server.registry.turns("tiny").waiting == 1)
+        server.stop(ME, ("costs",))
+        thread.join(10)
+    assert isinstance(box["out"], HiSpecError) and "stopped" in str(box["out"]).lower()
+
+
+def _result_or_error(server):
+    try:
+        return server.result(ME, CostsRequest, {"model": "tiny", "exits": [3]})
+    except HiSpecError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("request_type, raw, message", [
+    ("costs", {"exits": "2,5"}, "exits must be a list of at most 4 exit layers"),
+    ("costs", {"exits": [0]}, "exit layer must be from 1"),
+    ("costs", {"exits": [9]}, "exit layer 9 is impossible: this model has 8 layers"),
+    ("beliefs", {"prompt_ids": [1], "token_ids": []}, "both prompt_ids and token_ids must hold at least one"),
+    ("beliefs", {"prompt_ids": [1], "token_ids": list(range(600))}, "token_ids must be a list of at most 512"),
+    ("beliefs", {"prompt_ids": [1], "token_ids": [10**9]}, "beyond this model's vocabulary"),
+    ("beliefs", {"prompt_ids": "abc", "token_ids": [1]}, "prompt_ids must be a list of at most"),
+])
+def test_bad_follow_ups_are_refused_naming_the_field(server, request_type, raw, message):
+    kind = {"costs": CostsRequest, "beliefs": BeliefsRequest}[request_type]
+    with pytest.raises(HiSpecError, match=message):
+        server.result(ME, kind, {"model": "tiny", **raw})
+    assert server.jobs.of() == []
+
+
+def test_follow_ups_are_not_counted_again_by_the_rate_limit_but_runs_are():
+    server = one_model_server(global_rate_per_minute=0)
+    server.rates = type(server.rates)(1, 0)  # one request a minute per address
+    assert done_of(list(server.submit(ME, GenerateRequest, gen(max_new=4)))) is not None
+    assert server.result(ME, CostsRequest, {"model": "tiny", "exits": [2]}).covers((2,))
+    refused = list(server.submit(ME, GenerateRequest, gen(max_new=4)))
+    assert refused[-1].outcome == "refused" and "per minute" in refused[-1].message
 
 
 def test_loading_a_model_does_not_wait_behind_a_generation(server):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import tiny_server
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import DoneEvent, TokenEvent, event_from_dict
 from hispec.engine.events import TokenState as S
 from hispec.evaluation import published, runner
@@ -53,7 +53,7 @@ def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(server):
     assert len(done.token_ids) == 30, "the synthetic run is as long as the plain one"
     take = next(i for i in items if isinstance(i, what_ifs.TakeDone))
     assert take.new_tokens == 30 and take.ratio > 0
-    plain_config = runner.plain_config(DecodeConfig("hispec", 2, 4, 2, 4, 30, policy="fixed")).resolve_for(lm.ee)
+    plain_config = runner.plain_config(preset("hispec", 2, 4, 2, 4, 30, policy="fixed")).resolve_for(lm.ee)
     assert plain_config.levels == (), "the baseline is plain decoding: no exit drafts in it"
     outs = what_if(server)
     status, tokens, stats, plot, result = outs[-1]
@@ -151,7 +151,7 @@ def test_picking_a_method_sets_its_own_settings_for_the_model(server):
 def story_of(server, settings=("hispec", 2, 4, 2, 4), temperature=0.0):
     lm = server.registry.get("tiny")
     method, d, v, n_d, n_i = settings
-    config = DecodeConfig(method, d, v, n_d, n_i, 20, temperature=temperature, seed=1 if temperature else None,
+    config = preset(method, d, v, n_d, n_i, 20, temperature=temperature, seed=1 if temperature else None,
                           policy="fixed").resolve(8)
     ids = lm.encode("hello", chat=True)
     r = run(lm.ee, ids, config, eos_ids=lm.eos_ids)

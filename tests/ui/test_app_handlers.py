@@ -8,7 +8,7 @@ import threading
 import pytest
 from helpers import tiny_server
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import TokenEvent
 from hispec.engine.policy import DEFAULT_POLICY
 from hispec.errors import HiSpecError
@@ -50,7 +50,7 @@ def test_the_page_matches_the_engines_events(server):
     status, tokens_html, _, final_text, stats_html, *_, kept = outs[-1]
     assert "Done" in status and kept is not None
     events = []
-    config = DecodeConfig("hispec", 2, 5, 2, 3, 30, policy="fixed").resolve(8)
+    config = preset("hispec", 2, 5, 2, 3, 30, policy="fixed").resolve(8)
     ref = run(lm.ee, lm.encode("hello there"), config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer),
               on_event=events.append)
     shown = spans(tokens_html)
@@ -120,9 +120,9 @@ def test_empty_settings_take_the_models_own():
     """None (an API call that leaves a field out) is filled in from the model when it is resolved."""
     request = GenerateRequest.parse({"prompt": "hi", "max_new_tokens": 10, "policy": "fixed"}, Limits())
     config = request.decode_config()
-    assert (config.draft_layer, config.verify_layer, config.draft_len, config.verify_threshold) == (None,) * 4
+    assert (config.preset.draft_layer, config.preset.verify_layer, config.draft_len, config.verify_threshold) == (None,) * 4
     resolved = config.resolve(8, {"draft": 2, "verify": 5, "draft_len": 1, "verify_threshold": 3})
-    assert (resolved.draft_layer, resolved.verify_layer, resolved.draft_len, resolved.verify_threshold) == (2, 5, 1, 3)
+    assert (resolved.preset.draft_layer, resolved.preset.verify_layer, resolved.draft_len, resolved.verify_threshold) == (2, 5, 1, 3)
 
 
 @pytest.mark.parametrize("prompt", ["", "   \n"])

@@ -25,7 +25,7 @@ from hispec.model.loading import LoadedModel  # noqa: E402
 from hispec.engine.events import event_from_dict  # noqa: E402
 from hispec.evaluation.runner import run  # noqa: E402
 from hispec.evaluation.trace import Trace  # noqa: E402
-from hispec.engine.decoding import DecodeConfig  # noqa: E402
+from hispec.engine.config import DecodeConfig, preset  # noqa: E402
 from hispec.engine.policy import DEFAULT_POLICY  # noqa: E402
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits  # noqa: E402
 from hispec.serving.registry import ModelRegistry  # noqa: E402
@@ -141,7 +141,7 @@ def generate(client: Client, prompt: str, settings=HISPEC, max_new: int = 40, mo
 def expected(lm: LoadedModel, prompt: str, settings=HISPEC, max_new: int = 40, chat=True):
     """What the engine alone writes for these settings, and the config the app resolves."""
     method, d, v, n_d, n_i = settings
-    config = DecodeConfig(labels.METHODS[method], d, v if method == "HiSpec" else None, n_d, n_i, max_new,
+    config = preset(labels.METHODS[method], d, v if method == "HiSpec" else None, n_d, n_i, max_new,
                           policy="fixed").resolve(lm.ee.num_layers)
     result = run(lm.ee, lm.encode(prompt, chat=chat), config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer))
     return result, config
@@ -206,9 +206,9 @@ def test_generate_api_fills_in_the_models_settings(served, client):
     _, lm = served
     out = call(client, prompt=PROMPT, max_new_tokens=12, api_name="/generate")
     assert out["settings"]["method"] == "hispec" and out["settings"]["policy"] == DEFAULT_POLICY
-    resolved = DecodeConfig("hispec", max_new_tokens=12).resolve(lm.ee.num_layers)
-    assert (out["settings"]["draft_layer"], out["settings"]["verify_layer"]) == (resolved.draft_layer,
-                                                                                  resolved.verify_layer)
+    resolved = preset("hispec", max_new_tokens=12).resolve(lm.ee.num_layers)
+    assert (out["settings"]["draft_layer"], out["settings"]["verify_layer"]) == (resolved.preset.draft_layer,
+                                                                                  resolved.preset.verify_layer)
     assert len(out["token_ids"]) == 12
 
 

@@ -9,7 +9,7 @@ import gradio as gr
 import pytest
 from helpers import tiny_registry, tiny_server
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig, preset
 from hispec.evaluation.prompts import Prompt
 from hispec.evaluation.sweep import Grid, sweep
 from hispec.serving.api import BenchRequest
@@ -54,7 +54,7 @@ def test_the_saved_default_report_renders_as_table_and_charts():
 def test_newest_report_first_and_a_sweep_renders_heatmaps(registry, server, tmp_path):
     lm = registry.get("tiny")
     report = sweep(lm, {"s": [Prompt("h", "hello")]}, [Grid("layers", (1, 2), (3, 4))],
-                   DecodeConfig("hispec", max_new_tokens=6), json_path=str(tmp_path / "sweep.json"), warmup=False)
+                   preset("hispec", max_new_tokens=6), json_path=str(tmp_path / "sweep.json"), warmup=False)
     (tmp_path / "old.json").write_text(SAVED.read_text())
     (tmp_path / "broken.json").write_text("{not json")
     os.utime(tmp_path / "old.json", (1, 1))

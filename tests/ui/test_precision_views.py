@@ -4,7 +4,7 @@ step-through and the tooltips name it in words, the Levels box reaches the reque
 import pytest
 from helpers import ee_of, tiny_model
 
-from hispec.engine.decoding import DecodeConfig
+from hispec.engine.config import DecodeConfig
 from hispec.evaluation.replay import replay_from_dicts
 from hispec.evaluation.runner import LiveRun, events as run_events
 from hispec.evaluation.trace import LEGEND

@@ -128,7 +128,7 @@ def write_json(path: Path, obj) -> None:
 
 
 def run_from_args(args, log: Callable[[str], None]) -> int:
-    from hispec.engine.decoding import default_draft_layer, default_verify_layer
+    from hispec.engine.config import default_draft_layer, default_verify_layer
     from hispec.model.loading import load_model
     from hispec.training.layerskip.data import load_data, save_data
     from hispec.training.layerskip.evaluation import evaluate, summary_lines

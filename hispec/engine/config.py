@@ -1,0 +1,271 @@
+"""The one configuration of a generation: a level list and a policy, with lengths, lookup length,
+budget and sampling (`DecodeConfig`). The page, `/generate`, the CLI and bench all build one; the
+engine resolves and validates it once (`resolve_for`), and the Decoder takes it as it is.
+
+The paper's four names live in one place, the preset (`Preset`, built by `preset()`): a method
+(autoregressive, layerskip, hispec, lookup) with its draft layer d and verify layer v maps onto a
+level list when the configuration is resolved, with the model's recommended layers for what is left
+out. A resolved configuration always carries the preset that describes its list in the paper's terms
+(its `method` label and exits), which the statistics and reports print; the engine reads only levels.
+
+    preset("autoregressive")               -> levels ()                     [full]
+    preset("layerskip", draft_layer=E)      -> levels (E,)                   [exit E, full]
+    preset("hispec", d, v), policy fixed   -> levels (d, v)                 [exit d, exit v, full]
+    preset("hispec", d, v), policy auto    -> levels ("lookup", d, v)       the free drafter below
+    preset("lookup")                       -> levels ("lookup",)            [lookup, full]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from hispec.engine.levels import LOOKUP, build_levels, exits_by_role, parse_levels
+from hispec.engine.policy import DEFAULT_POLICY, POLICIES
+from hispec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hispec.model.early_exit import EarlyExitModel
+
+METHODS = ("autoregressive", "layerskip", "hispec", "lookup")
+
+# The settings used when a model's trained exits recommend none (the paper's defaults). The CLI's
+# help, the app and the sweep's marked default point read them from here.
+DEFAULT_DRAFT_LEN = 2  # tokens drafted per block at an exit (hispec)
+DEFAULT_VERIFY_THRESHOLD = 4  # tentative tokens that call the full model; layerskip's draft length
+DEFAULT_LAYERS = {"draft_layer": "L/8", "verify_layer": "L/4", "layerskip_exit": "L/4"}  # as default_*_layer
+
+
+def default_draft_layer(num_layers: int) -> int:
+    return max(1, round(num_layers / 8))
+
+
+def default_verify_layer(num_layers: int) -> int:
+    return max(default_draft_layer(num_layers) + 1, round(num_layers / 4))
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A method in the paper's names. None: the model's recommended layer (its trained exits'
+    manifest), else the default (d = L/8, v = L/4, layerskip's exit E = L/4). For layerskip,
+    `draft_layer` is its one exit E; `verify_layer` belongs to hispec only."""
+
+    method: str = "hispec"
+    draft_layer: int | None = None
+    verify_layer: int | None = None
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method '{self.method}'; choose from {', '.join(METHODS)}")
+        for name in ("draft_layer", "verify_layer"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(f"{name} must be a whole number (got {value!r})")
+
+    def levels(self, num_layers: int, rec: dict, policy: str) -> tuple:
+        """The level list this preset means on a model of `num_layers` layers."""
+        L = num_layers
+        if self.method == "autoregressive":
+            return ()
+        if self.method == "lookup":
+            return (LOOKUP,)
+        if self.method == "layerskip":
+            exit_layer = _first(self.draft_layer, rec.get("layerskip_exit"), default_verify_layer(L))
+            _check_layers(L, exit_layer)
+            return (exit_layer,)
+        d = _first(self.draft_layer, rec.get("draft"), default_draft_layer(L))
+        v = self.verify_layer
+        if v is None:
+            v = rec["verify"] if self.draft_layer is None and "verify" in rec else max(d + 1, default_verify_layer(L))
+        _check_layers(L, d, v)
+        return (LOOKUP, d, v) if policy == "auto" else (d, v)
+
+    @staticmethod
+    def describing(levels: tuple, method: str = "hispec") -> Preset:
+        """The preset a level list given as such is described by: its first two exact exits (the paper's
+        d and v) under the method's name (hispec for a list written as such), the list being what runs."""
+        exits = [x for x in levels if isinstance(x, int)]
+        return Preset(method, exits[0] if exits else None, exits[1] if len(exits) > 1 else None)
+
+
+def preset(method: str = "hispec", draft_layer: int | None = None, verify_layer: int | None = None,
+           draft_len: int | None = None, verify_threshold: int | None = None, max_new_tokens: int = 128,
+           **rest) -> DecodeConfig:
+    """A configuration in the paper's names (the page's sliders, the CLI's --draft-layer and the
+    like): the preset, with the lengths, the budget and any other field of DecodeConfig."""
+    return DecodeConfig(draft_len=draft_len, verify_threshold=verify_threshold, max_new_tokens=max_new_tokens,
+                        preset=Preset(method, draft_layer, verify_layer), **rest)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Settings of one generation. None means: the default for the list and model depth."""
+
+    # The level list, bottom first, the full model implied: e.g. ("lookup", 2, 4), (), ("lookup", "full@q4");
+    # None: the preset's list (the default preset: hispec at the model's recommended exits).
+    levels: tuple | None = None
+    policy: str = DEFAULT_POLICY  # auto: planned per round (hispec.engine.policy); fixed: the lengths below
+    draft_len: int | None = None  # tokens drafted per round at an exit (2; a single exit: 4)
+    verify_threshold: int | None = None  # tentative tokens that call the full model (4)
+    lookup_len: int = 8  # the lookup level proposes at most this many tokens per round
+    max_new_tokens: int = 128
+    stop_strings: tuple[str, ...] = ()
+    temperature: float = 0.0  # 0 = greedy (exactly the target's greedy output)
+    top_k: int = 0  # 0 = no top-k
+    top_p: float = 1.0  # 1 = no top-p
+    seed: int | None = None  # for reproducible sampling
+    preset: Preset | None = None  # where the list came from, in the paper's names (see `preset()`)
+    # Set by resolve: the depth this configuration was resolved for (the Decoder then takes it as it is).
+    # Not a field of replace(): a configuration changed after resolving is resolved (and checked) again.
+    resolved: int | None = field(default=None, init=False, compare=False, repr=False)
+    checked: bool = field(default=False, init=False, compare=False, repr=False)  # validate() passed (as resolved)
+
+    @property
+    def method(self) -> str:
+        """The method's name: the preset's (a list given as such is 'hispec')."""
+        return (self.preset or Preset()).method
+
+    def validate(self) -> None:
+        """Check every value that does not depend on the model (recorded: resolving checks it only once)."""
+        (self.preset or Preset()).validate()
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown policy '{self.policy}'; choose from {', '.join(POLICIES)}")
+        if not isinstance(self.lookup_len, int) or isinstance(self.lookup_len, bool) or self.lookup_len < 1:
+            raise ConfigError(f"lookup_len must be a whole number >= 1 (got {self.lookup_len!r})")
+        if self.levels is not None:
+            parse_levels(self.levels)
+        for name in ("draft_len", "verify_threshold", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(f"{name} must be a whole number (got {value!r})")
+        if self.max_new_tokens < 0:
+            raise ConfigError(f"max_new_tokens must be 0 or more (got {self.max_new_tokens})")
+        if self.verify_threshold is not None and self.verify_threshold < 1:
+            raise ConfigError(f"verify_threshold must be at least 1 (got {self.verify_threshold})")
+        if self.draft_len is not None and self.draft_len < 1:
+            raise ConfigError(f"draft_len must be at least 1 (got {self.draft_len})")
+        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature < math.inf:
+            raise ConfigError(f"temperature must be 0 (greedy) or a positive number (got {self.temperature!r})")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ConfigError(f"top_k must be 0 (off) or a positive whole number (got {self.top_k!r})")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p!r})")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+            raise ConfigError(f"seed must be a whole number >= 0 (got {self.seed!r})")
+        object.__setattr__(self, "checked", True)
+
+    def resolve(self, num_layers: int, recommended: dict | None = None) -> DecodeConfig:
+        """Fill the defaults for a model of `num_layers` layers and check every value, once: a
+        configuration already resolved for this depth is returned as it is.
+        `recommended`: the model's own settings (see `recommended_settings`), used for what is None."""
+        if self.resolved == num_layers and self.levels is not None:
+            return self
+        if not self.checked:
+            self.validate()
+        if self.policy == "auto" and self.temperature > 0 and self.seed is not None:
+            # A seed asks for a reproducible run; the auto policy's plans follow timings, which
+            # differ from run to run, and the draws follow the plans. Seeded sampling runs fixed rounds.
+            fixed = replace(self, policy="fixed")
+            object.__setattr__(fixed, "checked", True)  # checked above: the policy is all that changed
+            return fixed.resolve(num_layers, recommended)
+        L, rec = num_layers, recommended or {}
+        threshold = self.verify_threshold or rec.get("verify_threshold") or DEFAULT_VERIFY_THRESHOLD
+        if self.levels is not None:  # a list given as such: its exits are the layers
+            levels = parse_levels(self.levels)
+            build_levels(levels, L)  # checks the layers
+            described = Preset.describing(levels, (self.preset or Preset()).method)
+        else:
+            described = self.preset or Preset()
+            levels = described.levels(L, rec, self.policy)
+            exits = [x for x in levels if isinstance(x, int)]
+            described = replace(described, draft_layer=exits[0] if exits else None,
+                                verify_layer=exits[1] if len(exits) > 1 else None)
+        middle = [x for x in levels if x != LOOKUP]  # the levels below the full model that run layers
+        exits = [x for x in middle if isinstance(x, int)]
+        if not middle:
+            draft_len = None
+        elif described.method == "layerskip":
+            draft_len = _first(self.draft_len, rec.get("layerskip_draft_len"), self.verify_threshold,
+                               DEFAULT_VERIFY_THRESHOLD)
+        else:
+            draft_len = _first(self.draft_len, rec.get("draft_len") if len(exits) == 2 else
+                               rec.get("layerskip_draft_len"), DEFAULT_DRAFT_LEN)
+        out = replace(self, levels=levels, preset=described, draft_len=draft_len, verify_threshold=threshold)
+        object.__setattr__(out, "resolved", L)
+        object.__setattr__(out, "checked", True)
+        return out
+
+    def resolve_for(self, ee: EarlyExitModel) -> DecodeConfig:
+        """This configuration resolved for a loaded model: its depth and its trained exits'
+        recommended settings (the one constructor of a runnable configuration)."""
+        if self.resolved == ee.num_layers and self.levels is not None:
+            return self
+        return self.resolve(ee.num_layers, recommended_settings(ee))
+
+    def exit_layer(self, role: str) -> int | None:
+        """The exit layer of a role ("draft", "verify") in the resolved level list (None: none)."""
+        return exits_by_role(self.levels or ()).get(role)
+
+    def plain(self) -> DecodeConfig:
+        """Plain decoding with this run's budget and sampling: nothing of its levels (a 'plain' run
+        that kept the exit levels would still draft at them)."""
+        return replace(self, levels=None, preset=Preset("autoregressive"), draft_len=None, verify_threshold=None,
+                       policy="fixed")
+
+    def as_preset(self, method: str) -> DecodeConfig:
+        """The same budget and sampling under another preset, at the model's own layers and lengths."""
+        return replace(self, levels=None, preset=Preset(method), draft_len=None, verify_threshold=None)
+
+    def settings(self) -> dict:
+        """The resolved settings as the DoneEvent and the JSON report them: the levels and lengths, and
+        the preset that describes them (method, draft_layer, verify_layer)."""
+        described = self.preset or Preset()
+        out = {"method": described.method, "draft_layer": described.draft_layer,
+               "verify_layer": described.verify_layer}
+        for name in ("draft_len", "verify_threshold", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
+                     "levels", "policy", "lookup_len"):
+            out[name] = getattr(self, name)
+        return out
+
+
+def check_prompt(prompt_tokens: int, max_new_tokens: int, context_limit: int) -> None:
+    """A prompt of this many tokens, with this budget, fits the model's context."""
+    if not prompt_tokens:
+        raise ConfigError("the prompt is empty: give at least one token of text")
+    if prompt_tokens + max_new_tokens > context_limit:
+        raise ConfigError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                          f"context of {context_limit} tokens")
+
+
+def _first(*values):
+    return next(v for v in values if v is not None)
+
+
+def _check_layers(num_layers: int, *exits: int) -> None:
+    names = ("draft layer", "verify layer")
+    for name, layer in zip(names, exits):
+        if not 0 < layer < num_layers:
+            raise ConfigError(
+                f"{name} {layer} is impossible: this model has {num_layers} layers, "
+                f"so exits must satisfy 0 < draft layer < verify layer < {num_layers}"
+            )
+    if len(exits) == 2 and exits[0] >= exits[1]:
+        raise ConfigError(
+            f"draft layer {exits[0]} must be below verify layer {exits[1]} "
+            f"(0 < draft layer < verify layer < {num_layers})"
+        )
+
+
+def recommended_settings(ee: EarlyExitModel) -> dict:
+    """Settings recommended by the model's trained exits (their manifest's `default_layers`:
+    draft, verify, draft_len, verify_threshold, layerskip_exit, layerskip_draft_len), where valid."""
+    info = getattr(ee, "exit_info", None) or {}
+    rec = {k: v for k, v in (info.get("default_layers") or {}).items()
+           if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+    L = ee.num_layers
+    if not (0 < rec.get("draft", 0) < rec.get("verify", 0) < L):
+        rec.pop("draft", None), rec.pop("verify", None)
+    if not 0 < rec.get("layerskip_exit", 1) < L:
+        rec.pop("layerskip_exit")
+    return rec
