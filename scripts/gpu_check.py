@@ -6,7 +6,7 @@ methods on models built from configs (no downloads), written to one JSON report.
 
 Timings use models with random weights in the shapes of LayerSkip Llama3.2-1B and Llama2-7B.
 Random weights never agree across exits, so the acceptance decisions of those timing runs come
-from hispec.evaluation.timing_only: a clearly labelled TIMING-ONLY mode whose text is not the model's, with
+from hispec.runs.timing_only: a clearly labelled TIMING-ONLY mode whose text is not the model's, with
 fixed rates (SyntheticAcceptance) and with the pattern recorded from the default model's real
 generations (RecordedAcceptance, assets/gpu/acceptance_default_heldout.json). The figures show what
 the hierarchy saves at a given acceptance on real step costs.
@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hispec.engine.config import DecodeConfig, preset  # noqa: E402
 from hispec.model.early_exit import EarlyExitModel  # noqa: E402
-from hispec.evaluation.runner import run  # noqa: E402
-from hispec.evaluation.timing_only import RecordedAcceptance, SyntheticAcceptance  # noqa: E402
+from hispec.runs.runner import run  # noqa: E402
+from hispec.runs.timing_only import RecordedAcceptance, SyntheticAcceptance  # noqa: E402
 
 SHAPES = {
     # LayerSkip Llama3.2-1B / Llama2-7B shapes (random weights)

@@ -24,8 +24,8 @@ import gpu_check  # noqa: E402
 
 from hispec.engine.config import DecodeConfig, preset  # noqa: E402
 from hispec.model.early_exit import EarlyExitModel  # noqa: E402
-from hispec.evaluation.runner import run  # noqa: E402
-from hispec.evaluation.timing_only import SyntheticAcceptance  # noqa: E402
+from hispec.runs.runner import run  # noqa: E402
+from hispec.runs.timing_only import SyntheticAcceptance  # noqa: E402
 
 
 class Timed:

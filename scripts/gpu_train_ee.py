@@ -68,7 +68,7 @@ def cmd_prepare(args) -> int:
     from gguf_pack import pack_gguf
     from hispec.model.loading import default_gguf_path, default_model_folder, load_model
     from hispec.model.lora import model_fingerprint
-    from hispec.evaluation.prompts import load_sets
+    from hispec.data.prompts import load_sets
 
     torch.set_num_threads(args.threads)
     lm = load_model("default", device="cpu", dtype="float32", exits="none")

@@ -67,7 +67,7 @@ def serve(model: str, max_new: int, sessions: int):
 
     import app
     from hispec.engine.config import DecodeConfig, preset
-    from hispec.evaluation.runner import run
+    from hispec.runs.runner import run
     from hispec.model.loading import LoadedModel
     from hispec.serving.limits import Limits
     from hispec.serving.registry import ModelRegistry

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hispec.evaluation.record import run_record  # noqa: E402
 from hispec.evaluation.priors import exit_priors, lookup_priors, measure  # noqa: E402
-from hispec.evaluation.prompts import apply_split  # noqa: E402
+from hispec.data.prompts import apply_split  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
 

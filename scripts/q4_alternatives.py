@@ -3,7 +3,7 @@
 For the default model's two projection shapes (576 -> 1536 and 1536 -> 576), a product of x
 ([M, K], M = 1, 2, 4, 8, 16 rows) with a weight, through:
 
-- `hispec_q4_1`: this project's kernel on the GGUF's own Q4_1 blocks (hispec/model/q4_kernel.py);
+- `hispec_q4_1`: this project's kernel on the GGUF's own Q4_1 blocks (hispec/model/formats/q4_kernel.py);
 - `torch_int4pack`: PyTorch's int4 weight-only CPU kernel (aten._weight_int4pack_mm_for_cpu, groups
   of 32 with a scale and a zero point each: the file's blocks carried over, not bit for bit);
 - `torch_int8pack`: PyTorch's int8 weight-only kernel (aten._weight_int8pack_mm, one scale per
@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hispec.evaluation import host  # noqa: E402
-from hispec.model.q4 import quantize_q4_1  # noqa: E402
+from hispec.model.formats.q4 import quantize_q4_1  # noqa: E402
 
 ROWS = (1, 2, 4, 8, 16)
 SHAPES = ((1536, 576), (576, 1536))  # (out, in): gate/up, down

@@ -14,7 +14,7 @@ processes hits every route alike:
 - ``kernel_only`` (4-bit): the products' C kernel called straight from ctypes with the same shapes, so
   that "products" splits into the kernel's arithmetic and its Python wrapper.
 
-With the native layer (``HISPEC_Q4_NATIVE``, hispec/model/q4_layer.py) the 4-bit route is also timed
+With the native layer (``HISPEC_Q4_NATIVE``, hispec/model/formats/q4_layer.py) the 4-bit route is also timed
 through one native call per step, and its own phase clock (products, attention, norms/rotary/act, cache
 writes, measured inside the C++ by thread 0 at each phase's barrier) is recorded.
 
@@ -104,7 +104,7 @@ def split_step(lean, ee, hidden, cache, clock: Clock):
 
 def kernel_only_ms(lean, q_len: int, repeats: int) -> float:
     """The 4-bit products of one step (all layers and the LM head) through the C kernel only."""
-    from hispec.model import q4_kernel
+    from hispec.model.formats import q4_kernel
 
     lib, threads = q4_kernel.lib(), torch.get_num_threads()
     mats = [p.matrix for w in lean.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [lean.lm_head.matrix]
@@ -159,7 +159,7 @@ def main() -> int:
     report["context"] = len(context)
     native = None
     try:
-        from hispec.model import q4_layer
+        from hispec.model.formats import q4_layer
 
         native = q4_layer if q4_layer.unavailable_reason() is None else None
     except ImportError:

@@ -2,7 +2,7 @@
 
 Runs the default model with its trained exit heads on the held-out prompts, with the settings
 scripts/gpu_check.py times (layerskip: draft_len 4; hispec: draft_len 2, verify_threshold 4), and
-writes the runs of accepted tokens per stage (hispec.evaluation.timing_only.RecordedAcceptance) to one JSON
+writes the runs of accepted tokens per stage (hispec.runs.timing_only.RecordedAcceptance) to one JSON
 file. gpu_check.py replays them on models built from configs: the acceptance of a real, small
 early-exit setup on a GPU's step costs. The text such a replay writes is not the model's.
 
@@ -23,7 +23,7 @@ from hispec.engine.config import DecodeConfig, preset  # noqa: E402
 from hispec.engine.decoding import Decoder  # noqa: E402
 from hispec.evaluation.record import finish, run_record  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
-from hispec.evaluation.timing_only import RecordedAcceptance  # noqa: E402
+from hispec.runs.timing_only import RecordedAcceptance  # noqa: E402
 from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
 
 PATTERNS = {  # gpu_check.py's settings, at this model's exits

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hispec.engine.config import DecodeConfig, preset  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 from hispec.evaluation.record import finish, run_record  # noqa: E402
-from hispec.evaluation.runner import run  # noqa: E402
+from hispec.runs.runner import run  # noqa: E402
 from hispec.text import Detokenizer  # noqa: E402
 from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
 

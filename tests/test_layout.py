@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "model", "training", "evaluation", "serving", "cli")
+PACKAGES = ("engine", "model", "data", "runs", "training", "evaluation", "explain", "serving", "cli")
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def test_no_import_cycles(graph):
 # functions included); the engine names the model only for annotations. The shared basics
 # (hispec.errors, .text, .paths) import no sub-package and anyone may import them; ui/ and app.py
 # sit above everything, and nothing in hispec imports them.
-FLOORS = ("model", "engine", "evaluation", "serving", "training", "cli")
+FLOORS = ("model", "engine", "data", "runs", "evaluation", "explain", "serving", "training", "cli")
 BASICS = ("errors", "text", "paths")
 TYPING_ONLY = {("engine", "model")}
 
@@ -372,3 +372,32 @@ def test_the_ui_and_app_hold_no_threads_locks_or_timers(graph):
     bad = [imp for imp in found if (imp.source == "app" or imp.source.startswith("ui"))
            and imp.target.split(".")[0] in ("threading", "queue", "concurrent", "multiprocessing", "asyncio")]
     assert bad == [], bad
+
+
+# ---- sizes: rooms a maintainer can read ----------------------------------------------------
+def package_lines(root: Path = ROOT) -> dict[str, int]:
+    """Lines of each package's own modules (a sub-package counts apart), e.g. hispec.model, hispec.model.formats."""
+    out: dict[str, int] = {}
+    for path in (root / "hispec").rglob("*.py"):
+        package = ".".join(path.relative_to(root).parent.parts)
+        out[package] = out.get(package, 0) + len(path.read_text().splitlines())
+    return out
+
+
+def class_lines(path: Path, name: str) -> int:
+    node = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name)
+    return node.end_lineno - node.lineno + 1
+
+
+def test_no_package_over_2500_lines_and_the_decoder_reads_in_one_sitting(tmp_path):
+    sizes = package_lines()
+    assert {"hispec.evaluation", "hispec.runs", "hispec.explain", "hispec.model.formats"} <= set(sizes)
+    assert {k: v for k, v in sizes.items() if v > 2500} == {}, sizes
+    assert class_lines(ROOT / "hispec/engine/decoding.py", "Decoder") <= 220
+    # the checks are shown to catch what they check
+    (tmp_path / "hispec/big/sub").mkdir(parents=True)
+    (tmp_path / "hispec/big/a.py").write_text("x = 1\n" * 2000)
+    (tmp_path / "hispec/big/b.py").write_text("class Decoder:\n" + "    x = 1\n" * 300)
+    (tmp_path / "hispec/big/sub/c.py").write_text("x = 1\n" * 900)
+    assert package_lines(tmp_path) == {"hispec.big": 2301, "hispec.big.sub": 900}
+    assert class_lines(tmp_path / "hispec/big/b.py", "Decoder") == 301

@@ -1,4 +1,4 @@
-"""'What each exit believes': a layer x token grid of hispec.evaluation.beliefs.exit_beliefs's result.
+"""'What each exit believes': a layer x token grid of hispec.explain.beliefs.exit_beliefs's result.
 
 One row per exit (raw, trained, full model), one column per generated token; each cell is that
 exit's top-1 token there, green when it is the token the generation kept, red otherwise, with the

@@ -14,11 +14,11 @@ import gradio as gr
 from hispec.engine.events import event_from_dict
 from hispec.engine.levels import exits_by_role
 from hispec.errors import HiSpecError
-from hispec.evaluation import what_if as what_ifs
-from hispec.evaluation.replay import replay_from_dicts
-from hispec.evaluation.speed_model import measured_pairs
-from hispec.evaluation.why import speed_story
-from hispec.evaluation.trace import Trace
+from hispec.explain import what_if as what_ifs
+from hispec.runs.replay import replay_from_dicts
+from hispec.explain.speed_model import measured_pairs
+from hispec.explain.why import speed_story
+from hispec.runs.trace import Trace
 from hispec.serving.api import (BeliefsRequest, CompareRequest, CostsRequest, GenerateRequest, LoadRequest,
                                WhatIfRequest)
 from hispec.serving.answer import api_answer

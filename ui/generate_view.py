@@ -12,9 +12,9 @@ import time
 import gradio as gr
 
 from hispec.engine.events import Event
-from hispec.evaluation import what_if as what_ifs
-from hispec.evaluation.runner import LiveRun
-from hispec.evaluation.trace import Trace
+from hispec.explain import what_if as what_ifs
+from hispec.runs.runner import LiveRun
+from hispec.runs.trace import Trace
 from hispec.serving.answer import Generation
 from hispec.serving.updates import Ended, Output, Status
 from ui import charts, render
@@ -115,7 +115,7 @@ class WhatIfView:
 
     def __init__(self):
         self.take: what_ifs.TakeStarted | None = None
-        self.run = None  # the current take's synthetic run (evaluation.runner.LiveRun)
+        self.run = None  # the current take's synthetic run (runs.runner.LiveRun)
         self.plain: what_ifs.PlainTimed | None = None
         self.done: list[what_ifs.TakeDone] = []
 

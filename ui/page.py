@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import gradio as gr
 
 from hispec.evaluation import pairs
-from hispec.evaluation import what_if as what_ifs
-from hispec.evaluation.trace import Trace
+from hispec.explain import what_if as what_ifs
+from hispec.runs.trace import Trace
 from hispec.serving.api import MAX_REPEATS
 from ui import controls, labels, render, stepper, token_story
 

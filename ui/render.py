@@ -9,8 +9,8 @@ from hispec.engine.events import COMMITTED_STATES
 from hispec.engine.levels import levels_by_role
 from hispec.evaluation.bench import first_difference
 from hispec.evaluation import pairs
-from hispec.evaluation.metrics import pair_name, stats_rows
-from hispec.evaluation.trace import LEGEND, Trace, TraceToken
+from hispec.runs.metrics import pair_name, stats_rows
+from hispec.runs.trace import LEGEND, Trace, TraceToken
 from hispec.text import printable
 from ui.labels import level_words
 from ui.token_life import life
@@ -216,7 +216,7 @@ def what_if_tokens(tokens: str, rates: tuple[float, float]) -> str:
 
 def what_if_stats(s: dict, rates: tuple[float, float], plain=None, takes: list = (), of: int = 1) -> str:
     """A what-if run's speed against the plain run timed just before it, every row labelled.
-    `s`: the synthetic run's stats; `plain`: its take's plain run (evaluation.what_if.PlainTimed);
+    `s`: the synthetic run's stats; `plain`: its take's plain run (explain.what_if.PlainTimed);
     `takes`: the takes finished so far (TakeDone), of `of` asked for."""
     this = " (this take)" if of > 1 else ""
     rows = [(f"{SYNTHETIC}: tokens / s{this}", f"{s['tokens_per_s']:.2f}")]

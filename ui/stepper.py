@@ -1,5 +1,5 @@
 """The controls of "Step through the run": a round slider, Previous / Next, and Play on a timer.
-Plain functions of the replayed rounds (hispec.evaluation.replay) and the run kept by the page."""
+Plain functions of the replayed rounds (hispec.runs.replay) and the run kept by the page."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One replayed round (hispec.evaluation.replay) as numbered steps a student can follow.
+"""One replayed round (hispec.runs.replay) as numbered steps a student can follow.
 
 Tokens are coloured chips with the classes of ui/render.py (COLORS, the trace's LEGEND); model
 text is always escaped and shown with control characters made visible. Styles: assets/steps.css.

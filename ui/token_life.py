@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from hispec.engine.events import TokenState as S
-from hispec.evaluation.trace import TraceToken
+from hispec.runs.trace import TraceToken
 from ui.labels import level_words
 
 WHO = {"draft": "the draft exit (layer {d})", "verify": "the intermediate verifier (exit {v})",

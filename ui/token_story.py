@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 
 from hispec.engine.events import TokenState as S
-from hispec.evaluation.trace import Trace, TraceToken
+from hispec.runs.trace import Trace, TraceToken
 from hispec.text import printable
 from ui.labels import level_words
 from ui.render import roles_of

@@ -1,12 +1,12 @@
 """'Why this speed' as HTML: the run's measured speed, its plans, and the estimates beside them
-(hispec.evaluation.why.speed_story), every modelled figure labelled as an estimate."""
+(hispec.explain.why.speed_story), every modelled figure labelled as an estimate."""
 
 from __future__ import annotations
 
 import html
 
 from hispec.evaluation import pairs
-from hispec.evaluation.speed_model import RoundSettings
+from hispec.explain.speed_model import RoundSettings
 
 
 def _pct(x) -> str:

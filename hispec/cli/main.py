@@ -50,8 +50,8 @@ def parse_methods(text: str) -> list[str]:
 
 def cmd_generate(args) -> int:
     from hispec.cli.terminal import legend, render
-    from hispec.evaluation.prompts import load_sets
-    from hispec.evaluation.runner import run
+    from hispec.data.prompts import load_sets
+    from hispec.runs.runner import run
     from hispec.model.loading import load_model
     from hispec.text import Detokenizer
 
@@ -207,12 +207,12 @@ def _one_format(args) -> str:
     return formats[0]
 
 
-HELDOUT_SPECS = ("heldout", "heldout-tune", "heldout-report")  # see evaluation.prompts (the split)
+HELDOUT_SPECS = ("heldout", "heldout-tune", "heldout-report")  # see data.prompts (the split)
 
 
 def _bench_inputs(args, weights: str | None = None):
     """bench/sweep: the base settings (checked before the model loads), prompt sets and model."""
-    from hispec.evaluation.prompts import load_sets
+    from hispec.data.prompts import load_sets
     from hispec.model.loading import load_model
 
     if getattr(args, "levels", None):
@@ -239,7 +239,7 @@ def _bench_inputs(args, weights: str | None = None):
     if heldout:
         import random
 
-        from hispec.evaluation.prompts import apply_split
+        from hispec.data.prompts import apply_split
         from hispec.training.heads.prompts import heldout_prompts
 
         every = heldout_prompts(lm)
@@ -290,7 +290,7 @@ def cmd_sweep(args) -> int:
 
 def stats_table(result) -> str:
     """The run's stats on one line (the app shows the same rows as a table)."""
-    from hispec.evaluation.metrics import stats_rows
+    from hispec.runs.metrics import stats_rows
 
     rows = stats_rows(result.stats)
     head = f"-- {rows[0][1]} tokens in {rows[1][1]} = {rows[2][1]} tok/s"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hispec.evaluation.trace import LEGEND, Trace
+from hispec.runs.trace import LEGEND, Trace
 from hispec.text import printable
 
 _STYLE = {

@@ -23,7 +23,7 @@ class Judge:
         tokens, serials = stack.tokens[first:], stack.serials[first:]
         verdict = self.selector.judge(tokens, [self.ledger.proposal.get(s) for s in serials], logits, preds)
         key = "target" if stage == "target" else "verify"  # the timing-only judges' two stages
-        if self.timing_only is not None and tokens:  # the verdict comes from hispec.evaluation.timing_only
+        if self.timing_only is not None and tokens:  # the verdict comes from hispec.runs.timing_only
             n_ok = self.timing_only(key, len(tokens))
             row = preds if preds is not None else logits.argmax(-1).tolist()
             verdict = replace(verdict, accepted=n_ok, token=row[n_ok] if n_ok < len(row) else None)

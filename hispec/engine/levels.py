@@ -36,7 +36,7 @@ from hispec.errors import ConfigError
 
 LOOKUP, EXIT, FULL = "lookup", "exit", "full"
 # Cheaper formats of the same weights a level may run in (the exact format is the model's own: None).
-# q4: the GGUF file's own 4-bit blocks through the batch-invariant kernel (hispec/model/q4.py);
+# q4: the GGUF file's own 4-bit blocks through the batch-invariant kernel (hispec/model/formats/q4.py);
 # a8: the same blocks with int8 activations per block of 32 (the kernel's act8 products), cheaper still.
 # Listed from the most precise down: at equal depth a level above is never less precise than one below.
 PRECISIONS = ("q4", "a8")

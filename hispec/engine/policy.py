@@ -88,7 +88,7 @@ def expected_run(rate: float, k: float) -> float:
 
 
 # ---- expected committed tokens per second of one kind of round -----------------------------
-# The policy scores its candidates with these; evaluation.speed_model draws the same formulas
+# The policy scores its candidates with these; explain.speed_model draws the same formulas
 # as curves against acceptance (the app's "Why this speed").
 
 def plain_rate(c: CostModel, L: int) -> float:

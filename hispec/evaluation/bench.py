@@ -32,9 +32,9 @@ from hispec.engine.costs import CostModel
 from hispec.engine.config import METHODS, DecodeConfig, Preset, default_verify_layer, recommended_settings
 from hispec.engine.levels import LOOKUP, parse_method, split_level
 from hispec.errors import ConfigError
-from hispec.evaluation.prompts import Prompt
+from hispec.data.prompts import Prompt
 from hispec.evaluation.record import finish, run_record
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 from hispec.model.loading import LoadedModel
 from hispec.text import Detokenizer
 
@@ -309,7 +309,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
     if report["records"]:
         report["summary"] = summarise(report["records"], methods)
     if host:
-        from hispec.model.q4 import weight_bytes
+        from hispec.model.formats.q4 import weight_bytes
 
         host_info.finish(report["host"])
         formats = {split_weights(m)[1] for m in methods if split_weights(m)[1]} or {getattr(lm, "weights", "fp32")}

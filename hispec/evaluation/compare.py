@@ -16,7 +16,7 @@ from typing import Iterator
 
 from hispec.engine.config import DecodeConfig
 from hispec.evaluation import pairs as timed_pairs
-from hispec.evaluation.runner import plain_config
+from hispec.runs.runner import plain_config
 
 BASELINES = ("autoregressive", "layerskip")
 

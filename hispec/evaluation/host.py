@@ -62,7 +62,7 @@ def bandwidth(repeats: int = 7) -> dict:
 
 
 def describe(measure_bandwidth: bool = True) -> dict:
-    from hispec.model import q4_kernel
+    from hispec.model.formats import q4_kernel
 
     flags = cpu_flags()
     info = {"cpu": cpu_model(), "avx512": "avx512f" in flags, "flags": flags, "cpus": os.cpu_count(),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from hispec.engine.config import DecodeConfig
-from hispec.evaluation.runner import RunResult, timed_events
+from hispec.runs.runner import RunResult, timed_events
 from hispec.text import Detokenizer
 
 MIN_PAIRS = 3  # fewer pairs: "not enough to tell"

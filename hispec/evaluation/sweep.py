@@ -26,7 +26,7 @@ from hispec.engine.config import DecodeConfig, Preset, default_draft_layer, defa
 from hispec.errors import ConfigError
 from hispec.evaluation.bench import geomean, iqr, mean_or_none, run_one, warmup_ids
 from hispec.evaluation.record import finish, run_record
-from hispec.evaluation.prompts import Prompt
+from hispec.data.prompts import Prompt
 from hispec.model.loading import LoadedModel
 
 REFERENCE = "autoregressive"

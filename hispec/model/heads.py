@@ -134,7 +134,7 @@ class ExitHead(nn.Module):
         ids = torch.as_tensor(vocab_ids, dtype=torch.long).to(self._lm_head.weight.device)
         self.vocab_ids = ids
         if sub_weight is None:
-            matrix = getattr(self._lm_head, "matrix", None)  # a 4-bit LM head (model/q4.py): its own rows, 4-bit
+            matrix = getattr(self._lm_head, "matrix", None)  # a 4-bit LM head (model/formats/q4.py): its own rows, 4-bit
             sub_weight = matrix.take_rows(ids) if matrix is not None else self._lm_head.weight.detach()[ids].contiguous()
         self._sub_weight = sub_weight
         bias = getattr(self._lm_head, "bias", None)

@@ -57,7 +57,7 @@ class LeanPath:
         # layout is not covered; None runs kernel.decoder_layer (the reference route).
         self.native = None
         if getattr(ee.model, "hispec_weights", "fp32") == "q4":
-            from hispec.model import q4_layer
+            from hispec.model.formats import q4_layer
 
             if q4_layer.enabled_by_env() and q4_layer.support(self) is None:
                 self.native = q4_layer.NativeLayers(self)

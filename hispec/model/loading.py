@@ -45,7 +45,7 @@ class LoadedModel:
     dtype: str
     load_s: float
     source: str
-    weights: str = "fp32"  # fp32, or q4: the GGUF file's own 4-bit blocks (hispec/model/q4.py)
+    weights: str = "fp32"  # fp32, or q4: the GGUF file's own 4-bit blocks (hispec/model/formats/q4.py)
 
     @property
     def eos_ids(self) -> set[int]:
@@ -187,7 +187,7 @@ def load_model(
     """Load a model by one name, ready for the engine. Never runs remote code.
 
     `weights`: 'fp32' (the file dequantised to float32 once) or 'q4' (the default model's own GGUF
-    blocks, 4-bit layers and 8-bit embedding, through hispec/model/q4.py; CPU, float32 activations);
+    blocks, 4-bit layers and 8-bit embedding, through hispec/model/formats/q4.py; CPU, float32 activations);
     None reads $HISPEC_WEIGHTS (q4 there applies to the default model; other models load in float32),
     else fp32.
 
@@ -254,7 +254,7 @@ def load_model(
     if not device_map:
         model.to(device)
     if weights == "q4":
-        from hispec.model.q4 import load_gguf_weights
+        from hispec.model.formats.q4 import load_gguf_weights
 
         _say(progress, "Swapping the float32 weights for the GGUF file's own 4-bit blocks")
         load_gguf_weights(model, default_gguf_path(), cache_dir=source)  # blocks kept beside the conversion
@@ -289,7 +289,7 @@ def _offer_q4_levels(ee: EarlyExitModel, name: str, source: str, weights: str, d
         why = "4-bit levels run on the CPU (an x86 AVX2/AVX-512 kernel); this model is on " + device
 
     def build() -> EarlyExitModel:
-        from hispec.model.q4 import cached_gguf, q4_copy
+        from hispec.model.formats.q4 import cached_gguf, q4_copy
 
         return EarlyExitModel(q4_copy(ee.model, cached_gguf(default_gguf_path(), ee.model.config, source)))
 
@@ -309,7 +309,7 @@ def _offer_a8_levels(ee: EarlyExitModel, name: str, weights: str, device: str) -
         why = "a8 levels run on the CPU (an x86 AVX2/AVX-512 kernel); this model is on " + device
 
     def build() -> EarlyExitModel:
-        from hispec.model.q4_layer import a8_copy
+        from hispec.model.formats.q4_layer import a8_copy
 
         return a8_copy(ee if weights == "q4" else ee.in_format("q4"))
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator
 
 from hispec.engine.events import Event
 from hispec.errors import HiSpecError
-from hispec.evaluation.runner import LiveRun
+from hispec.runs.runner import LiveRun
 from hispec.serving.updates import Ended, Output, Status
 
 

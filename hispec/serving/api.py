@@ -31,9 +31,11 @@ from hispec.engine.events import DoneEvent
 from hispec.engine.levels import parse_levels
 from hispec.engine.policy import DEFAULT_POLICY, POLICIES
 from hispec.errors import ConfigError
-from hispec.evaluation import bench, compare as comparing, runner, what_if as what_ifs
-from hispec.evaluation.beliefs import exit_beliefs
-from hispec.evaluation.prompts import LOADERS, Prompt, load_sets
+from hispec.evaluation import bench, compare as comparing
+from hispec.runs import runner
+from hispec.explain import what_if as what_ifs
+from hispec.explain.beliefs import exit_beliefs
+from hispec.data.prompts import LOADERS, Prompt, load_sets
 from hispec.serving import inputs
 from hispec.serving.limits import Limits
 
@@ -323,7 +325,7 @@ class CostsRequest:
 
 @dataclass(frozen=True)
 class BeliefsRequest:
-    """What every exit predicted at every generated position of a finished run (evaluation.beliefs)."""
+    """What every exit predicted at every generated position of a finished run (explain.beliefs)."""
 
     model: str | None = None
     prompt_ids: tuple[int, ...] = ()

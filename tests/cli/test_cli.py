@@ -120,7 +120,7 @@ def test_sampling_flags_are_seeded_and_checked(folder, capsys):
 def test_ratio_table_warms_up_rotates_and_says_so(folder, capsys, monkeypatch):
     """generate --method a,b,c: a warm-up run of each method, then the order rotates from run to run;
     every run starts from one calibrated cost model; the table says how its ratios were taken."""
-    from hispec.evaluation import runner
+    from hispec.runs import runner
 
     order, starts = [], []
     real = runner.run

@@ -4,7 +4,7 @@ import pytest
 from helpers import EOS, ee_of, hf_greedy, tiny_model
 
 from hispec.engine.config import DecodeConfig, preset
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 
 SETTINGS = [
     dict(method="autoregressive"),

@@ -11,7 +11,7 @@ from hispec.engine.events import PolicyEvent, TokenEvent, TokenState
 from hispec.engine.levels import build_levels, parse_levels, parse_method
 from hispec.engine.lookup import LookupIndex
 from hispec.engine.policy import AutoPolicy, expected_run
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 
 LISTS = [(), ("lookup",), (3,), (2, 5), ("lookup", 4), ("lookup", 2, 5), ("lookup", 1, 7)]
 PROMPTS = [[5, 17, 33, 5, 17, 33, 5, 9, 41], [70]]
@@ -223,7 +223,7 @@ def test_cost_model_interpolates_what_it_measured():
 
 
 def test_summarize_set_is_real_documents_with_their_source():
-    from hispec.evaluation.prompts import load_sets
+    from hispec.data.prompts import load_sets
 
     docs = load_sets("summarize")["summarize"]
     assert len(docs) >= 20

@@ -93,7 +93,7 @@ def test_the_measurement_counts_what_the_full_model_accepted(tiny_loaded):
 
     from hispec.engine.events import TokenEvent, TokenState
     from hispec.evaluation import priors
-    from hispec.evaluation.prompts import Prompt
+    from hispec.data.prompts import Prompt
 
     sets = {"s": [Prompt("a", "abcabcabc abcabc", chat=False), Prompt("b", "hello there", chat=False)]}
     measured = priors.measure(tiny_loaded, sets, max_new_tokens=16)

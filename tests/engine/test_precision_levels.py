@@ -14,10 +14,10 @@ from hispec.engine.lanes import Lanes, lane_layout
 from hispec.engine.levels import build_levels, describe_spec, levels_by_role, parse_levels
 from hispec.engine.policy import Plan
 from hispec.errors import ConfigError
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 from hispec.model.early_exit import EarlyExitModel
 
-q4 = pytest.importorskip("hispec.model.q4")
+q4 = pytest.importorskip("hispec.model.formats.q4")
 if q4.q4_kernel.unavailable_reason():
     pytest.skip(f"no 4-bit kernel here: {q4.q4_kernel.unavailable_reason()}", allow_module_level=True)
 

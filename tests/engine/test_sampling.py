@@ -20,7 +20,7 @@ import hispec.engine.sampling as sampling
 from hispec.engine.config import DecodeConfig, preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 
 ALPHA = 0.001
 RUNS = 1600
@@ -232,10 +232,10 @@ PRECISION_LISTS = {"full@q4": ("full@q4",), "lookup+full@q4": ("lookup", "full@q
 
 
 def sample_precision_joint(model, name):
-    q4 = pytest.importorskip("hispec.model.q4")
+    q4 = pytest.importorskip("hispec.model.formats.q4")
     if q4.q4_kernel.unavailable_reason():
         pytest.skip(f"no 4-bit kernel here: {q4.q4_kernel.unavailable_reason()}")
-    from hispec.model import q4_layer
+    from hispec.model.formats import q4_layer
 
     ee = EarlyExitModel(model)
     ee.add_format("q4", lambda: EarlyExitModel(q4.q4_copy(model)))

@@ -7,7 +7,7 @@ from helpers import EOS, ee_of, hf_greedy, identity_layer_model
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import TokenEvent, TokenState
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 from hispec.text import Detokenizer
 
 METHODS = [preset("autoregressive"), preset("layerskip", draft_layer=2, draft_len=4, policy="fixed"),

@@ -12,7 +12,7 @@ from helpers import VOCAB, ee_of, identity_layer_model
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import TokenEvent
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 
 
 class StubHead(torch.nn.Module):

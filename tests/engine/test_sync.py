@@ -8,7 +8,7 @@ from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.decoding import Decoder
 from hispec.model.early_exit import EarlyExitModel
 from hispec.engine.events import RoundEvent, TokenEvent, TokenState
-from hispec.evaluation.metrics import StatsCollector
+from hispec.runs.metrics import StatsCollector
 
 SETTINGS = [
     preset("layerskip", draft_layer=3, draft_len=4, policy="fixed"),

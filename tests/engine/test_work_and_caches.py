@@ -50,7 +50,7 @@ def test_no_token_runs_through_a_layer_twice_and_caches_shrink_with_depth(tiny_l
 
 def test_stats_split_useful_and_wasted_work(tiny_llama):
     ee = ee_of(tiny_llama)
-    from hispec.evaluation.runner import run
+    from hispec.runs.runner import run
 
     r = run(ee, [3, 14, 15], preset("hispec", 2, 4, max_new_tokens=24, policy="fixed"))
     work = r.stats["layer_tokens"]
@@ -63,7 +63,7 @@ def test_stats_split_useful_and_wasted_work(tiny_llama):
 
 def test_stats_time_each_stages_layer_passes(tiny_llama):
     ee = ee_of(tiny_llama)
-    from hispec.evaluation.runner import run
+    from hispec.runs.runner import run
 
     passes = defaultdict(float)
 

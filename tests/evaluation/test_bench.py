@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from hispec.evaluation import prompts as prompt_sets
+from hispec.data import prompts as prompt_sets
 from hispec.evaluation.bench import benchmark, summarise
 from hispec.cli.main import main
 from hispec.engine.config import DecodeConfig, preset
 from hispec.errors import ConfigError
-from hispec.evaluation.prompts import Prompt, load_sets
+from hispec.data.prompts import Prompt, load_sets
 from hispec.evaluation.report import write_html
 
 METHODS = ["autoregressive", "hf_generate", "hf_early_exit", "layerskip", "hispec"]
@@ -241,7 +241,7 @@ def test_timing_starts_before_the_decoder_is_built(lm, monkeypatch):
 
     from hispec.engine.config import preset
     from hispec.engine.decoding import Decoder
-    from hispec.evaluation import runner
+    from hispec.runs import runner
 
     class SlowToBuild(Decoder):
         def __init__(self, *a, **kw):

@@ -8,8 +8,10 @@ import threading
 import pytest
 
 from hispec.engine.config import DecodeConfig, preset
-from hispec.evaluation import compare, pairs, runner, what_if
-from hispec.evaluation.runner import plain_config
+from hispec.evaluation import compare, pairs
+from hispec.runs import runner
+from hispec.explain import what_if
+from hispec.runs.runner import plain_config
 
 
 def test_a_range_is_never_narrower_than_the_noise_floor():

@@ -11,7 +11,7 @@ from hispec.evaluation import sweep as sweep_mod
 from hispec.cli.main import main
 from hispec.engine.config import DecodeConfig, preset
 from hispec.errors import ConfigError
-from hispec.evaluation.prompts import Prompt
+from hispec.data.prompts import Prompt
 from hispec.evaluation.report import sweep_figures, write_html
 from hispec.evaluation.sweep import Grid, build_grids, parse_values, resolve_grids, summarise_sweep, sweep
 

@@ -11,10 +11,10 @@ from helpers import ee_of, hf_greedy, tiny_model
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.levels import parse_levels
 from hispec.errors import ConfigError
-from hispec.evaluation.runner import run
-from hispec.model import q4_kernel, q4_layer
+from hispec.runs.runner import run
+from hispec.model.formats import q4_kernel, q4_layer
 from hispec.model.early_exit import EarlyExitModel
-from hispec.model.q4 import Q4_1, QuantizedMatrix, q4_copy, to_q4
+from hispec.model.formats.q4 import Q4_1, QuantizedMatrix, q4_copy, to_q4
 
 REASON = q4_kernel.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"4-bit kernel unavailable here: {REASON}")

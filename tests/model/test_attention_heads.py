@@ -11,7 +11,7 @@ from helpers import ee_of, hf_greedy, tiny_model
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.stack import StageStack
 from hispec.errors import ConfigError
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 from hispec.model.heads import ExitHead, load_heads, make_heads, save_heads
 from hispec.training.heads.data import frequent_tokens
 from hispec.training.heads.pipeline import run as train_run
@@ -175,7 +175,7 @@ def test_forced_text_is_extra_training_data_never_held_out():
 
 
 def test_sharegpt_dialogues_come_after_the_prompt_pool():
-    from hispec.evaluation.prompts import load_sharegpt, load_sharegpt_dialogues
+    from hispec.data.prompts import load_sharegpt, load_sharegpt_dialogues
 
     prompts = {p.text for p in load_sharegpt(pool=50)}
     dialogues = load_sharegpt_dialogues(5, skip=50)

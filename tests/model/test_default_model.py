@@ -8,7 +8,7 @@ from helpers import model_threads
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.model.loading import load_model
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 from hispec.text import Detokenizer
 
 pytestmark = pytest.mark.real_model
@@ -66,7 +66,7 @@ def test_recorded_acceptance_of_the_default_model_replays_its_own_verdicts(lm):
 
     from hispec.engine.config import preset
     from hispec.engine.decoding import Decoder
-    from hispec.evaluation.timing_only import RecordedAcceptance
+    from hispec.runs.timing_only import RecordedAcceptance
     from hispec.training.heads.prompts import heldout_prompts
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))

@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.model.early_exit import EarlyExitModel
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 
 
 @pytest.mark.parametrize("config", [preset("autoregressive"),

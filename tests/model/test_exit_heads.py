@@ -10,7 +10,7 @@ from helpers import ee_of, hf_greedy, save_tiny_folder, tiny_model
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.errors import ModelLoadError
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 from hispec.model.heads import (ExitHead, find_and_attach, load_heads, make_heads, model_identity, preferred_layers,
                                save_heads)
 from hispec.training.heads.data import collect, frequent_tokens

@@ -6,7 +6,7 @@ from helpers import tiny_model
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.model.early_exit import EarlyExitModel
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

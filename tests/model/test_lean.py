@@ -11,7 +11,7 @@ from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
 from hispec.model.lean import LeanPath
 from hispec.evaluation.profile import break_even
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 

@@ -1,4 +1,4 @@
-"""4-bit weights in the file's own formats (hispec/model/q4.py, csrc/q4_kernel.cpp): the kernel's
+"""4-bit weights in the file's own formats (hispec/model/formats/q4.py, csrc/q4_kernel.cpp): the kernel's
 products, its batch invariance on both builds (AVX-512 and AVX2), exactness of every method in 4-bit
 against 4-bit plain decoding, exit heads, GGUF reading (q/k rows back in transformers' order), the
 switch in load_model and the bench, and (real_model) the default model's own file."""
@@ -13,11 +13,11 @@ from helpers import hf_greedy, tiny_model
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.errors import ConfigError, ModelLoadError
-from hispec.evaluation.runner import run
-from hispec.model import q4_kernel
+from hispec.runs.runner import run
+from hispec.model.formats import q4_kernel
 from hispec.model.early_exit import EarlyExitModel
 from hispec.model.heads import make_heads
-from hispec.model.q4 import (Q4_1, Q8_0, Q4Linear, Q8Embedding, QuantizedMatrix, WeightView, cached_gguf, is_q4,
+from hispec.model.formats.q4 import (Q4_1, Q8_0, Q4Linear, Q8Embedding, QuantizedMatrix, WeightView, cached_gguf, is_q4,
                              quantize_q4_1, quantize_q8_0, read_gguf, to_q4, weight_bytes)
 
 REASON = q4_kernel.unavailable_reason()
@@ -265,7 +265,7 @@ def test_bench_runs_both_formats_side_by_side(tmp_path, monkeypatch):
 
     from hispec.evaluation import host
     from hispec.evaluation.bench import benchmark, check_methods, expand_weights
-    from hispec.evaluation.prompts import Prompt
+    from hispec.data.prompts import Prompt
     from hispec.model.loading import LoadedModel
 
     def loaded(model, weights):

@@ -1,4 +1,4 @@
-"""The 4-bit path's native route (hispec/model/q4_layer.py, hispec_q4_layers in csrc/q4_kernel.cpp): whole
+"""The 4-bit path's native route (hispec/model/formats/q4_layer.py, hispec_q4_layers in csrc/q4_kernel.cpp): whole
 layer ranges in one call. Against the Python route (kernel.decoder_layer on the same 4-bit products) within
 float32 rounding (different sums: never bit for bit); within itself bit for bit, whatever the rows of the
 pass, their place in it, the layer ranges, the threads, a cache grown mid-pass or a draft cut back; on both
@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from hispec.model import q4_kernel, q4_layer
+from hispec.model.formats import q4_kernel, q4_layer
 from hispec.model.early_exit import EarlyExitModel
-from hispec.model.q4 import to_q4
+from hispec.model.formats.q4 import to_q4
 
 REASON = q4_kernel.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"4-bit kernel unavailable here: {REASON}")

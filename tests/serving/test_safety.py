@@ -16,7 +16,7 @@ from helpers import EVIL, save_tiny_folder
 
 from hispec.cli.terminal import render
 from hispec.errors import ConfigError, HiSpecError, ModelLoadError
-from hispec.evaluation.trace import Trace
+from hispec.runs.trace import Trace
 from hispec.model.fits import check_fits
 from hispec.serving.api import GenerateRequest, LoadRequest
 from hispec.serving.caller import Caller, caller_of, client_address

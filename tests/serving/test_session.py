@@ -15,7 +15,7 @@ from helpers import EOS, char_tokenizer, tiny_model
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import DoneEvent
 from hispec.errors import HiSpecError
-from hispec.evaluation.runner import run
+from hispec.runs.runner import run
 from hispec.model.early_exit import EarlyExitModel
 from hispec.model.loading import LoadedModel
 from hispec.serving.api import BeliefsRequest, CompareRequest, CostsRequest, GenerateRequest

@@ -84,7 +84,7 @@ def test_extra_prompts_are_training_data_never_held_out():
 
 
 def test_sharegpt_questions_overlap_neither_the_pool_nor_the_forced_text():
-    from hispec.evaluation.prompts import SHAREGPT_POOL, load_sharegpt, load_sharegpt_dialogues, load_sharegpt_questions
+    from hispec.data.prompts import SHAREGPT_POOL, load_sharegpt, load_sharegpt_dialogues, load_sharegpt_questions
 
     pool = {p.text for p in load_sharegpt(pool=SHAREGPT_POOL)}
     forced = {user["content"] for user, _ in load_sharegpt_dialogues(30)}

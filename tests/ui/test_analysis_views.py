@@ -13,11 +13,12 @@ from helpers import tiny_server
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import DoneEvent, TokenEvent, event_from_dict
 from hispec.engine.events import TokenState as S
-from hispec.evaluation import published, runner
-from hispec.evaluation import what_if as what_ifs
-from hispec.evaluation.beliefs import exit_beliefs
-from hispec.evaluation.runner import run
-from hispec.evaluation.trace import Trace
+from hispec.evaluation import published
+from hispec.runs import runner
+from hispec.explain import what_if as what_ifs
+from hispec.explain.beliefs import exit_beliefs
+from hispec.runs.runner import run
+from hispec.runs.trace import Trace
 from hispec.serving.api import CompareRequest, WhatIfRequest
 from hispec.serving.caller import LOCAL
 from hispec.serving.updates import Output

@@ -12,8 +12,8 @@ from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import TokenEvent
 from hispec.engine.policy import DEFAULT_POLICY
 from hispec.errors import HiSpecError
-from hispec.evaluation.runner import run
-from hispec.evaluation.trace import LEGEND
+from hispec.runs.runner import run
+from hispec.runs.trace import LEGEND
 from hispec.serving.api import GenerateRequest
 from hispec.serving.caller import LOCAL
 from hispec.serving.jobs import Job
@@ -205,7 +205,7 @@ def test_a_difference_and_half_precision_are_named():
 
 def test_model_text_is_escaped_in_spans():
     from hispec.engine.events import TokenState
-    from hispec.evaluation.trace import Trace
+    from hispec.runs.trace import Trace
 
     trace = Trace()
     evil = '<script>alert(1)</script><img src=x onerror="alert(2)">\x1b[31m'

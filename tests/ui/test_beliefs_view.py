@@ -5,7 +5,7 @@ import re
 
 from helpers import EVIL, ee_of, hf_greedy, tiny_model
 
-from hispec.evaluation.beliefs import exit_beliefs
+from hispec.explain.beliefs import exit_beliefs
 from ui.beliefs_view import beliefs_html
 from ui.render import COLORS
 

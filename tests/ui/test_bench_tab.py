@@ -10,7 +10,7 @@ import pytest
 from helpers import tiny_registry, tiny_server
 
 from hispec.engine.config import DecodeConfig, preset
-from hispec.evaluation.prompts import Prompt
+from hispec.data.prompts import Prompt
 from hispec.evaluation.sweep import Grid, sweep
 from hispec.serving.api import BenchRequest
 from hispec.serving.caller import LOCAL, Caller

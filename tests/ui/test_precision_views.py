@@ -5,15 +5,15 @@ import pytest
 from helpers import ee_of, tiny_model
 
 from hispec.engine.config import DecodeConfig
-from hispec.evaluation.replay import replay_from_dicts
-from hispec.evaluation.runner import LiveRun, events as run_events
-from hispec.evaluation.trace import LEGEND
+from hispec.runs.replay import replay_from_dicts
+from hispec.runs.runner import LiveRun, events as run_events
+from hispec.runs.trace import LEGEND
 from hispec.model.early_exit import EarlyExitModel
 from ui import labels, render
 from ui.controller import page_request
 from ui.steps_view import round_html
 
-q4 = pytest.importorskip("hispec.model.q4")
+q4 = pytest.importorskip("hispec.model.formats.q4")
 if q4.q4_kernel.unavailable_reason():
     pytest.skip(f"no 4-bit kernel here: {q4.q4_kernel.unavailable_reason()}", allow_module_level=True)
 
@@ -72,9 +72,9 @@ def test_the_levels_box_reaches_the_request_for_hispec_only():
 def test_why_this_speed_explains_a_run_with_the_4bit_level_measured_only(run):
     """The plan table lists the 4-bit plans measured, with no estimate, and says why; nothing breaks on
     a kind such as 'lookup -> full@q4'."""
-    from hispec.evaluation.plans import plan_rows
-    from hispec.evaluation.speed_model import explain_plans, plan_settings
-    from hispec.evaluation.why import speed_story
+    from hispec.explain.plans import plan_rows
+    from hispec.explain.speed_model import explain_plans, plan_settings
+    from hispec.explain.why import speed_story
     from hispec.engine.costs import CostModel
     from ui.why_view import why_html
 

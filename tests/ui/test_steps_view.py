@@ -4,7 +4,7 @@ import re
 
 from hispec.engine.events import DoneEvent, PassEvent, RoundEvent, TokenEvent
 from hispec.engine.events import TokenState as S
-from hispec.evaluation.replay import replay
+from hispec.runs.replay import replay
 from ui.render import COLORS
 from ui.steps_view import cache_table_html, round_html, round_label
 

@@ -106,7 +106,7 @@ def _forced_data(lm, args, layers: list[int], identity: dict, say: Progress) -> 
     """Teacher-forced ShareGPT exchanges (--forced-text N), cached next to --data when given."""
     from pathlib import Path
 
-    from hispec.evaluation.prompts import load_sharegpt_dialogues
+    from hispec.data.prompts import load_sharegpt_dialogues
 
     if args.forced_max_tokens < 2:
         raise ConfigError(f"--forced-max-tokens must be at least 2 (got {args.forced_max_tokens})")
@@ -130,7 +130,7 @@ def _extra_data(lm, args, layers: list[int], identity: dict, say: Progress) -> T
     """Teacher generations for --extra-prompts N more ShareGPT questions, cached next to --data."""
     from pathlib import Path
 
-    from hispec.evaluation.prompts import load_sharegpt_questions
+    from hispec.data.prompts import load_sharegpt_questions
 
     prompts = [ids for ids in (lm.encode(p.text, chat=p.chat)
                                for p in load_sharegpt_questions(args.extra_prompts, args.forced_text))

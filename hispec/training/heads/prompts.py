@@ -9,7 +9,7 @@ from hispec.training.heads.data import split_prompts
 
 def usable_prompts(lm, spec: str, max_prompt_tokens: int, seed: int) -> list[tuple[str, object, list[int]]]:
     """(set name, prompt, token ids) of the prompts train-exits uses, in its order."""
-    from hispec.evaluation.prompts import load_sets
+    from hispec.data.prompts import load_sets
 
     out = []
     for name, prompts in load_sets(spec, seed=seed).items():

@@ -107,7 +107,7 @@ def config_from_args(args) -> TrainConfig:
 def build_data(lm, spec: str, heldout: int, max_prompt_tokens: int, max_new_tokens: int, gen_batch: int,
                seed: int, log: Callable[[str], None]) -> dict:
     """Prompts from prompt sets -> tokenized split -> the original model's greedy continuations."""
-    from hispec.evaluation.prompts import load_sets
+    from hispec.data.prompts import load_sets
     from hispec.training.layerskip.data import generate_continuations, tokenize_prompts
 
     prompts = [p for ps in load_sets(spec, seed=seed).values() for p in ps]

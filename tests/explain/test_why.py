@@ -1,5 +1,5 @@
 """'Why this speed' from a run's own events: plan by plan, the measured ratio beside the estimates,
-and the differences named (hispec.evaluation.plans, hispec.evaluation.why)."""
+and the differences named (hispec.explain.plans, hispec.explain.why)."""
 
 import pytest
 from helpers import tiny_model
@@ -7,10 +7,10 @@ from test_speed_model import flat_costs
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.events import event_to_dict
-from hispec.evaluation.plans import fixed_kind, plan_rows
-from hispec.evaluation.runner import run
-from hispec.evaluation.speed_model import RoundSettings, SpeedModel
-from hispec.evaluation.why import speed_story
+from hispec.explain.plans import fixed_kind, plan_rows
+from hispec.runs.runner import run
+from hispec.explain.speed_model import RoundSettings, SpeedModel
+from hispec.explain.why import speed_story
 from hispec.model.early_exit import EarlyExitModel
 
 

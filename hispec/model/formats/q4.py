@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hispec.model import q4_kernel
+from hispec.model.formats import q4_kernel
 
 QK = 32  # weights per block, both formats
 Q4_1, Q8_0 = "Q4_1", "Q8_0"

@@ -12,7 +12,7 @@ from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.decoding import decode
 from hispec.engine.events import DoneEvent, PassEvent, RoundEvent, TokenEvent, event_from_dict, event_to_dict
 from hispec.engine.events import TokenState as S
-from hispec.evaluation.replay import replay, replay_from_dicts
+from hispec.runs.replay import replay, replay_from_dicts
 
 PROMPT = [3, 14, 15, 92, 65, 3, 14, 15]  # repeats itself: the lookup level finds matches
 CASES = {

@@ -3,7 +3,7 @@ it plan by plan, in numbers a reader can check against each other.
 
     measured      the ratio of pairs of runs (this method, plain decoding) on the same prompt and
                   length, timed alike (evaluation.compare.vs_plain): the fact
-    plans         each plan that ran (evaluation.plans): rounds, tokens, share of the time, its
+    plans         each plan that ran (explain.plans): rounds, tokens, share of the time, its
                   acceptance, its measured speed, the cost model's prediction at that acceptance
                   (an estimate, with the range the acceptance's 90% interval gives) and its own
                   break-even acceptance
@@ -24,8 +24,8 @@ import statistics
 from hispec.engine.costs import CostModel
 from hispec.engine.events import event_from_dict
 from hispec.engine.policy import plain_rate
-from hispec.evaluation.plans import plan_rows
-from hispec.evaluation.speed_model import (
+from hispec.explain.plans import plan_rows
+from hispec.explain.speed_model import (
     RoundSettings,
     SpeedModel,
     acceptance_interval,

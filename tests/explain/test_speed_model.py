@@ -5,7 +5,7 @@ import pytest
 
 from hispec.engine.costs import CostModel
 from hispec.engine.policy import AutoPolicy
-from hispec.evaluation.speed_model import RoundSettings, SpeedModel
+from hispec.explain.speed_model import RoundSettings, SpeedModel
 
 
 def flat_costs(layer=1.0, head=0.0) -> CostModel:

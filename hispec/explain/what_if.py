@@ -1,7 +1,7 @@
 """What if the exits were better: the real engine with TIMING ONLY verdicts, against plain decoding.
 
 Each take is a pair run back to back on the same prompt: a real plain run, then a run of the chosen
-fixed plan whose verdicts are drawn at the asked acceptance (evaluation.timing_only). Both ignore
+fixed plan whose verdicts are drawn at the asked acceptance (runs.timing_only). Both ignore
 end-of-text and run the whole budget, so the two are the same length, and both are timed by the one
 helper of every comparison (evaluation.pairs: set-up and prefill included in both). The synthetic run's text is NOT the model's; its events say so
 (settings' `timing_only`), and every view labels them. Takes give a median and a range.
@@ -16,8 +16,8 @@ from typing import Iterator
 
 from hispec.engine.config import DecodeConfig
 from hispec.evaluation import pairs
-from hispec.evaluation.runner import RunResult, plain_config
-from hispec.evaluation.timing_only import SyntheticAcceptance
+from hispec.runs.runner import RunResult, plain_config
+from hispec.runs.timing_only import SyntheticAcceptance
 
 DEFAULT_TAKES = 3
 MAX_TAKES = 5

@@ -10,8 +10,8 @@ from typing import Callable, Generator, Iterable, Iterator
 from hispec.engine.config import DecodeConfig
 from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, Event, event_to_dict
-from hispec.evaluation.metrics import StatsCollector
-from hispec.evaluation.trace import Trace
+from hispec.runs.metrics import StatsCollector
+from hispec.runs.trace import Trace
 from hispec.model.early_exit import EarlyExitModel
 from hispec.text import Detokenizer
 
@@ -40,7 +40,7 @@ def run(
     detok: Detokenizer | None = None,
     on_event: Callable[[Event], None] | None = None,
     stop: threading.Event | None = None,
-    judge: Callable[[str, int], int] | None = None,  # TIMING ONLY (hispec.evaluation.timing_only)
+    judge: Callable[[str, int], int] | None = None,  # TIMING ONLY (hispec.runs.timing_only)
 ) -> RunResult:
     """One generation, timed from before its decoder is built (timed_events)."""
     events_of = timed_events(ee, prompt_ids, config, eos_ids, detok, stop, judge)

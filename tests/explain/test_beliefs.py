@@ -1,4 +1,4 @@
-"""What each exit believes (hispec/evaluation/beliefs.py): one pass over a finished generation,
+"""What each exit believes (hispec/explain/beliefs.py): one pass over a finished generation,
 every exit's top candidates at the positions that predicted each generated token."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from helpers import char_tokenizer, ee_of, hf_greedy, tiny_model
 
 from hispec.errors import ConfigError, HiSpecError
-from hispec.evaluation.beliefs import exit_beliefs
+from hispec.explain.beliefs import exit_beliefs
 from hispec.model.cache import LayerKVCache
 from hispec.model.heads import make_heads
 

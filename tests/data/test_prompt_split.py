@@ -4,7 +4,7 @@ and used by name in --prompts."""
 import pytest
 
 from hispec.errors import ConfigError
-from hispec.evaluation.prompts import Prompt, SPLIT_RULE, apply_split, load_split, make_split, split_ids
+from hispec.data.prompts import Prompt, SPLIT_RULE, apply_split, load_split, make_split, split_ids
 
 
 def test_the_shipped_split_follows_its_rule():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hispec.engine.events import TokenEvent
 from hispec.engine.events import TokenState as S
-from hispec.evaluation.metrics import StatsCollector, stats_rows
+from hispec.runs.metrics import StatsCollector, stats_rows
 
 
 def tok(state, serial, index, round_, origin="draft", stage="target"):

@@ -86,9 +86,9 @@ def measured_pairs(acceptance: dict, method: str) -> tuple[float | None, float |
     return None, None
 
 
-# ---- a run plan by plan (evaluation.plans), measured and predicted ------------------------------
+# ---- a run plan by plan (explain.plans), measured and predicted ------------------------------
 def plan_settings(kind: str, draft_len: int, verify_at: int) -> RoundSettings | None:
-    """The fixed round a plan kind of evaluation.plans stands for; None for a plan with a level in a cheaper
+    """The fixed round a plan kind of explain.plans stands for; None for a plan with a level in a cheaper
     format ('full@q4', 'lookup -> full@q4'): this model has the exact format's costs only, so such a plan is
     measured, not estimated."""
     if "@" in kind:
@@ -111,7 +111,7 @@ def plan_acceptance(acceptance: dict) -> tuple[float | None, float | None]:
 
 
 def explain_plans(rows, costs: CostModel, num_layers: int, plain_tokens_per_s: float | None = None) -> list[dict]:
-    """Each plan that ran (evaluation.plans.PlanRow) with the cost model's figures at its measured
+    """Each plan that ran (explain.plans.PlanRow) with the cost model's figures at its measured
     acceptance: predicted speedup over a plain step, its break-even acceptance, and the predicted
     tokens/s once the model's plain step is calibrated to the measured plain runs
     (`plain_tokens_per_s`; None: the cost model's own plain step)."""

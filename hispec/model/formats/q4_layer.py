@@ -27,8 +27,8 @@ import os
 import torch
 from torch import nn
 
-from hispec.model import q4_kernel
-from hispec.model.q4 import Q4_1, Q4Projection
+from hispec.model.formats import q4_kernel
+from hispec.model.formats.q4 import Q4_1, Q4Projection
 
 _p, _i64, _f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 

@@ -9,8 +9,8 @@ from helpers import tiny_model
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.decoding import Decoder
 from hispec.model.early_exit import EarlyExitModel
-from hispec.evaluation.runner import run
-from hispec.evaluation.timing_only import RecordedAcceptance, SyntheticAcceptance
+from hispec.runs.runner import run
+from hispec.runs.timing_only import RecordedAcceptance, SyntheticAcceptance
 
 
 def test_synthetic_rates_one_and_zero_and_a_seeded_middle():

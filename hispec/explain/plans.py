@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from hispec.engine.events import DoneEvent, Event, PolicyEvent, RoundEvent, TokenEvent
 from hispec.engine.levels import levels_by_role
-from hispec.evaluation.metrics import StatsCollector
+from hispec.runs.metrics import StatsCollector
 
 PLAIN = "plain"
 

@@ -36,7 +36,7 @@ import torch
 from hispec.errors import ModelLoadError
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "q4_kernel.cpp"
-REPO_BUILD = Path(__file__).resolve().parents[2] / ".build"
+REPO_BUILD = Path(__file__).resolve().parents[3] / ".build"
 ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
