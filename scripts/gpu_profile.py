@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpu_check  # noqa: E402
 
-from hispec.engine.config import DecodeConfig, preset  # noqa: E402
+from hispec.engine.config import preset  # noqa: E402
 from hispec.model.early_exit import EarlyExitModel  # noqa: E402
 from hispec.runs.runner import run  # noqa: E402
 from hispec.runs.timing_only import SyntheticAcceptance  # noqa: E402

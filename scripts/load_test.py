@@ -66,12 +66,11 @@ def serve(model: str, max_new: int, sessions: int):
     import torch
 
     import app
-    from hispec.engine.config import DecodeConfig, preset
-    from hispec.runs.runner import run
+    from hispec.engine.config import preset
+    from hispec.runs.runner import run_loaded
     from hispec.model.loading import LoadedModel
     from hispec.serving.limits import Limits
     from hispec.serving.registry import ModelRegistry
-    from hispec.text import Detokenizer
 
     if model == "tiny":
         from helpers import EOS, char_tokenizer, tiny_model
@@ -90,8 +89,7 @@ def serve(model: str, max_new: int, sessions: int):
     limits = Limits(rate_per_minute=0, global_rate_per_minute=0, queue_size=4 * sessions, max_seconds=3600,
                     allowed_models=(model,))
     config = preset("autoregressive", max_new_tokens=max_new, policy="fixed")
-    expected = {p: run(lm.ee, lm.encode(p), config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer)).token_ids
-                for p in PROMPTS}
+    expected = {p: run_loaded(lm, lm.encode(p), config).token_ids for p in PROMPTS}
     demo = app.build(app.serve(registry, model, limits), [model])
     demo.queue(max_size=8 * sessions, default_concurrency_limit=None).launch(
         prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **app.launch_kwargs())

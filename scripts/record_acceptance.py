@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hispec.engine.config import DecodeConfig, preset  # noqa: E402
-from hispec.engine.decoding import Decoder  # noqa: E402
+from hispec.runs.runner import decoder_for  # noqa: E402
 from hispec.evaluation.record import finish, run_record  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 from hispec.runs.timing_only import RecordedAcceptance  # noqa: E402
@@ -37,7 +37,7 @@ def record(lm, prompts, config: DecodeConfig) -> tuple[dict[str, list[int]], int
     runs: dict[str, list[int]] = {"verify": [], "target": []}
     tokens = 0
     for prompt in prompts:
-        decoder = Decoder(lm.ee, lm.encode(prompt.text, chat=prompt.chat), config, eos_ids=lm.eos_ids)
+        decoder = decoder_for(lm, lm.encode(prompt.text, chat=prompt.chat), config)
         done = list(decoder.events())[-1]
         tokens += len(done.token_ids)
         for stage, stage_runs in RecordedAcceptance.runs_from(decoder.decisions).items():

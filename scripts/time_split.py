@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.engine.config import DecodeConfig, preset  # noqa: E402
+from hispec.engine.config import preset  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 from hispec.evaluation.record import finish, run_record  # noqa: E402
 from hispec.runs.runner import run  # noqa: E402

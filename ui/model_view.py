@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import NamedTuple
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 
 
 def _pct(value) -> str:

@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 
 from hispec.cli.parsers import build_parser
-from hispec.engine.config import DecodeConfig, METHODS, preset
+from hispec.engine.config import METHODS, preset
 from hispec.engine.levels import parse_method
 from hispec.engine.policy import DEFAULT_POLICY
 from hispec.errors import HiSpecError
@@ -51,7 +51,7 @@ def parse_methods(text: str) -> list[str]:
 def cmd_generate(args) -> int:
     from hispec.cli.terminal import legend, render
     from hispec.data.prompts import load_sets
-    from hispec.runs.runner import run
+    from hispec.runs.runner import run_loaded
     from hispec.model.loading import load_model
     from hispec.text import Detokenizer
 
@@ -94,8 +94,7 @@ def cmd_generate(args) -> int:
         first = lm.encode(prompts[0]["prompt"], chat=prompts[0]["chat"])
         for method in methods:  # untimed, unprinted
             costs.restore(lm)
-            run(lm.ee, first, replace(configs[method], max_new_tokens=min(8, args.max_new_tokens)),
-                eos_ids=lm.eos_ids, detok=detok)
+            run_loaded(lm, first, replace(configs[method], max_new_tokens=min(8, args.max_new_tokens)), detok)
     for n, p in enumerate(prompts):
         ids = lm.encode(p["prompt"], chat=p["chat"])
         runs: dict[str, list] = {m: [] for m in methods}
@@ -104,7 +103,7 @@ def cmd_generate(args) -> int:
             for method in methods[k:] + methods[:k]:  # rotated from run to run: drift hits all alike
                 if costs is not None:
                     costs.restore(lm)
-                result = run(lm.ee, ids, configs[method], eos_ids=lm.eos_ids, detok=detok)
+                result = run_loaded(lm, ids, configs[method], detok)
                 result.method = method  # the name as written (e.g. hispec/fixed)
                 runs[method].append(result)
         for method in methods:  # printed in the order given

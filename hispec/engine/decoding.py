@@ -33,7 +33,7 @@ from hispec.engine.judging import Judge
 from hispec.engine.lookup import LookupIndex
 from hispec.engine.policy import Plan, Policy, make_policy
 from hispec.engine.priors import acceptance_priors
-from hispec.engine.sampling import PointMass, SamplingParams, Selector, Verdict
+from hispec.engine.sampling import SamplingParams, Selector, Verdict
 from hispec.text import Detokenizer
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hispec.engine.config import DecodeConfig, preset
-from hispec.engine.decoding import Decoder
+from hispec.runs.runner import decoder_for
 from hispec.text import Detokenizer
 
 def _configs(lm, formats: tuple[str, ...] = (), exact: bool = True, full_only: bool = False) -> dict[str, DecodeConfig]:
@@ -54,8 +54,7 @@ def measure(lm, sets: dict, max_new_tokens: int = 128, progress=None, formats: t
     for i, (set_name, p) in enumerate(prompts):
         ids = lm.encode(p.text, chat=p.chat)
         for name, config in configs.items():
-            decoder = Decoder(lm.ee, ids, replace(config, max_new_tokens=max_new_tokens), eos_ids=lm.eos_ids,
-                              detok=detok)
+            decoder = decoder_for(lm, ids, replace(config, max_new_tokens=max_new_tokens), detok=detok)
             pairs = counts[name]
 
             def record(holder: str, judge: str, accepted: bool, pairs=pairs) -> None:

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from hispec.model.cache import LayerKVCache
-from hispec.engine.config import DecodeConfig, default_draft_layer, preset
+from hispec.engine.config import default_draft_layer, preset
 
 COUNTS = (1, 2, 4, 8, 16)
 FILLER = ("Speculative decoding drafts a few tokens cheaply and checks them with the full model in one "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Generator, Iterable, Iterator
 
 from hispec.engine.config import DecodeConfig
@@ -93,9 +93,20 @@ def events(lm, prompt_ids: list[int], config: DecodeConfig, stop: threading.Even
     served request streams. The decoder is built here, in the worker that runs it: its set-up may
     time the model (the adaptive policy's cost model), which must happen in the model's turn.
     `eos_ids`: None stops at the model's own end-of-text tokens; () never stops early."""
-    decoder = Decoder(lm.ee, prompt_ids, config, eos_ids=lm.eos_ids if eos_ids is None else eos_ids,
-                      detok=Detokenizer(lm.tokenizer), stop=stop, judge=judge)
-    yield from decoder.events()
+    yield from decoder_for(lm, prompt_ids, config, eos_ids=eos_ids, stop=stop, judge=judge).events()
+
+
+def decoder_for(lm, prompt_ids: list[int], config: DecodeConfig, eos_ids: Iterable[int] | None = None,
+                detok: Detokenizer | None = None, **kwargs) -> Decoder:
+    """The Decoder of one generation of a loaded model, which binds its layers, its tokenizer (the
+    detokenizer) and its end-of-text ids (None: the model's own; () never stops early) here, once."""
+    return Decoder(lm.ee, prompt_ids, config, eos_ids=lm.eos_ids if eos_ids is None else eos_ids,
+                   detok=detok or Detokenizer(lm.tokenizer), **kwargs)
+
+
+def run_loaded(lm, prompt_ids: list[int], config: DecodeConfig, detok: Detokenizer | None = None) -> RunResult:
+    """`run` on a loaded model: its layers, detokenizer and end-of-text ids bound (see decoder_for)."""
+    return run(lm.ee, prompt_ids, config, eos_ids=lm.eos_ids, detok=detok or Detokenizer(lm.tokenizer))
 
 
 class LiveRun:

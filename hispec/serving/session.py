@@ -40,7 +40,6 @@ from typing import Callable, Iterable, Iterator
 from hispec.engine.events import DoneEvent
 from hispec.engine.gate import gated
 from hispec.errors import HiSpecError
-from hispec.model.loading import LoadedModel
 from hispec.serving.caller import Caller, caller_of
 from hispec.serving.jobs import LEFT, STOPPED, TIME_LIMIT, Job, Jobs
 from hispec.serving.limits import Limits

@@ -3,7 +3,7 @@
 import pytest
 from helpers import ee_of, tiny_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.decoding import Decoder
 from hispec.errors import ConfigError, ModelLoadError
 from hispec.model.loading import load_model

@@ -3,7 +3,7 @@
 import pytest
 from helpers import EOS, ee_of, hf_greedy, tiny_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.runs.runner import run
 
 SETTINGS = [

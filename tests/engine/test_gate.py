@@ -5,7 +5,7 @@ import time
 
 from helpers import ee_of, hf_greedy
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.decoding import decode
 from hispec.engine.events import DoneEvent, RoundEvent
 from hispec.engine.gate import gated

@@ -8,7 +8,7 @@ import pytest
 from helpers import tiny_model
 
 from hispec.engine import policy
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.decoding import Decoder
 from hispec.engine.levels import build_levels
 from hispec.model.early_exit import EarlyExitModel

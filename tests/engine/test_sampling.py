@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 import hispec.engine.sampling as sampling
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
 from hispec.runs.runner import run

@@ -5,7 +5,7 @@ import threading
 import pytest
 from helpers import EOS, ee_of, hf_greedy, identity_layer_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.events import TokenEvent, TokenState
 from hispec.runs.runner import run
 from hispec.text import Detokenizer

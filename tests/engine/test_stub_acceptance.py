@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import VOCAB, ee_of, identity_layer_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.events import TokenEvent
 from hispec.runs.runner import run
 

@@ -4,7 +4,7 @@ and one host-device transfer per verification decision instead of one per drafte
 import pytest
 from helpers import EOS, hf_greedy, tiny_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.decoding import Decoder
 from hispec.model.early_exit import EarlyExitModel
 from hispec.engine.events import RoundEvent, TokenEvent, TokenState

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import ee_of
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.decoding import Decoder
 from hispec.engine.events import COMMITTED_STATES, PassEvent, RoundEvent, TokenEvent
 from hispec.engine.stack import StageStack

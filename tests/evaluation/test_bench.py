@@ -8,7 +8,7 @@ import pytest
 from hispec.data import prompts as prompt_sets
 from hispec.evaluation.bench import benchmark, summarise
 from hispec.cli.main import main
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.errors import ConfigError
 from hispec.data.prompts import Prompt, load_sets
 from hispec.evaluation.report import write_html

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.evaluation import compare, pairs
 from hispec.runs import runner
 from hispec.explain import what_if

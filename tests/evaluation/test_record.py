@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.policy import PRIOR_WEIGHT, UNKNOWN_PRIOR
 from hispec.evaluation import record
 from hispec.evaluation.profile import profile

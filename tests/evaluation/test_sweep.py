@@ -9,7 +9,7 @@ from helpers import save_tiny_folder
 
 from hispec.evaluation import sweep as sweep_mod
 from hispec.cli.main import main
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.errors import ConfigError
 from hispec.data.prompts import Prompt
 from hispec.evaluation.report import sweep_figures, write_html

@@ -5,7 +5,7 @@ import pytest
 from helpers import tiny_model
 from test_speed_model import flat_costs
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.events import event_to_dict
 from hispec.explain.plans import fixed_kind, plan_rows
 from hispec.runs.runner import run

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import ee_of, hf_greedy, tiny_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.levels import parse_levels
 from hispec.errors import ConfigError
 from hispec.runs.runner import run

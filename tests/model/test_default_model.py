@@ -6,7 +6,7 @@ import torch
 
 from helpers import model_threads
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.model.loading import load_model
 from hispec.runs.runner import run
 from hispec.text import Detokenizer

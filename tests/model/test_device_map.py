@@ -5,7 +5,7 @@ import pytest
 from helpers import hf_greedy, save_tiny_folder
 from transformers import AutoModelForCausalLM
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.runs.runner import run
 

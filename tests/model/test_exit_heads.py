@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import ee_of, hf_greedy, save_tiny_folder, tiny_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.errors import ModelLoadError
 from hispec.runs.runner import run
 from hispec.model.heads import (ExitHead, find_and_attach, load_heads, make_heads, model_identity, preferred_layers,

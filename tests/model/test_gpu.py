@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.runs.runner import run
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import hf_greedy, tiny_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, PassEvent, RoundEvent, TokenEvent
 from hispec.errors import ConfigError

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import hf_greedy, save_tiny_folder, tiny_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.errors import ConfigError
 from hispec.model.lean import LeanPath

@@ -8,7 +8,7 @@ import threading
 import pytest
 from helpers import ee_of
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.decoding import decode
 from hispec.engine.events import DoneEvent, PassEvent, RoundEvent, TokenEvent, event_from_dict, event_to_dict
 from hispec.engine.events import TokenState as S

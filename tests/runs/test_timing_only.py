@@ -6,7 +6,7 @@ import json
 import pytest
 from helpers import tiny_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.decoding import Decoder
 from hispec.model.early_exit import EarlyExitModel
 from hispec.runs.runner import run

@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers import EOS, char_tokenizer, tiny_model
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.events import DoneEvent
 from hispec.errors import HiSpecError
 from hispec.runs.runner import run

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import tiny_server
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.engine.events import DoneEvent, TokenEvent, event_from_dict
 from hispec.engine.events import TokenState as S
 from hispec.evaluation import published

@@ -25,7 +25,7 @@ from hispec.model.loading import LoadedModel  # noqa: E402
 from hispec.engine.events import event_from_dict  # noqa: E402
 from hispec.runs.runner import run  # noqa: E402
 from hispec.runs.trace import Trace  # noqa: E402
-from hispec.engine.config import DecodeConfig, preset  # noqa: E402
+from hispec.engine.config import preset  # noqa: E402
 from hispec.engine.policy import DEFAULT_POLICY  # noqa: E402
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits  # noqa: E402
 from hispec.serving.registry import ModelRegistry  # noqa: E402

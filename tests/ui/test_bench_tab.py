@@ -9,7 +9,7 @@ import gradio as gr
 import pytest
 from helpers import tiny_registry, tiny_server
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import preset
 from hispec.data.prompts import Prompt
 from hispec.evaluation.sweep import Grid, sweep
 from hispec.serving.api import BenchRequest
