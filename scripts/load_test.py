@@ -1,11 +1,13 @@
 """Load and abuse test of the app over HTTP on loopback: a test that can fail.
 
 Serves the app in this process (the tiny random test model, or the real default model with
---model default) and runs N concurrent gradio_client sessions, each sending R requests through the
-public API with named inputs: normal greedy generations, Stops at random moments from the same
-session, and malformed inputs. It checks every answer:
+--model default) and runs N concurrent gradio_client sessions, each a visitor of its own (its own
+client address, forwarded by a proxy the server trusts), each sending R requests through the
+public API with named inputs: short and long greedy generations, Stops at random moments from the
+same session, and malformed inputs. It checks every answer:
 
-  normal   must complete, and its token ids must equal the engine's own greedy output for its prompt
+  normal   (short, --max-new-tokens) and long (--long-tokens, a --long-share of the generations)
+           must complete, and its token ids must equal the engine's own greedy output for its prompt
            (computed before the load starts); an answer equal to another prompt's is counted as
            `crossed`, any other difference, refusal or error as `failed`
   stop     must end stopped with a prefix of its prompt's greedy output (or before it started), or
@@ -17,7 +19,10 @@ session, and malformed inputs. It checks every answer:
 The limits are set so that no normal request may be refused (queue and time limit above the load,
 no rate limit): a refusal of a normal request is a failure. Exit code 0 only when nothing failed,
 nothing crossed and every session finished. The JSON report holds the counts, p50/p90/p99 latency,
-the machine and every failure.
+the machine and every failure; a short request's latency is reported apart from a long one's (with
+the model shared round by round, a short request should not wait for the long ones to finish). If a
+session never finishes, the report says what serving still holds (its jobs, the model's turn) and the
+threads' stacks go to stderr.
 
     python scripts/load_test.py --sessions 50 --requests 3 --model default --json assets/load/load_cpu_default.json
 """
@@ -34,6 +39,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,8 +67,12 @@ def machine() -> str:
     return f"{name}{flags}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
 
 
+SERVED: dict = {}  # the serving.session.Server of the last serve(): what a stuck run reports
+
+
 def serve(model: str, max_new: int, sessions: int):
-    """The app on loopback; returns (url, close, expected token ids by prompt, LoadedModel)."""
+    """The app on loopback; returns (url, close, expected token ids by prompt: `max_new` of them).
+    Every visitor's address is the X-Forwarded-For its session sends (loopback is a trusted proxy)."""
     import torch
 
     import app
@@ -86,13 +96,14 @@ def serve(model: str, max_new: int, sessions: int):
         lm = load_model(model, device="cpu")
     registry = ModelRegistry(device="cpu")
     registry.add(model, lm)
-    limits = Limits(rate_per_minute=0, global_rate_per_minute=0, queue_size=4 * sessions, max_seconds=3600,
-                    allowed_models=(model,))
+    limits = Limits(rate_per_minute=0, global_rate_per_minute=0, join_rate_per_minute=0, queue_size=4 * sessions,
+                    max_seconds=3600, allowed_models=(model,), trusted_proxies=("127.0.0.1",))
     config = preset("autoregressive", max_new_tokens=max_new, policy="fixed")
     expected = {p: run_loaded(lm, lm.encode(p), config).token_ids for p in PROMPTS}
-    demo = app.build(app.serve(registry, model, limits), [model])
+    server = SERVED["server"] = app.serve(registry, model, limits)
+    demo = app.build(server, [model])
     demo.queue(max_size=8 * sessions, default_concurrency_limit=None).launch(
-        prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **app.launch_kwargs())
+        prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **app.launch_kwargs(server))
     return demo.local_url, demo.close, expected
 
 
@@ -101,7 +112,7 @@ def judge(kind: str, prompt: str, ids: list[int] | None, finish: str | None, exp
     """(outcome, message) of one answer: completed | crossed | failed; `stop`: a stop request's
     record of its Stop (done_before_stop, result_after_reply_s, stop_reply)."""
     want = expected[prompt]
-    if kind == "normal":
+    if kind in ("normal", "long"):
         if ids == want:
             return "completed", ""
         other = next((p for p, w in expected.items() if p != prompt and w == ids), None)
@@ -121,6 +132,7 @@ def judge(kind: str, prompt: str, ids: list[int] | None, finish: str | None, exp
 
 
 def one_request(client, kind: str, prompt: str, max_new: int, rng: random.Random, expected: dict) -> dict:
+    """One request of `kind` and its record; `expected`: each prompt's greedy output of `max_new` tokens."""
     from gradio_client.exceptions import AppError
 
     record = {"kind": kind, "prompt": prompt}
@@ -176,11 +188,17 @@ def send_stop(client, job, delay_s: float) -> dict:
             "stop_reply": re.sub(r"<[^>]+>", "", str(reply)).strip()[:120]}
 
 
-def session(url, n_requests, max_new, rng, expected, deadline, out, lock):
+def address(i: int) -> str:
+    """Session i's client address (its visitor)."""
+    return f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"
+
+
+def session(url, i, n_requests, lengths, long_share, rng, expected, deadline, out, lock):
+    """Session i's requests; `lengths`: (short, long) new tokens; `expected`: greedy output by prompt."""
     from gradio_client import Client
 
     try:
-        client = Client(url, verbose=False)
+        client = Client(url, verbose=False, headers={"X-Forwarded-For": address(i)})
     except Exception as exc:
         with lock:
             out.append({"kind": "connect", "outcome": "failed", "message": f"{type(exc).__name__}: {exc}"})
@@ -189,17 +207,46 @@ def session(url, n_requests, max_new, rng, expected, deadline, out, lock):
         if time.monotonic() > deadline:
             break
         kind = rng.choices(["normal", "stop", "bad"], weights=[6, 2, 2])[0]
-        record = one_request(client, kind, rng.choice(PROMPTS), max_new, rng, expected)
+        if kind == "normal" and rng.random() < long_share:
+            kind = "long"
+        max_new = lengths[kind == "long"]
+        want = {p: ids[:max_new] for p, ids in expected.items()}  # greedy output is a prefix of a longer one
+        record = one_request(client, kind, rng.choice(PROMPTS), max_new, rng, want)
         with lock:
             out.append(record)
 
 
-def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dict:
-    latencies = sorted(r["latency_s"] for r in records if r["kind"] == "normal" and r["outcome"] == "completed")
+def latency(records: list[dict], kind: str) -> dict:
+    """p50/p90/p99/mean seconds of the completed requests of `kind`."""
+    latencies = sorted(r["latency_s"] for r in records if r["kind"] == kind and r["outcome"] == "completed")
 
     def pct(q):
         return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else None
 
+    return {"n": len(latencies), "p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
+            "mean": round(statistics.mean(latencies), 3) if latencies else None}
+
+
+def stuck() -> dict:
+    """What serving still holds: its jobs and each model's turn (for a run whose sessions did not end)."""
+    server = SERVED.get("server")
+    if server is None:
+        return {}
+    jobs = [{"session": j.session, "kind": j.kind, "visitor": j.visitor, "reason": j.reason} for j in server.jobs.of()]
+    turns = {name: {"busy": server.registry.turns(name).busy, "waiting": server.registry.turns(name).waiting}
+             for name in server.registry.loaded()}
+    return {"jobs": jobs[:50], "open_jobs": len(jobs), "turns": turns}
+
+
+def print_stacks() -> None:
+    """Every thread's stack, to stderr."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        print(f"--- thread {names.get(ident, ident)}", file=sys.stderr)
+        traceback.print_stack(frame, file=sys.stderr)
+
+
+def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dict:
     count = {k: sum(r["outcome"] == k for r in records) for k in ("completed", "refused_as_expected", "crossed",
                                                                   "failed")}
     from hispec.evaluation.record import code_version
@@ -207,12 +254,14 @@ def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dic
     return {"command": "python scripts/load_test.py " + " ".join(sys.argv[1:]), "code": code_version(),
             "machine": machine(),
             "model": args.model, "sessions": args.sessions, "requests_per_session": args.requests,
-            "max_new_tokens": args.max_new_tokens, "seconds": round(seconds, 1), "requests": len(records), **count,
-            "unfinished_sessions": unfinished,
-            "by_kind": {k: sum(r["kind"] == k for r in records) for k in ("normal", "stop", "bad")},
+            "max_new_tokens": args.max_new_tokens, "long_tokens": args.long_tokens, "long_share": args.long_share,
+            "visitors": "one client address per session",
+            "seconds": round(seconds, 1), "requests": len(records), **count,
+            "unfinished_sessions": unfinished, **({"stuck": stuck()} if unfinished else {}),
+            "by_kind": {k: sum(r["kind"] == k for r in records) for k in ("normal", "long", "stop", "bad")},
             "stops": stop_counts([r for r in records if r["kind"] == "stop"]),
-            "latency_s_normal": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
-                                 "mean": round(statistics.mean(latencies), 3) if latencies else None},
+            # normal: the short generations (--max-new-tokens); long: --long-tokens
+            "latency_s_normal": latency(records, "normal"), "latency_s_long": latency(records, "long"),
             "failures": [r for r in records if r["outcome"] in ("failed", "crossed")][:20]}
 
 
@@ -230,26 +279,41 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=20, help="concurrent client sessions")
     parser.add_argument("--requests", type=int, default=3, help="requests per session")
-    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--max-new-tokens", type=int, default=24, help="new tokens of a short generation")
+    parser.add_argument("--long-tokens", type=int, default=None,
+                        help="new tokens of a long generation (default: 4x --max-new-tokens)")
+    parser.add_argument("--long-share", type=float, default=0.25, help="share of the generations that are long")
     parser.add_argument("--model", default="tiny", help="'tiny' (a random test model) or 'default' (the real one)")
     parser.add_argument("--max-seconds", type=float, default=900, help="stop sending new requests after this long")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--grace-seconds", type=float, default=600,
+                        help="how long after --max-seconds a session may take to finish before it counts as stuck")
     parser.add_argument("--json", default=None, help="write the report (with every record) here")
     args = parser.parse_args(argv)
-    url, close, expected = serve(args.model, args.max_new_tokens, args.sessions)
+    if args.long_tokens is None:
+        args.long_tokens = 4 * args.max_new_tokens
+    if not 0 <= args.long_share <= 1 or args.long_tokens < args.max_new_tokens:
+        parser.error("--long-share must be from 0 to 1 and --long-tokens at least --max-new-tokens")
+    url, close, expected = serve(args.model, args.long_tokens, args.sessions)
     records, lock = [], threading.Lock()
     deadline = time.monotonic() + args.max_seconds
     t0 = time.monotonic()
-    threads = [threading.Thread(target=session, args=(url, args.requests, args.max_new_tokens,
+    lengths = (args.max_new_tokens, args.long_tokens)
+    threads = [threading.Thread(target=session, args=(url, i, args.requests, lengths, args.long_share,
                                                       random.Random(args.seed * 1000 + i), expected, deadline,
                                                       records, lock), daemon=True) for i in range(args.sessions)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=max(1.0, deadline - time.monotonic() + 600))
+        t.join(timeout=max(1.0, deadline - time.monotonic() + args.grace_seconds))
     seconds = time.monotonic() - t0
+    unfinished = sum(t.is_alive() for t in threads)
+    report = report_of(records, args, seconds, unfinished)
+    if unfinished:
+        print_stacks()  # where the stuck sessions and serving's threads wait
+        for job in SERVED["server"].jobs.of():  # the run is over: let the handlers end, so the process can
+            job.end("stopped")
     close()
-    report = report_of(records, args, seconds, sum(t.is_alive() for t in threads))
     print(json.dumps(report, indent=1))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,14 @@ replaces the peer by the X-Forwarded-For address whenever the peer is loopback, 
 app calls `forwarded_headers_left_to_serving()` before it launches, so that the peer it reports is
 the real one and this module alone decides.
 
-The arrival time is stamped on every HTTP request by `StampArrival` (an ASGI middleware the app
+The arrival time is stamped on every HTTP request by serving.edge (the ASGI middleware the app
 installs): a Stop applies to the requests that arrived before it, however long they took to reach
 serving (serving.jobs).
+
+Whether the client reads its updates: Gradio keeps a session's undelivered messages in a queue of
+its own until the session's update stream takes them. A client that posted a request and never
+opened that stream (or stopped reading it) leaves them piling up there; `unread_of` counts them, so
+serving can drop such a job within seconds instead of running it in full for nobody.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 ANY = "*"  # trust every peer's X-Forwarded-For (a server reachable only through its proxy)
 ARRIVED = "hispec.arrived"  # the ASGI scope key of a request's arrival (time.monotonic())
@@ -37,6 +43,7 @@ class Caller:
     session: str  # whose requests a Stop reaches
     address: str  # what the rate limit counts
     arrived: float | None = field(default=None, compare=False)  # when its HTTP request arrived (monotonic)
+    unread: Callable[[], int] | None = field(default=None, compare=False, repr=False)  # its updates not read yet
 
 
 LOCAL = Caller("local", "local")  # a caller without a request: the command line, a test
@@ -50,7 +57,7 @@ def caller_of(request, trusted_proxies: tuple[str, ...] = ()) -> Caller:
     client = getattr(request, "client", None)
     peer = str(getattr(client, "host", None) or "unknown")
     return Caller(session, client_address(peer, _header(request, "x-forwarded-for"), trusted_proxies),
-                  arrival_of(request))
+                  arrival_of(request), unread_of(request))
 
 
 def client_address(peer: str, forwarded: str | None, trusted_proxies: tuple[str, ...]) -> str:
@@ -66,23 +73,27 @@ def client_address(peer: str, forwarded: str | None, trusted_proxies: tuple[str,
 
 
 def arrival_of(request) -> float | None:
-    """When the request's HTTP call arrived (StampArrival), or None when nothing stamped it."""
+    """When the request's HTTP call arrived (serving.edge stamps it), or None when nothing stamped it."""
     scope = getattr(getattr(request, "request", None), "scope", None)  # gr.Request -> the starlette request
     value = scope.get(ARRIVED) if isinstance(scope, dict) else None
     return value if isinstance(value, float) else None
 
 
-class StampArrival:
-    """ASGI middleware: stamps every HTTP and websocket request's scope with its arrival time
-    (time.monotonic() under ARRIVED), before anything queues it."""
+def unread_of(request) -> Callable[[], int] | None:
+    """How many of the session's updates wait in Gradio's queue for its stream (a function of no
+    arguments), or None when the request did not come through Gradio's queue."""
+    session = getattr(request, "session_hash", None)
+    app = getattr(getattr(request, "request", None), "app", None)
+    queue = getattr(app.get_blocks(), "_queue", None) if hasattr(app, "get_blocks") else None
+    pending = getattr(queue, "pending_messages_per_session", None)
+    if not session or pending is None:
+        return None
 
-    def __init__(self, app):
-        self.app = app
+    def unread() -> int:
+        messages = pending.get(session)  # a plain read: it does not reorder Gradio's cache
+        return messages.qsize() if messages is not None else 0
 
-    async def __call__(self, scope, receive, send):
-        if scope.get("type") in ("http", "websocket"):
-            scope[ARRIVED] = time.monotonic()
-        await self.app(scope, receive, send)
+    return unread
 
 
 def forwarded_headers_left_to_serving(env=None) -> None:

@@ -46,6 +46,9 @@ class Limits:
     allowed_models: tuple[str, ...] = (DEFAULT_MODEL_NAME,)  # what visitors may choose; "*": any hub id
     global_rate_per_minute: int = 60  # beyond this many a minute from everyone, each address its fair share (0: off)
     trusted_proxies: tuple[str, ...] = ()  # peers whose X-Forwarded-For names the client ("*": any)
+    # requests per address per minute that may join the HTTP queue (the page sends 3 per run; 0 = no limit):
+    # counted at the edge, before anything is queued (serving.edge)
+    join_rate_per_minute: int = 120
 
     @classmethod
     def from_env(cls, env=None) -> Limits:
@@ -75,7 +78,8 @@ class Limits:
                    names("HISPEC_ALLOWED_MODELS", cls.allowed_models),
                    number("HISPEC_GLOBAL_RATE_LIMIT", cls.global_rate_per_minute),
                    # Spaces serves through its own proxy, the only way in: its forwarded address is the visitor's
-                   names("HISPEC_TRUSTED_PROXIES", ("*",) if on_spaces() else ()))
+                   names("HISPEC_TRUSTED_PROXIES", ("*",) if on_spaces() else ()),
+                   number("HISPEC_JOIN_RATE_LIMIT", cls.join_rate_per_minute))
 
     def allowing(self, *models: str) -> Limits:
         """These limits with the operator's own models (loaded at start) allowed too."""
@@ -115,8 +119,10 @@ class Limits:
                 else "no rate limit per address")
         overall = (f" (beyond {self.global_rate_per_minute} from everyone, each address its fair share)"
                    if self.global_rate_per_minute else "")
+        joins = (f" · {self.join_rate_per_minute} calls per minute per address into the queue"
+                 if self.join_rate_per_minute else "")
         return (f"Limits: prompt ≤ {self.max_prompt_tokens} tokens ({self.max_prompt_chars:,} characters) · "
                 f"≤ {self.max_new_tokens} new tokens · ≤ {self.max_seconds:g} s on the model per request "
-                f"(waiting not counted) · {rate}{overall} · {self.queue_size} requests may wait · one job at a "
+                f"(waiting not counted) · {rate}{overall}{joins} · {self.queue_size} requests may wait · one job at a "
                 "time per model, taken in turns by visitors · "
                 f"models: {models}")

@@ -23,7 +23,8 @@ stands still while it waits). Every ending says which it was:
 the last update's outcome and message, and a generation cut by a Stop or by the time limit ends
 with its DoneEvent's reason "stopped" or "time_limit". A client that leaves (Gradio closes the
 update stream when the connection drops) ends its job within a heartbeat; a queued job ends at
-once. The worker releases the model's turn when the work really ends, never before. Updates are
+once. A client that never opened its update stream, or stopped reading it, ends its job once its
+updates have lain unread for UNREAD_S (serving.caller counts them in Gradio's queue). The worker releases the model's turn when the work really ends, never before. Updates are
 three small types (serving.updates); the page and the API turn them into what they show.
 """
 
@@ -51,6 +52,8 @@ log = logging.getLogger("hispec.serving")
 
 SLICE_S = 0.25  # a generation's turn on a shared model: it passes the model on after this much of its own time
 HEARTBEAT_S = 1.0  # longest silence of an update stream: a dropped client is noticed at the next update
+UNREAD_S = 5.0  # a client whose updates lie unread this long is gone: it never opened its stream, or left
+READ_SLACK = 2  # updates that may wait for a client that does read (the one just sent, Gradio's own notices)
 GRACE_S = 10.0  # after the time limit, how long the stream waits for the work to notice before it ends
 # a generation cut short ends with this reason (its DoneEvent's, in the page's stats and the API's finish_reason)
 FINISH_REASONS = {STOPPED: "stopped", TIME_LIMIT: "time_limit", LEFT: "left"}
@@ -62,6 +65,24 @@ _END = object()
 class _Failure:
     def __init__(self, exc: BaseException):
         self.exc = exc
+
+
+class _Reader:
+    """Whether a client reads its updates: gone once more than READ_SLACK of them have lain unread
+    for UNREAD_S without the pile shrinking (`unread`: serving.caller's count; None: always read)."""
+
+    def __init__(self, unread: Callable[[], int] | None, clock: Callable[[], float] = time.monotonic):
+        self.unread, self.clock = unread, clock
+        self.read_at, self.last = clock(), 0
+
+    def gone(self) -> bool:
+        if self.unread is None:
+            return False
+        now, pile = self.clock(), self.unread()
+        if pile <= READ_SLACK or pile < self.last:
+            self.read_at = now
+        self.last = pile
+        return now - self.read_at >= UNREAD_S
 
 
 class Server:
@@ -94,17 +115,29 @@ class Server:
               submitted: float | None = None) -> Iterator[Status | Output | Ended]:
         """The updates of one request; the last is always an Ended. `parse()` checks the request's
         own fields and returns it (serving.api: `.model`, `.what`, `.prepare(lm, limits) -> work`);
-        `submitted`: when the request was made (time.monotonic(); default: when serving starts)."""
+        `submitted`: when the request was made (time.monotonic(); default: when serving starts).
+        A job whose client does not read its updates (caller.unread) ends as the client left."""
+        state = {"turns": None, "leased": None, "worker": False, "job": None}
+        updates = self._serve(caller, kind, parse, submitted, state)
+        reader = _Reader(caller.unread)
+        try:
+            for update in updates:
+                yield update
+                if state["job"] is not None and reader.gone():
+                    state["job"].end(LEFT)
+        finally:
+            updates.close()
+
+    def _serve(self, caller: Caller, kind: str, parse: Callable[[], object], submitted: float | None, state: dict):
         t0 = time.monotonic()
         submitted = t0 if submitted is None else submitted
         job: Job | None = None
         what = "request"
-        state = {"turns": None, "leased": None, "worker": False}
         try:
             try:
                 request = parse()
                 what = request.what
-                job = self.jobs.open(caller.session, kind, submitted, visitor=caller.address)
+                job = state["job"] = self.jobs.open(caller.session, kind, submitted, visitor=caller.address)
                 if job.stop.is_set():  # a Stop made since it was submitted: nothing is counted or queued
                     yield self._ended(job, f"before the {what} started")
                     return

@@ -30,21 +30,24 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def app_on_loopback(**limits):
+def app_on_loopback(queue_max: int = 64, max_threads: int = 40, **limits):
     """The app on the tiny model on a free loopback port, with these limits (no rate limits unless
-    given); yields (url, serving.session.Server)."""
+    given) and Gradio's queue of `queue_max` events run by `max_threads` threads; yields
+    (url, serving.session.Server)."""
     import app
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     registry = tiny_registry()
-    limits = {"rate_per_minute": 0, "global_rate_per_minute": 0, "allowed_models": ("tiny",), **limits}
+    limits = {"rate_per_minute": 0, "global_rate_per_minute": 0, "join_rate_per_minute": 0, "allowed_models": ("tiny",),
+              **limits}
     server = app.serve(registry, "tiny", Limits(**limits))
     demo = app.build(server, ["tiny"])
     port = free_port()
     try:
-        demo.queue(max_size=64, default_concurrency_limit=None).launch(
-            prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.launch_kwargs())
+        demo.queue(max_size=queue_max, default_concurrency_limit=None).launch(
+            prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, max_threads=max_threads,
+            **app.launch_kwargs(server))
         yield f"http://127.0.0.1:{port}/", server
     finally:
         demo.close()
@@ -69,6 +72,14 @@ def slow(lm, seconds: float):
 def generate(client: Client, **fields):
     return client.submit(**{"prompt": "Hey", "max_new_tokens": 2, **fields}, api_name="/generate").result(
         timeout=TIMEOUT_S)
+
+
+def ended(job) -> str:
+    """A submitted /generate's finish reason, or the message it ended with."""
+    try:
+        return job.result(timeout=TIMEOUT_S)["stats"]["finish_reason"]
+    except AppError as exc:
+        return str(exc)
 
 
 def outcome(client: Client, **fields) -> str:
@@ -146,3 +157,128 @@ def test_a_fault_while_the_answer_is_built_gives_the_apps_message(monkeypatch):
         with pytest.raises(AppError, match=r"The generation failed while its answer was built \(RuntimeError: "
                                            r"simulated fault in the answer\)\. The app is still running"):
             generate(Client(url, verbose=False))
+
+
+# ---- a client that never reads -----------------------------------------------------------------------
+def api_data(**fields) -> list:
+    """/generate's inputs in order, its defaults with these fields set (the REST route takes a list)."""
+    from hispec.serving.api import api_signature
+
+    values = {name: p.default for name, p in api_signature().parameters.items()} | fields
+    return list(values.values())
+
+
+def wait_until(condition, timeout_s: float) -> float | None:
+    """Seconds until condition() held (polled), or None if it did not within timeout_s."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if condition():
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    return None
+
+
+def test_a_request_whose_client_never_opens_its_stream_is_dropped_within_seconds():
+    """A REST client posts /generate and never asks for its stream: nobody will read its tokens. The
+    job ends as "the client left" within seconds, long before it would finish, and the model is
+    free for the next visitor."""
+    import httpx
+
+    from hispec.serving import session
+
+    with app_on_loopback() as (url, server):
+        lm = server.registry.get("tiny")
+        with slow(lm, 0.1):  # 200 tokens would take minutes
+            posted = httpx.post(f"{url}gradio_api/call/generate", json={"data": api_data(prompt="Hey",
+                                                                                        max_new_tokens=200)},
+                                timeout=TIMEOUT_S)
+            assert posted.status_code == 200, posted.text
+            assert wait_until(lambda: server.jobs.of(), TIMEOUT_S) is not None, "the job never started"
+            job = server.jobs.of()[0]
+            gone_after = wait_until(lambda: not server.jobs.of(), session.UNREAD_S + 10)
+        assert gone_after is not None, "the job of a client that never read ran on"
+        assert job.reason == "left"
+        assert not server.registry.turns("tiny").busy  # the model's turn was given back
+        assert generate(Client(url, verbose=False))["stats"]["finish_reason"] == "max_new_tokens"
+
+
+def test_a_client_that_reads_its_stream_is_not_dropped():
+    """Control: the same slow request, read by gradio_client, runs to its end (longer than UNREAD_S)."""
+    from hispec.serving import session
+
+    with app_on_loopback() as (url, server):
+        lm = server.registry.get("tiny")
+        t0 = time.monotonic()
+        with slow(lm, 0.02):
+            answer = generate(Client(url, verbose=False), max_new_tokens=100)
+        assert time.monotonic() - t0 > session.UNREAD_S, "too fast to show anything: slow the model more"
+        assert answer["stats"]["finish_reason"] == "max_new_tokens", answer["stats"]
+
+
+# ---- the edge: a Stop outside the queue, a limit before it -------------------------------------------
+def test_a_stop_reaches_its_jobs_when_gradios_queue_is_full():
+    """Two long generations hold both of Gradio's threads and one more fills its queue: gradio_client's
+    /stop would join that queue and be refused ("Queue is full"). POST /hispec/stop never enters it:
+    it ends the session's jobs at once."""
+    import httpx
+    from gradio_client.utils import QueueError
+
+    with app_on_loopback(queue_max=1, max_threads=2) as (url, server):
+        client = Client(url, verbose=False)
+        with slow(server.registry.get("tiny"), 0.1):
+            long = [client.submit(prompt="Hey", max_new_tokens=200, api_name="/generate") for _ in range(2)]
+            assert wait_until(lambda: len(server.jobs.of()) == 2, TIMEOUT_S) is not None, "the jobs never started"
+            waiting = Client(url, verbose=False).submit(prompt="Hey", max_new_tokens=2, api_name="/generate")
+            time.sleep(0.5)  # it sits in Gradio's queue: no thread is free
+            with pytest.raises(QueueError, match="Queue is full"):  # the way a Stop is lost today
+                client.predict(api_name="/stop")
+            said = httpx.post(f"{url}hispec/stop", json={"session_hash": client.session_hash}, timeout=TIMEOUT_S)
+            assert said.status_code == 200 and said.json()["stopped"] == 2, said.text
+            ends = [ended(job) for job in long]
+        # one ran (the model takes one job at a time), the other waited for its turn
+        assert sorted(ends) == ["Stopped before the generation started.", "stopped"], ends
+        assert waiting.result(timeout=TIMEOUT_S)["stats"]["finish_reason"] == "max_new_tokens"  # not its Stop
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"not json", 400, "the body is not JSON"),
+    (b"[1]", 400, "must be a JSON object"),
+    (b'{"session_hash": 5}', 400, "session_hash must be the client's session hash"),
+    (b'{"session_hash": "abc", "kinds": "generate"}', 400, "kinds must be a list"),
+    (b'{"session_hash": "' + b"x" * 5000 + b'"}', 413, "at most 4096 bytes"),
+])
+def test_a_bad_stop_says_what_is_wrong(body, status, message):
+    import httpx
+
+    with app_on_loopback() as (url, _):
+        said = httpx.post(f"{url}hispec/stop", content=body, timeout=TIMEOUT_S)
+        assert httpx.get(f"{url}hispec/stop", timeout=TIMEOUT_S).status_code == 405
+    assert said.status_code == status and message in said.json()["detail"], said.text
+
+
+def test_a_burst_from_one_address_is_refused_before_gradio_queues_it(monkeypatch):
+    """Over the join limit, a request is answered 429 by the edge and Gradio's queue never sees it;
+    another address (named by the operator's proxy) is still let in."""
+    import httpx
+
+    with app_on_loopback(join_rate_per_minute=3, trusted_proxies=("127.0.0.1",)) as (url, server):
+        import gradio.queueing
+
+        pushed = []
+        push = gradio.queueing.Queue.push
+
+        async def counted(self, *args, **kwargs):
+            pushed.append(1)
+            return await push(self, *args, **kwargs)
+
+        monkeypatch.setattr(gradio.queueing.Queue, "push", counted)
+        data = {"data": api_data(prompt="Hey", max_new_tokens=2)}
+        one = {"X-Forwarded-For": "203.0.113.1"}
+        codes = [httpx.post(f"{url}gradio_api/call/generate", json=data, headers=one, timeout=TIMEOUT_S)
+                 for _ in range(5)]
+        assert [c.status_code for c in codes] == [200, 200, 200, 429, 429], [c.text for c in codes]
+        assert "at most 3 requests per minute from one address" in codes[3].json()["detail"]
+        assert len(pushed) == 3  # the refused ones never reached Gradio's queue
+        other = httpx.post(f"{url}gradio_api/call/generate", json=data, headers={"X-Forwarded-For": "203.0.113.2"},
+                           timeout=TIMEOUT_S)
+        assert other.status_code == 200, other.text

@@ -2,6 +2,7 @@
 reveals nothing of the server's files, every input checked at the edge with its own message, a
 registry that never evicts a model in use, inert model text, and property-based checks."""
 
+import json
 import math
 import re
 import sys
@@ -344,7 +345,8 @@ def test_load_short_form(capsys):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     import load_test
 
-    code = load_test.main(["--sessions", "12", "--requests", "2", "--max-new-tokens", "12", "--max-seconds", "90"])
+    code = load_test.main(["--sessions", "12", "--requests", "2", "--max-new-tokens", "12", "--max-seconds", "90",
+                            "--grace-seconds", "120"])
     report = capsys.readouterr().out
     assert code == 0, report
     assert '"failed": 0' in report and '"crossed": 0' in report and '"unfinished_sessions": 0' in report
@@ -390,3 +392,20 @@ def test_the_load_test_fails_when_a_stop_is_lost(capsys, monkeypatch):
     report = capsys.readouterr().out
     assert code == 1, report
     assert '"ran_in_full": 0' not in report and "a Stop ran in full" in report, report
+
+
+def test_the_load_test_says_what_is_stuck(capsys, monkeypatch):
+    """The check is shown to catch what it checks: with the model's turn never handed back, the
+    sessions behind the first request never finish; the run fails and reports what serving holds."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import load_test
+    from hispec.serving.turns import Turns
+
+    monkeypatch.setattr(Turns, "release", lambda self, job: None)
+    code = load_test.main(["--sessions", "2", "--requests", "2", "--max-new-tokens", "4", "--long-share", "0",
+                           "--max-seconds", "5", "--grace-seconds", "5"])
+    out = capsys.readouterr().out
+    assert code == 1
+    report = json.loads(out[out.index("{"):])
+    assert report["unfinished_sessions"] >= 1, report
+    assert report["stuck"]["open_jobs"] >= 1 and report["stuck"]["turns"]["tiny"]["busy"], report["stuck"]

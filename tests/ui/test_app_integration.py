@@ -70,7 +70,8 @@ def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None, 
     lm = lm or tiny_loaded_model()
     registry = ModelRegistry(device="cpu")
     registry.add(MODEL, lm)
-    limits = limits or Limits(rate_per_minute=0, global_rate_per_minute=0, allowed_models=(LAYERSKIP_CHECKPOINT,))
+    limits = limits or Limits(rate_per_minute=0, global_rate_per_minute=0, join_rate_per_minute=0,
+                              allowed_models=(LAYERSKIP_CHECKPOINT,))
     server = app.serve(registry, MODEL, limits)
     if servers is not None:
         servers.append(server)
@@ -78,7 +79,7 @@ def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None, 
     port = free_port()
     try:
         demo.queue(max_size=64, default_concurrency_limit=None).launch(
-            prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.launch_kwargs())
+            prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.launch_kwargs(server))
         yield f"http://127.0.0.1:{port}/", lm
     finally:
         demo.close()
