@@ -430,16 +430,23 @@ def gpu_table(g: dict) -> str:
 
 
 def load_table(r: dict) -> str:
-    lat = r["latency_s_normal"]
     kinds = r["by_kind"]
-    row = [f"{r['sessions']} × {r['requests_per_session']}", f"{r['completed']} ({kinds.get('normal', 0)} normal, "
-           f"{kinds.get('stop', 0)} Stops)", str(r["refused_as_expected"]), str(r["failed"]), str(r["crossed"]),
-           f"{lat['p50']:.1f} / {lat['p90']:.1f} / {lat['p99']:.1f} s", f"{r['seconds']:.0f} s"]
+
+    def lat(key):
+        got = r.get(key) or {}
+        return f"{got['p50']:.1f} / {got['p90']:.1f} / {got['p99']:.1f} s" if got.get("p50") is not None else "–"
+
+    row = [f"{r['sessions']} × {r['requests_per_session']}",
+           f"{r['completed']} ({kinds.get('normal', 0)} short, {kinds.get('long', 0)} long, {kinds.get('stop', 0)} Stops)",
+           str(r["refused_as_expected"]), str(r["failed"]), str(r["crossed"]), lat("latency_s_normal"),
+           lat("latency_s_long"), f"{r['seconds']:.0f} s"]
+    long = f" and {r['long_tokens']} for a long one" if r.get("long_tokens") else ""
+    visitors = (", each session a visitor of its own (its own client address)" if r.get("visitors") else "")
     return (_table(["sessions × requests", "completed", "malformed, refused with their message", "failed", "crossed",
-                    "normal latency p50 / p90 / p99", "wall time"], [row])
-            + f"\n\nModel {r['model']}, {r['max_new_tokens']} new tokens per request, every session at once; one "
-              "generation at a time per model, its turn shared round by round between visitors, so requests queue."
-            + _stops_line(r))
+                    "short latency p50 / p90 / p99", "long latency p50 / p90 / p99", "wall time"], [row])
+            + f"\n\nModel {r['model']}, {r['max_new_tokens']} new tokens for a short request{long}, every session at "
+              f"once{visitors}; one generation at a time per model, its turn shared round by round between visitors, "
+              "so requests queue." + _stops_line(r))
 
 
 def _stops_line(r: dict) -> str:
