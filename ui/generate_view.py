@@ -144,11 +144,7 @@ class WhatIfView:
 
     def result(self) -> dict | None:
         """The takes' summary, as "Why this speed" puts it beside its estimates (None: no take ended)."""
-        ratios = sorted(t.ratio for t in self.done if t.ratio)
-        if not ratios or self.take is None:
-            return None
-        return {"rates": tuple(round(r, 2) for r in self.take.rates), "median": what_ifs.Summary(tuple(self.done),
-                self.take.of).median, "low": ratios[0], "high": ratios[-1], "takes": len(ratios)}
+        return what_ifs.result_of(self.done, self.take.rates, self.take.of) if self.take is not None else None
 
     def _summary(self, ended: Ended) -> str:
         of = self.take.of if self.take else 0

@@ -109,3 +109,48 @@ def split(stats: dict) -> dict:
     passes = sum(s for stage, s in (stats.get("stage_s") or {}).items() if stage != "prefill")
     return {"wall_s": wall, "setup_s": setup, "prefill_s": prefill, "passes_s": passes,
             "other_s": max(0.0, wall - setup - prefill - passes)}
+
+
+SPLIT_KEYS = ("setup_s", "prefill_s", "passes_s", "other_s")
+
+
+def result_of(takes: list[TakeDone], rates: tuple[float, float], of: int) -> dict | None:
+    """The takes' summary for "Why this speed" (None: no take ended): the ratios' median and range,
+    the plain rate the takes were measured against, and the median take's time split of each run."""
+    ratios = sorted(t.ratio for t in takes if t.ratio)
+    if not ratios:
+        return None
+
+    def median_split(which: str) -> dict | None:
+        splits = [getattr(t, which) for t in takes if getattr(t, which)]
+        return {k: statistics.median(s[k] for s in splits) for k in ("wall_s", *SPLIT_KEYS)} if splits else None
+
+    return {"rates": tuple(round(r, 2) for r in rates), "median": statistics.median(ratios), "low": ratios[0],
+            "high": ratios[-1], "takes": len(ratios), "of": of,
+            "plain_tokens_per_s": statistics.median(t.plain_tokens_per_s for t in takes),
+            "synthetic_split": median_split("synthetic_split"), "plain_split": median_split("plain_split")}
+
+
+def gap(result: dict, estimate: float | None) -> dict | None:
+    """The what-if's speed against plain decoding, its scope narrowed step by step: whole runs,
+    decoding only (set-up and prefill left out), layer passes only (the engine's other work left out
+    too: heads, token choice, bookkeeping). The estimate counts layer passes and heads, so its scope
+    lies between the last two: an estimate between them is accounted for by the other work (which the
+    runs do not split further); beyond them, its distance to the nearer is unexplained. None without
+    both runs' splits or an estimate."""
+    syn, plain = result.get("synthetic_split"), result.get("plain_split")
+    if not syn or not plain or not estimate:
+        return None
+
+    def ratio(keys) -> float | None:
+        mine, theirs = sum(syn[k] for k in keys), sum(plain[k] for k in keys)
+        return theirs / mine if mine > 0 else None  # the same tokens in both: speed is the inverse of time
+
+    whole = ratio(SPLIT_KEYS)
+    decoding = ratio(("passes_s", "other_s"))
+    passes = ratio(("passes_s",))
+    unexplained = None
+    if decoding and passes:
+        low, high = sorted((decoding, passes))
+        unexplained = 0.0 if low <= estimate <= high else estimate / (low if estimate < low else high) - 1
+    return {"whole": whole, "decoding": decoding, "passes": passes, "estimate": estimate, "unexplained": unexplained}

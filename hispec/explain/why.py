@@ -25,6 +25,7 @@ from hispec.engine.costs import CostModel
 from hispec.engine.events import event_from_dict
 from hispec.engine.policy import plain_rate
 from hispec.explain.plans import plan_rows
+from hispec.explain.what_if import gap
 from hispec.explain.speed_model import (
     RoundSettings,
     SpeedModel,
@@ -120,9 +121,11 @@ def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_
 def _at_sliders(model: SpeedModel, shape: RoundSettings, sliders, what_if: dict | None) -> dict:
     a_dv, a_vt = sliders
     out = {"a_dv": a_dv, "a_vt": a_vt, "predicted": model.speedup(shape, a_dv, a_vt),
-           "break_even": model.break_even(shape, a_dv if shape.method == "hispec" else None), "what_if": None}
+           "break_even": model.break_even(shape, a_dv if shape.method == "hispec" else None), "what_if": None,
+           "what_if_gap": None}
     if what_if and tuple(what_if.get("rates") or ()) == (round(a_dv, 2), round(a_vt, 2)):
         out["what_if"] = what_if
+        out["what_if_gap"] = gap(what_if, out["predicted"])
     return out
 
 

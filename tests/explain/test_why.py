@@ -96,3 +96,22 @@ def test_a_what_if_at_the_sliders_joins_the_same_table(ee):
     assert "sliders: what-if, measured (synthetic)" in story["points"]
     elsewhere = speed_story(kept(r, events), flat_costs(), (0.5, 0.9), what_if)
     assert elsewhere["sliders"]["what_if"] is None, "a what-if at other sliders is not this row"
+
+
+def split(setup, prefill, passes, other):
+    return {"wall_s": setup + prefill + passes + other, "setup_s": setup, "prefill_s": prefill, "passes_s": passes,
+            "other_s": other}
+
+
+def test_the_what_ifs_gap_is_taken_step_by_step_and_the_rest_called_unexplained():
+    from hispec.explain.what_if import gap
+
+    w = {"synthetic_split": split(0.1, 0.2, 1.0, 0.5), "plain_split": split(0.1, 0.2, 2.0, 0.3)}
+    g = gap(w, 1.8)
+    assert g["whole"] == pytest.approx(2.6 / 1.8) and g["decoding"] == pytest.approx(2.3 / 1.5)
+    assert g["passes"] == pytest.approx(2.0)
+    assert g["unexplained"] == 0.0  # between decoding only (1.53x) and passes only (2x): the other work's part
+    assert gap(w, 2.4)["unexplained"] == pytest.approx(0.2)  # above both: measured from the nearer, 2x
+    assert gap(w, 1.38)["unexplained"] == pytest.approx(1.38 / (2.3 / 1.5) - 1)
+    assert gap({"synthetic_split": None, "plain_split": w["plain_split"]}, 1.8) is None
+    assert gap(w, None) is None

@@ -91,6 +91,21 @@ def test_what_if_takes_repeat_plain_then_synthetic_and_give_a_median(server):
     assert "needs HiSpec or LayerSkip" in plain(what_if(server, ("Autoregressive", 2, 4, 2, 4))[-1][0])
 
 
+def test_why_puts_the_what_ifs_gap_in_numbers(server):
+    """A what-if's result keeps its time split and plain rate; "Why this speed" at the same sliders
+    shows them, its ratio step by step, and calls what is left unexplained."""
+    h = Handlers(server)
+    run = list(h.generate("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0))[-1][-1]
+    result = what_if(server, max_new=12, rates=(0.9, 0.9), takes=2)[-1][-1]
+    assert result["takes"] == 2 and result["plain_tokens_per_s"] > 0
+    assert set(result["synthetic_split"]) == {"wall_s", "setup_s", "prefill_s", "passes_s", "other_s"}
+    view, _ = h.why(run, 0.9, 0.9, result)
+    words = plain(view)
+    assert "Where the what-if's time went" in words and "plain decoding ran at" in words, words
+    assert re.search(r"whole runs [\d.]+×, decoding only \(set-up and prefill left out\) [\d.]+×, layer passes only", words)
+    assert "Unexplained: " in words, words
+
+
 def test_a_real_run_keeps_its_trace_and_prompt(server):
     lm = server.registry.get("tiny")
     h = Handlers(server)
