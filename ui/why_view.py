@@ -130,9 +130,10 @@ def why_html(story: dict) -> str:
             f"<p class='hs-speed-source'>{html.escape(speed_source_words(story))}</p>"
             f"<p><b>Plan by plan</b> ({html.escape(_policy_words(story))}):</p>{plans_table(story)}"
             f"<p><b>The run against plain decoding</b>:</p>{table}{notes}"
-            f"<p class='hs-hint'>Estimates: the cost model of this machine (pass and head costs timed for this model) "
-            "at the acceptance shown, the same formulas the adaptive policy plans with; the range is that of the "
-            f"acceptance's 90% interval. Measured figures are the facts; estimates explain them.{calibration}</p></div>")
+            f"<p class='hs-hint'>Estimates: the cost model of this machine (pass and head costs timed for this model"
+            f"{_costs_words(story)}) at the acceptance shown, the same formulas the adaptive policy plans with; the range "
+            f"is that of the acceptance's 90% interval. Measured figures are the facts; estimates explain them.{calibration}"
+            "</p></div>")
 
 
 def speed_source_words(story: dict) -> str:
@@ -161,6 +162,13 @@ def speed_source_words(story: dict) -> str:
         text += (f" The exits' hierarchy (draft exit, then verifier exit, then the full model) ran in {hierarchy} of "
                  f"{rounds} rounds: to watch it at work, pick the Teaching preset (fixed rounds).")
     return text
+
+
+def _costs_words(story: dict) -> str:
+    if story.get("costs_frozen"):
+        return (", as this run's policy had them at its end: kept with the run, so a later run or what-if does not "
+                "change this explanation")
+    return ", as they stand now: this run kept none of its own"
 
 
 def _policy_words(story: dict) -> str:

@@ -35,6 +35,16 @@ class CostModel:
         costs.calibrated = True
         return costs
 
+    @classmethod
+    def from_figures_ms(cls, figures: dict) -> CostModel:
+        """The cost model of figures written by figures_ms (a run's frozen costs)."""
+        layer = {int(n): ms / 1e3 for n, ms in (figures.get("layer") or {}).items()}
+        head = {}
+        for key, ms in (figures.get("head") or {}).items():
+            e, n = key.split("x")
+            head[int(e), int(n)] = ms / 1e3
+        return cls.given(layer, head)
+
     def figures_ms(self) -> dict:
         """The figures in milliseconds, JSON-ready: per layer by new tokens, per head as 'layer x rows'."""
         return {"layer": {str(n): round(s * 1e3, 4) for n, s in sorted(self._layer.items())},
@@ -150,6 +160,11 @@ class CostLearner:
         for precision, model in models.items():
             exits = tuple(lv.layer for lv in levels if lv.kind == "exit" and lv.precision == precision)
             self.lanes[precision] = model_costs(model, exits) if adaptive else getattr(model, "cost_model", None)
+
+    def frozen_ms(self) -> dict:
+        """The exact lane's costs now (figures_ms), or {} when it keeps none calibrated."""
+        costs = self.lanes.get(None)
+        return costs.figures_ms() if costs is not None and costs.calibrated else {}
 
     def on_pass(self, p) -> None:
         """A decode pass (engine.stack.StagePass); the prefill's passes are not handed in."""

@@ -260,7 +260,7 @@ class Decoder:
         settings = _settings(self.config, self.ee, self.judge.timing_only)
         self.stack = None  # free the caches now, not when the consumer lets go
         return DoneEvent(led.finish_reason or "stopped", tuple(new), self.detok.decode(new, skip_special_tokens=True),
-                         len(self.prompt_ids), self._clock(), settings, host_syncs=self.syncs)
+                         len(self.prompt_ids), self._clock(), settings, self.syncs, self.costs.frozen_ms())
 
 
 def _settings(config: DecodeConfig, ee: EarlyExitModel, timing_only) -> dict:

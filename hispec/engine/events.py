@@ -95,6 +95,9 @@ class DoneEvent:
     t: float
     settings: dict = field(default_factory=dict)
     host_syncs: int = 0  # device-to-host transfers of decisions over the whole generation
+    # the exact model's pass costs as the policy had them at the end (CostModel.figures_ms; {}: none kept):
+    # the run is explained with these, frozen with it, whatever later runs teach the model's cost model
+    costs_ms: dict = field(default_factory=dict)
 
 
 Event = TokenEvent | PassEvent | RoundEvent | PolicyEvent | DoneEvent

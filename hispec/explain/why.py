@@ -82,9 +82,22 @@ def _differences(measured: dict, predicted: float, stats: dict) -> list[tuple[st
     return out
 
 
-def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_if: dict | None = None) -> dict:
+def frozen_costs(run: dict, exits: tuple[int, ...] = ()) -> CostModel | None:
+    """The pass costs a run kept at its end (DoneEvent.costs_ms: what its policy planned with), if they
+    cover `exits`; None when it kept none (a fixed run on a model never timed) or they do not."""
+    done = next((e for e in reversed(run.get("events") or []) if e.get("type") == "done"), None)
+    figures = (done or {}).get("costs_ms")
+    if not figures:
+        return None
+    costs = CostModel.from_figures_ms(figures)
+    return costs if costs.covers(tuple(exits)) else None
+
+
+def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_if: dict | None = None,
+                frozen: bool = False) -> dict:
     """Every figure of "Why this speed" for a finished run (the page's kept run: stats, settings,
-    events, vs_plain), at the sliders' acceptance (draft -> verify, -> full model)."""
+    events, vs_plain), at the sliders' acceptance (draft -> verify, -> full model). `frozen`: `costs`
+    are the run's own (frozen_costs), not the model's cost model as it stands now."""
     settings, stats = run["settings"], run["stats"]
     L = settings.get("num_layers")
     events = [event_from_dict(d) for d in run.get("events") or []]
@@ -106,7 +119,7 @@ def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_
              "measured": measured, "plans": plans, "predicted": predicted,
              "predicted_range": (low, high) if low is not None and high is not None else None,
              "plain": {"measured_decode_tokens_per_s": plain_decode, "model_tokens_per_s": plain_rate(costs, L)},
-             "differences": [], "shape": None}
+             "differences": [], "shape": None, "costs_frozen": frozen}
     if (measured and measured["median"] and predicted is not None
             and not measured["low"] <= predicted <= measured["high"]):
         story["differences"] = _differences(measured, predicted, stats)

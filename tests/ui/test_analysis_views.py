@@ -316,3 +316,32 @@ def test_the_story_of_a_token_replaced_twice_tells_the_whole_chain(server):
     assert f"drafted by the draft exit (layer 2) in round {first.history[0][2]}, then rejected by the intermediate" \
            f" verifier (exit 4)" in first_tip and "click for the whole story" in first_tip
     assert f"token {index + 1} · round" in story
+
+
+def test_why_explains_a_run_with_the_costs_it_kept_whatever_later_runs_teach(server):
+    """An adaptive run keeps the pass costs its policy planned with (its DoneEvent's costs_ms); its
+    explanation uses them, so new costs on the model (a later run, a what-if) leave it as it was. A
+    run that kept none is explained with the model's costs as they stand (the control)."""
+    import copy
+
+    from hispec.engine.costs import CostModel
+
+    h = Handlers(server)
+    lm = server.registry.get("tiny")
+    kept = list(h.generate("abcabcabcabc", "tiny", "HiSpec", 2, 4, 2, 4, 12, False, policy=labels.ADAPTIVE,
+                           baseline=0))[-1][-1]
+    done = kept["events"][-1]
+    assert done["type"] == "done" and done["costs_ms"]["layer"], "the run kept no costs"
+    before = h.why(kept, 0.9, 0.9)[0]
+    assert "as this run's policy had them at its end" in plain(before)
+    live = lm.ee.cost_model
+    try:  # the model's costs change under the run: everything ten times slower
+        lm.ee.cost_model = CostModel.from_figures_ms({"layer": {k: 10 * v for k, v in done["costs_ms"]["layer"].items()},
+                                                      "head": {k: v for k, v in done["costs_ms"]["head"].items()}})
+        assert h.why(kept, 0.9, 0.9)[0] == before
+        bare = copy.deepcopy(kept)
+        bare["events"][-1]["costs_ms"] = {}
+        changed = h.why(bare, 0.9, 0.9)[0]
+    finally:
+        lm.ee.cost_model = live
+    assert changed != before and "this run kept none of its own" in plain(changed)
