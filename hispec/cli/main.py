@@ -148,9 +148,12 @@ def cmd_bench(args) -> int:
     def progress(done, total, what):
         print(f"[{done}/{total}] {what}", file=sys.stderr, flush=True)
 
-    report = benchmark(lm, sets, methods, base, args.layerskip_exit, json_path=args.json,
-                       warmup=not args.no_warmup, progress=progress, models=models if len(models) > 1 else None,
-                       host=True, command=getattr(args, "command_line", None))
+    from hispec.evaluation.host import busy_cores
+
+    with busy_cores(args.background_load) as background:
+        report = benchmark(lm, sets, methods, base, args.layerskip_exit, json_path=args.json,
+                           warmup=not args.no_warmup, progress=progress, models=models if len(models) > 1 else None,
+                           host=True, command=getattr(args, "command_line", None), background=background)
     if args.html:
         write_html(report, args.html)
     if args.svg:

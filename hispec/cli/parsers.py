@@ -192,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--svg", metavar="OUT.svg", default=None,
                        help="static bar chart of tokens/s relative to autoregressive per set (for READMEs)")
     bench.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
+    bench.add_argument("--background-load", metavar="N", type=whole_number, default=0,
+                       help="keep N other processes busy (one core each) while it runs: a loaded machine, as a "
+                            "shared host or a Space is (recorded in the JSON's host)")
     sweep = bench.add_argument_group("sweep mode (hispec over a grid of settings, vs autoregressive)")
     sweep.add_argument("--sweep", metavar="GRIDS", default=None,
                        help="layers, lengths or layers,lengths: instead of methods side by side, run hispec at "

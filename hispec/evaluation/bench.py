@@ -228,14 +228,15 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
               layerskip_exit: int | None = None, json_path: str | None = None, warmup: bool = True,
               progress: Callable[[int, int, str], None] | None = None,
               stop: threading.Event | None = None, models: dict[str, LoadedModel] | None = None,
-              host: bool = False, command: str | None = None) -> dict:
+              host: bool = False, command: str | None = None, background: dict | None = None) -> dict:
     """Run `methods` on every prompt of `sets`; `progress(done, total, what)` is called after every
     prompt (after the JSON is written). `stop`, once set, ends the run before the next method: the
     prompt in progress is dropped (its methods would not be comparable) and the report says `stopped`.
     `models`: the same model in other weight formats by name ('fp32', 'q4'): a method written
     METHOD@FORMAT runs on that one (the others on `lm`). `host`: record the machine and its memory
     bandwidth at the start and the end, and each format's plain step against its memory bound.
-    `command`: the command line that asked for this run, kept in the report (the README's figures cite it)."""
+    `command`: the command line that asked for this run, kept in the report (the README's figures cite it).
+    `background`: the load other processes put on the machine meanwhile (host.busy_cores), recorded."""
     models = dict(models or {})
     if any(m == LLAMACPP for m in methods):
         from hispec.evaluation import llamacpp
@@ -257,6 +258,8 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
         from hispec.evaluation import host as host_info
 
         report["host"] = host_info.describe()
+        if background:
+            report["host"]["background_load"] = background
     ours = [m for m in methods if m != LLAMACPP and split_weights(m)[0] not in HF]
     named = {getattr(lm, "weights", "fp32"): lm, **models}
     snapshots: dict[int, CostSnapshot] = {}  # one calibration per model (weights format), before anything runs

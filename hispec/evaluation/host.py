@@ -10,9 +10,12 @@ plain-decoding steps against it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -112,3 +115,20 @@ def memory_bound(report: dict, weight_bytes: dict[str, int]) -> dict:
             entry.update(step_ms=round(step, 3), step_over_bound=round(step / bound_ms, 3))
         out[fmt] = entry
     return out
+
+
+@contextlib.contextmanager
+def busy_cores(processes: int):
+    """`processes` other processes, each keeping one core busy (a busy loop), for the block's length:
+    a loaded machine, as a Space shares its vCPUs. Yields what the report records of them ({}: none)."""
+    if processes <= 0:
+        yield {}
+        return
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield {"processes": processes, "what": "another process per count, each a Python busy loop on one core"}
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
