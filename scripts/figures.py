@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import readme_prose  # noqa: E402
 from hispec.paths import ASSETS  # noqa: E402
 from readme_tables import (FP32_COMMAND, LEVELS_COMMAND, agreement_table, bench_table, bf16_table,  # noqa: E402
-                           a8_agreement_table, gpu_table, precision_breakeven_table, layerskip_table, levels_table, load_table, precision_agreement_table,
+                           a8_agreement_table, gpu_table, precision_breakeven_table, layerskip_table, levels_table, load_table, loaded_table, precision_agreement_table,
                            precision_table, priors_table, profile_table, q4_alternatives_table, q4_table,
                            sweep_table, time_split_table)
 
@@ -130,6 +130,7 @@ BLOCKS: dict[str, Block] = {
     "q4-alternatives": Block(("assets/bench/q4_alternatives_cpu.json",), q4_alternatives_table),
     "gpu": Block(("assets/gpu/gpu_check_h200.json",), gpu_table, "python scripts/gpu_check.py"),
     "load": Block(("assets/load/load_cpu_default.json",), load_table),
+    "loaded": Block(("assets/bench/loaded_cpu_report.json",), loaded_table),
 }
 
 

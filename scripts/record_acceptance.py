@@ -59,7 +59,7 @@ def main() -> int:
         config = preset(max_new_tokens=args.max_new_tokens, **settings).resolve_for(lm.ee)
         runs, tokens = record(lm, prompts, config)
         model = "SmolLM2-135M-Instruct" if lm.name == "default" else lm.name
-        d, v = config.preset.draft_layer, config.preset.verify_layer
+        d, v = config.exit_layer("draft"), config.exit_layer("verify")
         exits = f"d={d} v={v}" if name == "hispec" else f"exit {d}"
         source = f"{model} with trained exit heads, {name} {exits}, {len(prompts)} held-out prompts"
         patterns[name] = RecordedAcceptance(runs, source).to_dict(

@@ -16,7 +16,7 @@ from hispec.engine.levels import exits_by_role
 from hispec.errors import HiSpecError
 from hispec.explain import what_if as what_ifs
 from hispec.runs.replay import replay_from_dicts
-from hispec.explain.speed_model import measured_pairs
+from hispec.explain.speed_model import RoundShape, measured_pairs
 from hispec.explain.why import frozen_costs, speed_story
 from hispec.runs.trace import Trace
 from hispec.serving.api import (BeliefsRequest, CompareRequest, CostsRequest, GenerateRequest, LoadRequest,
@@ -186,7 +186,7 @@ class Handlers:
         """After a run: the sliders take the measured acceptance, and the view is redrawn."""
         if not run:  # a new run starting, or an error: the last run's explanation goes too
             return gr.skip(), gr.skip(), WHY_HINT, gr.Plot(None, visible=False)
-        a_dv, a_vt = measured_pairs(run["stats"]["acceptance"], run["settings"].get("method", ""))
+        a_dv, a_vt = measured_pairs(run["stats"]["acceptance"], RoundShape.from_settings(run["settings"]).kind)
         a_vt = 0.5 if a_vt is None else round(a_vt, 2)
         a_dv = a_vt if a_dv is None else round(a_dv, 2)
         return (a_dv, a_vt) + self.why(run, a_dv, a_vt, None, request)

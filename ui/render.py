@@ -31,7 +31,8 @@ _STATE_WORDS = {
     "drafted": "drafted at exit {d}, waiting",
     "tentative": "tentatively accepted by the verifier (exit {v}), waiting for the full model",
     "accepted": "drafted, accepted by the full model",
-    "copied": "copied by the lookup level from earlier text, accepted by the full model",
+    "copied": "copied by the lookup level from earlier text (the prompt with its chat template, or the output so "
+              "far), accepted by the full model",
     "precision": "drafted by the same weights in a cheaper format (4-bit, or 4-bit with int8 activations), "
                  "accepted by the full model",
     "verify-wrote": "written by the intermediate verifier (exit {v})",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 
 from hispec.evaluation import pairs
-from hispec.explain.speed_model import RoundSettings
+from hispec.explain.speed_model import RoundShape
 
 
 def _pct(x) -> str:
@@ -26,12 +26,12 @@ def _n(k: int, word: str) -> str:
     return f"{k} {word}{'' if k == 1 else 's'}"
 
 
-def shape_words(r: RoundSettings) -> str:
-    if r.method == "hispec":
+def shape_words(r: RoundShape) -> str:
+    if r.kind == "hierarchy":
         pending = "each tentative token" if r.verify_threshold == 1 else f"{r.verify_threshold} tentative tokens"
-        return (f"HiSpec, fixed: {_n(r.draft_len, 'draft')} at exit {r.draft_layer}, judged at exit {r.verify_layer}, "
+        return (f"HiSpec, fixed: {_n(r.draft_len, 'draft')} at exit {r.exits[-2]}, judged at exit {r.exits[-1]}, "
                 f"the full model after {pending}")
-    return f"LayerSkip, fixed: {_n(r.draft_len, 'draft')} at exit {r.draft_layer}, then the rest of the model"
+    return f"LayerSkip, fixed: {_n(r.draft_len, 'draft')} at exit {r.exits[0]}, then the rest of the model"
 
 
 def _plan_acceptance(plan: dict) -> str:
@@ -95,7 +95,7 @@ def why_html(story: dict) -> str:
     if shape is not None:
         at = story["sliders"]
         words = html.escape(shape_words(shape))
-        acc = (f"{_pct(at['a_dv'])} draft → verify, {_pct(at['a_vt'])} → full" if shape.method == "hispec"
+        acc = (f"{_pct(at['a_dv'])} draft → verify, {_pct(at['a_vt'])} → full" if shape.kind == "hierarchy"
                else f"{_pct(at['a_vt'])} → full")
         rows.append(f"<tr><td>{words}, at the sliders</td><td>{acc}</td><td><b>{_x(at['predicted'])}</b></td>"
                     "<td>estimate</td></tr>")

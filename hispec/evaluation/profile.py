@@ -133,7 +133,7 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
     d = default_draft_layer(L)
     # the single-exit self-speculation the engine would run: its recommended exit and draft_len
     single = preset("layerskip").resolve_for(ee)
-    e, k = single.preset.draft_layer, single.draft_len
+    e, k = single.exit_layer("draft"), single.draft_len
     lean_on = ee.lean is not None
     ids = _context_ids(lm, context + max(counts))
     probe = _Probe(lm, ids[:context])

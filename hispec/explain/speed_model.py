@@ -15,54 +15,68 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hispec.engine.costs import CostModel
+from hispec.engine.levels import LOOKUP, parse_levels
 from hispec.engine.policy import exit_rate, hierarchy_rate, lookup_rate, plain_rate
 
-# stats' acceptance keys (holder->judge) of the pairs each method's prediction needs
-PAIRS = {"layerskip": ("draft->target",), "hispec": ("draft->verify", "verify->target")}
+# stats' acceptance keys (holder->judge) of the pairs each shape's prediction needs
+PAIRS = {"exit": ("draft->target",), "hierarchy": ("draft->verify", "verify->target")}
 
 
 @dataclass(frozen=True)
-class RoundSettings:
-    """What a fixed round does: the exits and lengths of a resolved DecodeConfig."""
+class RoundShape:
+    """What a fixed round does: the levels below the full model (a level list of engine.levels, e.g.
+    ("lookup", 2, 4)) and its lengths. Its `kind`: "hierarchy" (two exits: the lower drafts, the
+    upper judges first), "exit" (one exit drafts), "lookup" (lookup drafts), or "plain"."""
 
-    method: str  # autoregressive, lookup, layerskip or hispec
-    draft_layer: int | None = None  # layerskip: its exit
-    verify_layer: int | None = None
+    levels: tuple = ()
     draft_len: int = 1
     verify_threshold: int = 1
 
     @classmethod
-    def from_settings(cls, settings: dict) -> RoundSettings:
+    def from_settings(cls, settings: dict) -> RoundShape:
         """From a run's settings (DoneEvent.settings / a resolved DecodeConfig as a dict)."""
-        return cls(settings.get("method", "autoregressive"), settings.get("draft_layer"), settings.get("verify_layer"),
-                   settings.get("draft_len") or 1, settings.get("verify_threshold") or 1)
+        return cls(tuple(parse_levels(settings.get("levels") or ())), settings.get("draft_len") or 1,
+                   settings.get("verify_threshold") or 1)
+
+    @property
+    def exits(self) -> tuple[int, ...]:
+        return tuple(x for x in self.levels if isinstance(x, int))
+
+    @property
+    def kind(self) -> str:
+        exits = self.exits
+        if len(exits) >= 2:
+            return "hierarchy"
+        if len(exits) == 1 and LOOKUP not in self.levels:
+            return "exit"
+        return "lookup" if LOOKUP in self.levels and not exits else "plain"
 
 
 class SpeedModel:
     def __init__(self, costs: CostModel, num_layers: int):
         self.costs, self.L = costs, num_layers
 
-    def speedup(self, r: RoundSettings, a_dv: float, a_vt: float) -> float:
+    def speedup(self, r: RoundShape, a_dv: float, a_vt: float) -> float:
         """Predicted tokens/s relative to plain steps; a_dv: draft->verify, a_vt: the exit just
         below the full model -> full model (layerskip: its exit -> full model)."""
-        c, L = self.costs, self.L
-        if r.method == "layerskip" and r.draft_layer:
-            rate = exit_rate(c, L, r.draft_layer, r.draft_len, a_vt)
-        elif r.method == "hispec" and r.draft_layer and r.verify_layer:
-            rate = hierarchy_rate(c, L, r.draft_layer, r.verify_layer, r.draft_len, r.verify_threshold, a_dv, a_vt)
-        elif r.method == "lookup":
+        c, L, exits = self.costs, self.L, r.exits
+        if r.kind == "exit":
+            rate = exit_rate(c, L, exits[0], r.draft_len, a_vt)
+        elif r.kind == "hierarchy":
+            rate = hierarchy_rate(c, L, exits[-2], exits[-1], r.draft_len, r.verify_threshold, a_dv, a_vt)
+        elif r.kind == "lookup":
             rate = lookup_rate(c, L, r.draft_len, a_vt)
         else:
             return 1.0
         return rate / plain_rate(c, L)
 
-    def curve(self, r: RoundSettings, a_dv: float | None = None, points: int = 21) -> list[tuple[float, float]]:
+    def curve(self, r: RoundShape, a_dv: float | None = None, points: int = 21) -> list[tuple[float, float]]:
         """(acceptance, predicted speedup) over acceptance 0..1 of the exit below the full model;
         a_dv None: the draft exit agrees with the verifier as often (one acceptance for both)."""
         xs = [i / (points - 1) for i in range(points)]
         return [(a, self.speedup(r, a if a_dv is None else a_dv, a)) for a in xs]
 
-    def break_even(self, r: RoundSettings, a_dv: float | None = None) -> float | None:
+    def break_even(self, r: RoundShape, a_dv: float | None = None) -> float | None:
         """The lowest acceptance (as in `curve`) at which the prediction reaches plain speed; None if
         even acceptance 1 does not (the round costs more than it can commit)."""
         f = (lambda a: self.speedup(r, a if a_dv is None else a_dv, a) - 1.0)
@@ -77,17 +91,18 @@ class SpeedModel:
         return hi
 
 
-def measured_pairs(acceptance: dict, method: str) -> tuple[float | None, float | None]:
-    """(a_dv, a_vt) measured in a run, from its stats' acceptance (None where not measured)."""
-    if method == "layerskip":
+def measured_pairs(acceptance: dict, kind: str) -> tuple[float | None, float | None]:
+    """(a_dv, a_vt) measured in a run of a shape of this `kind` (RoundShape.kind), from its stats'
+    acceptance (None where not measured)."""
+    if kind == "exit":
         return None, acceptance.get("draft->target")
-    if method == "hispec":
+    if kind == "hierarchy":
         return acceptance.get("draft->verify"), acceptance.get("verify->target")
     return None, None
 
 
 # ---- a run plan by plan (explain.plans), measured and predicted ------------------------------
-def plan_settings(kind: str, draft_len: int, verify_at: int) -> RoundSettings | None:
+def plan_shape(kind: str, draft_len: int, verify_at: int) -> RoundShape | None:
     """The fixed round a plan kind of explain.plans stands for; None for a plan with a level in a cheaper
     format ('full@q4', 'lookup -> full@q4'): this model has the exact format's costs only, so such a plan is
     measured, not estimated."""
@@ -95,12 +110,12 @@ def plan_settings(kind: str, draft_len: int, verify_at: int) -> RoundSettings | 
         return None
     words = kind.split()
     if kind == "lookup":
-        return RoundSettings("lookup", draft_len=draft_len)
+        return RoundShape((LOOKUP,), draft_len)
     if "->" in kind:  # "exit 2 -> exit 4"
-        return RoundSettings("hispec", int(words[1]), int(words[4]), draft_len, verify_at)
+        return RoundShape((int(words[1]), int(words[4])), draft_len, verify_at)
     if words and words[0] == "exit":
-        return RoundSettings("layerskip", int(words[1]), None, draft_len)
-    return RoundSettings("autoregressive")
+        return RoundShape((int(words[1]),), draft_len)
+    return RoundShape()
 
 
 def plan_acceptance(acceptance: dict) -> tuple[float | None, float | None]:
@@ -119,15 +134,15 @@ def explain_plans(rows, costs: CostModel, num_layers: int, plain_tokens_per_s: f
     scale = (plain_tokens_per_s / plain_rate(costs, num_layers)) if plain_tokens_per_s else 1.0
     out = []
     for row in rows:
-        r = plan_settings(row.kind, row.draft_len, row.verify_at)
+        r = plan_shape(row.kind, row.draft_len, row.verify_at)
         a_dv, a_vt = plan_acceptance(row.acceptance)
         item = {"kind": row.kind, "rounds": row.rounds, "new_tokens": row.new_tokens, "share": row.share,
                 "measured_tokens_per_s": row.tokens_per_s, "a_dv": a_dv, "a_vt": a_vt,
                 "draft_len": row.draft_len, "verify_at": row.verify_at, "predicted": None, "break_even": None,
                 "predicted_tokens_per_s": None}
         if r is None:
-            pass  # a level in a cheaper format: measured only (plan_settings)
-        elif r.method == "autoregressive":
+            pass  # a level in a cheaper format: measured only (plan_shape)
+        elif r.kind == "plain":
             item.update(predicted=1.0, predicted_tokens_per_s=plain_rate(costs, num_layers) * scale)
         elif a_vt is not None:
             predicted = model.speedup(r, a_dv if a_dv is not None else a_vt, a_vt)

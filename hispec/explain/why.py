@@ -25,32 +25,34 @@ from hispec.engine.costs import CostModel
 from hispec.engine.events import event_from_dict
 from hispec.engine.policy import plain_rate
 from hispec.explain.plans import plan_rows
-from hispec.explain.what_if import gap
 from hispec.explain.speed_model import (
-    RoundSettings,
+    RoundShape,
     SpeedModel,
     acceptance_interval,
     explain_plans,
-    plan_settings,
+    plan_shape,
     run_prediction,
 )
+from hispec.explain.what_if import gap
 
 DEFINITION = ("Acceptance, everywhere on this page: of the tokens a level proposes, the share the level above keeps, "
               "counted in order up to the first rejection of each block (what follows a rejection is thrown away "
               "unjudged).")
 
 
-def shape_of(settings: dict) -> RoundSettings | None:
-    """The fixed round a run's settings describe (the sliders' curves are for it); None: no exits."""
-    method = settings.get("method")
-    if method not in ("hispec", "layerskip") or any("@" in str(x) for x in settings.get("levels") or ()):
-        return None  # no exits, or a level in a cheaper format (the sliders' curves are the exact format's)
-    return RoundSettings.from_settings(settings)
+def shape_of(settings: dict) -> RoundShape | None:
+    """The fixed round of exits a run's levels describe (the sliders' curves are for it); None: no exit
+    drafts in it (plain, lookup alone, lookup judged by one exit), or a level in a cheaper format (the
+    sliders' curves are the exact format's)."""
+    if any("@" in str(x) for x in settings.get("levels") or ()):
+        return None
+    shape = RoundShape.from_settings(settings)
+    return shape if shape.kind in ("exit", "hierarchy") else None
 
 
 def _interval_prediction(model: SpeedModel, plan: dict, judged: dict) -> tuple[float, float] | None:
-    r = plan_settings(plan["kind"], plan["draft_len"], plan["verify_at"])
-    if r is None or r.method == "autoregressive" or plan["a_vt"] is None:
+    r = plan_shape(plan["kind"], plan["draft_len"], plan["verify_at"])
+    if r is None or r.kind == "plain" or plan["a_vt"] is None:
         return None
     to_full = next((k for k in judged if k.endswith("->target")), None)
     vt = acceptance_interval(plan["a_vt"], judged.get(to_full, 0))
@@ -131,10 +133,10 @@ def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_
     return story
 
 
-def _at_sliders(model: SpeedModel, shape: RoundSettings, sliders, what_if: dict | None) -> dict:
+def _at_sliders(model: SpeedModel, shape: RoundShape, sliders, what_if: dict | None) -> dict:
     a_dv, a_vt = sliders
     out = {"a_dv": a_dv, "a_vt": a_vt, "predicted": model.speedup(shape, a_dv, a_vt),
-           "break_even": model.break_even(shape, a_dv if shape.method == "hispec" else None), "what_if": None,
+           "break_even": model.break_even(shape, a_dv if shape.kind == "hierarchy" else None), "what_if": None,
            "what_if_gap": None}
     if what_if and tuple(what_if.get("rates") or ()) == (round(a_dv, 2), round(a_vt, 2)):
         out["what_if"] = what_if
@@ -142,17 +144,18 @@ def _at_sliders(model: SpeedModel, shape: RoundSettings, sliders, what_if: dict 
     return out
 
 
-def _chart(model: SpeedModel, shape: RoundSettings, sliders, plans, measured, predicted, at) -> dict:
+def _chart(model: SpeedModel, shape: RoundShape, sliders, plans, measured, predicted, at) -> dict:
     """The curves and points of the chart: the run's shape over acceptance, this run, the sliders."""
     a_dv, a_vt = sliders
     curves = {}
-    if shape.method == "hispec":
+    upper = shape.exits[-1]
+    if shape.kind == "hierarchy":
         curves[f"HiSpec, draft→verify {a_dv:.0%}"] = model.curve(shape, a_dv)
         curves["HiSpec, draft→verify = verify→full"] = model.curve(shape)
-        single = RoundSettings("layerskip", shape.verify_layer, draft_len=shape.verify_threshold)
-        curves[f"LayerSkip at exit {shape.verify_layer}, {shape.verify_threshold} drafts"] = model.curve(single)
+        single = RoundShape((upper,), draft_len=shape.verify_threshold)  # its verifier drafting alone
+        curves[f"LayerSkip at exit {upper}, {shape.verify_threshold} drafts"] = model.curve(single)
     else:
-        curves[f"LayerSkip at exit {shape.draft_layer}, {shape.draft_len} drafts"] = model.curve(shape)
+        curves[f"LayerSkip at exit {upper}, {shape.draft_len} drafts"] = model.curve(shape)
     points = {}
     a_run = plans[0]["a_vt"] if plans else None  # the plan that took the most time
     if a_run is not None:
@@ -163,6 +166,6 @@ def _chart(model: SpeedModel, shape: RoundSettings, sliders, plans, measured, pr
     points["sliders: estimate"] = (a_vt, at["predicted"])
     if at["what_if"] and at["what_if"].get("median"):
         points["sliders: what-if, measured (synthetic)"] = (a_vt, at["what_if"]["median"])
-    axis = ("acceptance verify → full model, per token" if shape.method == "hispec"
+    axis = ("acceptance verify → full model, per token" if shape.kind == "hierarchy"
             else "acceptance exit → full model, per token")
     return {"curves": curves, "points": points, "axis": axis}

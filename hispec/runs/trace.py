@@ -13,7 +13,9 @@ LEGEND = (
     ("drafted", "drafted", "proposed by the draft exit (or copied by lookup), waiting for a verifier"),
     ("tentative", "tentative", "accepted by the intermediate verifier, waiting for the full model"),
     ("accepted", "accepted", "drafted, then accepted by the full model (committed)"),
-    ("copied", "copied", "proposed by the lookup level (copied from earlier text), accepted by the full model"),
+    ("copied", "copied", "proposed by the lookup level, copied from earlier text (the prompt as the model reads "
+                         "it, its chat template's own words included, or what it wrote so far), accepted by the "
+                         "full model"),
     ("precision", "4-bit draft", "drafted by the same weights in a cheaper format (4-bit), accepted by the full model"),
     ("verify-wrote", "verifier's token", "written by the intermediate verifier (a correction), committed"),
     ("target-wrote", "full model's token", "written by the full model itself: a correction, bonus or plain step"),

@@ -9,7 +9,7 @@ from hispec.engine.config import preset
 from hispec.engine.events import event_to_dict
 from hispec.explain.plans import fixed_kind, plan_rows
 from hispec.runs.runner import run
-from hispec.explain.speed_model import RoundSettings, SpeedModel
+from hispec.explain.speed_model import RoundShape, SpeedModel
 from hispec.explain.why import speed_story
 from hispec.model.early_exit import EarlyExitModel
 
@@ -63,7 +63,7 @@ def test_the_story_puts_the_estimate_beside_the_measured_ratio_and_names_the_gap
     story = speed_story(kept(r, events, measured), costs, (0.9, 0.9))
     plan = story["plans"][0]
     a_dv, a_vt = r.stats["acceptance"]["draft->verify"], r.stats["acceptance"]["verify->target"]
-    assert plan["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundSettings("hispec", 2, 4, 2, 2),
+    assert plan["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundShape((2, 4), 2, 2),
                                                                            a_dv, a_vt))
     low, high = plan["range"]
     assert low <= plan["predicted"] <= high, "the estimate's range holds it"
@@ -74,7 +74,7 @@ def test_the_story_puts_the_estimate_beside_the_measured_ratio_and_names_the_gap
         reasons = dict(story["differences"])
         assert set(reasons) >= {"by", "bookkeeping", "noise"} and "%" in reasons["by"]
     at = story["sliders"]
-    assert at["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundSettings("hispec", 2, 4, 2, 2), 0.9, 0.9))
+    assert at["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundShape((2, 4), 2, 2), 0.9, 0.9))
     assert "sliders: estimate" in story["points"] and story["curves"]
 
 

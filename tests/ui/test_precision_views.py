@@ -73,12 +73,12 @@ def test_why_this_speed_explains_a_run_with_the_4bit_level_measured_only(run):
     """The plan table lists the 4-bit plans measured, with no estimate, and says why; nothing breaks on
     a kind such as 'lookup -> full@q4'."""
     from hispec.explain.plans import plan_rows
-    from hispec.explain.speed_model import explain_plans, plan_settings
+    from hispec.explain.speed_model import explain_plans, plan_shape
     from hispec.explain.why import speed_story
     from hispec.engine.costs import CostModel
     from ui.why_view import why_html
 
-    assert plan_settings("lookup -> full@q4 (drafts on)", 3, 1) is None and plan_settings("full@q4", 3, 1) is None
+    assert plan_shape("lookup -> full@q4 (drafts on)", 3, 1) is None and plan_shape("full@q4", 3, 1) is None
     costs = CostModel.given({n: 1e-3 for n in (1, 4, 16)}, {(8, n): 1e-4 for n in (1, 4, 16)})
     kept = {"settings": run.done.settings, "stats": run.summary(), "events": run.events, "vs_plain": None}
     story = speed_story(kept, costs, (0.5, 0.5))
