@@ -409,3 +409,23 @@ def test_the_load_test_says_what_is_stuck(capsys, monkeypatch):
     report = json.loads(out[out.index("{"):])
     assert report["unfinished_sessions"] >= 1, report
     assert report["stuck"]["open_jobs"] >= 1 and report["stuck"]["turns"]["tiny"]["busy"], report["stuck"]
+
+
+def test_the_load_tests_judge_catches_a_cut_that_does_not_say_so():
+    """Each of the load test's verdicts, shown on made-up answers: a run cut short must say it was
+    stopped; a Stop that ran in full long after its reply is lost; another prompt's answer is crossed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import load_test
+
+    expected = {"a": [1, 2, 3, 4, 5], "b": [6, 7, 8, 9, 10]}
+    lost = {"done_before_stop": False, "result_after_reply_s": 5.0, "stop_reply": "Stopping"}
+    assert load_test.judge("normal", "a", [1, 2, 3, 4, 5], "max_new_tokens", expected)[0] == "completed"
+    assert load_test.judge("normal", "a", [6, 7, 8, 9, 10], "max_new_tokens", expected)[0] == "crossed"
+    assert load_test.judge("long", "a", [1, 2, 3], "time_limit", expected)[0] == "failed"
+    assert load_test.judge("stop", "a", [1, 2, 3], "stopped", expected)[0] == "completed"
+    outcome, message = load_test.judge("stop", "a", [1, 2, 3], "max_new_tokens", expected)
+    assert outcome == "failed" and message.startswith("cut without saying so"), message
+    outcome, message = load_test.judge("stop", "a", [1, 2, 3, 4, 5], "max_new_tokens", expected, lost)
+    assert outcome == "failed" and "a Stop ran in full" in message, message
+    assert load_test.judge("stop", "a", [1, 2, 3, 4, 5], "max_new_tokens", expected,
+                           dict(lost, result_after_reply_s=0.2))[0] == "completed"  # it ended as the Stop came
