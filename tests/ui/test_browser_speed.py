@@ -62,9 +62,16 @@ def test_three_identical_runs_state_ratios_that_lie_within_each_others_ranges(pa
             # method makes, not how busy the machine's cores happen to be. 50 ms a pass was not enough: on
             # a CI host with both cores busy the tiny model's Python per token grew to a third of a pass,
             # and one run's median read 0.74x against the others' 1.0x.
+            page.get_by_label("Prompt", exact=True).fill("Hey there")
+            page.get_by_label("Fixed (the settings below)").check()
+            set_number(page, "hs-baseline", 3)
             page.evaluate("() => { window.hsDone = 0; }")
             with slow_full_model(served[1], 0.12):
-                generate(page, "Hey there", pairs=3)
+                page.get_by_role("button", name="Generate", exact=True).click()
+                # this run's own Done (the last run's is still on the page when the click is sent)
+                page.wait_for_function("() => window.hsDone >= 1")
+                page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '')"
+                                       ".includes('against plain decoding')")  # emptied by the click
             page.wait_for_timeout(1000)  # a late second "Done" would be counted here
             done.append(page.evaluate("() => window.hsDone"))
             text = page.inner_text("#hs-why-table")
