@@ -24,8 +24,9 @@ the last update's outcome and message, and a generation cut by a Stop or by the 
 with its DoneEvent's reason "stopped" or "time_limit". A client that leaves (Gradio closes the
 update stream when the connection drops) ends its job within a heartbeat; a queued job ends at
 once. A client that never opened its update stream, or stopped reading it, ends its job once its
-updates have lain unread for UNREAD_S (serving.caller counts them in Gradio's queue). The worker releases the model's turn when the work really ends, never before. Updates are
-three small types (serving.updates); the page and the API turn them into what they show.
+updates have lain unread for UNREAD_S (serving.caller counts them in Gradio's queue). The worker
+releases the model's turn when the work really ends, never before. Updates are three small types
+(serving.updates); the page and the API turn them into what they show.
 """
 
 from __future__ import annotations
