@@ -226,10 +226,13 @@ def test_a_stop_reaches_its_jobs_when_gradios_queue_is_full():
     with app_on_loopback(queue_max=1, max_threads=2) as (url, server):
         client = Client(url, verbose=False)
         with slow(server.registry.get("tiny"), 0.1):
-            long = [client.submit(prompt="Hey", max_new_tokens=200, api_name="/generate") for _ in range(2)]
-            assert wait_until(lambda: len(server.jobs.of()) == 2, TIMEOUT_S) is not None, "the jobs never started"
+            long = []
+            for n in (1, 2):  # one at a time: a join that finds the other still in Gradio's queue is refused
+                long.append(client.submit(prompt="Hey", max_new_tokens=200, api_name="/generate"))
+                assert wait_until(lambda n=n: len(server.jobs.of()) == n, TIMEOUT_S) is not None, "a job never started"
             waiting = Client(url, verbose=False).submit(prompt="Hey", max_new_tokens=2, api_name="/generate")
-            time.sleep(0.5)  # it sits in Gradio's queue: no thread is free
+            # its join answered: it sits in Gradio's queue, no thread being free
+            assert wait_until(lambda: getattr(waiting.communicator, "event_id", None), TIMEOUT_S) is not None
             with pytest.raises(QueueError, match="Queue is full"):  # the way a Stop is lost today
                 client.predict(api_name="/stop")
             said = httpx.post(f"{url}hispec/stop", json={"session_hash": client.session_hash}, timeout=TIMEOUT_S)
