@@ -123,6 +123,14 @@ class Server:
         reader = _Reader(caller.unread)
         try:
             for update in updates:
+                if isinstance(update, Ended):
+                    # the last update: the job's turn, lease and registration are given back before the
+                    # client hears it, whatever the consumer does next (one that stops iterating without
+                    # closing, its generator kept alive by an exception's traceback, held the model's
+                    # turn for everybody when a Stop landed just after the turn was taken)
+                    updates.close()
+                    yield update
+                    return
                 yield update
                 if state["job"] is not None and reader.gone():
                     state["job"].end(LEFT)

@@ -275,3 +275,28 @@ def test_the_overall_figure_at_the_server_refuses_the_heavy_address_not_the_new_
     outcomes = [list(server.submit(heavy, GenerateRequest, gen(max_new=2)))[-1].outcome for _ in range(4)]
     assert outcomes == ["done", "done", "done", "refused"]
     assert list(server.submit(newcomer, GenerateRequest, gen(max_new=2)))[-1].outcome == "done"
+
+
+def test_the_model_is_handed_on_before_the_last_update_whatever_the_consumer_does(monkeypatch):
+    """A Stop lands just after a job took the model's turn: it ends "before it started". A consumer that
+    stops iterating at the last update without closing the stream (an API answer raising an error keeps
+    it alive) must not keep the turn, nor the job registered: both are given back before that update."""
+    server = tiny_server()
+    turns = server.registry.turns("tiny")
+    original = Turns.wait
+
+    def racing(self, job, deadline, step_s=0.5):
+        held = yield from original(self, job, deadline, step_s)
+        job.end("stopped")  # the Stop arrives right after the turn was taken
+        return held
+
+    monkeypatch.setattr(Turns, "wait", racing)
+    stream = server.submit(Caller("tab", "10.0.0.1"), GenerateRequest, gen(max_new=4))
+    last = None
+    for update in stream:  # the stream is kept referenced and never closed
+        last = update
+        if isinstance(update, Ended):
+            break
+    assert last == Ended("stopped", "Stopped before the generation started."), last
+    assert not turns.busy, "the stopped job still holds the model's turn"
+    assert server.jobs.of() == []
