@@ -14,6 +14,14 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+def sentence(text: str) -> str:
+    """A message as a reader meets it: its first letter in capitals ('unknown method' -> 'Unknown method');
+    the engine's errors start in lower case to read inside other text, and every one reaches a person
+    through this. A message that starts with a field's own name keeps it as typed ('draft_len must be')."""
+    first = text.split(" ", 1)[0]
+    return text if "_" in first else text[:1].upper() + text[1:]
+
+
 class Detokenizer:
     """Text of one token in its context, so that multi-token characters and leading spaces
     come out right; a tokenizer-less fallback shows ids (tiny test models)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from ui.labels import run_words
+
 _LAYOUT = dict(height=300, margin=dict(l=55, r=10, t=36, b=50), legend=dict(orientation="h", y=-0.3),
                template="plotly_white")
 
@@ -78,7 +80,7 @@ def compare_figure(rows: list[dict]) -> go.Figure:
     """Median tokens per second per method, with the range of its repeats as error bars."""
     runs = [r.get("runs") or [r["tokens_per_s"]] for r in rows]
     mid = [r["tokens_per_s"] for r in rows]
-    fig = go.Figure(go.Bar(x=[r["method"] for r in rows], y=mid, text=[f"{m:.1f}" for m in mid], textposition="auto",
+    fig = go.Figure(go.Bar(x=[run_words(r["method"]) for r in rows], y=mid, text=[f"{m:.1f}" for m in mid], textposition="auto",
                            name="median of the runs",
                            error_y=dict(type="data", symmetric=False, array=[max(x) - m for x, m in zip(runs, mid)],
                                         arrayminus=[m - min(x) for x, m in zip(runs, mid)])))

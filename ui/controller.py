@@ -24,6 +24,7 @@ from hispec.serving.api import (BeliefsRequest, CompareRequest, CostsRequest, Ge
 from hispec.serving.answer import api_answer
 from hispec.serving.session import Server
 from hispec.serving.updates import Ended, Output, Status
+from hispec.text import sentence
 from ui import charts, controls, labels, render, stepper, token_story, why_view
 from ui.beliefs_view import beliefs_html
 from ui.generate_view import GenerateView, WhatIfView, cleared
@@ -80,7 +81,7 @@ class Handlers:
         try:
             yield from api_answer(updates, lambda run: render.tokens_html(run.trace, run.done.settings))
         except HiSpecError as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
+            raise gr.Error(sentence(str(exc)), print_exception=False) from None
 
     # ---- what if, compare -----------------------------------------------------------------------
     def what_if(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
@@ -109,7 +110,7 @@ class Handlers:
         sampling, table, figure = bool(temperature), gr.skip(), gr.skip()
         for update in self.server.submit(self.server.caller(request), CompareRequest, raw):
             if isinstance(update, Status):
-                status = render.message_html("Compare: " + update.text, "info")
+                status = render.message_html("Compare: " + labels.running_words(update.text), "info")
                 yield status, status, gr.skip(), gr.skip()
             elif isinstance(update, Output):
                 for item in update.items:

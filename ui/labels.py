@@ -52,6 +52,38 @@ def level_words(level) -> str:
     return text if text == "lookup" or text.startswith("exit") else f"exit {text}"
 
 
+def plan_words(kind: str) -> str:
+    """A plan as the page names it, bottom up with arrows and the full model at the top: 'exit 2 -> exit 4'
+    -> 'exit 2 → exit 4 → full model', 'lookup' -> 'lookup → full model', 'lookup -> full@q4 (drafts on)'
+    -> 'lookup → 4-bit full model → full model (drafts on)', 'plain' -> 'plain step (full model)'."""
+    if kind == "plain":
+        return "plain step (full model)"
+    body, on, note = kind.partition(" (")
+    parts = [level_words(part.strip()).removeprefix("the ") for part in body.split("->")]
+    return " → ".join([*parts, "full model"]) + (f" ({note}" if on else "")
+
+
+POLICY_WORDS = {"auto": "adaptive", "fixed": "fixed"}
+
+
+def run_words(name: str) -> str:
+    """A compared run as the page names it: 'hispec (auto)' -> 'HiSpec, adaptive', 'layerskip' -> 'LayerSkip
+    (single exit)', 'hispec' -> 'HiSpec, fixed' (an unknown name is passed on)."""
+    method, _, policy = name.partition(" (")
+    policy = policy.rstrip(")") or ("fixed" if method in ("hispec", "lookup") else "")  # no tag: fixed rounds
+    words = method_label(method)
+    return f"{words}, {POLICY_WORDS.get(policy, policy)}" if policy else words
+
+
+def running_words(progress: str) -> str:
+    """Compare's progress with the run named as the page names it: 'Running hispec (auto)… (1 of 6)' ->
+    'Running HiSpec, adaptive… (1 of 6)' (evaluation.compare's words; other text is passed on)."""
+    head, dots, rest = progress.partition("…")
+    if not head.startswith("Running ") or not dots:
+        return progress
+    return f"Running {run_words(head.removeprefix('Running '))}…{rest}"
+
+
 def levels_name(label) -> str:
     """The engine's level list of a Levels choice ('' : the method's own); typed text is passed on."""
     return LEVELS.get(label, label or "")

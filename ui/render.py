@@ -11,8 +11,8 @@ from hispec.evaluation.bench import first_difference
 from hispec.evaluation import pairs
 from hispec.runs.metrics import pair_name, stats_rows
 from hispec.runs.trace import LEGEND, Trace, TraceToken
-from hispec.text import printable
-from ui.labels import level_words
+from hispec.text import printable, sentence
+from ui.labels import level_words, plan_words, run_words
 from ui.token_life import life
 
 COLORS = {
@@ -90,7 +90,7 @@ def legend_html(counts: dict[str, int] | None = None) -> str:
 
 
 def message_html(text: str, kind: str = "error") -> str:
-    return f'<div class="hs-msg hs-msg-{kind}">{html.escape(text)}</div>'
+    return f'<div class="hs-msg hs-msg-{kind}">{html.escape(sentence(text))}</div>'
 
 
 def depth_html(num_layers: int, draft_layer: int | None, verify_layer: int | None, method: str) -> str:
@@ -133,8 +133,10 @@ def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = N
     """The run's stats as a table (the CLI prints the same rows on one line); `vs_plain`: the
     measured ratio to plain decoding on this prompt (evaluation.compare.vs_plain), when taken;
     `stopped_by`: what ended it when the engine only knows it was stopped (the time limit, a Stop)."""
-    rows = [(k, stopped_by or reason_words(s.get("finish_reason")) if k == "stopped by" else v)
-            for k, v in stats_rows(s)]
+    plans = sorted((s.get("policy_choices") or {}).items(), key=lambda kv: -kv[1])
+    page_words = {"stopped by": stopped_by or reason_words(s.get("finish_reason")),  # the page's words for these
+                  "adaptive plans (rounds)": ", ".join(f"{plan_words(k)}: {n}" for k, n in plans)}
+    rows = [(k, page_words.get(k, v)) for k, v in stats_rows(s)]
     if vs_plain:
         rows.insert(3, ("speed vs plain decoding, measured", vs_plain_words(vs_plain)))
     body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
@@ -160,7 +162,7 @@ def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | N
     ref = next((r for r in rows if r["method"] == "autoregressive"), rows[0])
     head = ("<tr><th>method</th><th>what ran</th><th>tokens</th><th>tokens / s (median, range)</th>"
             "<th>vs plain decoding</th><th>acceptance</th><th>full-model passes</th>"
-            f"<th>identical to {html.escape(ref['method'])}</th></tr>")
+            f"<th>identical to {html.escape(run_words(ref['method']))}</th></tr>")
     body = []
     for r in rows:
         same = ("n/a: sampled (same distribution, not the same text)" if sampling
@@ -172,16 +174,16 @@ def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | N
                                if v is not None) or "–"
         ran = html.escape(r.get("ran") or r["method"])
         if r.get("plans"):
-            plans = ", ".join(f"{k} {n}" for k, n in sorted(r["plans"].items(), key=lambda kv: -kv[1]))
+            plans = ", ".join(f"{plan_words(k)}: {n}" for k, n in sorted(r["plans"].items(), key=lambda kv: -kv[1]))
             ran += f"<br><span class='hs-hint'>plans (rounds): {html.escape(plans)}</span>"
         vs = ("the reference" if r["method"] == "autoregressive" else
               vs_plain_words(r["vs_plain"]) if r.get("vs_plain") else "– (plain decoding was not run)")
-        body.append(f"<tr><td>{html.escape(r['method'])}</td><td>{ran}</td><td>{r['new_tokens']}</td>"
+        body.append(f"<tr><td>{html.escape(run_words(r['method']))}</td><td>{ran}</td><td>{r['new_tokens']}</td>"
                     f"<td>{r['tokens_per_s']:.2f}{spread}</td><td>{html.escape(vs)}</td><td>{acceptance}</td>"
                     f"<td>{r.get('full_passes', '–')}</td><td>{same}</td></tr>")
     caption = ""
     if order:
-        caption = ("<p class='hs-hint'>Run order: " + html.escape(" → ".join(order)) + ". Speeds are medians of "
+        caption = ("<p class='hs-hint'>Run order: " + html.escape(" → ".join(map(run_words, order))) + ". Speeds are medians of "
                    "the repeats; the order reverses every other pass, so a machine that speeds up or slows down "
                    "favours no method. “vs plain decoding” is the median of each pass's ratio (the two runs of a "
                    "pass are neighbours in time); when its range holds 1× this prompt cannot tell the two apart "

@@ -7,6 +7,7 @@ import html
 
 from hispec.evaluation import pairs
 from hispec.explain.speed_model import RoundShape
+from ui.labels import plan_words
 
 
 def _pct(x) -> str:
@@ -50,7 +51,7 @@ def plans_table(story: dict) -> str:
         estimate = p["predicted_tokens_per_s"]
         be = p["break_even"]
         rows.append(
-            f"<tr><td>{html.escape(p['kind'])}</td><td>{p['rounds']}</td><td>{p['new_tokens']}</td>"
+            f"<tr><td>{html.escape(plan_words(p['kind']))}</td><td>{p['rounds']}</td><td>{p['new_tokens']}</td>"
             f"<td>{_pct(p['share'])}</td><td>{html.escape(_plan_acceptance(p))}</td>"
             f"<td>{'–' if measured is None else f'{measured:.1f}'}</td>"
             f"<td>{'–' if estimate is None else f'{estimate:.1f}'} <span class='hs-hint'>estimate</span></td>"
@@ -149,9 +150,9 @@ def speed_source_words(story: dict) -> str:
     for p in sorted(plans, key=lambda p: -p["new_tokens"]):
         rate = p["measured_tokens_per_s"]
         seconds = p["new_tokens"] / rate if rate else 0.0
-        parts.append(f"{p['kind']} wrote {_n(p['new_tokens'], 'token')} in {seconds:.1f} s")
+        parts.append(f"{plan_words(p['kind'])} wrote {_n(p['new_tokens'], 'token')} in {seconds:.1f} s")
         if p["kind"] != "plain" and rate and plain and rate > plain:
-            faster.append(f"{p['kind']} ({rate / plain:.2f}×)")
+            faster.append(f"{plan_words(p['kind'])} ({rate / plain:.2f}×)")
     text = "Where the speed came from: " + "; ".join(parts) + ". "
     text += (f"Faster than {source}: {', '.join(faster)}." if faster
              else f"No plan beat {source} in this run.")

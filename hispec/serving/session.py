@@ -48,6 +48,7 @@ from hispec.serving.limits import Limits
 from hispec.serving.ratelimit import RateLimits
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.updates import Ended, Output, Status
+from hispec.text import sentence
 
 log = logging.getLogger("hispec.serving")
 
@@ -373,4 +374,4 @@ class Server:
     @staticmethod
     def _refused(kind: str, caller: Caller, exc: HiSpecError) -> Ended:
         log.info("refused %s from %s: %s", kind, caller.address, exc)  # one line, no traceback
-        return Ended("refused", str(exc))
+        return Ended("refused", sentence(str(exc)))

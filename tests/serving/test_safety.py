@@ -26,6 +26,7 @@ from hispec.serving.ratelimit import RateLimits
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.session import Server
 from hispec.serving.updates import Ended
+from hispec.text import sentence
 
 ME = Caller("tab", "10.0.0.1")
 
@@ -63,7 +64,7 @@ def test_a_huge_prompt_is_refused_before_anything_reads_it(lm, monkeypatch):
     end = last(server, gen(prompt=big))
     elapsed = time.perf_counter() - t0
     assert end.outcome == "refused"
-    assert end.message == ("the prompt is 5,242,880 characters, over this server's limit of 8,192; shorten it")
+    assert end.message == ("The prompt is 5,242,880 characters, over this server's limit of 8,192; shorten it")  # a sentence
     assert calls == [], "no templating or tokenizing before the size check"
     assert elapsed < 0.1, f"a refusal costs microseconds, this one {elapsed * 1000:.0f} ms"
 
@@ -81,19 +82,19 @@ def test_huge_prompts_do_not_slow_another_visitors_generation(lm):
 def test_the_prompt_token_limit(lm):
     server = server_with(lm, max_prompt_tokens=30)
     end = last(server, gen(prompt="x" * 40))
-    assert "the prompt is" in end.message and "over this server's limit of 30" in end.message
+    assert "The prompt is" in end.message and "over this server's limit of 30" in end.message
 
 
 def test_the_new_token_limit(lm):
     server = server_with(lm, max_new_tokens=64)
-    assert last(server, gen(max_new=65)).message == "max new tokens 65 is over this app's limit of 64"
+    assert last(server, gen(max_new=65)).message == "Max new tokens 65 is over this app's limit of 64"
     with pytest.raises(ConfigError, match="max new tokens 65 is over this server's limit of 64"):
         Limits(max_new_tokens=64).check_request(5, 65)
 
 
 def test_unpaired_surrogates_are_a_message(lm):
     assert last(server_with(lm), gen(prompt="abc\ud800")).message == (
-        "the prompt contains characters that are not valid Unicode text (unpaired surrogates); remove them")
+        "The prompt contains characters that are not valid Unicode text (unpaired surrogates); remove them")
 
 
 # ---- rate limits -----------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def test_the_rate_limit_counts_the_address_not_the_session(lm):
     sessions = [Caller(f"fresh-client-{i}", "10.9.9.9") for i in range(4)]  # a new client per request
     outcomes = [last(server, gen(max_new=2), caller).outcome for caller in sessions]
     assert outcomes == ["done", "done", "refused", "refused"]
-    assert re.fullmatch(r"rate limit: at most 2 requests per minute from one address; try again in \d+ s",
+    assert re.fullmatch(r"Rate limit: at most 2 requests per minute from one address; try again in \d+ s",
                         last(server, gen(max_new=2), sessions[0]).message)
     assert last(server, gen(max_new=2), Caller("other", "10.1.1.1")).outcome == "done"  # others are unaffected
 
@@ -181,7 +182,7 @@ def test_a_local_folder_and_an_unlisted_id_get_the_same_refusal_without_paths(lm
         messages[name] = end.message.replace(repr(name[:60]), "NAME")
         assert str(tmp_path) not in end.message.replace(repr(name[:60]), "") and str(Path.home()) not in \
             end.message.replace(repr(name[:60]), "")
-    assert set(messages.values()) == {"model NAME is not offered on this server; choose one of: tiny"}
+    assert set(messages.values()) == {"Model NAME is not offered on this server; choose one of: tiny"}
     assert last(server, {"model": str(folder)}, kind=LoadRequest).message == messages[str(folder)].replace(
         "NAME", repr(str(folder)[:60]))
     assert last(server, gen(max_new=2)).outcome == "done"
@@ -287,7 +288,9 @@ def test_a_model_in_use_is_never_evicted(lm):
 ])
 def test_each_malformed_input_gets_its_own_message(lm, field, value, message):
     end = last(server_with(lm), gen(**{field: value}))
-    assert end.outcome == "refused" and end.message.startswith(message), end.message
+    # a sentence: its first letter in capitals unless it starts with a field's name ('top_p must be')
+    assert end.outcome == "refused" and end.message.startswith(sentence(message)), end.message
+    assert end.message[0].isupper() or end.message.split()[0] == field, end.message
 
 
 numbers = st.one_of(st.integers(-10**6, 10**6), st.integers(-10**500, 10**500), st.floats(allow_nan=True),

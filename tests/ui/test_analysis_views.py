@@ -137,7 +137,7 @@ def test_compare_repeats_each_method_in_alternating_order(server):
     assert rows["hispec"]["vs_plain"]["runs"] == 3 and rows["autoregressive"]["vs_plain"] is None
     assert rows["hispec"]["ran"] == "exit 2 → exit 5 → full model; fixed rounds, draft_len 2, verify_threshold 4"
     table = render.compare_table(final["rows"], order=final["order"])
-    assert "Run order: hispec → autoregressive → autoregressive → hispec → hispec → autoregressive" in plain(table)
+    assert "Run order: HiSpec, fixed → Autoregressive → Autoregressive → HiSpec, fixed → HiSpec, fixed → Autoregressive" in plain(table)
     assert table.count("3 runs)") == 2
     assert "draft → verify" in table
 

@@ -92,8 +92,8 @@ def test_the_text_grows_as_the_run_streams(server):
 
 
 @pytest.mark.parametrize("settings, message", [
-    (("HiSpec", 5, 5, 2, 4), "draft layer 5 must be below verify layer 5"),
-    (("HiSpec", 2, 9, 2, 4), "verify layer 9 is impossible"),
+    (("HiSpec", 5, 5, 2, 4), "Draft layer 5 must be below verify layer 5"),  # capitalised on the page
+    (("HiSpec", 2, 9, 2, 4), "Verify layer 9 is impossible"),
 ])
 def test_impossible_layers_are_messages(server, settings, message):
     outs, _ = page_run(server, "hi", settings, 10)
@@ -186,11 +186,11 @@ def test_compare_checks_identical_output(server):
     outs = list(Handlers(server).compare("hello", "tiny", *HISPEC, 24, True, 0.0, 0, 1.0, -1, labels.FIXED,
                                          ["Autoregressive", "LayerSkip (single exit)"], 1))
     table = outs[-1][2]
-    rows = re.findall(r"<tr><td>(hispec|autoregressive|layerskip)</td>", table)
-    assert rows == ["hispec", "autoregressive", "layerskip"]
+    rows = re.findall(r"<tr><td>(HiSpec, fixed|Autoregressive|LayerSkip \(single exit\))</td>", table)
+    assert rows == ["HiSpec, fixed", "Autoregressive", "LayerSkip (single exit)"], table  # the page's names
     assert table.count("✓ same tokens") == 3 and "DIFFERENT" not in table
     assert "Comparison done" in outs[-1][0] and "Comparison done" in outs[-1][1], "the top status says it too"
-    assert any("Compare: Running hispec" in o[0] for o in outs if isinstance(o[0], str)), "progress at the top"
+    assert any("Compare: Running HiSpec, fixed…" in o[0] for o in outs if isinstance(o[0], str)), "progress at the top"
     assert "fixed rounds, draft_len 2, verify_threshold 3" in table and "the reference" in table
 
 

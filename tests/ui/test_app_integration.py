@@ -218,10 +218,11 @@ def test_compare_finds_identical_tokens(client):
     _, status, table, figure = call(client, PROMPT, MODEL, *HISPEC, 40, True, *GREEDY,
                                  ["Autoregressive", "LayerSkip (single exit)"], 2, api_name="/compare")
     assert "Comparison done" in plain(status), status
-    rows = re.findall(r"<tr><td>(hispec|autoregressive|layerskip)</td><td>.*?</td><td>(\d+)</td>.*?</tr>", table)
-    assert [m for m, _ in rows] == ["hispec", "autoregressive", "layerskip"], table
+    names = r"HiSpec, fixed|Autoregressive|LayerSkip \(single exit\)"  # the page's names, not the engine's
+    rows = re.findall(rf"<tr><td>({names})</td><td>.*?</td><td>(\d+)</td>.*?</tr>", table)
+    assert [m for m, _ in rows] == ["HiSpec, fixed", "Autoregressive", "LayerSkip (single exit)"], table
     # two runs each, the order reversed on the second pass, each speed with its range
-    assert "Run order: hispec → autoregressive → layerskip → layerskip → autoregressive → hispec" in plain(table)
+    assert "Run order: HiSpec, fixed → Autoregressive → LayerSkip (single exit) → LayerSkip (single exit) → Autoregressive → HiSpec, fixed" in plain(table)
     assert table.count("2 runs)") == 3, table
     assert all(int(n) == 40 for _, n in rows), table
     assert table.count("✓ same tokens") == 3, table

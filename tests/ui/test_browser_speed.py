@@ -111,7 +111,8 @@ def test_an_adaptive_run_is_explained_plan_by_plan_lookup_included(page):
     plans = page.locator("#hs-why-plans")
     expect(plans).to_contain_text("lookup")
     stats = page.inner_text("#hs-stats")
-    assert "adaptive plans (rounds)" in stats and "lookup" in stats
+    assert "adaptive plans (rounds)" in stats and "lookup → full model" in stats
+    assert "->" not in stats + plans.inner_text()  # the page's names of plans, never the engine's
     assert "share of the time" in plans.inner_text() and "break-even acceptance" in plans.inner_text()
 
 

@@ -43,6 +43,17 @@ def test_level_words():
     assert labels.level_words(4) == "exit 4" and labels.level_words("lookup") == "lookup"
 
 
+def test_plans_and_compared_runs_carry_the_pages_names():
+    """The engine's plan kinds and Compare's row names, as the page shows them (issue 37: no internal
+    names such as 'hispec (auto)' or 'exit 2 -> exit 4' on the page)."""
+    assert labels.plan_words("exit 2 -> exit 4") == "exit 2 → exit 4 → full model"
+    assert labels.plan_words("lookup") == "lookup → full model" and labels.plan_words("exit 4") == "exit 4 → full model"
+    assert labels.plan_words("lookup -> full@q4 (drafts on)") == "lookup → 4-bit full model → full model (drafts on)"
+    assert labels.plan_words("plain") == "plain step (full model)"
+    assert labels.run_words("hispec (auto)") == "HiSpec, adaptive" and labels.run_words("hispec") == "HiSpec, fixed"
+    assert labels.run_words("layerskip") == "LayerSkip (single exit)" and labels.run_words("autoregressive") == "Autoregressive"
+
+
 def test_the_4bit_models_accepted_drafts_have_their_own_colour_and_legend_entry(run):
     assert "precision" in render.COLORS and any(cls == "precision" for cls, _, _ in LEGEND)
     counts = run.trace.counts()
@@ -100,8 +111,10 @@ def test_where_the_speed_came_from_names_the_faster_plans_and_a_hierarchy_that_b
                        {"kind": "exit 2 -> exit 4", "new_tokens": 3, "measured_tokens_per_s": 10.0, "rounds": 1},
                        {"kind": "plain", "new_tokens": 20, "measured_tokens_per_s": 20.0, "rounds": 20}]}
     words = speed_source_words(story)
-    assert "lookup wrote 40 tokens in 0.8 s" in words and "Faster than plain decoding measured here: lookup (2.50×)" in words
-    assert "exit 2 -> exit 4 (" not in words  # slower than plain: not named as faster
+    assert "lookup → full model wrote 40 tokens in 0.8 s" in words
+    assert "Faster than plain decoding measured here: lookup → full model (2.50×)" in words
+    assert "exit 2 → exit 4 → full model wrote 3 tokens" in words and "->" not in words  # the page's names
+    assert "exit 2 → exit 4 → full model (" not in words  # slower than plain: not named as faster
     assert "ran in 1 of 31 rounds" in words and "Teaching preset" in words
     assert "Teaching preset" not in speed_source_words({**story, "levels": ("lookup", "full@q4")})  # no exits
     story["plain"]["measured_decode_tokens_per_s"] = None
