@@ -26,6 +26,7 @@ from typing import Callable
 from hispec.errors import HiSpecError
 from hispec.serving.caller import ARRIVED, Caller, client_address
 from hispec.serving.ratelimit import RateLimits
+from hispec.text import sentence
 
 STOP_PATH = "/hispec/stop"
 MAX_BODY = 4096  # bytes a Stop's body may hold
@@ -70,7 +71,7 @@ class Edge:
         try:
             self._joins.admit(_address(scope, server.limits.trusted_proxies))
         except HiSpecError as exc:
-            return f"{exc} (counted as requests join the server's queue, before it holds any of them)"
+            return f"{sentence(str(exc))} (counted as requests join the server's queue, before it holds any of them)"
         return None
 
     async def _stop(self, scope, receive, send):
@@ -83,14 +84,14 @@ class Edge:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > MAX_BODY:
-                return await _answer(send, 413, {"detail": f"a Stop's body is at most {MAX_BODY} bytes"})
+                return await _answer(send, 413, {"detail": f"A Stop's body is at most {MAX_BODY} bytes"})
             body += chunk
             if not message.get("more_body"):
                 break
         try:
             session, kinds = _stop_fields(body)
         except ValueError as exc:
-            return await _answer(send, 400, {"detail": str(exc)})
+            return await _answer(send, 400, {"detail": sentence(str(exc))})
         server = self.server()
         caller = Caller(session, _address(scope, server.limits.trusted_proxies), scope[ARRIVED])
         n = server.stop(caller, kinds)

@@ -244,10 +244,10 @@ def test_a_stop_reaches_its_jobs_when_gradios_queue_is_full():
 
 
 @pytest.mark.parametrize("body, status, message", [
-    (b"not json", 400, "the body is not JSON"),
+    (b"not json", 400, "The body is not JSON"),
     (b"[1]", 400, "must be a JSON object"),
     (b'{"session_hash": 5}', 400, "session_hash must be the client's session hash"),
-    (b'{"session_hash": "abc", "kinds": "generate"}', 400, "kinds must be a list"),
+    (b'{"session_hash": "abc", "kinds": "generate"}', 400, "Kinds must be a list"),
     (b'{"session_hash": "' + b"x" * 5000 + b'"}', 413, "at most 4096 bytes"),
 ])
 def test_a_bad_stop_says_what_is_wrong(body, status, message):
