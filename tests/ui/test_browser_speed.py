@@ -12,6 +12,8 @@ import pytest
 from test_browser import CHROMIUM, WAIT_MS, browser, page, served, app_url, wait_for_status  # noqa: F401
 from test_app_integration import slow_full_model
 
+from ui.labels import DEFAULT_POLICY_LABEL
+
 pytestmark = pytest.mark.browser
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 expect = sync_api.expect
@@ -47,9 +49,10 @@ COUNT_DONE = """() => {
 
 def test_three_identical_runs_under_load_agree_and_say_done_once(page, served):
     """The ratio is measured (pairs of runs against plain decoding), not a cost-model denominator: three
-    identical runs (three pairs each), with another process keeping a core busy throughout, state
-    medians that agree (see below); the status says Done exactly once per run. The full model is made the expensive part, as in a real model (the tiny one's runs are a
-    few ms of Python)."""
+    identical runs of the page's default (its default policy, three pairs each), with another process
+    keeping a core busy throughout, state medians that agree (see below); the status says Done exactly
+    once per run. The full model is made the expensive part, as in a real model (the tiny one's runs are
+    a few ms of Python)."""
     from hispec.evaluation.host import busy_cores
 
     found, done = [], []
@@ -62,7 +65,7 @@ def test_three_identical_runs_under_load_agree_and_say_done_once(page, served):
             # a CI host with both cores busy the tiny model's Python per token grew to a third of a pass,
             # and one run's median read 0.74x against the others' 1.0x.
             page.get_by_label("Prompt", exact=True).fill("Hey there")
-            page.get_by_label("Fixed (the settings below)").check()
+            page.get_by_label(DEFAULT_POLICY_LABEL).check()  # the page's default run (issue 37: "the default")
             set_number(page, "hs-baseline", 3)
             page.evaluate("() => { window.hsDone = 0; }")
             with slow_full_model(served[1], 0.12):
@@ -82,6 +85,7 @@ def test_three_identical_runs_under_load_agree_and_say_done_once(page, served):
     # the busy loop on 2 cores) that did not hold twice: 0.93/1.07/0.91x against ranges floored at 12%,
     # then 1.04/0.98/1.19x at 20%. What holds is the weaker check this test made before: the medians'
     # spread stays within the widest spread one run reports, or 1.25x.
+    print("three default runs (median, low, high):", found)
     medians = [m for m, _, _ in found]
     widest = max(high / low for _, low, high in found)
     assert max(medians) / min(medians) <= max(widest, 1.25), found
