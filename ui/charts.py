@@ -80,7 +80,8 @@ def compare_figure(rows: list[dict]) -> go.Figure:
     """Median tokens per second per method, with the range of its repeats as error bars."""
     runs = [r.get("runs") or [r["tokens_per_s"]] for r in rows]
     mid = [r["tokens_per_s"] for r in rows]
-    fig = go.Figure(go.Bar(x=[run_words(r["method"]) for r in rows], y=mid, text=[f"{m:.1f}" for m in mid], textposition="auto",
+    names = [run_words(r["method"]) for r in rows]  # the page's names of the runs
+    fig = go.Figure(go.Bar(x=names, y=mid, text=[f"{m:.1f}" for m in mid], textposition="auto",
                            name="median of the runs",
                            error_y=dict(type="data", symmetric=False, array=[max(x) - m for x, m in zip(runs, mid)],
                                         arrayminus=[m - min(x) for x, m in zip(runs, mid)])))

@@ -183,11 +183,11 @@ def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | N
                     f"<td>{r.get('full_passes', '–')}</td><td>{same}</td></tr>")
     caption = ""
     if order:
-        caption = ("<p class='hs-hint'>Run order: " + html.escape(" → ".join(map(run_words, order))) + ". Speeds are medians of "
-                   "the repeats; the order reverses every other pass, so a machine that speeds up or slows down "
-                   "favours no method. “vs plain decoding” is the median of each pass's ratio (the two runs of a "
-                   "pass are neighbours in time); when its range holds 1× this prompt cannot tell the two apart "
-                   "here.</p>")
+        caption = ("<p class='hs-hint'>Run order: " + html.escape(" → ".join(map(run_words, order))) + ". Speeds are "
+                   "medians of the repeats; the order reverses every other pass, so a machine that speeds up or "
+                   "slows down favours no method. “vs plain decoding” is the median of each pass's ratio (the "
+                   "two runs of a pass are neighbours in time); when its range holds 1× this prompt cannot tell "
+                   "the two apart here.</p>")
     return f'<table class="hs-stats hs-compare">{head}{"".join(body)}</table>{caption}'
 
 
