@@ -279,7 +279,7 @@ def test_the_queue_is_bounded():
         waiting = server.submit(ME, GenerateRequest, gen())
         next(u for u in waiting if isinstance(u, Status) and "Waiting" in u.text)
         refused = list(server.submit(OTHER, GenerateRequest, gen()))
-        assert refused == [Ended("refused", "the server is busy: 1 requests are waiting for the model; try again "
+        assert refused == [Ended("refused", "The server is busy: 1 requests are waiting for the model; try again "
                                             "in a minute")]
         waiting.close()
 
@@ -313,10 +313,10 @@ def _result_or_error(server):
 
 
 @pytest.mark.parametrize("request_type, raw, message", [
-    ("costs", {"exits": "2,5"}, "exits must be a list of at most 4 exit layers"),
-    ("costs", {"exits": [0]}, "exit layer must be from 1"),
-    ("costs", {"exits": [9]}, "exit layer 9 is impossible: this model has 8 layers"),
-    ("beliefs", {"prompt_ids": [1], "token_ids": []}, "both prompt_ids and token_ids must hold at least one"),
+    ("costs", {"exits": "2,5"}, "Exits must be a list of at most 4 exit layers"),
+    ("costs", {"exits": [0]}, "Exit layer must be from 1"),
+    ("costs", {"exits": [9]}, "Exit layer 9 is impossible: this model has 8 layers"),
+    ("beliefs", {"prompt_ids": [1], "token_ids": []}, "Both prompt_ids and token_ids must hold at least one"),
     ("beliefs", {"prompt_ids": [1], "token_ids": list(range(600))}, "token_ids must be a list of at most 512"),
     ("beliefs", {"prompt_ids": [1], "token_ids": [10**9]}, "beyond this model's vocabulary"),
     ("beliefs", {"prompt_ids": "abc", "token_ids": [1]}, "prompt_ids must be a list of at most"),

@@ -87,7 +87,7 @@ def test_what_if_takes_repeat_plain_then_synthetic_and_give_a_median(server):
     assert len(re.findall(r"[\d.]+ / [\d.]+ \(12\)", each)) == 3, each
     one = plain(what_if(server, max_new=12, rates=(0.9, 0.9), takes=1)[-1][2])
     assert "median of" not in one and "(this take)" not in one and "more takes give a median" in one
-    assert "takes must be from 1 to 5 (got 0)" in plain(what_if(server, takes=0)[-1][0])
+    assert "Takes must be from 1 to 5 (got 0)" in plain(what_if(server, takes=0)[-1][0])
     assert "needs HiSpec or LayerSkip" in plain(what_if(server, ("Autoregressive", 2, 4, 2, 4))[-1][0])
 
 
@@ -269,19 +269,19 @@ def test_why_tells_an_adaptive_run_plan_by_plan_against_measured_plain_decoding(
     text = plain(view)
     assert text.startswith("Acceptance, everywhere on this page:"), "defined where it first appears"
     plans = re.findall(r"<tr><td>([^<]+)</td><td>\d+</td>", view.split("id='hs-why-plans'")[1].split("</table>")[0])
-    assert {html.unescape(p) for p in plans} == set(kept["stats"]["policy_choices"]), plans
+    assert {html.unescape(p) for p in plans} == set(map(labels.plan_words, kept["stats"]["policy_choices"])), plans
     assert "this run, measured against plain decoding (2 pairs of runs, 24 tokens each" in text
     assert "at the sliders" in text and "break-even of the same plan" in text
     assert plot.visible
     # where the speed came from, in words, above the plan table: each plan's tokens and time, and the verdict
     source = re.search(r"Where the speed came from: (.*?)Plan by plan", text, re.S)[1]
     for kind in kept["stats"]["policy_choices"]:
-        assert f"{kind} wrote" in source or kind == "plain", (kind, source)
+        assert f"{labels.plan_words(kind)} wrote" in source or kind == "plain", (kind, source)
     assert "plain decoding measured here" in source and ("Faster than" in source or "No plan beat" in source)
     fixed = list(h.generate("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0))
     view, _ = h.why(fixed[-1][-1], 0.5, 0.5)
     assert "not measured" in plain(view) and "estimated from its plans" not in plain(view)
-    assert re.findall(r"<tr><td>(exit 2 -&gt; exit 4)</td>", view), "a fixed run is one plan"
+    assert re.findall(r"<tr><td>(exit 2 → exit 4 → full model)</td>", view), "a fixed run is one plan"
 
 
 def test_the_story_of_a_token_replaced_twice_tells_the_whole_chain(server):

@@ -291,13 +291,13 @@ def test_bad_input_raises_an_error_and_the_app_keeps_serving(served, client, cas
         "empty prompt": ("prompt is empty", dict(prompt="")),
         "blank prompt": ("prompt is empty", dict(prompt="   \n ")),
         "draft >= verify": ("must be below verify layer", dict(draft_layer=5, verify_layer=3)),
-        "unreachable model": ("could not load model 'facebook/layerskip-llama3.2-1B'",
+        "unreachable model": ("Could not load model 'facebook/layerskip-llama3.2-1B'",
                               dict(model="facebook/layerskip-llama3.2-1B")),
-        "unlisted model": ("model 'evil/model' is not offered on this server; choose one of: "
+        "unlisted model": ("Model 'evil/model' is not offered on this server; choose one of: "
                            "facebook/layerskip-llama3.2-1B, tiny", dict(model="evil/model")),
-        "a local folder": ("model '/tmp' is not offered on this server", dict(model="/tmp")),
+        "a local folder": ("Model '/tmp' is not offered on this server", dict(model="/tmp")),
         "over the model's context": ("exceeds the model's context", dict(max_new_tokens=Limits().max_new_tokens)),
-        "unknown method": ("unknown method 'medusa'; choose from hispec, layerskip", dict(method="medusa")),
+        "unknown method": ("Unknown method 'medusa'; choose from hispec, layerskip", dict(method="medusa")),
         "over the app's limit": (f"over this app's limit of {Limits().max_new_tokens}",
                                  dict(max_new_tokens=Limits().max_new_tokens + 1)),
     }[case]
@@ -386,7 +386,7 @@ def test_stop_is_never_refused_and_reaches_a_queued_job_when_the_queue_is_full()
             while server.registry.turns(MODEL).waiting < 1:
                 assert time.monotonic() - t0 < 20
                 time.sleep(0.05)
-            with pytest.raises(AppError, match="the server is busy: 1 requests are waiting"):
+            with pytest.raises(AppError, match="The server is busy: 1 requests are waiting"):
                 generate(late, OTHER_PROMPT, max_new=5)  # the queue is full: new work is refused
             assert "Stopping" in plain(call(waiting, api_name="/stop"))  # but a Stop never is
             with pytest.raises(AppError, match="Stopped before the generation started"):

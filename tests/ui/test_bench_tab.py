@@ -140,12 +140,12 @@ def test_stop_before_the_start_and_after_a_prompt(server):
 
 
 @pytest.mark.parametrize("args, message", [
-    (("examples", 0, ["hispec"], 8), "number of prompts must be from 1 to 5"),
-    (("examples", 2, [], 8), "pick at least one method of autoregressive"),
-    (("examples", 2, ["beam"], 8), "unknown method 'beam'"),
-    (("examples", 2, ["hispec"], 65), "max new tokens must be between 1 and 64 for a live benchmark"),
-    (("examples", 2, ["hispec"], 2.5), "max new tokens must be a whole number"),
-    (("gsm8k", 2, ["hispec"], 8), "unknown prompt set 'gsm8k'; choose from examples, sharegpt"),
+    (("examples", 0, ["hispec"], 8), "Number of prompts must be from 1 to 5"),
+    (("examples", 2, [], 8), "Pick at least one method of autoregressive"),
+    (("examples", 2, ["beam"], 8), "Unknown method 'beam'"),
+    (("examples", 2, ["hispec"], 65), "Max new tokens must be between 1 and 64 for a live benchmark"),
+    (("examples", 2, ["hispec"], 2.5), "Max new tokens must be a whole number"),
+    (("gsm8k", 2, ["hispec"], 8), "Unknown prompt set 'gsm8k'; choose from examples, sharegpt"),
 ])
 def test_bad_live_settings_are_messages(server, args, message):
     status, *_ = BenchTab(server).run_live("tiny", *args, progress=Recorder())
@@ -155,14 +155,14 @@ def test_bad_live_settings_are_messages(server, args, message):
 def test_live_run_respects_the_server_limits(registry):
     strict = tiny_server(registry, max_prompt_tokens=20, max_new_tokens=10)
     status, *_ = BenchTab(strict).run_live("tiny", "examples", 1, ["hispec"], 12, progress=Recorder())
-    assert "max new tokens must be between 1 and 10" in status  # the server's own limit
+    assert "Max new tokens must be between 1 and 10" in status  # the server's own limit
     status, *_ = BenchTab(strict).run_live("tiny", "examples", 1, ["hispec"], 8, progress=Recorder())
     assert "over this server&#x27;s limit of 20" in status
     limited = tiny_server(registry, rate_per_minute=1)
     tab = BenchTab(limited)
     tab.run_live("tiny", "examples", 1, ["autoregressive"], 4, progress=Recorder())
     status, *_ = tab.run_live("tiny", "examples", 1, ["autoregressive"], 4, progress=Recorder())
-    assert "rate limit: at most 1 requests per minute from one address" in status
+    assert "Rate limit: at most 1 requests per minute from one address" in status
 
 
 def test_the_app_has_the_benchmark_tab(server):
