@@ -107,26 +107,27 @@ def _compiler_version(cxx: str) -> str:
         return ""
 
 
-def library_path(isa: str, cxx: str) -> Path:
+def library_path(isa: str, cxx: str, source: Path = SOURCE) -> Path:
     digest = hashlib.sha1()
-    for part in (SOURCE.read_bytes(), " ".join(COMMON_FLAGS + isa_flags(isa)).encode(), _compiler_version(cxx).encode()):
+    for part in (source.read_bytes(), " ".join(COMMON_FLAGS + isa_flags(isa)).encode(), _compiler_version(cxx).encode()):
         digest.update(part)
     return build_dir() / f"q4_kernel-{isa}-{digest.hexdigest()[:12]}.so"
 
 
-def build(isa: str) -> Path:
-    """Compile the kernel for `isa` unless the cached build is there; return its path."""
+def build(isa: str, source: Path = SOURCE) -> Path:
+    """Compile the kernel for `isa` unless the cached build is there; return its path. `source`: another
+    version of csrc/q4_kernel.cpp (scripts/q4_ab.py builds the one of a past commit beside today's)."""
     cxx = compiler()
     if cxx is None:
         raise KernelUnavailable("the 4-bit kernel is compiled at first use and needs a C++ compiler (g++), "
                                 "which this host lacks: install g++ (apt-get install g++) or use --weights fp32")
-    path = library_path(isa, cxx)
+    path = library_path(isa, cxx, source)
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    cmd = [cxx, *COMMON_FLAGS, *isa_flags(isa), str(SOURCE), "-o", tmp]
+    cmd = [cxx, *COMMON_FLAGS, *isa_flags(isa), str(source), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
@@ -162,31 +163,37 @@ def load(isa: str | None = None) -> ctypes.CDLL:
         if isa in _failures:
             raise KernelUnavailable(_failures[isa])
         try:
-            lib = ctypes.CDLL(str(build(isa)))
+            lib = open_library(build(isa))
         except KernelUnavailable as exc:
             _failures[isa] = str(exc)
             raise
         except OSError as exc:
             _failures[isa] = f"the 4-bit kernel was built but does not load: {exc}"
             raise KernelUnavailable(_failures[isa]) from None
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.hispec_q41_matmul.argtypes = [p, i64, i64, p, p, p, i64, p, i64, ctypes.c_int]
-        lib.hispec_q41_matmul.restype = None
-        lib.hispec_q41_matmul_a8.argtypes = [p, i64, i64, p, p, p, i64, p, i64, ctypes.c_int]
-        lib.hispec_q41_matmul_a8.restype = None
-        lib.hispec_q4_vnni.restype = ctypes.c_int
-        lib.hispec_q80_matmul.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
-        lib.hispec_q80_matmul.restype = None
-        lib.hispec_q80_rows.argtypes = [p, i64, i64, p, p, p]
-        lib.hispec_q80_rows.restype = None
-        lib.hispec_q4_isa.restype = ctypes.c_char_p
-        # the whole decoder layer (q4_layer.py declares the structures it takes)
-        lib.hispec_q4_layers.argtypes = [p, i64, p, p, i64, i64, p, p, ctypes.c_int]
-        lib.hispec_q4_layers.restype = None
-        lib.hispec_q4_profile.argtypes = [ctypes.c_int, ctypes.c_int, p]
-        lib.hispec_q4_profile.restype = None
         _libs[isa] = lib
         return lib
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    """A built kernel library, its functions declared (also for scripts/q4_ab.py's other builds)."""
+    lib = ctypes.CDLL(str(path))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.hispec_q41_matmul.argtypes = [p, i64, i64, p, p, p, i64, p, i64, ctypes.c_int]
+    lib.hispec_q41_matmul.restype = None
+    lib.hispec_q41_matmul_a8.argtypes = [p, i64, i64, p, p, p, i64, p, i64, ctypes.c_int]
+    lib.hispec_q41_matmul_a8.restype = None
+    lib.hispec_q4_vnni.restype = ctypes.c_int
+    lib.hispec_q80_matmul.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
+    lib.hispec_q80_matmul.restype = None
+    lib.hispec_q80_rows.argtypes = [p, i64, i64, p, p, p]
+    lib.hispec_q80_rows.restype = None
+    lib.hispec_q4_isa.restype = ctypes.c_char_p
+    # the whole decoder layer (q4_layer.py declares the structures it takes)
+    lib.hispec_q4_layers.argtypes = [p, i64, p, p, i64, i64, p, p, ctypes.c_int]
+    lib.hispec_q4_layers.restype = None
+    lib.hispec_q4_profile.argtypes = [ctypes.c_int, ctypes.c_int, p]
+    lib.hispec_q4_profile.restype = None
+    return lib
 
 
 def unavailable_reason(isa: str | None = None) -> str | None:

@@ -129,6 +129,7 @@ struct Q41 {
     const uint16_t *m;
     int64_t nb;
     static constexpr bool has_min = true;
+    static constexpr int64_t block_bytes = QK / 2;
     inline void values(int64_t n, int64_t b, vf w[NV]) const { q4_values(qs + (n * nb + b) * (QK / 2), w); }
 };
 
@@ -139,6 +140,7 @@ struct Q80 {
     const uint16_t *m = nullptr;
     int64_t nb;
     static constexpr bool has_min = false;
+    static constexpr int64_t block_bytes = QK;
     inline void values(int64_t n, int64_t b, vf w[NV]) const { q8_values(qs + (n * nb + b) * QK, w); }
 };
 
@@ -218,13 +220,32 @@ inline __attribute__((always_inline)) void column_group(const float *x, int64_t 
         }
 }
 
+// Column n's bytes (its blocks, scales and minimums) towards the cache, ahead of use. A column is a
+// few hundred bytes: too short a stream for the hardware prefetcher to learn before it ends, so a
+// step's weights (read once, from memory) stalled the products line by line (the LM head ran at a
+// third of the speed it reaches with these hints). Prefetches change no arithmetic and never fault.
+inline __attribute__((always_inline)) void prefetch_bytes(const void *p, int64_t n) {
+    const char *c = (const char *)p;
+    for (int64_t o = 0; o < n; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+    _mm_prefetch(c + n - 1, _MM_HINT_T0);  // the last line, where the range does not start on a line
+}
+template <class W>
+inline __attribute__((always_inline)) void prefetch_column(const W &w, int64_t n) {
+    prefetch_bytes((const char *)w.qs + n * w.nb * W::block_bytes, w.nb * W::block_bytes);
+    prefetch_bytes(w.d + n * w.nb, w.nb * 2);
+    if constexpr (W::has_min) prefetch_bytes(w.m + n * w.nb, w.nb * 2);
+}
+
 // Columns [n0, n1) for a tile of R rows, a few columns at a time (fewer for more rows: registers).
 template <int R, class W>
 void columns(const float *x, int64_t ldx, const float *sx, const W &w, int64_t n0, int64_t n1, float *out,
              int64_t ldo) {
     constexpr int C = R <= 2 ? 4 : R <= 4 ? 2 : 1;
     int64_t n = n0;
-    for (; n + C <= n1; n += C) column_group<R, C>(x, ldx, sx, w, n, out, ldo);
+    for (; n + C <= n1; n += C) {
+        for (int c = 0; c < C; c++) prefetch_column(w, n + C + c);  // the next group's columns
+        column_group<R, C>(x, ldx, sx, w, n, out, ldo);
+    }
     for (; n < n1; n++) column<R>(x, ldx, sx, w, n, out, ldo);
 }
 
