@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -115,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         lm = load_model("default", device="cpu", weights="q4", exits="none")
         text = "Summarise the history of the printing press in Europe, its inventors, and its effects. " * 8
         context = lm.encode(text)[:128]
-        report = {"command": "python scripts/q4_ab.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        env = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if k in os.environ)
+        command = "python scripts/q4_ab.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        report = {"command": f"{env} {command}".strip(),
                   "code": code_version(), "base": args.base, "isa": isa, "threads": torch.get_num_threads(),
                   "native_route": lm.ee.lean is not None and lm.ee.lean.native is not None,
                   "host": host.describe(), "context": len(context),

@@ -349,7 +349,7 @@ def q4_table(report: dict) -> str:
     for m in report["methods"]:
         fmt = m.partition("@")[2]
         same = q.geomean_ratio(report, m, q.AR32)
-        equal = ("–" if m in (q.AR32, q.AR4, q.LLAMA) or not fmt else
+        equal = ("–" if m in (q.AR32, q.AR4) or m.startswith(q.LLAMA) or not fmt else
                  "yes" if _equal_to(report, m, f"autoregressive@{fmt}") else "NO")
         rows.append([m, f"{r['tokens_per_s'][m]:.1f}", _x(same), _x(q.geomean_ratio(report, m, q.LLAMA)), equal])
     out = [_table(["method@weights", "tokens/s (median)", "vs autoregressive@fp32", "vs llamacpp",
@@ -397,6 +397,22 @@ def q4_alternatives_table(r: dict) -> str:
                     rows)
             + f"\n\nMedian of the calls, {r['threads']} threads, torch {r['torch']}; random weights of the default "
               "model's projection shapes.")
+
+
+def q4_ab_table(*reports: dict) -> str:
+    """Two builds of the 4-bit kernel on whole steps (scripts/q4_ab.py): per build and token count, the
+    medians before and after, their ratio, and whether the logits kept their bits."""
+    rows = []
+    for r in reports:
+        for n, row in r["steps"].items():
+            rows.append([r["isa"], n, f"{row['base']['median_ms']:.1f}", f"{row['new']['median_ms']:.1f}",
+                         f"{row['new_over_base_median']:.2f}×", "yes" if row["same_bits"] else "**no**"])
+    first = reports[0]
+    return (_table(["kernel build", "new tokens", f"ms per step at {first['base'][:7]}", "ms per step now",
+                    "now / before", "logits the same bits"], rows)
+            + f"\n\nMedians of {first['steps']['1']['new']['steps']} steps per build, the builds taking turns in one "
+              f"process; {first['threads']} threads, a {first['context']}-token context; the AVX2 build run on the "
+              "same AVX-512 host (`ATEN_CPU_CAPABILITY=avx2`).")
 
 
 def _equal_to(report: dict, method: str, reference: str) -> bool:

@@ -185,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "choosing settings) and 'heldout-report' (for reporting): assets/prompts/heldout_split.json")
     bench.add_argument("--methods", default=None,
                        help=f"comma list of {', '.join(BENCH_METHODS)} (default: all), ours optionally /fixed or "
-                            "/auto, or level lists such as lookup+2+4; not with --sweep")
+                            "/auto, or level lists such as lookup+2+4, and the optional llama.cpp peers llamacpp (plain) "
+                            "and llamacpp_lookup[:N] (its n-gram lookup, N drafts, default 10); not with --sweep")
     bench.add_argument("--seed", type=whole_number, default=0, help="seed of the prompt samples")
     bench.add_argument("--json", metavar="OUT.json", default=None, help="raw figures, rewritten after every prompt")
     bench.add_argument("--html", metavar="OUT.html", default=None, help="self-contained report with Plotly charts")

@@ -33,6 +33,7 @@ from hispec.engine.config import METHODS, DecodeConfig, Preset, default_verify_l
 from hispec.engine.levels import LOOKUP, parse_method, split_level
 from hispec.errors import ConfigError
 from hispec.data.prompts import Prompt
+from hispec.evaluation import llamacpp
 from hispec.evaluation.record import finish, run_record
 from hispec.runs.runner import run
 from hispec.model.loading import LoadedModel
@@ -41,7 +42,8 @@ from hispec.text import Detokenizer
 HF = ("hf_generate", "hf_early_exit", "hf_lookup")
 BENCH_METHODS = ("autoregressive", "hf_generate", "hf_early_exit", "hf_lookup", "layerskip", "lookup", "hispec")
 HF_LOOKUP_TOKENS = 10  # generate(prompt_lookup_num_tokens=10), as in transformers' documentation
-LLAMACPP = "llamacpp"  # llama.cpp's plain decoding of the same GGUF file (optional: hispec/evaluation/llamacpp.py)
+# Peers beside these: llama.cpp on the same GGUF file, 'llamacpp' (plain) and 'llamacpp_lookup[:N]' (its n-gram
+# lookup); optional, see hispec/evaluation/llamacpp.py (is_peer names them)
 WEIGHTS = ("fp32", "q4")  # METHOD@FORMAT runs a method on the model in that format (benchmark's `models`)
 
 
@@ -56,7 +58,7 @@ def split_weights(method: str) -> tuple[str, str | None]:
     head, sep, tail = method.rpartition("@")
     if not sep or "/" in tail or "+" in tail:
         return method, None
-    plain = head.partition("/")[0] in METHODS or head in HF or head == LLAMACPP
+    plain = head.partition("/")[0] in METHODS or head in HF or llamacpp.is_peer(head)
     if "/" in head or plain or "@" in head or tail == "fp32":
         return head, tail or None
     return method, None
@@ -68,7 +70,10 @@ def check_methods(methods: list[str]) -> None:
         m, weights = split_weights(m)
         if weights is not None and weights not in WEIGHTS:
             raise ConfigError(f"'{m}@{weights}': the weights after @ are {' or '.join(WEIGHTS)}")
-        if m in HF or m == LLAMACPP:
+        if llamacpp.is_peer(m):
+            llamacpp.lookup_tokens(m)  # a malformed count is refused here
+            continue
+        if m in HF:
             continue
         name = m.partition("/")[0]
         if name not in METHODS and "+" not in name and "@" not in name and not name.startswith("exit") \
@@ -167,10 +172,8 @@ def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, la
     """One generation of one method; the record the report aggregates. `base` holds hispec's
     layers; layerskip and generate(assistant_early_exit) use `layerskip_exit` (default L/4).
     `costs`: the cost model to start from (restored before the run, outside its timing)."""
-    if method == LLAMACPP:
-        from hispec.evaluation import llamacpp
-
-        return llamacpp.run(lm, ids, base.max_new_tokens)
+    if llamacpp.is_peer(method):
+        return llamacpp.run(lm, ids, base.max_new_tokens, method)
     method = split_weights(method)[0]
     exit_layer = layerskip_exit or bench_exit(lm)
     if method not in HF:
@@ -210,8 +213,9 @@ def expand_weights(methods: list[str], formats: list[str], policy: str | None = 
         return list(methods)
     out = []
     for fmt in formats:
-        out += [f"{_with_policy(m, policy)}@{fmt}" for m in methods if m != LLAMACPP and split_weights(m)[1] is None]
-    return out + [m for m in methods if m == LLAMACPP or split_weights(m)[1] is not None]
+        out += [f"{_with_policy(m, policy)}@{fmt}" for m in methods
+                if not llamacpp.is_peer(m) and split_weights(m)[1] is None]
+    return out + [m for m in methods if llamacpp.is_peer(m) or split_weights(m)[1] is not None]
 
 
 def warmup_ids(lm: LoadedModel, sets: dict[str, list[Prompt]], new_tokens: int = 8) -> list[int] | None:
@@ -238,9 +242,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
     `command`: the command line that asked for this run, kept in the report (the README's figures cite it).
     `background`: the load other processes put on the machine meanwhile (host.busy_cores), recorded."""
     models = dict(models or {})
-    if any(m == LLAMACPP for m in methods):
-        from hispec.evaluation import llamacpp
-
+    if any(llamacpp.is_peer(m) for m in methods):
         llamacpp.check(lm)  # before any prompt runs
     on = lambda method: models.get(split_weights(method)[1], lm)  # noqa: E731
     resolved = replace(base, preset=_preset(lm, "hispec", base, None)).resolve_for(lm.ee)
@@ -260,7 +262,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
         report["host"] = host_info.describe()
         if background:
             report["host"]["background_load"] = background
-    ours = [m for m in methods if m != LLAMACPP and split_weights(m)[0] not in HF]
+    ours = [m for m in methods if not llamacpp.is_peer(m) and split_weights(m)[0] not in HF]
     named = {getattr(lm, "weights", "fp32"): lm, **models}
     snapshots: dict[int, CostSnapshot] = {}  # one calibration per model (weights format), before anything runs
     report["cost_model"] = {}  # by weights format: how, the exits, the calibrated figures

@@ -1,11 +1,15 @@
-"""llama.cpp as a benchmark baseline: plain greedy decoding of the same GGUF file, same token ids.
+"""llama.cpp as a benchmark peer: greedy decoding of the same GGUF file, same token ids.
 
-An optional extra (``pip install -r requirements-llamacpp.txt``: llama-cpp-python compiles llama.cpp
-from source, 15-40 minutes on 2 cores). Without it the ``llamacpp`` bench method fails with a clear
-message before any prompt runs (``check``). The model is the default model's own file (Q4_1 layers,
-Q8_0 embedding), loaded once per process with as many threads as torch uses; each generation starts
-from a reset cache, is timed from the prompt's evaluation to the last token (as our methods are),
-and stops at the budget or an end-of-text token.
+Two peers: ``llamacpp``, its plain decoding, and ``llamacpp_lookup``, its own n-gram prompt lookup
+(llama-cpp-python's ``LlamaPromptLookupDecoding`` draft model at its defaults, ``max_ngram_size`` 2 and
+``num_pred_tokens`` 10; ``llamacpp_lookup:N`` drafts N). An optional extra (``pip install -r
+requirements-llamacpp.txt``: llama-cpp-python compiles llama.cpp from source, 15-40 minutes on 2
+cores). Without it these bench methods fail with a clear message before any prompt runs (``check``).
+The model is the default model's own file (Q4_1 layers, Q8_0 embedding), loaded once per process and
+peer with as many threads as torch uses. Each generation starts from an empty cache (``Llama.reset``:
+``generate(reset=True)`` alone keeps the longest prefix shared with the previous prompt, the chat
+template's opening, which would time the next prompt's evaluation short), is timed from the prompt's
+evaluation to the last token (as our methods are), and stops at the budget or an end-of-text token.
 """
 
 from __future__ import annotations
@@ -17,8 +21,27 @@ import torch
 
 from hispec.errors import ConfigError
 
+PLAIN, LOOKUP = "llamacpp", "llamacpp_lookup"
+LOOKUP_DEFAULTS = {"max_ngram_size": 2, "num_pred_tokens": 10}  # LlamaPromptLookupDecoding's own defaults
 INSTALL = "pip install -r requirements-llamacpp.txt  (llama-cpp-python; it compiles llama.cpp, 15-40 min on 2 cores)"
 _models: dict[tuple, object] = {}
+
+
+def is_peer(method: str) -> bool:
+    """'llamacpp', 'llamacpp_lookup' or 'llamacpp_lookup:N' (the name alone: no weights tag applies)."""
+    return method == PLAIN or method == LOOKUP or method.startswith(LOOKUP + ":")
+
+
+def lookup_tokens(method: str) -> int | None:
+    """Tokens a lookup peer drafts (None for plain llama.cpp); ConfigError for a malformed count."""
+    if method == PLAIN:
+        return None
+    _, sep, n = method.partition(":")
+    if not sep:
+        return LOOKUP_DEFAULTS["num_pred_tokens"]
+    if not n.isdigit() or not 1 <= int(n) <= 64:
+        raise ConfigError(f"'{method}': llamacpp_lookup:N takes a whole number of drafted tokens from 1 to 64")
+    return int(n)
 
 
 def available() -> bool:
@@ -33,18 +56,32 @@ def check(lm) -> None:
         raise ConfigError(f"the llamacpp method runs the default model's GGUF file; '{lm.name}' has none")
 
 
-def model(n_ctx: int = 2048):
-    """The default model's GGUF in llama.cpp, one per (context, threads)."""
+def model(n_ctx: int = 2048, lookup: int | None = None):
+    """The default model's GGUF in llama.cpp, one per (context, threads, lookup tokens). A lookup peer
+    has the n-gram draft model and keeps every position's logits (which that draft model needs)."""
     from llama_cpp import Llama
 
     from hispec.model.loading import default_gguf_path
 
     threads = torch.get_num_threads()
-    key = (n_ctx, threads)
+    key = (n_ctx, threads, lookup)
     if key not in _models:
+        extra = {}
+        if lookup is not None:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            extra = {"logits_all": True, "draft_model": LlamaPromptLookupDecoding(
+                max_ngram_size=LOOKUP_DEFAULTS["max_ngram_size"], num_pred_tokens=lookup)}
         _models[key] = Llama(model_path=str(default_gguf_path()), n_ctx=n_ctx, n_threads=threads,
-                             n_threads_batch=threads, n_batch=512, verbose=False)
+                             n_threads_batch=threads, n_batch=512, verbose=False, **extra)
     return _models[key]
+
+
+def settings(method: str) -> dict:
+    """What a peer ran with, for its bench record."""
+    n = lookup_tokens(method)
+    return {"engine": f"llama-cpp-python {version()}", "threads": torch.get_num_threads(), "cache": "reset per prompt",
+            **({"lookup": {**LOOKUP_DEFAULTS, "num_pred_tokens": n}} if n is not None else {})}
 
 
 def version() -> str | None:
@@ -55,10 +92,12 @@ def version() -> str | None:
     return getattr(llama_cpp, "__version__", "?")
 
 
-def run(lm, ids: list[int], max_new_tokens: int) -> dict:
-    """Greedy decoding of `ids` by llama.cpp: the bench record (token ids, wall time, tokens/s)."""
+def run(lm, ids: list[int], max_new_tokens: int, method: str = PLAIN) -> dict:
+    """Greedy decoding of `ids` by llama.cpp (`method`: a peer's name, see is_peer): the bench record
+    (token ids, wall time, tokens/s, the peer's settings)."""
     check(lm)
-    llm = model()
+    llm = model(lookup=lookup_tokens(method))
+    llm.reset()  # an empty cache: nothing of the previous prompt is reused (outside the timing)
     eos = set(lm.eos_ids)
     out: list[int] = []
     t0 = time.perf_counter()
@@ -69,4 +108,4 @@ def run(lm, ids: list[int], max_new_tokens: int) -> dict:
                 break
     wall = time.perf_counter() - t0
     return {"token_ids": out, "wall_s": wall, "tokens_per_s": len(out) / wall if wall > 0 else 0.0,
-            "engine": f"llama-cpp-python {version()}"}
+            "engine": f"llama-cpp-python {version()}", "settings": settings(method)}

@@ -1,0 +1,82 @@
+"""llama.cpp as a bench peer (hispec/evaluation/llamacpp.py), without llama.cpp: a stand-in
+`llama_cpp` module records what the peer asks of it. Plain and lookup peers by name, the cache
+emptied before every prompt, the lookup peer's draft model and settings, malformed names refused."""
+
+import sys
+import types
+
+import pytest
+
+from hispec.errors import ConfigError
+from hispec.evaluation import bench, llamacpp
+
+
+class _Llama:
+    made: list = []
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.log = kwargs, []
+        _Llama.made.append(self)
+
+    def reset(self):
+        self.log.append("reset")
+
+    def generate(self, tokens, **kwargs):
+        self.log.append(("generate", tuple(tokens)))
+        yield from (5, 6, 7, 2)  # 2: end of text
+
+
+class _Lookup:
+    def __init__(self, max_ngram_size, num_pred_tokens):
+        self.max_ngram_size, self.num_pred_tokens = max_ngram_size, num_pred_tokens
+
+
+@pytest.fixture
+def fake_llama(monkeypatch):
+    root = types.ModuleType("llama_cpp")
+    root.Llama, root.__version__ = _Llama, "0.0-test"
+    spec = types.ModuleType("llama_cpp.llama_speculative")
+    spec.LlamaPromptLookupDecoding = _Lookup
+    monkeypatch.setitem(sys.modules, "llama_cpp", root)
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", spec)
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    monkeypatch.setattr(llamacpp, "_models", {})
+    monkeypatch.setattr("hispec.model.loading.default_gguf_path", lambda: "/nowhere/model.gguf")
+    _Llama.made = []
+    return _Llama
+
+
+class _LM:
+    name, eos_ids = "default", {2}
+
+
+def test_peers_by_name_and_their_drafts():
+    assert [llamacpp.is_peer(m) for m in ("llamacpp", "llamacpp_lookup", "llamacpp_lookup:4", "llamacpp2", "lookup")] \
+        == [True, True, True, False, False]
+    assert [llamacpp.lookup_tokens(m) for m in ("llamacpp", "llamacpp_lookup", "llamacpp_lookup:4")] == [None, 10, 4]
+    for bad in ("llamacpp_lookup:0", "llamacpp_lookup:x", "llamacpp_lookup:65"):
+        with pytest.raises(ConfigError, match="whole number of drafted tokens from 1 to 64"):
+            bench.check_methods(["autoregressive", bad])
+    bench.check_methods(["llamacpp", "llamacpp_lookup", "llamacpp_lookup:2"])
+    assert bench.expand_weights(["autoregressive", "llamacpp_lookup:2"], ["fp32", "q4"]) == [
+        "autoregressive@fp32", "autoregressive@q4", "llamacpp_lookup:2"]  # a peer runs its own file, untagged
+
+
+def test_every_prompt_starts_from_an_empty_cache(fake_llama):
+    first = llamacpp.run(_LM(), [1, 2, 3], 8)
+    llamacpp.run(_LM(), [1, 2, 4], 8)
+    (llm,) = fake_llama.made  # one model for the plain peer, kept between prompts
+    assert llm.log == ["reset", ("generate", (1, 2, 3)), "reset", ("generate", (1, 2, 4))]
+    assert first["token_ids"] == [5, 6, 7, 2] and "draft_model" not in llm.kwargs
+    assert first["settings"] == {"engine": "llama-cpp-python 0.0-test", "threads": llm.kwargs["n_threads"],
+                                 "cache": "reset per prompt"}
+
+
+def test_the_lookup_peer_drafts_with_its_own_ngram_model(fake_llama):
+    record = llamacpp.run(_LM(), [1, 2, 3], 2, "llamacpp_lookup:4")
+    (llm,) = fake_llama.made
+    draft = llm.kwargs["draft_model"]
+    assert llm.kwargs["logits_all"] is True and (draft.max_ngram_size, draft.num_pred_tokens) == (2, 4)
+    assert record["token_ids"] == [5, 6] and record["settings"]["lookup"] == {"max_ngram_size": 2, "num_pred_tokens": 4}
+    llamacpp.run(_LM(), [1], 2, "llamacpp_lookup")
+    assert fake_llama.made[-1].kwargs["draft_model"].num_pred_tokens == 10  # its defaults: another model
