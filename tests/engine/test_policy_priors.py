@@ -181,3 +181,25 @@ def test_a_plan_measured_as_fast_as_estimated_is_kept():
         plan = auto.plan(room=100, pending=0, match=([], 0))
         assert plan.choice.startswith("exit 2"), plan.choice
         auto.observe_round(plan, committed=3, seconds=0.012)  # 250 tokens/s against plain's ~111
+
+
+def test_a_plan_expected_only_a_little_faster_than_plain_is_not_chosen():
+    """Estimates are optimistic (policy.MIN_GAIN says by how much, measured): exit 2 expected at ~1.1x a
+    plain step loses to it, and the reason names the margin; expected at ~1.5x it is chosen."""
+    from hispec.engine.costs import CostModel
+    from hispec.engine.levels import build_levels
+
+    levels = build_levels((2,), 8)
+    costs = CostModel.given({n: 1e-3 for n in (1, 2, 4, 8, 16)}, {(8, n): 1e-3 for n in (1, 2, 4, 8, 16)})
+
+    def chosen(acceptance):
+        auto = policy.AutoPolicy(levels, costs, {("draft", "target"): acceptance}, lookup_len=8)
+        plan = auto.plan(room=100, pending=0, match=([], 0))
+        best = max((r for k, r in plan.estimates.items() if k != "plain"), default=0) / plan.estimates["plain"]
+        return plan, best
+
+    plan, best = chosen(0.3)
+    assert 1.0 < best < policy.MIN_GAIN and plan.choice == "plain", (best, plan)
+    assert f"must be expected to beat it by {policy.MIN_GAIN:.2f}x" in plan.reason
+    plan, best = chosen(0.9)
+    assert best > policy.MIN_GAIN and plan.choice.startswith("exit 2"), (best, plan)

@@ -43,6 +43,7 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 import hispec.engine.sampling as sampling
+from hispec.engine import policy
 from hispec.engine.costs import CostModel
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.decoding import Decoder
@@ -103,6 +104,14 @@ def cycle_model(seed: int = 1):
 @pytest.fixture(scope="module")
 def lm():
     return cycle_model()
+
+
+@pytest.fixture(autouse=True)
+def every_plan_the_estimate_prefers(monkeypatch):
+    """The auto policy drafts wherever its estimate beats a plain step at all (policy.MIN_GAIN off): the
+    margin only trades speculative rounds for plain ones, and this check needs many speculative rounds
+    to see a broken rule (with the margin, resampling from p under auto scored p = 1.3e-5 > ALPHA)."""
+    monkeypatch.setattr(policy, "MIN_GAIN", 1.0)
 
 
 def fresh_ee(model) -> EarlyExitModel:
