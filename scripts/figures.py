@@ -30,7 +30,7 @@ import readme_prose  # noqa: E402
 from hispec.paths import ASSETS  # noqa: E402
 from readme_tables import (FP32_COMMAND, LEVELS_COMMAND, agreement_table, bench_table, bf16_table,  # noqa: E402
                            a8_agreement_table, gpu_table, precision_breakeven_table, layerskip_table, levels_table, load_table, loaded_table, precision_agreement_table,
-                           precision_table, priors_table, profile_table, q4_ab_table, q4_alternatives_table, q4_table,
+                           precision_table, priors_table, profile_table, q4_ab_table, q4_alternatives_table, q4_profile_table, q4_table,
                            sweep_table, time_split_table)
 
 COMMAND = "python scripts/figures.py"
@@ -129,6 +129,7 @@ BLOCKS: dict[str, Block] = {
                                  precision_breakeven_table),
     "q4-alternatives": Block(("assets/bench/q4_alternatives_cpu.json",), q4_alternatives_table),
     "q4-prefetch": Block(("assets/bench/q4_ab_prefetch_avx512.json", "assets/bench/q4_ab_prefetch_avx2.json"), q4_ab_table),
+    "q4-profile": Block(("assets/bench/q4_profile_avx512.json", "assets/bench/q4_profile_avx2.json"), q4_profile_table),
     "gpu": Block(("assets/gpu/gpu_check_h200.json",), gpu_table, "python scripts/gpu_check.py"),
     "load": Block(("assets/load/load_cpu_default.json",), load_table),
     "loaded": Block(("assets/bench/loaded_cpu_report.json",), loaded_table),

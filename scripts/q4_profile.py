@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hispec.evaluation import host  # noqa: E402
+from hispec.evaluation.record import code_version  # noqa: E402
 from hispec.model import kernel as K  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 
@@ -145,12 +145,11 @@ def main() -> int:
         args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = {"command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
-              "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
-              "dirty": bool(subprocess.run(["git", "status", "--porcelain", "--", "hispec/model", "scripts"], cwd=ROOT,
-                                           capture_output=True, text=True).stdout.strip()),
-              "env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "HISPEC_Q4_ISA",
-                                                 "HISPEC_Q4_NATIVE") if k in os.environ},
+    env = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "HISPEC_Q4_ISA", "HISPEC_Q4_NATIVE")
+           if k in os.environ}
+    prefix = " ".join(f"{k}={v}" for k, v in env.items())
+    report = {"command": f"{prefix} python scripts/q4_profile.py {' '.join(sys.argv[1:])}".strip(),
+              "code": code_version(), "env": env,
               "host": host.describe(), "loadavg_start": os.getloadavg(), "threads": torch.get_num_threads(),
               "clock": args.clock}
     models = {w: load_model("default", device="cpu", weights=w, exits="none") for w in ("fp32", "q4")}

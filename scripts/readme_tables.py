@@ -374,7 +374,7 @@ def q4_table(report: dict) -> str:
             + (f"; llama.cpp's output differs from our 4-bit output on {len(ll_firsts)} of {len(div)}"
                + (f" (median first difference at token {statistics.median(ll_firsts) + 1:.0f})" if ll_firsts else "")
                if any("llamacpp_vs_q4" in d for d in div) else "") + ".")
-    return "\n\n".join(out) + "\n\n" + text
+    return "\n\n".join(out) + "\n\n" + text + " " + plans_line(report)
 
 
 def q4_alternatives_table(r: dict) -> str:
@@ -413,6 +413,42 @@ def q4_ab_table(*reports: dict) -> str:
             + f"\n\nMedians of {first['steps']['1']['new']['steps']} steps per build, the builds taking turns in one "
               f"process; {first['threads']} threads, a {first['context']}-token context; the AVX2 build run on the "
               "same AVX-512 host (`ATEN_CPU_CAPABILITY=avx2`).")
+
+
+def q4_profile_table(*reports: dict) -> str:
+    """Where a step's time goes (scripts/q4_profile.py), per kernel build and tokens per pass: float32 and
+    the 4-bit route op by op (each op timed; Python/dispatch is what the step has beyond them), and the
+    4-bit native layer's own phase clock (the rest: embedding, final norm and LM head, Python)."""
+    def ms(v):
+        return "–" if v is None else f"{v:.1f}"
+
+    rows = []
+    for r in reports:
+        isa = r["host"].get("q4_kernel_isa", "?")
+        for n, got in r["tokens"].items():
+            for key, name in (("fp32", "float32, op by op"), ("q4", "4-bit, op by op"),
+                              ("q4_native", "4-bit, one native call per layer")):
+                row = got.get(key)
+                if not row:
+                    continue
+                if "split_ms" in row:
+                    sp = row["split_ms"]
+                    parts = [sp["products"], sp["attention"], sp["norms_rotary_act"], sp["cache_writes"], sp["head"],
+                             sp["python_dispatch"]]
+                else:
+                    ph = row["native_phases_ms"]
+                    rest = row["step_ms_median"] - sum(ph.values())
+                    parts = [ph["products"], ph["attention_rotary_cache"], ph["norms_block_sums"], None, None, rest]
+                rows.append([isa, n, name, ms(row["step_ms_median"]), *map(ms, parts)])
+    first = reports[0]
+    return (_table(["kernel build", "tokens per pass", "route", "step (ms)", "products", "attention",
+                    "norms, rotary, activations", "cache writes", "final norm + LM head", "the rest"], rows)
+            + f"\n\nMedians of {first['command'].split('--repeats ')[1].split()[0]} interleaved steps per route, "
+              f"{first['threads']} threads, a {first['context']}-token context, wall clock. Op by op: each operation "
+              "timed on its own, the rest is Python and dispatch. The native call's phases are its own clock (thread 0 "
+              "at each phase's barrier; its attention column includes rotary and the cache writes, its norms column the "
+              "block sums), and its rest is the embedding, the final norm, the LM head and Python. The AVX2 build ran on "
+              "the same AVX-512 host (`ATEN_CPU_CAPABILITY=avx2 HISPEC_Q4_ISA=avx2`).")
 
 
 def _equal_to(report: dict, method: str, reference: str) -> bool:

@@ -82,6 +82,16 @@ def trained_layers(lm) -> list[int]:
     return sorted(int(layer) for layer in (getattr(lm.ee, "exit_heads", None) or {}))
 
 
+def weights_words(lm) -> str:
+    """The format the page runs, named: float32 is the exact reference, 4-bit is exact only to itself."""
+    if getattr(lm, "weights", "fp32") == "q4":
+        return "4-bit weights (the GGUF file's own Q4_1 blocks: exact to 4-bit decoding, not to float32)"
+    if str(lm.dtype) == "float32":
+        return "float32 weights (the exact reference: greedy output equals transformers' own)"
+    return f"{lm.dtype} weights"
+
+
 def model_info(name: str, lm) -> str:
-    return (f"**{html.escape(name)}** · {lm.ee.num_layers} layers · {lm.device} · {lm.dtype} · "
+    words = weights_words(lm)
+    return (f"**{html.escape(name)}** · {lm.ee.num_layers} layers · {lm.device} · {html.escape(words)} · "
             f"loaded in {lm.load_s:.1f} s\n\n" + exits_html(getattr(lm.ee, "exit_info", None)))

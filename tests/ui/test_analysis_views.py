@@ -345,3 +345,19 @@ def test_why_explains_a_run_with_the_costs_it_kept_whatever_later_runs_teach(ser
     finally:
         lm.ee.cost_model = live
     assert changed != before and "this run kept none of its own" in plain(changed)
+
+
+def test_the_model_line_names_the_weights_format():
+    """The page says which format it runs: float32 is the exact reference, 4-bit only exact to itself."""
+    from types import SimpleNamespace
+
+    from ui.model_view import model_info
+
+    def lm(weights, dtype="float32"):
+        return SimpleNamespace(weights=weights, dtype=dtype, device="cpu", load_s=1.0,
+                               ee=SimpleNamespace(num_layers=30, exit_info=None))
+
+    assert "float32 weights (the exact reference" in model_info("default", lm("fp32"))
+    q4 = model_info("default", lm("q4"))
+    assert "4-bit weights" in q4 and "not to float32" in q4 and "float32 weights" not in q4
+    assert "bfloat16 weights" in model_info("x", lm("fp32", "bfloat16"))
