@@ -21,6 +21,12 @@ def test_ratios_are_geometric_means_of_per_prompt_ratios_and_goals_follow_them()
                    "hispec(auto) q4 >= 1.3x llama.cpp plain": False, "hispec(auto) q4 >= llama.cpp with its lookup": True,
                    "q4 plain step within 2x of the memory bound": True}
     assert q.goals(q.ratios(_report({q.AR32: (10, 10)})))[0][2] is None  # not measured: neither met nor missed
+    # two lookups measured: the goal takes the faster one over llama.cpp's plain decoding, and names it
+    two = q.ratios(_report({q.HS4: (50, 100), q.LLAMA: (25, 200), q.LLAMA_LOOKUP: (20, 50),
+                            q.LLAMA_LOOKUP + ":2": (40, 150)}))
+    assert two["llamacpp_lookup_best"] == "llamacpp_lookup:2"
+    assert two["q4_hispec_over_llamacpp_lookup"] == round((50 / 40 * 100 / 150) ** 0.5, 3)
+    assert "(its fastest here, llamacpp_lookup:2)" in q.goals(two)[3][0]
     no_lookup = {name: ok for name, _, ok in q.goals(q.ratios(_report({q.HS4: (1, 1), q.LLAMA: (1, 1)})))}
     assert no_lookup["hispec(auto) q4 >= llama.cpp with its lookup"] is None  # the peer did not run
 
