@@ -53,6 +53,9 @@ MIN_GAIN = 1.15  # a plan is chosen over a plain step only when expected to beat
 #                 128 tokens (scripts/plan_realized.py): exit plans realized 0.77-0.87 of their expected speed
 #                 over plain, the hierarchy 0.82, in both formats; lookup 0.96 (4-bit) to 1.28 (float32).
 #                 Without the margin, exits expected at 1.07-1.12x realized 0.82-0.95x plain in 4-bit.
+LOOKUP_MIN_GAIN = 1.05  # the margin for a lookup copy checked by the full model alone: its estimate held (realized
+#                        0.96-1.28 of it, above), and a copy costs no drafting, so the exits' margin turned away copies
+#                        that would have paid (hispec/auto@q4 then chose plain steps in three rounds of four)
 MAX_HIERARCHY_ROUNDS = 8  # rounds a hierarchy plan is expected to wait for its threshold at most: with a low
 #                           draft->verify estimate the expected wait grows without bound; 8 rounds cap the estimate
 
@@ -379,6 +382,14 @@ class AutoPolicy(Policy):
                     rate = lookup_judged_rate(low, self.costs, self.L, lv.layer, k, a_lm, a_mt, then)
                     yield rate, label, Plan(0, k, (i,), 1, label, tokens=tuple(tokens[:k]), then=then)
 
+    def _margin(self, plan: Plan) -> float:
+        """How much better than a plain step a plan must be expected to be (1 for the plain step itself)."""
+        if plan.proposer == len(self.levels) - 1:
+            return 1.0
+        if self.levels[plan.proposer].kind == "lookup" and not plan.judges:
+            return LOOKUP_MIN_GAIN
+        return MIN_GAIN
+
     def plan(self, room: int, pending: int, match: tuple[list[int], int]) -> Plan:
         if pending and self._sticky is not None:  # a hierarchy plan still piling up tentative tokens
             return self._sticky
@@ -391,16 +402,16 @@ class AutoPolicy(Policy):
         scored = sorted(self._candidates(room, match), key=lambda x: -x[0])
         plain_rate = next(rate for rate, name, _ in scored if name == "plain")
         scored = [x for x in scored if x[1] == "plain" or not self.realized.is_dropped(plan_kind(x[2]))]
-        best_rate, label, plan = scored[0]
-        short = label != "plain" and best_rate < MIN_GAIN * plain_rate  # not worth the risk (MIN_GAIN)
-        if short:
-            best_rate, label, plan = next(x for x in scored if x[1] == "plain")
+        # The best plan that clears its own margin over a plain step (not worth the risk otherwise): it may be
+        # a copy ranked below an exit plan that did not clear the exits' larger margin.
+        best_rate, label, plan = next(x for x in scored if x[0] >= self._margin(x[2]) * plain_rate)
+        short = label == "plain" and scored[0][1] != "plain"
         shown = {}
         for rate, name, _ in scored:  # the best few, and the plain step for reference
             if len(shown) < 4 or name == "plain":
                 shown[name] = round(rate, 2)
         reason = (f"the best, {scored[0][1]}, is expected at only {scored[0][0] / plain_rate:.2f}x a plain step "
-                  f"(a plan must be expected to beat it by {MIN_GAIN:.2f}x)" if short else
+                  f"(a plan must be expected to beat it by {self._margin(scored[0][2]):.2f}x)" if short else
                   "nothing is expected to beat a plain step" if label == "plain" else
                   f"expected {best_rate / plain_rate:.2f}x a plain step")
         if self._notes:

@@ -203,3 +203,35 @@ def test_a_plan_expected_only_a_little_faster_than_plain_is_not_chosen():
     assert f"must be expected to beat it by {policy.MIN_GAIN:.2f}x" in plan.reason
     plan, best = chosen(0.9)
     assert best > policy.MIN_GAIN and plan.choice.startswith("exit 2"), (best, plan)
+
+
+def test_a_lookup_copy_clears_a_smaller_margin_than_an_exit():
+    """A copy checked by the full model alone needs only LOOKUP_MIN_GAIN (its estimate held, and it costs no
+    drafting): expected at ~1.1x a plain step it is chosen, where an exit plan expected at ~1.1x is not
+    (the test above); below its own margin the plain step wins and the reason names that margin."""
+    from hispec.engine.costs import CostModel
+    from hispec.engine.levels import build_levels
+
+    assert 1.0 < policy.LOOKUP_MIN_GAIN < policy.MIN_GAIN
+    levels = build_levels(("lookup",), 8)
+    costs = CostModel.given({n: 1e-3 for n in (1, 2, 4, 8, 16)}, {(8, n): 1e-3 for n in (1, 2, 4, 8, 16)})
+
+    def chosen(acceptance):
+        priors = {(f"lookup:{n}", "target"): acceptance for n in range(1, 9)}
+        auto = policy.AutoPolicy(levels, costs, priors, lookup_len=8)
+        plan = auto.plan(room=100, pending=0, match=([7, 8, 9, 10], 3))
+        best = max((r for k, r in plan.estimates.items() if k != "plain"), default=0) / plan.estimates["plain"]
+        return plan, best
+
+    found = {}
+    for a in [i / 200 for i in range(1, 200)]:
+        plan, best = chosen(a)
+        if policy.LOOKUP_MIN_GAIN < best < policy.MIN_GAIN:
+            found["between"] = (plan, best)
+        elif 1.0 < best < policy.LOOKUP_MIN_GAIN:
+            found["below"] = (plan, best)
+    plan, best = found["between"]
+    assert plan.choice.startswith("lookup"), (best, plan)
+    plan, best = found["below"]
+    assert plan.choice == "plain", (best, plan)
+    assert f"must be expected to beat it by {policy.LOOKUP_MIN_GAIN:.2f}x" in plan.reason

@@ -112,6 +112,7 @@ def every_plan_the_estimate_prefers(monkeypatch):
     margin only trades speculative rounds for plain ones, and this check needs many speculative rounds
     to see a broken rule (with the margin, resampling from p under auto scored p = 1.3e-5 > ALPHA)."""
     monkeypatch.setattr(policy, "MIN_GAIN", 1.0)
+    monkeypatch.setattr(policy, "LOOKUP_MIN_GAIN", 1.0)
 
 
 def fresh_ee(model) -> EarlyExitModel:
