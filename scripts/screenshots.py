@@ -133,7 +133,13 @@ def main() -> None:
         raise SystemExit("no chromium on PATH: install Debian's chromium (scripts/setup.sh --dev does)")
     expect.set_options(timeout=600_000)
     args.out.mkdir(parents=True, exist_ok=True)
-    seen = {"command": "python scripts/screenshots.py " + " ".join(os.sys.argv[1:]), "machine": machine(),
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hispec.evaluation.record import code_version
+
+    seen = {"command": "python scripts/screenshots.py " + " ".join(os.sys.argv[1:]), "code": code_version(),
+            "machine": machine(),
             "prompt": PROMPT, "copy_prompt": COPY_PROMPT}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=ARGS)
