@@ -17,7 +17,7 @@ from hispec.errors import HiSpecError
 from hispec.explain import what_if as what_ifs
 from hispec.runs.replay import replay_from_dicts
 from hispec.explain.speed_model import RoundShape, measured_pairs
-from hispec.explain.why import frozen_costs, speed_story
+from hispec.explain.why import explained_costs, keep_costs, speed_story
 from hispec.runs.trace import Trace
 from hispec.serving.api import (BeliefsRequest, CompareRequest, CostsRequest, GenerateRequest, LoadRequest,
                                WhatIfRequest)
@@ -164,12 +164,15 @@ class Handlers:
             return WHY_HINT, gr.skip()
         settings = run["settings"]
         exits_used = tuple(sorted(exits_by_role(tuple(settings.get("levels") or ())).values()))
-        frozen = frozen_costs(run, exits_used)  # the run's own, kept with it: later runs cannot rewrite them
-        try:
-            costs = frozen or self._costs(run["model"], exits_used, request)
-        except HiSpecError as exc:
-            return render.message_html(str(exc)), gr.skip()
-        story = speed_story(run, costs, (float(a_dv), float(a_vt)), what_if, frozen=frozen is not None)
+        costs, whose = explained_costs(run, exits_used)  # kept with the run: later runs cannot rewrite them
+        if costs is None:
+            try:
+                costs = self._costs(run["model"], exits_used, request)
+            except HiSpecError as exc:
+                return render.message_html(str(exc)), gr.skip()
+            keep_costs(run, costs)  # the run (this page's state) keeps them from its first explanation on
+            whose = "first"
+        story = speed_story(run, costs, (float(a_dv), float(a_vt)), what_if, frozen=whose)
         view = why_view.why_html(story) + render.published_html(self.published)
         if not story.get("curves"):
             return view, gr.Plot(None, visible=False)

@@ -166,9 +166,12 @@ def speed_source_words(story: dict) -> str:
 
 
 def _costs_words(story: dict) -> str:
-    if story.get("costs_frozen"):
+    if story.get("costs_frozen") == "run":
         return (", as this run's policy had them at its end: kept with the run, so a later run or what-if does not "
                 "change this explanation")
+    if story.get("costs_frozen") == "first":
+        return (", as they stood when this run was first explained (it kept none of its own): kept with the run "
+                "from then on, so a later run or what-if does not change this explanation")
     return ", as they stand now: this run kept none of its own"
 
 

@@ -95,11 +95,32 @@ def frozen_costs(run: dict, exits: tuple[int, ...] = ()) -> CostModel | None:
     return costs if costs.covers(tuple(exits)) else None
 
 
+def explained_costs(run: dict, exits: tuple[int, ...] = ()) -> tuple[CostModel | None, str | None]:
+    """The costs to explain a run with, and whose: ('run') its own (frozen_costs), else ('first') those
+    its first explanation used, kept with it by keep_costs (a fixed run on a model never timed keeps
+    none of its own); (None, None) when neither covers `exits`."""
+    own = frozen_costs(run, exits)
+    if own is not None:
+        return own, "run"
+    if run.get("costs_ms"):
+        first = CostModel.from_figures_ms(run["costs_ms"])
+        if first.covers(tuple(exits)):
+            return first, "first"
+    return None, None
+
+
+def keep_costs(run: dict, costs: CostModel) -> None:
+    """Keep with the run the costs its first explanation used: a later run or what-if, which refine the
+    model's cost model, then cannot rewrite this run's explanation."""
+    run["costs_ms"] = costs.figures_ms()
+
+
 def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_if: dict | None = None,
-                frozen: bool = False) -> dict:
+                frozen: str | None = None) -> dict:
     """Every figure of "Why this speed" for a finished run (the page's kept run: stats, settings,
-    events, vs_plain), at the sliders' acceptance (draft -> verify, -> full model). `frozen`: `costs`
-    are the run's own (frozen_costs), not the model's cost model as it stands now."""
+    events, vs_plain), at the sliders' acceptance (draft -> verify, -> full model). `frozen`: whose
+    `costs` are ('run': the run's own, 'first': kept by its first explanation; see explained_costs);
+    None: the model's cost model as it stands now."""
     settings, stats = run["settings"], run["stats"]
     L = settings.get("num_layers")
     events = [event_from_dict(d) for d in run.get("events") or []]
