@@ -68,12 +68,12 @@ class GenerateView:
             return (gr.skip(),) * OUTPUTS
         stats = self.run.summary()
         done = self.run.done is not None
-        reason = stats["finish_reason"].replace("_", " ") if done else ""
+        reason = render.reason_words(stats["finish_reason"]) if done else ""
         if done and self.pairs:
-            status = (f"Generated {stats['new_tokens']} tokens ({reason}); timing plain decoding against it next "
+            status = (f"Generated {stats['new_tokens']} tokens (stopped by {reason}); timing plain decoding against it next "
                       f"({self.pairs} pair{'s' if self.pairs != 1 else ''})…")
         else:
-            status = f"Done: {reason}." if done else f"Generating… {stats['new_tokens']} tokens"
+            status = f"Done: stopped by {reason}." if done else f"Generating… {stats['new_tokens']} tokens"
         return (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),
                 self.run.done.text if done else gr.skip(), render.stats_html(stats)) + self._charts(stats, done) + (
                     gr.skip(),)
@@ -83,7 +83,7 @@ class GenerateView:
             return cleared(render.message_html(ended.message, "error" if not ended.ok else "info"))
         stats = self.run.summary()
         if ended.outcome == "done":
-            status = f"Done: {stats['finish_reason'].replace('_', ' ')}."
+            status = f"Done: stopped by {render.reason_words(stats['finish_reason'])}."
         else:
             status = stopped_message(ended, stats["new_tokens"])
         return (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),

@@ -49,6 +49,8 @@ def test_the_page_matches_the_engines_events(server):
     outs, view = page_run(server)
     status, tokens_html, _, final_text, stats_html, *_, kept = outs[-1]
     assert "Done" in status and kept is not None
+    # the status names what ended it in the stats' words (not the engine's "eos" / "max_new_tokens")
+    assert "Done: stopped by the token limit." in status or "Done: stopped by end of text." in status, status
     events = []
     config = preset("hispec", 2, 5, 2, 3, 30, policy="fixed").resolve(8)
     ref = run(lm.ee, lm.encode("hello there"), config, eos_ids=lm.eos_ids, detok=Detokenizer(lm.tokenizer),
