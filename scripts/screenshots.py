@@ -62,6 +62,7 @@ def teaching_run(page, out: Path, seen: dict) -> None:
     page.get_by_label("Prompt", exact=True).fill(PROMPT)
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_text(page, "#hs-why", "against plain decoding")
+    wait_for_text(page, "#hs-stats", "speed vs plain decoding, measured")
     page.locator("#hs-explain-all .hs-explain").first.wait_for(state="attached")
     time.sleep(2)  # the charts' last redraw
     page.screenshot(path=str(out / "screenshot.png"))  # the top of the page, as a visitor sees it
@@ -107,6 +108,7 @@ def adaptive_run(page, out: Path, seen: dict) -> None:
     page.get_by_label("Prompt", exact=True).fill(COPY_PROMPT)
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_text(page, "#hs-why", "against plain decoding")
+    wait_for_text(page, "#hs-stats", "speed vs plain decoding, measured")  # the run's last update, after the pairs
     time.sleep(2)
     scrolled = page.evaluate("window.scrollY")  # boxes are in the viewport, the clip in the page
     top = page.locator("#hs-status").bounding_box()
