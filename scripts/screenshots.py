@@ -107,8 +107,9 @@ def adaptive_run(page, out: Path, seen: dict) -> None:
     set_number(page, "hs-baseline", 3)
     page.get_by_label("Prompt", exact=True).fill(COPY_PROMPT)
     page.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_text(page, "#hs-status", "Generat")  # this run's own status, not the last run's "Done"
+    wait_for_text(page, "#hs-status", "Done")  # its last update, after the pairs
     wait_for_text(page, "#hs-why", "against plain decoding")
-    wait_for_text(page, "#hs-stats", "speed vs plain decoding, measured")  # the run's last update, after the pairs
     time.sleep(2)
     scrolled = page.evaluate("window.scrollY")  # boxes are in the viewport, the clip in the page
     top = page.locator("#hs-status").bounding_box()
