@@ -396,7 +396,6 @@ UNTIED = (
     Untied('("19% slower", "7% faster, within noise")', "examples of the page's wording, not measurements"),
     Untied("the trained exit 2 head's first choice was `.` (34%), exit 4's was `.` (37%), and the full model's `,` "
            "(78%)", PAGE),
-    Untied("32% of the run was outside layer passes", PAGE),
     Untied("paper's 1.28× needs exits trained to exit early", "the HiSpec paper's reported speedup (another project's)"),
     Untied("40% with release 3's heads, 34% with release 2's", HISTORY),
     Untied("Release 3's heads gave layerskip 1.04× and hispec 0.94× in that run (1.10× and 1.02× in runs without "
@@ -422,5 +421,4 @@ UNTIED = (
            "worked out by hand from the time-split artifact's per-call times; not recomputed here"),
     Untied("and the engine's bookkeeping (+0.4 ms)", "worked out by hand from the time-split artifact; not recomputed"),
     Untied("The engine's own Python is small: 0.3–0.6 ms per token", "the time-split block's last row, rounded by hand"),
-    Untied("28.7 / 19.8, 36.4 / 17.9 and 32.5 / 20.0 tokens/s", PAGE + " (the takes' tokens/s, rounded)"),
 )
