@@ -87,6 +87,12 @@ def host_line(report: dict) -> str:
             f"read bandwidth {bw[0]} / {bw[1]} GB/s (start / end), load {h.get('loadavg_start')} -> {h.get('loadavg_end')}")
 
 
+def _fastest(r: dict) -> str:
+    """' (its fastest here, llamacpp_lookup:N)' where the goal's lookup is not the defaults' one."""
+    best = r.get("llamacpp_lookup_best", LLAMA_LOOKUP)
+    return f" (its fastest here, {best})" if best != LLAMA_LOOKUP else ""
+
+
 def goals(r: dict) -> list[tuple[str, str, bool | None]]:
     def verdict(value, ok):
         return None if value is None else ok(value)
@@ -101,9 +107,7 @@ def goals(r: dict) -> list[tuple[str, str, bool | None]]:
          verdict(r["q4_ar_over_llamacpp"], lambda v: v >= 1)),
         ("hispec(auto) q4 >= 1.3x llama.cpp plain", x(r["q4_hispec_over_llamacpp"]),
          verdict(r["q4_hispec_over_llamacpp"], lambda v: v >= 1.3)),
-        ("hispec(auto) q4 >= llama.cpp with its lookup"
-         + (f" (its fastest here, {r['llamacpp_lookup_best']})" if r.get("llamacpp_lookup_best", LLAMA_LOOKUP) != LLAMA_LOOKUP
-            else ""), x(r["q4_hispec_over_llamacpp_lookup"]),
+        ("hispec(auto) q4 >= llama.cpp with its lookup" + _fastest(r), x(r["q4_hispec_over_llamacpp_lookup"]),
          verdict(r["q4_hispec_over_llamacpp_lookup"], lambda v: v >= 1)),
         ("q4 plain step within 2x of the memory bound", x(r["q4_step_over_bound"]),
          verdict(r["q4_step_over_bound"], lambda v: v <= 2)),

@@ -70,8 +70,8 @@ class GenerateView:
         done = self.run.done is not None
         reason = render.reason_words(stats["finish_reason"]) if done else ""
         if done and self.pairs:
-            status = (f"Generated {stats['new_tokens']} tokens (stopped by {reason}); timing plain decoding against it next "
-                      f"({self.pairs} pair{'s' if self.pairs != 1 else ''})…")
+            status = (f"Generated {stats['new_tokens']} tokens (stopped by {reason}); timing plain decoding against "
+                      f"it next ({self.pairs} pair{'s' if self.pairs != 1 else ''})…")
         else:
             status = f"Done: stopped by {reason}." if done else f"Generating… {stats['new_tokens']} tokens"
         return (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),

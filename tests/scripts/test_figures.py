@@ -115,5 +115,5 @@ def test_the_walkthrough_quotes_what_the_page_showed():
     assert seen["machine"].split(" (")[0] in _walkthrough_section(readme)
     # the check catches a figure the page did not show
     first = re.search(r"\*\*(\d+\.\d\d)×\*\*", _walkthrough_section(readme)).group(1)
-    wrong = next(f"{float(first) + d:.2f}×" for d in (0.07, 0.13, 0.19, 0.31) if f"{float(first) + d:.2f}×" not in shown)
+    wrong = next(w for w in (f"{float(first) + d:.2f}×" for d in (0.07, 0.13, 0.19, 0.31)) if w not in shown)
     assert quoted_but_not_shown(readme.replace(f"**{first}×**", f"**{wrong}**"), shown) == [wrong]

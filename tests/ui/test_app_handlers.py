@@ -139,13 +139,31 @@ def test_prompt_too_long_for_the_model(server):
 
 
 def test_stop_keeps_what_was_generated_and_says_how_much(server):
+    """A Stop made after 5 tokens ends the run with what it kept. The engine runs in serving's worker
+    thread, ahead of this reader: unslowed, a busy machine can let the tiny model write all 200 tokens
+    before the reader sees 5 (the likely cause of one failure seen in a full run of this file), so every
+    full pass here sleeps a little."""
+    import time
+
+    lm = server.registry.get("tiny")
+    original = lm.ee.run_layers
+
+    def slowed(hidden, start, end, cache):
+        if end == lm.ee.num_layers and start < end:
+            time.sleep(0.01)
+        return original(hidden, start, end, cache)
+
     raw = page_request("hi", "tiny", *HISPEC, 200, False, policy=labels.FIXED)
     view, out = GenerateView("tiny"), None
     caller = LOCAL
-    for update in server.submit(caller, GenerateRequest, raw):
-        out = view.update(update)
-        if view.run.stats.new_tokens >= 5:
-            server.stop(caller)
+    lm.ee.run_layers = slowed
+    try:
+        for update in server.submit(caller, GenerateRequest, raw):
+            out = view.update(update)
+            if view.run.stats.new_tokens >= 5:
+                server.stop(caller)
+    finally:
+        del lm.ee.run_layers
     kept = out[-1]
     assert kept["stats"]["finish_reason"] == "stopped"
     n = kept["stats"]["new_tokens"]
