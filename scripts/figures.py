@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import readme_prose  # noqa: E402
 from hispec.paths import ASSETS  # noqa: E402
 from readme_tables import (FP32_COMMAND, LEVELS_COMMAND, agreement_table, bench_table, bf16_table,  # noqa: E402
-                           a8_agreement_table, gpu_table, precision_breakeven_table, layerskip_table, levels_table, load_table, loaded_table, precision_agreement_table,
+                           a8_agreement_table, ee_gpu_table, gpu_profile_table, gpu_table, precision_breakeven_table, layerskip_table, levels_table, load_table, loaded_table, precision_agreement_table,
                            precision_table, priors_table, profile_table, q4_ab_table, q4_alternatives_table, q4_profile_table, q4_table,
                            sweep_table, time_split_table)
 
@@ -131,6 +131,9 @@ BLOCKS: dict[str, Block] = {
     "q4-prefetch": Block(("assets/bench/q4_ab_prefetch_avx512.json", "assets/bench/q4_ab_prefetch_avx2.json"), q4_ab_table),
     "q4-profile": Block(("assets/bench/q4_profile_avx512.json", "assets/bench/q4_profile_avx2.json"), q4_profile_table),
     "gpu": Block(("assets/gpu/gpu_check_h200.json",), gpu_table, "python scripts/gpu_check.py"),
+    "gpu-graphs": Block(("assets/gpu/gpu_profile_graphs_h200.json", "assets/gpu/gpu_check_h200_exactness.json"),
+                        gpu_profile_table),
+    "ee-gpu": Block(("assets/gpu/ee_train_h200.json", "assets/exits/smollm2-135m-instruct/manifest.json"), ee_gpu_table),
     "load": Block(("assets/load/load_cpu_default.json",), load_table),
     "loaded": Block(("assets/bench/loaded_cpu_report.json",), loaded_table),
 }

@@ -72,7 +72,16 @@ def main():
                           (1.0, 0.9)),
         "hispec@0.9/0.9": (preset("hispec", d, v, 2, 4, max_new_tokens=args.new, policy="fixed"), (0.9, 0.9)),
     }
-    report = {"shape": args.shape, "layers": L, "d": d, "v": v, "graphs": args.cuda_graphs, "runs": {}}
+    import transformers
+
+    from hispec.evaluation.record import code_version
+
+    report = {"command": "python scripts/gpu_profile.py " + " ".join(sys.argv[1:]), "code": code_version(),
+              "env": {"torch": torch.__version__, "transformers": transformers.__version__, "device": args.device,
+                      "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None},
+              "new_tokens": args.new, "prompt_tokens": len(prompt), "dtype": str(dtype).removeprefix("torch."),
+              "acceptance": "synthetic (timing only), random weights std 0.02",
+              "shape": args.shape, "layers": L, "d": d, "v": v, "graphs": args.cuda_graphs, "runs": {}}
     for name, (cfg, rates) in methods.items():  # warm-up
         run(ee, prompt, cfg, judge=SyntheticAcceptance(*rates) if rates else None)
     for rep in range(3):  # plain timings, alternating methods

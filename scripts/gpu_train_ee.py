@@ -8,6 +8,9 @@ call ends. The default model is a 98 MB GGUF, so its quantized blocks travel in 
 
   here, once (CPU, ~1 min):
     python scripts/gpu_train_ee.py prepare            # writes .ee_gpu/{part1,part2}/ and .ee_gpu/prompts.pt
+        and prints what each call sends, the working tree included; over 64 MiB it names the largest tracked
+        files (on 2026-12-04 the tree was 17.5 MiB and part 1 did not fit until the exit heads, which the
+        training does not read, were moved out of the checkout for the two calls and back after)
 
   device call 1 (carry [".ee_gpu/part1"], timeout_s 240; ~1-2 min with the start):
     python scripts/gpu_train_ee.py stage
@@ -100,11 +103,37 @@ def cmd_prepare(args) -> int:
     sizes = {str(p.relative_to(ROOT)): p.stat().st_size for p in sorted(CARRY.rglob("*")) if p.is_file()}
     for path, size in sizes.items():
         print(f"{size / 2**20:8.2f} MiB  {path}")
+    tree = travelling_tree_bytes()
     for n in (1, 2):
         total = sum(s for p, s in sizes.items() if f"part{n}" in p) + (sizes.get(".ee_gpu/prompts.pt", 0) if n == 2 else 0)
-        print(f"call {n} carries {total / 2**20:.1f} MiB (+ the working tree); limit 64 MiB")
+        over = total + tree > 64 * 2**20
+        print(f"call {n} carries {total / 2**20:.1f} MiB + the working tree {tree / 2**20:.1f} MiB = "
+              f"{(total + tree) / 2**20:.1f} MiB; limit 64 MiB" + (": OVER" if over else ""))
+        if over:
+            big = sorted(((s, f) for f, s in tracked_files().items()), reverse=True)[:3]
+            print("  the tree travels with every call: move large tracked files the training does not read out of the "
+                  "checkout during the two calls, and back after (2026-12-04: the exit heads), e.g. "
+                  + ", ".join(f"{f} ({s / 2**20:.1f} MiB)" for s, f in big))
     print(f"{len(data['train']['prompt'])} training prompts, {args.heldout} held out; fingerprint {fingerprint}")
     return 0
+
+
+def tracked_files() -> dict[str, int]:
+    """Tracked files present in the checkout and their sizes (what a device call sends, beside what it carries)."""
+    import subprocess
+
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return {n: (ROOT / n).stat().st_size for n in names.split("\0") if n and (ROOT / n).is_file()}
+
+
+def travelling_tree_bytes() -> int:
+    """Tracked files plus untracked files git does not ignore: the working tree a device call sends."""
+    import subprocess
+
+    extra = subprocess.run(["git", "ls-files", "-z", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout
+    return sum(tracked_files().values()) + sum((ROOT / n).stat().st_size for n in extra.split("\0")
+                                               if n and (ROOT / n).is_file())
 
 
 # ---------------------------------------------------------------------------------------------

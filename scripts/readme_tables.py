@@ -657,3 +657,57 @@ def precision_agreement_table(measured: dict, tune: dict | None = None) -> str:
             + f"\n\nAcceptance per token, in order up to each block's first rejection, fixed rounds, greedy, "
               f"{measured['max_new_tokens']} new tokens a prompt; 4-bit levels run the GGUF's own blocks, the exact "
               "model is the float32 dequantisation of the same file.")
+
+
+# ---- the GPU sessions ----------------------------------------------------------------------------
+
+EE_EXITS = ("1", "2", "4", "6", "8", "12", "16", "20", "24", "29")
+
+
+def ee_gpu_table(art: dict, heads: dict) -> str:
+    """A LayerSkip LoRA run on the GPU: every shown exit's agreement with the final layer before and after,
+    beside the shipped exit heads' (the untouched model, other positions), and what it cost the model."""
+    agree, ev = art["evaluation"]["exit_agreement"], art["evaluation"]
+    shipped = heads["evaluation"]["agreement"]
+    rows = [["untouched model (its own final norm and LM head at the exit)", *(_pct1(agree["original"][e]) for e in EE_EXITS)],
+            ["after the LoRA run (tuned model, its own final layer)", *(f"**{_pct1(agree['tuned'][e])}**" for e in EE_EXITS)],
+            [f"shipped {heads['head']['type']} exit heads (untouched model)",
+             *(_pct1(shipped[e]["trained"]) if e in shipped else "–" for e in EE_EXITS)]]
+    fid, run, tr = ev["fidelity"], art["run"], art["training"]
+    free = ev["free_run"]
+    return (_table(["exit", *EE_EXITS], rows)
+            + f"\n\nAgreement of each exit's top-1 token with the final layer on {ev['positions']:,} held-out positions "
+              f"({ev['sequences']} prompts and the original model's continuations); the heads' row is their manifest's, "
+              f"on {heads['evaluation']['tokens']:,} tokens of {heads['evaluation']['prompts']} other held-out prompts. "
+              f"Cost to the model: the tuned model's greedy token equals the original's at "
+              f"{fid['greedy_token_match']:.1%} of positions; perplexity on held-out text "
+              f"{fid['ppl_heldout_text']['original']:.1f} → {fid['ppl_heldout_text']['tuned']:.1f} "
+              f"({fid['ppl_change_heldout_text']:+.0%}); {free['identical_outputs']} of {free['prompts']} free-running "
+              f"greedy outputs identical. The run: {run['train_tokens']:,} tokens of the original's greedy and sampled "
+              f"continuations ({run['phases']['generate']:.0f} s to generate), {run['trained']['steps']} steps of "
+              f"{tr['batch_size']} × {tr['seq_len']} in {run['trained']['seconds']:.0f} s "
+              f"({run['trained']['tokens'] / run['train_tokens']:.1f} passes over the data; bf16, rank {tr['rank']}, "
+              f"rotation {tr['rotation']}, layer dropout {tr['layer_dropout']}), {run['phases']['total']:.0f} s in all. "
+              f"Adapter not shipped: {art['adapter']['why_not']}.")
+
+
+def gpu_profile_table(profile: dict, check: dict) -> str:
+    """One GPU session's CUDA-graph timings (synthetic acceptance) and its float32 exactness check."""
+    runs = profile["runs"]
+    ar = statistics.median(runs["autoregressive"])
+    rows = [[name, f"{statistics.median(v):.0f} tok/s", _x(statistics.median(v) / ar),
+             " / ".join(f"{x:.0f}" for x in v)] for name, v in runs.items()]
+    ex, bf = check["exactness_fp32"], check["bf16_mismatch"]
+    graphs = {m.removesuffix("+graphs"): v for m, v in bf["methods"].items() if m.endswith("+graphs")}
+    same = bool(graphs) and all(bf["methods"][m] == v for m, v in graphs.items())
+    return (_table(["method (synthetic acceptance)", "median of 3", "vs autoregressive", "the three runs"], rows)
+            + f"\n\nShape {profile['shape']} ({profile['layers']} layers, d={profile['d']}, v={profile['v']}), random weights, "
+              f"{profile['dtype']}, CUDA graphs, {profile['new_tokens']} new tokens after a {profile['prompt_tokens']}-token "
+              f"prompt, methods alternating. Exactness in float32 in the same session "
+              f"(`{check['command'].replace('/root/out/', '')}`): {ex['runs'] - len(ex['failures'])} of {ex['runs']} runs equal "
+              f"transformers' `generate()`, {ex['graph_runs']} of them replayed from CUDA graphs; in bfloat16 every method "
+              f"diverged from autoregressive on {'the same prompts at the same tokens' if same else 'other prompts or tokens'} "
+              f"with CUDA graphs as without ({bf['graphs_vs_eager_autoregressive_differs']} autoregressive outputs differ "
+              f"between the two modes). layerskip@0.9 drafts 4 tokens a round at exit v; hispec@0.9/0.9 drafts 2 at d, "
+              f"judged at v, the full model once 4 are tentative; each judged token accepted with probability 0.9 "
+              f"(timing only: the text is not the model's).")
