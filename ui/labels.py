@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hispec.engine.config import recommended_levels
 from hispec.engine.policy import DEFAULT_POLICY
 
 METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Lookup (copies earlier text)": "lookup",
@@ -34,11 +35,12 @@ LEVELS = {"HiSpec's own (lookup → exit d → exit v → full when adaptive)": 
 
 
 def default_levels(formats: tuple[str, ...]) -> str:
-    """The Levels box's first value for a model offering these cheaper formats: the precision list where
-    the 4-bit copy is offered (it measured fastest, exact all the same: README, Precision levels), else
-    HiSpec's own list."""
-    own, precision = list(LEVELS)[:2]
-    return precision if "q4" in formats else own
+    """The Levels box's first value for a model offering these cheaper formats: the engine's recommended
+    list (hispec.engine.config.recommended_levels: the precision list where the 4-bit copy is offered),
+    else HiSpec's own list."""
+    recommended = recommended_levels(formats)
+    text = ",".join(map(str, recommended)) if recommended else ""
+    return next((label for label, value in LEVELS.items() if value == text), list(LEVELS)[0])
 
 
 def level_words(level) -> str:

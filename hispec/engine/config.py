@@ -12,6 +12,8 @@ out. A resolved configuration always carries the preset that describes its list 
     preset("layerskip", draft_layer=E)      -> levels (E,)                   [exit E, full]
     preset("hispec", d, v), policy fixed   -> levels (d, v)                 [exit d, exit v, full]
     preset("hispec", d, v), policy auto    -> levels ("lookup", d, v)       the free drafter below
+    preset("hispec"), policy auto, on a model offering its 4-bit copy
+                                           -> levels ("lookup", "full@q4")  the precision hierarchy
     preset("lookup")                       -> levels ("lookup",)            [lookup, full]
 """
 
@@ -35,6 +37,20 @@ METHODS = ("autoregressive", "layerskip", "hispec", "lookup")
 DEFAULT_DRAFT_LEN = 2  # tokens drafted per block at an exit (hispec)
 DEFAULT_VERIFY_THRESHOLD = 4  # tentative tokens that call the full model; layerskip's draft length
 DEFAULT_LAYERS = {"draft_layer": "L/8", "verify_layer": "L/4", "layerskip_exit": "L/4"}  # as default_*_layer
+
+
+# The hispec preset's list under the auto policy when no exit is named, on a model that offers a copy of
+# its own weights in 4-bit below its exact float32 format (the default model on a CPU): lookup drafts for
+# free, the 4-bit model judges the copy and drafts on, the exact model verifies. Levels are (depth,
+# precision): this is the three-level hierarchy with precision as the middle level. It measured fastest of
+# the lists on the report split (README, "Precision levels") and is exact all the same; a model without
+# the copy (any other model, or where the kernel cannot run) keeps the exits: ("lookup", d, v).
+PRECISION_LIST = (LOOKUP, "full@q4")
+
+
+def recommended_levels(formats: tuple[str, ...]) -> tuple | None:
+    """The level list recommended for a model offering these cheaper formats (None: the exits')."""
+    return PRECISION_LIST if "q4" in formats else None
 
 
 def default_draft_layer(num_layers: int) -> int:
@@ -74,6 +90,8 @@ class Preset:
             exit_layer = _first(self.draft_layer, rec.get("layerskip_exit"), default_verify_layer(L))
             _check_layers(L, exit_layer)
             return (exit_layer,)
+        if policy == "auto" and self.draft_layer is None and self.verify_layer is None and rec.get("levels"):
+            return tuple(rec["levels"])  # no exit named: the model's recommended list (recommended_levels)
         d = _first(self.draft_layer, rec.get("draft"), default_draft_layer(L))
         v = self.verify_layer
         if v is None:
@@ -259,7 +277,8 @@ def _check_layers(num_layers: int, *exits: int) -> None:
 
 def recommended_settings(ee: EarlyExitModel) -> dict:
     """Settings recommended by the model's trained exits (their manifest's `default_layers`:
-    draft, verify, draft_len, verify_threshold, layerskip_exit, layerskip_draft_len), where valid."""
+    draft, verify, draft_len, verify_threshold, layerskip_exit, layerskip_draft_len), where valid, and
+    `levels`: the list recommended for the formats the model offers (`recommended_levels`), if any."""
     info = getattr(ee, "exit_info", None) or {}
     rec = {k: v for k, v in (info.get("default_layers") or {}).items()
            if isinstance(v, int) and not isinstance(v, bool) and v > 0}
@@ -268,4 +287,7 @@ def recommended_settings(ee: EarlyExitModel) -> dict:
         rec.pop("draft", None), rec.pop("verify", None)
     if not 0 < rec.get("layerskip_exit", 1) < L:
         rec.pop("layerskip_exit")
+    levels = recommended_levels(ee.formats() if hasattr(ee, "formats") else ())
+    if levels:
+        rec["levels"] = levels
     return rec

@@ -287,6 +287,10 @@ def _offer_q4_levels(ee: EarlyExitModel, name: str, source: str, weights: str, d
                "(drop the @q4 levels)")
     elif not device.startswith("cpu"):
         why = "4-bit levels run on the CPU (an x86 AVX2/AVX-512 kernel); this model is on " + device
+    else:  # cheap checks only (no build here): a model that offers q4 runs it by default (engine.config)
+        from hispec.model.formats import q4_kernel
+
+        why = q4_kernel.cannot_build_reason()
 
     def build() -> EarlyExitModel:
         from hispec.model.formats.q4 import cached_gguf, q4_copy

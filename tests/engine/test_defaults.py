@@ -89,3 +89,27 @@ def test_one_default_policy_for_the_engine_and_the_cli():
     parser = build_parser()
     for command in (["generate", "--prompt", "x"], ["bench"]):
         assert parser.parse_args(command).policy == DEFAULT_POLICY
+
+
+def test_hispec_auto_runs_the_precision_list_where_the_model_offers_its_4bit_copy(ee):
+    """No exit named, auto policy, a model offering q4: lookup -> the 4-bit model -> the exact model (the
+    engine's recommended list, which the page's Levels box starts from too). Named exits, the fixed
+    policy, other methods, and a model without the copy (or one that cannot build it) keep the exits."""
+    from hispec.engine.config import PRECISION_LIST, recommended_levels
+
+    ee.exit_info = {"default_layers": dict(REC)}
+    assert preset("hispec").resolve_for(ee).levels == ("lookup", 2, 5)  # nothing offered: the exits
+    ee.add_format("q4", lambda: None, "no 4-bit kernel here")  # offered with a reason: not offered
+    assert recommended_levels(ee.formats()) is None and preset("hispec").resolve_for(ee).levels == ("lookup", 2, 5)
+    ee.add_format("q4", lambda: None)  # built on first use: resolving builds nothing
+    assert recommended_settings(ee)["levels"] == PRECISION_LIST == ("lookup", "full@q4")
+    c = preset("hispec").resolve_for(ee)
+    assert c.levels == ("lookup", "full@q4") and (c.preset.method, c.preset.draft_layer) == ("hispec", None)
+    assert DecodeConfig().resolve_for(ee).levels == ("lookup", "full@q4")  # the default configuration
+    assert preset("hispec", draft_layer=3).resolve_for(ee).levels == ("lookup", 3, 4)
+    assert preset("hispec", verify_layer=6).resolve_for(ee).levels == ("lookup", 2, 6)
+    assert preset("hispec", policy="fixed").resolve_for(ee).levels == (2, 5)
+    assert preset("layerskip").resolve_for(ee).levels == (3,)
+    assert preset("lookup").resolve_for(ee).levels == ("lookup",)
+    # a seeded sampling run is planned fixed (reproducible): the paper's exits again
+    assert preset("hispec", temperature=0.8, seed=1).resolve_for(ee).levels == (2, 5)

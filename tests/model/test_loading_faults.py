@@ -48,3 +48,27 @@ def _disk_only(check):
         return check(name, size, device, free_memory=2**62, free_disk=free_disk)
 
     return wrapped
+
+
+def test_a_host_that_cannot_build_the_4bit_kernel_is_not_offered_q4_and_keeps_the_exits(monkeypatch):
+    """The float32 default model runs lookup -> 4-bit -> exact by default where its 4-bit copy is offered;
+    a host without a C++ compiler (or AVX2) is not offered the copy, so the default falls back to the exits
+    instead of failing at the first generation; naming a @q4 level there says why."""
+    from helpers import ee_of, tiny_model
+
+    from hispec.engine.config import DecodeConfig, preset
+    from hispec.engine.decoding import Decoder
+    from hispec.errors import ConfigError
+    from hispec.model.formats import q4_kernel
+
+    monkeypatch.setattr(q4_kernel, "compiler", lambda: None)
+    ee = ee_of(tiny_model("llama", layers=8))
+    loading._offer_q4_levels(ee, loading.DEFAULT_MODEL, "unused", "fp32", "cpu")
+    assert ee.formats() == ()
+    assert preset("hispec").resolve_for(ee).levels == ("lookup", 1, 2)
+    with pytest.raises(ConfigError, match=r"cannot run a level in q4: .*needs a C\+\+ compiler \(g\+\+\)"):
+        Decoder(ee, [1, 2], DecodeConfig(levels=("lookup", "full@q4")))
+    monkeypatch.undo()
+    if q4_kernel.host_isa() is not None and q4_kernel.compiler() is not None:  # a host that can: offered
+        loading._offer_q4_levels(ee, loading.DEFAULT_MODEL, "unused", "fp32", "cpu")
+        assert ee.formats() == ("q4",) and preset("hispec").resolve_for(ee).levels == ("lookup", "full@q4")

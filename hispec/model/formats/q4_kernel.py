@@ -46,6 +46,10 @@ ISA_FLAGS = {
 VNNI_FLAG = "-mavx512vnni"
 COMMON_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
 
+NO_COMPILER = ("the 4-bit kernel is compiled at first use and needs a C++ compiler (g++), which this host lacks: "
+               "install g++ (apt-get install g++)")
+NO_ISA = "the 4-bit kernel needs an x86-64 CPU with AVX2, FMA and F16C (or AVX-512 for its AVX-512 build)"
+
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL] = {}
 _failures: dict[str, str] = {}
@@ -119,8 +123,7 @@ def build(isa: str, source: Path = SOURCE) -> Path:
     version of csrc/q4_kernel.cpp (scripts/q4_ab.py builds the one of a past commit beside today's)."""
     cxx = compiler()
     if cxx is None:
-        raise KernelUnavailable("the 4-bit kernel is compiled at first use and needs a C++ compiler (g++), "
-                                "which this host lacks: install g++ (apt-get install g++) or use --weights fp32")
+        raise KernelUnavailable(NO_COMPILER + " or use --weights fp32")
     path = library_path(isa, cxx, source)
     if path.is_file():
         return path
@@ -155,8 +158,7 @@ def load(isa: str | None = None) -> ctypes.CDLL:
     """The kernel library for `isa` (default: host_isa()), built if needed. Raises KernelUnavailable."""
     isa = isa or host_isa()
     if isa is None:
-        raise KernelUnavailable("the 4-bit kernel needs an x86-64 CPU with AVX2, FMA and F16C (or AVX-512 for "
-                                "its AVX-512 build); use --weights fp32 on this host")
+        raise KernelUnavailable(NO_ISA + "; use --weights fp32 on this host")
     with _lock:
         if isa in _libs:
             return _libs[isa]
@@ -194,6 +196,16 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.hispec_q4_profile.argtypes = [ctypes.c_int, ctypes.c_int, p]
     lib.hispec_q4_profile.restype = None
     return lib
+
+
+def cannot_build_reason() -> str | None:
+    """Why the kernel surely cannot run here (no AVX2 CPU, no C++ compiler), without building it; None
+    when it may (a build can still fail, and says why at first use)."""
+    if host_isa() is None:
+        return NO_ISA
+    if compiler() is None:
+        return NO_COMPILER
+    return None
 
 
 def unavailable_reason(isa: str | None = None) -> str | None:
