@@ -122,6 +122,7 @@ BLOCKS: dict[str, Block] = {
     "precision-agreement": Block(("assets/policy/priors_q4_cpu_report.json", "assets/policy/priors_q4_cpu_tune.json"),
                                  precision_agreement_table),
     "precision-a8": Block(("assets/bench/a8_cpu_report.json",), precision_table),
+    "precision-default": Block(("assets/bench/precision_default_cpu_report.json",), precision_table),
     "precision-a8-agreement": Block(("assets/policy/priors_a8_cpu_report.json", "assets/policy/priors_a8_cpu_tune.json",
                                      "assets/policy/priors_a8_q4_cpu_report.json"), a8_agreement_table),
     "precision-breakeven": Block(("assets/bench/q4_steps_a8_avx512.json", "assets/policy/priors_a8_q4_cpu_report.json",

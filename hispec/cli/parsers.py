@@ -108,7 +108,9 @@ def decoding_options(layerskip_exit_option: bool) -> argparse.ArgumentParser:
                    help="the level list, bottom first, the exact full model implied: e.g. lookup,2,4 (lookup under "
                         "exits 2 and 4), 4 (single exit), lookup (prompt lookup); a level may run the same weights in "
                         "a cheaper format: lookup,full@q4 (lookup, then the whole model in the GGUF's 4-bit blocks, "
-                        "then the exact model), full@q4, 2@q4,full@q4; for the hispec method (default: its own list)")
+                        "then the exact model), full@q4, 2@q4,full@q4; for the hispec method (default: its own list: "
+                        "under the auto policy with no exit named, the model's recommended one, lookup,full@q4 on "
+                        "the float32 default model on a CPU, else lookup,d,v)")
     g.add_argument("--lookup-len", type=whole_number, default=_CONFIG.lookup_len,
                    help=f"most tokens the lookup level proposes per round (default {_CONFIG.lookup_len})")
     g.add_argument("--max-new-tokens", type=whole_number, default=_CONFIG.max_new_tokens,
