@@ -23,8 +23,10 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 HOW_IT_WORKS = (ASSETS / "how_it_works.md").read_text(encoding="utf-8")
 INTRO = ("# HiSpec — hierarchical speculative decoding, token by token\n"
          "A shallow exit drafts, an intermediate exit weeds out bad drafts early, the full model verifies what "
-         "survived. Every token is coloured by what happened to it; click one to read its story. Below the text: the "
-         "run round by round, why it was (or was not) faster, and what each exit believed.")
+         "survived. A level can also be the same model in a cheaper number format: on the embedded model the run "
+         "starts as lookup → the 4-bit model → the exact model (the Levels box under Settings). Every token is "
+         "coloured by what happened to it; click one to read its story. Below the text: the run round by round, why "
+         "it was (or was not) faster, and what each exit believed.")
 
 
 @dataclass(frozen=True)
