@@ -68,9 +68,10 @@ def main():
     prompt = list(range(3, 131))
     methods = {
         "autoregressive": (preset("autoregressive", max_new_tokens=args.new), None),
-        "layerskip@0.9": (preset("layerskip", draft_layer=v, draft_len=4, max_new_tokens=args.new, policy="fixed"),
+        "layerskip@0.9": (preset("layerskip", levels=(v,), draft_len=4, max_new_tokens=args.new, policy="fixed"),
                           (1.0, 0.9)),
-        "hispec@0.9/0.9": (preset("hispec", d, v, 2, 4, max_new_tokens=args.new, policy="fixed"), (0.9, 0.9)),
+        "hispec@0.9/0.9": (preset("hispec", levels=(d, v), draft_len=2, verify_threshold=4, max_new_tokens=args.new,
+                                  policy="fixed"), (0.9, 0.9)),
     }
     import transformers
 

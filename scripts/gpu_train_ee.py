@@ -269,9 +269,9 @@ def pipeline(model, data: dict, out: Path, args, budget_s: float, tiny: bool) ->
     manifest = {"base": base, "training": dict(cfg.as_dict(), steps_done=result.steps_done,
                                                stopped_early=result.stopped_early, data=data["meta"],
                                                train_tokens=tokens, sampled=args.sampled),
-                "figures": report, "exits": {"draft_layer": d, "verify_layer": v}, "run": run}
+                "figures": report, "exits": {"draft": d, "verify": v}, "run": run}
     lora.save_adapter(model, out, manifest, dtype=save_dtype)
-    run["exits"] = {"draft_layer": d, "verify_layer": v}
+    run["exits"] = {"draft": d, "verify": v}
     phase("total", T0)
     say(f"done: adapter + manifest in {out}; draft {d}, verify {v}")
     return run
@@ -307,7 +307,7 @@ def choose_exits(agreement: dict, num_layers: int) -> tuple[int, int]:
     little to be worth speculating with."""
     import math
 
-    from hispec.engine.config import default_draft_layer, default_verify_layer
+    from hispec.engine.config import default_exits
 
     by_layer = {int(k): a for k, a in agreement.items()}
 
@@ -315,8 +315,9 @@ def choose_exits(agreement: dict, num_layers: int) -> tuple[int, int]:
         e = next((e for e in sorted(by_layer) if by_layer[e] >= goal), None)
         return e if e is not None and e <= limit else None
 
-    d = reach(0.5, math.ceil(num_layers / 3)) or default_draft_layer(num_layers)
-    v = reach(0.7, math.ceil(num_layers / 2)) or default_verify_layer(num_layers)
+    default_d, default_v = default_exits(num_layers)
+    d = reach(0.5, math.ceil(num_layers / 3)) or default_d
+    v = reach(0.7, math.ceil(num_layers / 2)) or default_v
     if v <= d:
         v = d + 1 if d + 1 < num_layers else v
         d = min(d, v - 1)

@@ -260,13 +260,9 @@ def time_split_table(t: dict) -> str:
             return sum(v["ms_per_token"] for k, v in calls.items() if k == "final head")
         return sum(v["ms_per_token"] for k, v in calls.items() if k.startswith(("exit", "attention")))
 
-    names = {"autoregressive": "autoregressive"}
-    for name, m in methods.items():
-        s = m["settings"]
-        if name == "layerskip":
-            names[name] = f"layerskip (exit {s['draft_layer']})"
-        elif name == "hispec":
-            names[name] = f"hispec ({s['draft_layer']}, {s['verify_layer']})"
+    from hispec.engine.config import Preset
+
+    names = {name: Preset.recorded(m["settings"]).label() for name, m in methods.items()}
     rows = [["layer passes", *(f"{part(m, 'layers'):.1f}" for m in methods.values())],
             ["final head", *(f"{part(m, 'final'):.1f}" for m in methods.values())],
             ["exit heads and their attention steps",

@@ -30,8 +30,8 @@ LIVE_PLOTS = 3
 METHOD_HELP = ("autoregressive: the full model, token by token (the reference) · hf_generate: transformers' "
                "generate() · hf_early_exit: generate(assistant_early_exit=E) with layerskip's exit E · layerskip: "
                "single exit E · hispec: draft exit, verify exit, then the full model. Exits and lengths are the "
-               "model's defaults: its trained exits' recommendation, else E = {layerskip_exit}, d = {draft_layer}, "
-               "v = {verify_layer}").format(**DEFAULT_LAYERS)
+               "model's defaults: its trained exits' recommendation, else E = {E}, d = {d}, "
+               "v = {v}").format(**DEFAULT_LAYERS)
 
 
 # ---- saved reports ---------------------------------------------------------------------------

@@ -41,7 +41,7 @@ BENCH_EPILOG = f"""examples:
 Sweep mode (--sweep) runs hispec at every grid point and autoregressive on the same prompts,
 rotating their order from prompt to prompt after a warm-up, and reports each point as a speedup
 over autoregressive (ratio of median tokens/s) with its acceptance per level, drawn as heatmaps
-that mark the best point and the defaults (d = {DEFAULT_LAYERS['draft_layer']}, v = {DEFAULT_LAYERS['verify_layer']}, \
+that mark the best point and the defaults (d = {DEFAULT_LAYERS['d']}, v = {DEFAULT_LAYERS['v']}, \
 draft_len {DEFAULT_DRAFT_LEN}, verify_threshold {DEFAULT_VERIFY_THRESHOLD}).
 The layers grid holds --draft-len/--verify-threshold fixed; the lengths grid holds
 --draft-layer/--verify-layer fixed. Points with d >= v are skipped with a note; a layer outside
@@ -96,7 +96,7 @@ def engine_options() -> argparse.ArgumentParser:
 def decoding_options(layerskip_exit_option: bool) -> argparse.ArgumentParser:
     """Policy, budget and the hierarchy's settings, with DecodeConfig's defaults (generate, bench).
     `layerskip_exit_option`: layerskip's exit is its own option (bench) instead of --draft-layer."""
-    d, v, e = DEFAULT_LAYERS["draft_layer"], DEFAULT_LAYERS["verify_layer"], DEFAULT_LAYERS["layerskip_exit"]
+    d, v, e = DEFAULT_LAYERS["d"], DEFAULT_LAYERS["v"], DEFAULT_LAYERS["E"]
     p = _parent()
     g = p.add_argument_group("decoding (None = the model's recommendation, else the default named)")
     g.add_argument("--policy", choices=POLICIES, default=DEFAULT_POLICY,

@@ -36,7 +36,7 @@ METHODS = ("autoregressive", "layerskip", "hispec", "lookup")
 # help, the app and the sweep's marked default point read them from here.
 DEFAULT_DRAFT_LEN = 2  # tokens drafted per block at an exit (hispec)
 DEFAULT_VERIFY_THRESHOLD = 4  # tentative tokens that call the full model; layerskip's draft length
-DEFAULT_LAYERS = {"draft_layer": "L/8", "verify_layer": "L/4", "layerskip_exit": "L/4"}  # as default_*_layer
+DEFAULT_LAYERS = {"d": "L/8", "v": "L/4", "E": "L/4"}  # in words, as default_exits computes them
 
 
 # The hispec preset's list under the auto policy when no exit is named, on a model that offers a copy of
@@ -53,12 +53,11 @@ def recommended_levels(formats: tuple[str, ...]) -> tuple | None:
     return PRECISION_LIST if "q4" in formats else None
 
 
-def default_draft_layer(num_layers: int) -> int:
-    return max(1, round(num_layers / 8))
-
-
-def default_verify_layer(num_layers: int) -> int:
-    return max(default_draft_layer(num_layers) + 1, round(num_layers / 4))
+def default_exits(num_layers: int) -> tuple[int, int]:
+    """The exits a model without a recommendation drafts and verifies at, (L/8, L/4), rounded and kept
+    apart; a single exit (layerskip's E) is the second of them."""
+    d = max(1, round(num_layers / 8))
+    return d, max(d + 1, round(num_layers / 4))
 
 
 @dataclass(frozen=True)
@@ -87,15 +86,15 @@ class Preset:
         if self.method == "lookup":
             return (LOOKUP,)
         if self.method == "layerskip":
-            exit_layer = _first(self.draft_layer, rec.get("layerskip_exit"), default_verify_layer(L))
+            exit_layer = _first(self.draft_layer, rec.get("layerskip_exit"), default_exits(L)[1])
             _check_layers(L, exit_layer)
             return (exit_layer,)
         if policy == "auto" and self.draft_layer is None and self.verify_layer is None and rec.get("levels"):
             return tuple(rec["levels"])  # no exit named: the model's recommended list (recommended_levels)
-        d = _first(self.draft_layer, rec.get("draft"), default_draft_layer(L))
+        d = _first(self.draft_layer, rec.get("draft"), default_exits(L)[0])
         v = self.verify_layer
         if v is None:
-            v = rec["verify"] if self.draft_layer is None and "verify" in rec else max(d + 1, default_verify_layer(L))
+            v = rec["verify"] if self.draft_layer is None and "verify" in rec else max(d + 1, default_exits(L)[1])
         _check_layers(L, d, v)
         return (LOOKUP, d, v) if policy == "auto" else (d, v)
 
@@ -105,6 +104,19 @@ class Preset:
         d and v) under the method's name (hispec for a list written as such), the list being what runs."""
         exits = [x for x in levels if isinstance(x, int)]
         return Preset(method, exits[0] if exits else None, exits[1] if len(exits) > 1 else None)
+
+    @staticmethod
+    def recorded(settings: dict) -> Preset:
+        """The preset a run's recorded settings name (`DecodeConfig.settings`, as reports keep them)."""
+        return Preset(settings.get("method", "hispec"), settings.get("draft_layer"), settings.get("verify_layer"))
+
+    def label(self) -> str:
+        """The method in the paper's terms: 'hispec (d, v)', 'layerskip (exit E)', else its name."""
+        if self.method == "layerskip" and self.draft_layer is not None:
+            return f"layerskip (exit {self.draft_layer})"
+        if self.method == "hispec" and self.draft_layer is not None and self.verify_layer is not None:
+            return f"hispec ({self.draft_layer}, {self.verify_layer})"
+        return self.method
 
 
 def preset(method: str = "hispec", draft_layer: int | None = None, verify_layer: int | None = None,

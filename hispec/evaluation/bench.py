@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from hispec.engine.costs import CostModel
-from hispec.engine.config import METHODS, DecodeConfig, Preset, default_verify_layer, recommended_settings
+from hispec.engine.config import METHODS, DecodeConfig, Preset, default_exits, recommended_settings
 from hispec.engine.levels import LOOKUP, parse_method, split_level
 from hispec.errors import ConfigError
 from hispec.data.prompts import Prompt
@@ -101,7 +101,7 @@ def _hf(lm: LoadedModel, ids: list[int], config: DecodeConfig, early_exit: int |
 def bench_exit(lm: LoadedModel) -> int:
     """The single exit of layerskip and generate(assistant_early_exit): the model's recommended
     one (trained exits), else L/4."""
-    return recommended_settings(lm.ee).get("layerskip_exit") or default_verify_layer(lm.ee.num_layers)
+    return recommended_settings(lm.ee).get("layerskip_exit") or default_exits(lm.ee.num_layers)[1]
 
 
 def method_config(lm: LoadedModel, method: str, base: DecodeConfig, layerskip_exit: int | None = None) -> DecodeConfig:
@@ -247,8 +247,8 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
     on = lambda method: models.get(split_weights(method)[1], lm)  # noqa: E731
     resolved = replace(base, preset=_preset(lm, "hispec", base, None)).resolve_for(lm.ee)
     report = {**run_record(lm, command, base), "methods": methods, "max_new_tokens": base.max_new_tokens,
-              "settings": {"policy": base.policy, "lookup_len": base.lookup_len, "draft_layer": resolved.preset.draft_layer,
-                           "verify_layer": resolved.preset.verify_layer,
+              "settings": {"policy": base.policy, "lookup_len": base.lookup_len,
+                           "levels": resolved.levels,  # hispec's list (each record names its own)
                            "layerskip_exit": layerskip_exit or bench_exit(lm),
                            "draft_len": resolved.draft_len, "verify_threshold": resolved.verify_threshold,
                            "layerskip_draft_len": replace(base, preset=_preset(lm, "layerskip", base, layerskip_exit)

@@ -87,8 +87,7 @@ def _fold(row: dict, r) -> None:
     row.update(new_tokens=len(r.token_ids), wall_s=r.stats["wall_s"], token_ids=r.token_ids, text=r.text,
                acceptance=r.stats["acceptance"], full_passes=r.stats["full_passes"],
                finish_reason=r.stats["finish_reason"], dtype=r.settings.get("dtype", "float32"),
-               settings={k: r.settings.get(k) for k in ("levels", "draft_layer", "verify_layer", "draft_len",
-                                                        "verify_threshold", "policy")})
+               settings={k: r.settings.get(k) for k in ("levels", "draft_len", "verify_threshold", "policy")})
 
 
 def vs_plain(lm, ids: list[int], config: DecodeConfig, new_tokens: int, pairs: int,

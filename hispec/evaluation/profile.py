@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from hispec.model.cache import LayerKVCache
-from hispec.engine.config import default_draft_layer, preset
+from hispec.engine.config import default_exits, preset
 
 COUNTS = (1, 2, 4, 8, 16)
 FILLER = ("Speculative decoding drafts a few tokens cheaply and checks them with the full model in one "
@@ -112,17 +112,17 @@ def break_even(draft_ms: float, verify_ms: dict[int, float], step_ms: float, dra
     return round((lo + hi) / 2, 4)
 
 
-def layerskip_round_ms(draft_layers_ms: float, head_ms: float, full_step_ms: float, final_ms: float,
+def layerskip_round_ms(shallow_ms: float, head_ms: float, full_step_ms: float, final_ms: float,
                        exit_layer: int, num_layers: int, draft_len: int) -> tuple[float, float]:
     """(draft_ms, verify_ms) of one layerskip round at `exit_layer` with `draft_len` drafts, as the
-    engine runs it. Each draft: layers [0, e) on one token (`draft_layers_ms`) + the exit head.
+    engine runs it. Each draft: layers [0, e) on one token (`shallow_ms`) + the exit head.
     Verification: layers [0, e) on the last draft, the only one not yet through them, then layers
     [e, L) over the drafts and the token before them, then the final head. `full_step_ms` is a full
     step over draft_len + 1 tokens (its layers plus one final head); layers [e, L) cost (L - e) / L
     of its layers."""
     layers_ms = max(0.0, full_step_ms - final_ms)
-    draft_ms = draft_layers_ms + head_ms
-    verify_ms = draft_layers_ms + layers_ms * (num_layers - exit_layer) / num_layers + final_ms
+    draft_ms = shallow_ms + head_ms
+    verify_ms = shallow_ms + layers_ms * (num_layers - exit_layer) / num_layers + final_ms
     return draft_ms, verify_ms
 
 
@@ -130,7 +130,7 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
     """Step costs in milliseconds (medians) on the lean and stock paths; see the module doc."""
     ee = lm.ee
     L = ee.num_layers
-    d = default_draft_layer(L)
+    d = default_exits(L)[0]
     # the single-exit self-speculation the engine would run: its recommended exit and draft_len
     single = preset("layerskip").resolve_for(ee)
     e, k = single.exit_layer("draft"), single.draft_len
@@ -206,8 +206,8 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
     near = min(out["full_step_ms"], key=lambda n: abs(n - (k + 1)))  # the measured count closest to k + 1
     for tag, full in (("lean", "full_step_ms"), ("stock", "hf_full_step_ms")):
         step = out[full]
-        draft_layers = out["draft_range_ms" if tag == "lean" else "stock_draft_range_ms"][1] * e / d
-        draft_ms, verify_ms = layerskip_round_ms(draft_layers, head_e, step[near], final, e, L, k)
+        shallow = out["draft_range_ms" if tag == "lean" else "stock_draft_range_ms"][1] * e / d
+        draft_ms, verify_ms = layerskip_round_ms(shallow, head_e, step[near], final, e, L, k)
         out.setdefault("break_even_acceptance", {})[tag] = break_even(draft_ms, {k: verify_ms}, step[1], k)
     out["break_even_model"] = (f"layerskip at exit {e} with draft_len {k}, each draft accepted independently; "
                                "draft and verification costs built from the measured steps and heads "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from hispec.engine.config import DecodeConfig, Preset, default_draft_layer, default_verify_layer, preset
+from hispec.engine.config import DecodeConfig, Preset, default_exits, preset
 from hispec.errors import ConfigError
 from hispec.evaluation.bench import geomean, iqr, mean_or_none, run_one, warmup_ids
 from hispec.evaluation.record import finish, run_record
@@ -41,8 +41,9 @@ DEFAULT_DRAFT_LENS, DEFAULT_VERIFY_THRESHOLDS = (1, 2, 3, 4), (2, 4, 6, 8)
 def default_layer_values(num_layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Draft and verify layers around the defaults (d = L/8, v = L/4) when none are given."""
     L = num_layers
-    drafts = sorted({x for x in (round(L / 16), default_draft_layer(L), round(3 * L / 16)) if 0 < x < L - 1})
-    verifies = sorted({x for x in (default_verify_layer(L), round(3 * L / 8), round(L / 2)) if 1 < x < L})
+    d, v = default_exits(L)
+    drafts = sorted({x for x in (round(L / 16), d, round(3 * L / 16)) if 0 < x < L - 1})
+    verifies = sorted({x for x in (v, round(3 * L / 8), round(L / 2)) if 1 < x < L})
     return tuple(drafts or [1]), tuple(verifies or [min(2, L - 1)])
 
 

@@ -339,8 +339,8 @@ def shipped_adapter() -> tuple[dict, dict[str, torch.Tensor]]:
 
 def exit_defaults(manifest: dict, num_layers: int) -> dict:
     """The trained default exits of an adapter as the engine's exit info ({'default_layers': ...})."""
-    pair = manifest.get("exits") or {}
-    d, v = pair.get("draft_layer"), pair.get("verify_layer")
+    pair = manifest.get("exits") or {}  # by role, as the engine's exits_by_role names them
+    d, v = pair.get("draft"), pair.get("verify")
     info = {"kind": FORMAT, "base": manifest.get("base", {}).get("name"), "rank": manifest.get("rank")}
     if isinstance(d, int) and isinstance(v, int) and 0 < d < v < num_layers:
         info["default_layers"] = {"draft": d, "verify": v}

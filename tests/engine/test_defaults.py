@@ -3,7 +3,7 @@
 import pytest
 from helpers import tiny_model
 
-from hispec.engine.config import DecodeConfig, preset, recommended_settings
+from hispec.engine.config import DecodeConfig, default_exits, preset, recommended_settings
 from hispec.engine.decoding import Decoder
 from hispec.model.early_exit import EarlyExitModel
 
@@ -113,3 +113,16 @@ def test_hispec_auto_runs_the_precision_list_where_the_model_offers_its_4bit_cop
     assert preset("lookup").resolve_for(ee).levels == ("lookup",)
     # a seeded sampling run is planned fixed (reproducible): the paper's exits again
     assert preset("hispec", temperature=0.8, seed=1).resolve_for(ee).levels == (2, 5)
+
+
+def test_a_recorded_run_names_its_preset_in_the_papers_terms():
+    """Reports keep DecodeConfig.settings; their readers name a run by the preset it recorded."""
+    from hispec.engine.config import DecodeConfig, Preset
+
+    fixed = DecodeConfig(levels=(2, 4), policy="fixed", max_new_tokens=4).resolve(30)
+    assert Preset.recorded(fixed.settings()).label() == "hispec (2, 4)"
+    single = preset("layerskip", levels=(6,), policy="fixed").resolve(30)
+    assert Preset.recorded(single.settings()).label() == "layerskip (exit 6)"
+    assert Preset.recorded(preset("autoregressive").resolve(30).settings()).label() == "autoregressive"
+    assert Preset.recorded({"method": "lookup"}).label() == "lookup"
+    assert default_exits(30) == (4, 8) and default_exits(4) == (1, 2)

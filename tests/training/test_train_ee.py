@@ -208,7 +208,7 @@ def test_cli_trains_evaluates_and_saves_on_a_local_model(tmp_path, capsys):
               "--no-progress", "--device", "cpu"]
     assert main(["train-ee", *common, "--steps", "3", "--save-every", "2"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["training"]["steps_done"] == 3 and manifest["exits"] == {"draft_layer": 1, "verify_layer": 2}
+    assert manifest["training"]["steps_done"] == 3 and manifest["exits"] == {"draft": 1, "verify": 2}
     assert set(manifest["figures"]["exit_agreement"]["tuned"]) == {"1", "2", "3"}
     assert main(["train-ee", *common, "--steps", "5", "--resume"]) == 0
     assert json.loads((out / "manifest.json").read_text())["training"]["steps_done"] == 5
@@ -257,7 +257,7 @@ def test_gpu_script_pipeline_on_a_tiny_model(tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["trained"]["steps"] == run["planned_steps"] <= 12 and run["smoke"]["s_per_step"] > 0
     manifest, tensors = lora.read_adapter(out)
-    d, v = manifest["exits"]["draft_layer"], manifest["exits"]["verify_layer"]
+    d, v = manifest["exits"]["draft"], manifest["exits"]["verify"]
     assert 0 < d < v < 6
     model, _ = script.tiny_setup("cpu", None)
     assert lora.merge_adapter(model, manifest, tensors) == 6 * 7
@@ -304,7 +304,7 @@ def test_default_ee_merges_the_shipped_adapter(tmp_path, monkeypatch, real_model
     adapters = lora.attach_lora(wrapped, rank=1, alpha=1.0, targets=("v_proj",), layers=[0])
     with torch.no_grad():
         adapters["model.layers.0.self_attn.v_proj"].lora_B.normal_(0, 0.01)
-    lora.save_adapter(wrapped, tmp_path, {"base": identity, "exits": {"draft_layer": 3, "verify_layer": 9}})
+    lora.save_adapter(wrapped, tmp_path, {"base": identity, "exits": {"draft": 3, "verify": 9}})
     monkeypatch.setenv("HISPEC_DEFAULT_EE", str(tmp_path))
     ee = load_model("default-ee", device="cpu", dtype="float32")
     m = adapters["model.layers.0.self_attn.v_proj"]

@@ -148,8 +148,8 @@ def test_compares_layerskip_baseline_is_the_benchmarks_single_exit(server):
 
     final = compare_rows(server, ("HiSpec", 3, 5, 2, 4), ("layerskip",), 1)
     rows = {r["method"]: r for r in final["rows"]}
-    assert (rows["hispec"]["settings"]["draft_layer"], rows["hispec"]["settings"]["verify_layer"]) == (3, 5)
-    assert rows["layerskip"]["settings"]["draft_layer"] == bench_exit(server.registry.get("tiny")) != 3
+    assert tuple(rows["hispec"]["settings"]["levels"]) == (3, 5)  # the fixed policy: no lookup below
+    assert tuple(rows["layerskip"]["settings"]["levels"]) == (bench_exit(server.registry.get("tiny")),) != (3,)
 
 
 def test_picking_a_method_sets_its_own_settings_for_the_model(server):

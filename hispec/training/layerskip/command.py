@@ -79,8 +79,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-minutes", type=float, default=None, help="stop (checkpointed) after this many minutes")
     p.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
     p.add_argument("--save-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    p.add_argument("--draft-layer", type=int, default=None, help="draft exit recorded in the manifest (default L/8)")
-    p.add_argument("--verify-layer", type=int, default=None, help="verify exit recorded in the manifest (default L/4)")
+    p.add_argument("--draft-exit", type=int, default=None, help="draft exit recorded in the manifest (default L/8)")
+    p.add_argument("--verify-exit", type=int, default=None, help="verify exit recorded in the manifest (default L/4)")
     p.add_argument("--eval-only", action="store_true",
                    help="only evaluate: the untouched model, or with --adapter DIR a saved adapter")
     p.add_argument("--adapter", default=None, metavar="DIR", help="adapter to evaluate with --eval-only")
@@ -128,7 +128,7 @@ def write_json(path: Path, obj) -> None:
 
 
 def run_from_args(args, log: Callable[[str], None]) -> int:
-    from hispec.engine.config import default_draft_layer, default_verify_layer
+    from hispec.engine.config import default_exits
     from hispec.model.loading import load_model
     from hispec.training.layerskip.data import load_data, save_data
     from hispec.training.layerskip.evaluation import evaluate, summary_lines
@@ -152,8 +152,8 @@ def run_from_args(args, log: Callable[[str], None]) -> int:
         log(f"data written to {data_path}: {data['meta']}")
     eval_kw = dict(exits=list(_int_list(args.eval_exits) or range(1, L)), max_seqs=args.eval_seqs,
                    free_run=args.free_run, eos_ids=lm.eos_ids, progress=None)
-    d = args.draft_layer if args.draft_layer is not None else default_draft_layer(L)
-    v = args.verify_layer if args.verify_layer is not None else default_verify_layer(L)
+    d, v = (given if given is not None else default for given, default in
+            zip((args.draft_exit, args.verify_exit), default_exits(L)))
     out.mkdir(parents=True, exist_ok=True)
     if args.eval_only:
         if args.adapter:
@@ -178,7 +178,7 @@ def run_from_args(args, log: Callable[[str], None]) -> int:
             print(line)
     manifest = {"base": base, "training": dict(cfg.as_dict(), steps_done=result.steps_done,
                                                stopped_early=result.stopped_early, data=data["meta"]),
-                "figures": report, "exits": {"draft_layer": d, "verify_layer": v}}
+                "figures": report, "exits": {"draft": d, "verify": v}}
     lora.save_adapter(model, out, manifest, dtype=args.save_dtype)
     log(f"adapter written to {out}")
     return 0
