@@ -87,14 +87,15 @@ def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None, 
 
 
 @contextlib.contextmanager
-def slow_full_model(lm: LoadedModel, seconds: float):
-    """Every layer pass that reaches the last layer sleeps first: a generation that takes long
-    enough to stop. (The engine's lean path runs the layers' arithmetic itself, not the modules'
-    forward, so a forward hook would never fire: the layer-range call is what is slowed.)"""
+def slowed_layers(lm: LoadedModel, pause):
+    """Every layer-range call sleeps pause(start, end) seconds first. (The engine's lean path runs the
+    layers' arithmetic itself, not the modules' forward, so a forward hook would never fire: the
+    layer-range call is what is slowed.)"""
     original = lm.ee.run_layers
 
     def slowed(hidden, start, end, cache):
-        if end == lm.ee.num_layers and start < end:
+        seconds = pause(start, end)
+        if seconds:
             time.sleep(seconds)
         return original(hidden, start, end, cache)
 
@@ -103,6 +104,12 @@ def slow_full_model(lm: LoadedModel, seconds: float):
         yield
     finally:
         del lm.ee.run_layers  # the instance attribute goes: the method is back
+
+
+def slow_full_model(lm: LoadedModel, seconds: float):
+    """Every layer pass that reaches the last layer sleeps first: a generation that takes long
+    enough to stop."""
+    return slowed_layers(lm, lambda start, end: seconds if end == lm.ee.num_layers and start < end else 0)
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,11 @@ Same set-up as test_browser.py (Debian's chromium, playwright; skipped without t
 
 from __future__ import annotations
 
-import contextlib
 import re
-import time
 
 import pytest
 from test_browser import CHROMIUM, WAIT_MS, browser, page, served, app_url, wait_for_status  # noqa: F401
-from test_app_integration import slow_full_model
+from test_app_integration import slow_full_model, slowed_layers
 
 from ui.labels import DEFAULT_POLICY_LABEL
 
@@ -49,24 +47,12 @@ COUNT_DONE = """() => {
 }"""
 
 
-@contextlib.contextmanager
 def slow_layers(lm, full_pass_s: float):
     """Every layer costs the same, as in a real model: a pass over layers [a, b) sleeps
     full_pass_s * (b - a) / L first. (slow_full_model sleeps once for any pass that reaches the last
     layer, whatever its length: a cost the engine's per-layer cost model cannot learn, so its plans,
     and the ratio, moved from run to run.)"""
-    original, L = lm.ee.run_layers, lm.ee.num_layers
-
-    def slowed(hidden, start, end, cache):
-        if end > start:
-            time.sleep(full_pass_s * (end - start) / L)
-        return original(hidden, start, end, cache)
-
-    lm.ee.run_layers = slowed
-    try:
-        yield
-    finally:
-        del lm.ee.run_layers  # the instance attribute goes: the method is back
+    return slowed_layers(lm, lambda start, end: full_pass_s * max(0, end - start) / lm.ee.num_layers)
 
 
 def default_run(page, lm) -> tuple[int, tuple[float, float, float]]:
