@@ -115,16 +115,18 @@ def _wire_analysis(p, h: Handlers) -> None:
 
 def _wire_controls(p, h: Handlers) -> None:
     """The settings column: the controls follow the method, d < v < L, the depth strip, presets."""
-    for control in (p.method, p.draft_layer, p.verify_layer, p.num_layers, p.head_layers):
-        control.change(controls.depth, [p.num_layers, p.draft_layer, p.verify_layer, p.method, p.head_layers],
-                       [p.depth], api_name=False, queue=False)
+    for control in (p.method, p.draft_layer, p.verify_layer, p.num_layers, p.head_layers, p.levels):
+        control.change(controls.depth, [p.num_layers, p.draft_layer, p.verify_layer, p.method, p.head_layers,
+                                        p.levels], [p.depth], api_name=False, queue=False)
     p.preset_choice.input(h.preset, [p.preset_choice, p.model], [p.status, p.method, p.policy, p.draft_layer,
                                                                   p.verify_layer, p.draft_len, p.verify_threshold,
                                                                   p.levels],
                           api_name=False)
     # a visitor's pick of a method sets its own defaults for this model (LayerSkip's exit is the benchmark's)
-    p.method.change(controls.shown_for, [p.method], [p.draft_layer, p.verify_layer, p.draft_len, p.verify_threshold],
-                    api_name=False, queue=False)
+    for control in (p.method, p.levels):  # a list in the Levels box decides the exits: their sliders step aside
+        control.change(controls.shown_for, [p.method, p.levels],
+                       [p.draft_layer, p.verify_layer, p.draft_len, p.verify_threshold], api_name=False, queue=False)
+    p.method.change(controls.levels_box_for, [p.method], [p.levels], api_name=False, queue=False)
     p.method.input(controls.method_defaults, [p.method, p.method_settings],
                    [p.draft_layer, p.verify_layer, p.draft_len, p.verify_threshold], api_name=False, queue=False)
     p.draft_layer.release(controls.keep_below, [p.draft_layer, p.verify_layer, p.num_layers],

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gradio as gr
 
+from hispec.engine.levels import parse_levels
+from hispec.errors import ConfigError
 from ui import labels, render
 
 # Named settings of HiSpec with fixed rounds. The fastest is what the model's trained exits recommend
@@ -26,12 +28,37 @@ def custom():
     return CUSTOM
 
 
-def shown_for(method_label):
-    """Which of draft layer, verify layer, draft_len and verify_threshold the method uses."""
+def listed(method_label, levels_label) -> tuple | None:
+    """The level list the Levels box holds for HiSpec (None: HiSpec's own, from the exit sliders; or a
+    list the engine will refuse, which the run's own error then names)."""
+    text = labels.levels_name(levels_label)
+    if labels.METHODS.get(method_label, "hispec") != "hispec" or not text:
+        return None
+    try:
+        return parse_levels(text)
+    except ConfigError:
+        return None
+
+
+def exit_sliders_shown(method_label, levels_label="") -> bool:
+    """A list in the Levels box decides the exits: the exit sliders then step aside."""
+    return labels.METHODS.get(method_label, "hispec") in ("hispec", "layerskip") and \
+        listed(method_label, levels_label) is None
+
+
+def shown_for(method_label, levels_label=""):
+    """Which of draft layer, verify layer, draft_len and verify_threshold the method uses, given the
+    Levels box (see exit_sliders_shown)."""
     method = labels.METHODS.get(method_label, "hispec")
     exits, hierarchy = method in ("hispec", "layerskip"), method == "hispec"
-    return (gr.update(visible=exits, label="Draft layer d" if hierarchy else "Exit layer E"),
-            gr.update(visible=hierarchy), gr.update(visible=exits), gr.update(visible=hierarchy))
+    sliders = exit_sliders_shown(method_label, levels_label)
+    return (gr.update(visible=sliders, label="Draft layer d" if hierarchy else "Exit layer E"),
+            gr.update(visible=sliders and hierarchy), gr.update(visible=exits), gr.update(visible=hierarchy))
+
+
+def levels_box_for(method_label):
+    """The Levels box is HiSpec's."""
+    return gr.update(visible=labels.METHODS.get(method_label, "hispec") == "hispec")
 
 
 def method_defaults(method_label, by_method):
@@ -70,11 +97,24 @@ def _announce(d, v, new_d, new_v, L) -> str:
     return render.message_html(f"Adjusted: {', '.join(moved)} (the exits must keep 0 < d < v < {L}).", "info")
 
 
-def depth(L, d, v, method_label, heads=None):
+def depth(L, d, v, method_label, heads=None, levels_label=""):
     """The depth strip, and a warning where an exit in use has no trained head (its raw exit then
-    agrees with the full model far less: on the default model d 3, v 5 gave 0% acceptance)."""
+    agrees with the full model far less: on the default model d 3, v 5 gave 0% acceptance). A list in
+    the Levels box is drawn as it is: its exits on the strip, every level named under it."""
     method = labels.METHODS.get(method_label, "hispec")
-    used = {"hispec": (int(d), int(v)), "layerskip": (int(d),)}.get(method, ())
+    levels = listed(method_label, levels_label)
+    if levels is not None:
+        depths = [int(str(x).partition("@")[0]) for x in levels if str(x).partition("@")[0].isdigit()]
+        d, v = (depths + [None, None])[:2]
+        words = " → ".join([labels.level_words(x) for x in levels] + ["full model"])
+        whole = [labels.level_words(x) for x in levels if str(x).startswith("full@")]
+        if whole:  # a cheaper copy of the whole model: all layers, so the strip has no exit to mark for it
+            words += f" ({' and '.join(whole)} {'runs' if len(whole) == 1 else 'run'} every layer, in a cheaper format)"
+        used = tuple(depths)  # the exits, in any format, read their layer's head
+        strip = render.depth_html(int(L), d, v, method, caption=f"Levels: {words}")
+    else:
+        used = {"hispec": (int(d), int(v)), "layerskip": (int(d),)}.get(method, ())
+        strip = render.depth_html(int(L), int(d), int(v), method)
     untrained = [layer for layer in used if heads and layer not in heads]
     warning = ""
     if untrained:
@@ -83,7 +123,7 @@ def depth(L, d, v, method_label, heads=None):
              f"Exits {' and '.join(map(str, untrained))} have no trained head")
             + ": a raw exit there rarely agrees with "
             f"the full model, so expect low acceptance. Trained exits: {', '.join(map(str, heads))}.", "warn")
-    return render.depth_html(int(L), int(d), int(v), method) + warning
+    return strip + warning
 
 
 def preset_values(choice, fastest) -> tuple:

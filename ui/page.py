@@ -126,15 +126,16 @@ def _settings_column(p, setup: Setup) -> None:
                            info="bottom first, the exact full model always on top and always deciding: or type a "
                                 "list such as lookup,2,4 or lookup,full@q4 (full@q4: the same weights in the GGUF's "
                                 "4-bit blocks, the default model on float32 only)")
-    p.draft_layer = gr.Slider(1, L - 1, value=preset.draft_layer, step=1, label="Draft layer d",
+    sliders = controls.exit_sliders_shown("HiSpec", setup.levels)  # a list in the Levels box decides the exits
+    p.draft_layer = gr.Slider(1, L - 1, value=preset.draft_layer, step=1, label="Draft layer d", visible=sliders,
                               info="exit that drafts (LayerSkip: its single exit)", elem_id="hs-draft-layer")
-    p.verify_layer = gr.Slider(1, L - 1, value=preset.verify_layer, step=1, label="Verify layer v",
+    p.verify_layer = gr.Slider(1, L - 1, value=preset.verify_layer, step=1, label="Verify layer v", visible=sliders,
                                info="intermediate verifier exit, d < v < L", elem_id="hs-verify-layer")
     p.draft_len = gr.Slider(1, 8, value=preset.draft_len, step=1, label="draft_len", info="tokens drafted per block",
                             elem_id="hs-draft-len")
     p.verify_threshold = gr.Slider(1, 16, value=preset.verify_threshold, step=1, label="verify_threshold",
                                    info="tentative tokens that trigger the full model", elem_id="hs-verify-threshold")
-    p.depth = gr.HTML(controls.depth(L, preset.draft_layer, preset.verify_layer, "HiSpec", setup.trained),
+    p.depth = gr.HTML(controls.depth(L, preset.draft_layer, preset.verify_layer, "HiSpec", setup.trained, setup.levels),
                       elem_id="hs-depth")
     p.max_new = gr.Slider(1, setup.max_new_tokens, value=min(96, setup.max_new_tokens), step=1, label="Max new tokens", elem_id="hs-max-new")
     p.chat = gr.Checkbox(True, label="Use the chat template")

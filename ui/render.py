@@ -93,8 +93,10 @@ def message_html(text: str, kind: str = "error") -> str:
     return f'<div class="hs-msg hs-msg-{kind}">{html.escape(sentence(text))}</div>'
 
 
-def depth_html(num_layers: int, draft_layer: int | None, verify_layer: int | None, method: str) -> str:
-    """The model's depth as a strip of layers, coloured by the stage that runs them."""
+def depth_html(num_layers: int, draft_layer: int | None, verify_layer: int | None, method: str,
+               caption: str | None = None) -> str:
+    """The model's depth as a strip of layers, coloured by the stage that runs them; `caption`: what
+    runs, in words, in place of the exits' marks (a level list)."""
     if not num_layers:
         return ""
     cells = []
@@ -112,6 +114,8 @@ def depth_html(num_layers: int, draft_layer: int | None, verify_layer: int | Non
     if method == "hispec" and verify_layer:
         marks.append(f"verifier exit after layer {verify_layer}")
     marks.append(f"full model: {num_layers} layers")
+    if caption:
+        marks = [caption, f"{num_layers} layers"]
     key = ('<span class="hs-stage-key hs-stage-draft">draft</span>'
            + ('<span class="hs-stage-key hs-stage-verify">intermediate verify</span>' if method == "hispec" else "")
            + '<span class="hs-stage-key hs-stage-target">full verification</span>')

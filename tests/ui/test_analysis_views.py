@@ -243,6 +243,28 @@ def test_an_exit_without_a_trained_head_is_warned_about():
     assert "hs-msg-warn" not in controls.depth(30, 3, 5, "Autoregressive", [2, 4])
 
 
+def test_a_list_in_the_levels_box_decides_the_exits_and_the_sliders_step_aside():
+    """The page ran lookup -> full@q4 while its d and v sliders (and the depth strip) still showed exits 2
+    and 4: a list in the Levels box hides the exit sliders, and the strip names the list instead."""
+    own, precision = next(iter(labels.LEVELS)), "lookup → 4-bit full model → full (precision level)"
+    assert labels.levels_name(precision) == "lookup,full@q4"
+    d, v, n_d, n_i = controls.shown_for("HiSpec", precision)
+    assert (d["visible"], v["visible"], n_d["visible"], n_i["visible"]) == (False, False, True, True)
+    d, v, _, _ = controls.shown_for("HiSpec", own)
+    assert d["visible"] and v["visible"]
+    d, v, _, _ = controls.shown_for("LayerSkip (single exit)", precision)  # levels are HiSpec's: E stays
+    assert d["visible"] and d["label"] == "Exit layer E" and not v["visible"]
+    assert controls.shown_for("HiSpec", "lookup,2,banana") == controls.shown_for("HiSpec", own)  # its run says why
+    strip = plain(controls.depth(30, 2, 4, "HiSpec", [2, 4], precision))
+    assert "Levels: lookup → the 4-bit full model → full model (the 4-bit full model runs every layer" in strip
+    assert "draft exit after layer" not in strip
+    assert "hs-stage-draft" in controls.depth(30, 2, 4, "HiSpec", [2, 4], "lookup,3@q4,full@q4").split("hs-layers")[1]
+    typed = controls.depth(30, 2, 4, "HiSpec", [2, 4, 6], "lookup,2,5")
+    assert "Levels: lookup → exit 2 → exit 5 → full model" in plain(typed) and "Exit 5 has no trained head" in plain(typed)
+    assert "draft exit after layer 2" in plain(controls.depth(30, 2, 4, "HiSpec", [2, 4], own))
+    assert not controls.levels_box_for("LayerSkip (single exit)")["visible"] and controls.levels_box_for("HiSpec")["visible"]
+
+
 def test_published_points_carry_sources_and_convert_to_per_token_acceptance(tmp_path):
     assert published.per_token(published.accepted_share(0.9, 12), 12) == pytest.approx(0.9, abs=1e-9)
     assert published.per_token(0.5, 1) == pytest.approx(0.5)

@@ -20,6 +20,8 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 
 from test_app_integration import serve_tiny_app  # noqa: E402
 
+from ui import labels  # noqa: E402
+
 expect = sync_api.expect  # retries until the page shows it (updates arrive asynchronously)
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
@@ -164,6 +166,23 @@ def test_the_controls_follow_the_method_and_keep_d_below_v(page):
     box.blur()
     page.wait_for_function("(v) => Number(document.querySelector('#hs-verify-layer input[type=number]').value) > v",
                            arg=v)
+
+
+def test_a_list_in_the_levels_box_hides_the_exit_sliders_and_names_itself_on_the_strip(page):
+    """The exits a list names are the ones that run: the d and v sliders step aside, the depth strip says
+    the list; HiSpec's own list brings them back."""
+    verify = page.locator("#hs-verify-layer")
+    verify.wait_for(state="visible")  # the tiny model offers no 4-bit copy: HiSpec's own list to start
+    box = page.locator("#hs-levels input")
+    box.fill("lookup,2,5")
+    box.press("Enter")
+    verify.wait_for(state="hidden")
+    expect(page.locator("#hs-draft-layer")).to_be_hidden()
+    expect(page.locator("#hs-depth")).to_contain_text("Levels: lookup → exit 2 → exit 5 → full model")
+    box.fill(next(iter(labels.LEVELS)))
+    box.press("Enter")
+    verify.wait_for(state="visible")
+    expect(page.locator("#hs-depth")).to_contain_text("draft exit after layer")
 
 
 def test_the_teaching_preset_lets_drafts_pile_up(page):
