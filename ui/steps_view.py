@@ -10,7 +10,7 @@ import html
 
 from hispec.engine.levels import levels_by_role
 from hispec.text import printable
-from ui.labels import level_words
+from ui.labels import choice_words, level_words
 
 _SEP = " · "
 
@@ -74,8 +74,9 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _work(step: dict) -> str:
-    """What the step's passes ran, in words."""
+def _work(step: dict, head: str = "exit head") -> str:
+    """What the step's passes ran, in words; `head`: what ends the level's layers (a full model in a
+    cheaper format ends at its own LM head, not at an exit head)."""
     passes = step["passes"]
     if not passes:
         return "no layers run"
@@ -86,7 +87,7 @@ def _work(step: dict) -> str:
         each = "each" if len(sizes) > 1 else ""
         on = (f"on {_plural(sizes[0], 'token')} {each}".rstrip() if len(set(sizes)) == 1
               else "on " + ", ".join(map(str, sizes)) + " tokens")
-        return f"{_layers(lo, hi)} + exit head ran {runs} {on}"
+        return f"{_layers(lo, hi)} + {head} ran {runs} {on}"
     # Merge adjacent passes over the same tokens: 'layers 5–8 on 2 tokens' (catch-ups listed apart).
     parts: list[list[int]] = []
     for p in passes:
@@ -98,7 +99,7 @@ def _work(step: dict) -> str:
     words = [f"{_layers(s, e)} on {_plural(n, 'token')}" for s, e, n in parts]
     if step["stage"] == "verify":  # the judging level's own layers end at its exit head
         s, e, n = parts[-1]
-        words[-1] = f"{_layers(s, e)} + exit head on {_plural(n, 'token')}"
+        words[-1] = f"{_layers(s, e)} + {head} on {_plural(n, 'token')}"
     if len(words) > 1:
         return f"{words[-1]} (after {', '.join(words[:-1])} to catch up)"
     return words[0]
@@ -153,7 +154,9 @@ def _step_html(k: int, step: dict, roles: dict[str, int]) -> str:
     elif step["stage"] == "stop":
         work = "Stop pressed inside the round"
     else:
-        work = f"{_work(step)}, {_ms(step['seconds'])}"
+        level = roles.get(step.get("level") or step["stage"])
+        head = "LM head" if str(level).startswith("full@") else "exit head"
+        work = f"{_work(step, head)}, {_ms(step['seconds'])}"
     outcome = _outcome(step)
     dash = f" — {outcome}" if outcome else ""
     return (f'<li class="hs-step hs-step-{html.escape(step["stage"])}"><span class="hs-step-num">{_number(k)}</span> '
@@ -196,7 +199,7 @@ def round_html(rounds: list[dict], i: int, settings: dict | None = None) -> str:
     head = [round_label(rounds, i)]
     plan = rnd.get("plan")
     if plan:
-        head.append("plan: " + plan["choice"] + (f" ({plan['reason']})" if plan.get("reason") else ""))
+        head.append("plan: " + choice_words(plan["choice"]) + (f" ({plan['reason']})" if plan.get("reason") else ""))
     steps = [_step_html(k, step, roles) for k, step in enumerate(rnd["steps"], 1)]
     summary = [f"{_plural(rnd['committed_total'], 'token')} committed so far",
                f"{rnd['tentative']} pending", f"layers ran {_ms(rnd['seconds'])}"]
