@@ -25,6 +25,7 @@ import gradio as gr
 
 from hispec.errors import HiSpecError
 from hispec.evaluation import published
+from hispec.runs.runner import warm_up
 from hispec.serving.api import api_signature
 from hispec.serving.caller import forwarded_headers_left_to_serving
 from hispec.serving.edge import Edge
@@ -192,7 +193,7 @@ def main() -> None:
     choices = model_choices()
     model_name = os.environ.get("HISPEC_MODEL", choices[0])
     limits = Limits.from_env()
-    registry = ModelRegistry(device=os.environ.get("HISPEC_DEVICE", "auto"))
+    registry = ModelRegistry(device=os.environ.get("HISPEC_DEVICE", "auto"), prepare=warm_up)
     print(f"HiSpec: loading {model_name}…", file=sys.stderr, flush=True)
     try:
         registry.add(model_name, registry.get(model_name, progress=lambda m: print(f"HiSpec: {m}", file=sys.stderr,

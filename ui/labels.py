@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from hispec.engine.config import recommended_levels
+from hispec.engine.levels import level_words  # noqa: F401 (the page's words for a level live with the levels)
 from hispec.engine.policy import DEFAULT_POLICY
 
 METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Lookup (copies earlier text)": "lookup",
@@ -28,7 +29,6 @@ def method_label(name: str) -> str:
     return next((label for label, n in METHODS.items() if n == name), name)
 
 
-FORMAT_WORDS = {"q4": "4-bit", "a8": "4-bit, int8-activation"}
 # The level lists the page offers (the engine's words behind them); any other list can be typed in.
 LEVELS = {"HiSpec's own (lookup → exit d → exit v → full when adaptive)": "",
           "lookup → 4-bit full model → full (precision level)": "lookup,full@q4",
@@ -43,17 +43,6 @@ def default_levels(formats: tuple[str, ...]) -> str:
     recommended = recommended_levels(formats)
     text = ",".join(map(str, recommended)) if recommended else ""
     return next((label for label, value in LEVELS.items() if value == text), list(LEVELS)[0])
-
-
-def level_words(level) -> str:
-    """A level as the page says it: 4 -> 'exit 4', 'full@q4' -> 'the 4-bit full model', '4@q4' -> 'exit 4 in
-    4-bit', 'lookup' -> 'lookup'."""
-    text = str(level)
-    if "@" in text:
-        depth, _, fmt = text.partition("@")
-        fmt = FORMAT_WORDS.get(fmt, fmt)
-        return f"the {fmt} full model" if depth == "full" else f"exit {depth} in {fmt}"
-    return text if text == "lookup" or text.startswith("exit") else f"exit {text}"
 
 
 def plan_words(kind: str) -> str:

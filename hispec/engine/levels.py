@@ -35,6 +35,18 @@ from dataclasses import dataclass
 from hispec.errors import ConfigError
 
 LOOKUP, EXIT, FULL = "lookup", "exit", "full"
+FORMAT_WORDS = {"q4": "4-bit", "a8": "4-bit, int8-activation"}  # the cheaper formats as people say them
+
+
+def level_words(level) -> str:
+    """A level in words, as the page and the comparisons say it: 4 -> 'exit 4', 'full@q4' -> 'the 4-bit full
+    model', '4@q4' -> 'exit 4 in 4-bit', 'lookup' -> 'lookup'."""
+    text = str(level)
+    if "@" in text:
+        depth, _, fmt = text.partition("@")
+        fmt = FORMAT_WORDS.get(fmt, fmt)
+        return f"the {fmt} full model" if depth == "full" else f"exit {depth} in {fmt}"
+    return text if text == LOOKUP or text.startswith("exit") else f"exit {text}"
 # Cheaper formats of the same weights a level may run in (the exact format is the model's own: None).
 # q4: the GGUF file's own 4-bit blocks through the batch-invariant kernel (hispec/model/formats/q4.py);
 # a8: the same blocks with int8 activations per block of 32 (the kernel's act8 products), cheaper still.

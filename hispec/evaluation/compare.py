@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Iterator
 
 from hispec.engine.config import DecodeConfig
+from hispec.engine.levels import level_words
 from hispec.evaluation import pairs as timed_pairs
 from hispec.runs.runner import plain_config
 
@@ -37,7 +38,7 @@ def what_ran(config: DecodeConfig) -> str:
     """The settings a row ran, in words: levels, policy, lengths."""
     if config.method == "autoregressive":
         return "the full model, one token per pass"
-    levels = " → ".join(str(x) if x == "lookup" else f"exit {x}" for x in (config.levels or ())) + " → full model"
+    levels = " → ".join([level_words(x).removeprefix("the ") for x in (config.levels or ())] + ["full model"])
     if config.policy == "auto":
         return f"{levels}; adaptive policy (plans chosen each round)"
     lengths = f"draft_len {config.draft_len}"

@@ -30,9 +30,12 @@ class _Entry:
 
 class ModelRegistry:
     def __init__(self, device: str = "auto", dtype: str = "auto", max_loaded: int = 2,
-                 loader: Callable[..., LoadedModel] = load_model):
+                 loader: Callable[..., LoadedModel] = load_model,
+                 prepare: Callable[[LoadedModel, Callable[[str], None] | None], object] | None = None):
+        """`prepare`: run on each model this registry loads, before anyone is served with it (the app:
+        runs.runner.warm_up, so that no visitor's first run pays for one-off work)."""
         self.device, self.dtype, self.max_loaded = device, dtype, max_loaded
-        self._loader = loader
+        self._loader, self._prepare = loader, prepare
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()  # the table only, never held while loading
         self._loading: dict[str, threading.Lock] = {}
@@ -97,6 +100,8 @@ class ModelRegistry:
                 return found
             self._make_room()
             lm = self._loader(name, device=self.device, dtype=self.dtype, progress=progress)
+            if self._prepare is not None:
+                self._prepare(lm, progress)
             with self._lock:
                 entry = self._entries[name] = _Entry(lm, leases=int(lease))
                 self._evict_over(keep=name)

@@ -237,3 +237,16 @@ def test_seeded_sampling_runs_fixed_rounds_so_that_it_is_reproducible():
     assert config.policy == "fixed" and config.levels == (1, 2)
     assert preset("hispec", policy="auto", temperature=0.8).resolve(8).policy == "auto"
     assert preset("hispec", policy="auto", seed=3).resolve(8).policy == "auto"  # greedy: exact anyway
+
+
+def test_levels_in_words_and_a_compare_row_says_what_ran_in_them():
+    """Seen on the page: Compare's row read 'lookup → exit full@q4 → full model'."""
+    from hispec.engine.config import DecodeConfig
+    from hispec.engine.levels import level_words
+    from hispec.evaluation.compare import what_ran
+
+    assert [level_words(x) for x in ("lookup", 4, "exit 4", "full@q4", "4@q4", "full@a8")] == [
+        "lookup", "exit 4", "exit 4", "the 4-bit full model", "exit 4 in 4-bit", "the 4-bit, int8-activation full model"]
+    assert what_ran(DecodeConfig(levels=("lookup", "full@q4"))).startswith("lookup → 4-bit full model → full model;")
+    assert what_ran(DecodeConfig(levels=(2, 4), policy="fixed", draft_len=2, verify_threshold=4)) == \
+        "exit 2 → exit 4 → full model; fixed rounds, draft_len 2, verify_threshold 4"
