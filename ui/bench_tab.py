@@ -35,7 +35,9 @@ METHOD_HELP = ("autoregressive: the full model, token by token (the reference) �
 
 
 # ---- saved reports ---------------------------------------------------------------------------
-HEADLINE = "levels_cpu_report.json"  # the README's headline benchmark: shown first when present
+# The run of the default configuration (hispec/auto: lookup -> full@q4 -> full on the default model, both
+# formats, the report split; README "Precision levels"): shown first when present.
+HEADLINE = "precision_default_cpu_report.json"
 
 
 def saved_reports(folder: Path = BENCH_DIR) -> list[Path]:
@@ -145,8 +147,8 @@ class BenchTab:
         names = self.choices()
         first = self.show_saved(names[0] if names else None)
         gr.Markdown("### Saved report\nA benchmark run with `python -m hispec bench --json assets/bench/NAME.json` "
-                    "(methods side by side, or a `--sweep` over layers or lengths). The README's headline "
-                    "benchmark is shown first, then the newest.")
+                    "(methods side by side, or a `--sweep` over layers or lengths). The run of the page's default "
+                    "(lookup → 4-bit full model → full, both formats) is shown first, then the newest.")
         with gr.Row():
             choice = gr.Dropdown(names, value=names[0] if names else None, label="Report (assets/bench)", scale=4)
             refresh_btn = gr.Button("Refresh list", scale=1)
