@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from hispec.engine.config import recommended_levels
-from hispec.engine.levels import level_words  # noqa: F401 (the page's words for a level live with the levels)
+from hispec.engine.levels import level_words, plan_words  # noqa: F401 (words for levels live with the levels)
 from hispec.engine.policy import DEFAULT_POLICY
 
 METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Lookup (copies earlier text)": "lookup",
@@ -43,17 +43,6 @@ def default_levels(formats: tuple[str, ...]) -> str:
     recommended = recommended_levels(formats)
     text = ",".join(map(str, recommended)) if recommended else ""
     return next((label for label, value in LEVELS.items() if value == text), list(LEVELS)[0])
-
-
-def plan_words(kind: str) -> str:
-    """A plan as the page names it, bottom up with arrows and the full model at the top: 'exit 2 -> exit 4'
-    -> 'exit 2 → exit 4 → full model', 'lookup' -> 'lookup → full model', 'lookup -> full@q4 (drafts on)'
-    -> 'lookup → 4-bit full model → full model (drafts on)', 'plain' -> 'plain step (full model)'."""
-    if kind == "plain":
-        return "plain step (full model)"
-    body, on, note = kind.partition(" (")
-    parts = [level_words(part.strip()).removeprefix("the ") for part in body.split("->")]
-    return " → ".join([*parts, "full model"]) + (f" ({note}" if on else "")
 
 
 def choice_words(choice: str) -> str:

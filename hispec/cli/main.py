@@ -296,6 +296,10 @@ def stats_table(result) -> str:
 
     rows = stats_rows(result.stats)
     head = f"-- {rows[0][1]} tokens in {rows[1][1]} = {rows[2][1]} tok/s"
+    setup = result.stats.get("setup_s") or 0.0
+    if setup > 0.2 and setup > 0.2 * (result.stats.get("wall_s") or 0.0):  # one-off work, said as such
+        head += (f" (of which {setup:.2f} s set-up: the adaptive policy times this machine's passes once per "
+                 "process, and a 4-bit level builds its copy)")
     return " · ".join([head] + [f"{k} {v}" for k, v in rows[3:]])
 
 

@@ -15,6 +15,7 @@ from hispec.engine.events import (
     TokenEvent,
 )
 from hispec.engine.events import TokenState as S
+from hispec.engine.levels import plan_words
 
 
 def _rate(ok: int, total: int) -> float | None:
@@ -190,7 +191,7 @@ def stats_rows(s: dict) -> list[tuple[str, str]]:
              ("layer-token work: useful / wasted", f"{s['layer_tokens']['useful']} / {s['layer_tokens']['wasted']}")]
     if s.get("policy_choices"):  # the adaptive policy's plans, most frequent first
         plans = sorted(s["policy_choices"].items(), key=lambda kv: -kv[1])
-        rows.append(("adaptive plans (rounds)", ", ".join(f"{k} {n}" for k, n in plans)))
+        rows.append(("adaptive plans (rounds)", ", ".join(f"{plan_words(k)}: {n}" for k, n in plans)))
     if s.get("layers_share") is not None:
         rows.append(("time in layer passes", pct(s["layers_share"])))
     if s.get("finish_reason"):

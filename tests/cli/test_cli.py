@@ -69,6 +69,34 @@ def test_text_output_and_comparison(folder, capsys):
     assert "same output as autoregressive" in out and "NO" not in out.split("same output as")[-1]
 
 
+def test_one_runs_stats_name_its_plans_in_words_and_its_set_up_apart(folder, capsys, monkeypatch):
+    """The default model's first CLI run read '24 tokens in 1.70 s = 14.09 tok/s', 1.4 s of it the adaptive
+    policy's one-off timing, and 'adaptive plans (rounds) full@q4 2' in the engine's names."""
+    import time
+
+    from hispec.engine import costs
+    from hispec.runs.metrics import stats_rows
+
+    calibrate = costs.CostModel.calibrate
+
+    def slow_calibrate(self, *args, **kwargs):  # the one-off timing, made long enough to be said
+        time.sleep(0.5)
+        return calibrate(self, *args, **kwargs)
+
+    monkeypatch.setattr(costs.CostModel, "calibrate", slow_calibrate)
+    code = main(["generate", "--model", folder, "--method", "hispec", "--prompt", "abcabcabcabc",
+                 "--max-new-tokens", "12", "--no-color", "--draft-layer", "2", "--verify-layer", "5"])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("-- "))
+    assert code == 0 and "s set-up: the adaptive policy times this machine's passes once per process" in line, line
+    assert main(["generate", "--model", folder, "--method", "hispec", "--prompt", "abc", "--max-new-tokens", "4",
+                 "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out.splitlines()[0])["stats"]
+    # which plans the policy picks follows this machine's timings: the words are checked on given choices
+    rows = dict(stats_rows({**stats, "policy_choices": {"exit 2 -> exit 5": 3, "lookup": 2, "plain": 1}}))
+    assert rows["adaptive plans (rounds)"] == ("exit 2 → exit 5 → full model: 3, lookup → full model: 2, "
+                                               "plain step (full model): 1")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--method", "beam"], "unknown method 'beam'"),
     (["--method", "hispec/greedy"], "unknown policy 'greedy'"),

@@ -61,7 +61,10 @@ def default_run(page, lm) -> tuple[int, tuple[float, float, float]]:
     page.get_by_label(DEFAULT_POLICY_LABEL).check()  # the page's default run (issue 37: "the default")
     set_number(page, "hs-baseline", 3)
     page.evaluate("() => { window.hsDone = 0; }")
-    with slow_layers(lm, 0.12):
+    # 0.25 s a full pass: at 0.12 s, one CI-like try (the other worker's tests beside it) read medians
+    # 1.18, 0.98 and 1.02x, the first just outside the second's range; the tiny model's own Python, which
+    # a loaded host stretches, is then a larger share of a pass
+    with slow_layers(lm, 0.25):
         page.get_by_role("button", name="Generate", exact=True).click()
         # this run's own Done (the last run's is still on the page when the click is sent)
         page.wait_for_function("() => window.hsDone >= 1")
