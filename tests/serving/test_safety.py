@@ -294,6 +294,31 @@ def test_a_model_is_warmed_up_before_anyone_is_served_with_it(monkeypatch):
         assert (calibrated == []) == (lm is warmed), calibrated
 
 
+def test_a_warm_up_never_stops_a_model_from_loading(monkeypatch):
+    """A run the warm-up cannot make (hispec's own list on a model too shallow for two exits, a 4-bit kernel
+    that fails to build) is said and skipped, never raised: the visitor's run that needs it says why."""
+    from helpers import EOS, char_tokenizer, tiny_model
+
+    from hispec.model.early_exit import EarlyExitModel
+    from hispec.model.loading import LoadedModel
+    from hispec.runs import runner
+
+    model = tiny_model("llama", layers=2)
+    model.generation_config.eos_token_id = EOS
+    shallow = LoadedModel("t", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")
+    said = []
+    runner.warm_up(shallow, said.append)  # no pair of exits fits 2 layers: hispec's own list is refused, said
+    assert len(said) == 2 and said[1].startswith("Warm-up skipped a part (verify layer 2 is impossible"), said
+
+    def refuse(lm, ids, config, detok=None):
+        raise ConfigError("this model cannot run a level in q4: no compiler")
+
+    monkeypatch.setattr(runner, "run_loaded", refuse)
+    said.clear()
+    runner.warm_up(shallow, said.append)
+    assert "Warm-up skipped a part (this model cannot run a level in q4: no compiler)" in said[-1]
+
+
 # ---- every input checked at the edge, each with its own message ------------------------------------
 @pytest.mark.parametrize("field, value, message", [
     ("max_new_tokens", 10**400, "max new tokens " + "1" + "0" * 38 + "… is over this app's limit of 512"),
