@@ -94,7 +94,7 @@ def _wire_runs(p, h: Handlers) -> None:
     # its reply goes beside the status, never into it: the run alone writes the status line
     p.stop_btn.click(h.stop, None, [p.stop_note], queue=False, api_name="stop")
     p.load_btn.click(h.load, [p.model], [p.status, p.info, p.draft_layer, p.verify_layer, p.num_layers, p.draft_len,
-                                         p.verify_threshold, p.head_layers, p.method_settings],
+                                         p.verify_threshold, p.head_layers, p.method_settings, p.levels],
                      concurrency_limit=None, api_name="load_model")
 
 

@@ -129,7 +129,7 @@ class Handlers:
         """Load a model (the allow-list applies), then set the controls to its own settings."""
         for update in self.server.submit(self.server.caller(request), LoadRequest, {"model": model}):
             if isinstance(update, Status):
-                yield (render.message_html(update.text, "info"),) + (gr.skip(),) * 8
+                yield (render.message_html(update.text, "info"),) + (gr.skip(),) * 9
             elif isinstance(update, Output) and update.items:
                 lm = update.items[0]
                 L, preset = lm.ee.num_layers, model_defaults(lm)
@@ -137,9 +137,10 @@ class Handlers:
                        gr.update(maximum=L - 1, value=preset.draft_layer),
                        gr.update(maximum=L - 1, value=preset.verify_layer), L,
                        gr.update(value=preset.draft_len), gr.update(value=preset.verify_threshold),
-                       trained_layers(lm), settings_by_method(lm))
+                       trained_layers(lm), settings_by_method(lm),
+                       labels.default_levels(lm.ee.formats()))  # a list this model can run (no 4-bit copy: its own)
             elif isinstance(update, Ended) and not update.ok:
-                yield (render.message_html(update.message),) + (gr.skip(),) * 8
+                yield (render.message_html(update.message),) + (gr.skip(),) * 9
 
     def loaded(self, model):
         """A model already loaded, by a name the visitor may use (a preset reads its settings)."""

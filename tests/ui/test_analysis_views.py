@@ -163,6 +163,16 @@ def test_picking_a_method_sets_its_own_settings_for_the_model(server):
     assert all(v is not None for v in controls.method_defaults("HiSpec", by_method))
 
 
+def test_loading_a_model_sets_the_levels_box_to_a_list_it_can_run(server):
+    """The page starts on the 4-bit precision list of the default model; a model loaded after it that has
+    no 4-bit copy (any other) gets its own list, not a run that fails on full@q4."""
+    h = Handlers(server, [])
+    *_, last = h.load("tiny")
+    assert len(last) == 10 and last[0].count("Loaded tiny") == 1
+    assert last[-1] == labels.default_levels(server.registry.get("tiny").ee.formats()) == next(iter(labels.LEVELS))
+    assert labels.default_levels(("q4",)) == "lookup → 4-bit full model → full (precision level)"
+
+
 # ---- each token's story -------------------------------------------------------------------------
 def story_of(server, settings=("hispec", 2, 4, 2, 4), temperature=0.0):
     lm = server.registry.get("tiny")
