@@ -50,13 +50,14 @@ def plans_table(story: dict) -> str:
         measured = p["measured_tokens_per_s"]
         estimate = p["predicted_tokens_per_s"]
         be = p["break_even"]
+        model_rate = "–" if estimate is None else f"{estimate:.1f} <span class='hs-hint'>estimate</span>"
+        # a plan with no estimate (a level in a cheaper format) has no break-even either: '–', not 'never'
+        even = "–" if p["kind"] == "plain" or p["predicted"] is None else _pct(be) if be is not None else "never"
         rows.append(
             f"<tr><td>{html.escape(plan_words(p['kind']))}</td><td>{p['rounds']}</td><td>{p['new_tokens']}</td>"
             f"<td>{_pct(p['share'])}</td><td>{html.escape(_plan_acceptance(p))}</td>"
-            f"<td>{'–' if measured is None else f'{measured:.1f}'}</td>"
-            f"<td>{'–' if estimate is None else f'{estimate:.1f}'} <span class='hs-hint'>estimate</span></td>"
-            f"<td>{_x(p['predicted'], p.get('range'))}</td>"
-            f"<td>{'–' if p['kind'] == 'plain' else _pct(be) if be is not None else 'never'}</td></tr>")
+            f"<td>{'–' if measured is None else f'{measured:.1f}'}</td><td>{model_rate}</td>"
+            f"<td>{_x(p['predicted'], p.get('range'))}</td><td>{even}</td></tr>")
     head = ("<tr><th>plan</th><th>rounds</th><th>tokens</th><th>share of the time</th><th>acceptance</th>"
             "<th>tokens / s, measured</th><th>tokens / s, cost model</th><th>× plain, estimate</th>"
             "<th>break-even acceptance</th></tr>")

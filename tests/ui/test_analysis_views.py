@@ -396,3 +396,16 @@ def test_the_model_line_names_the_weights_format():
     q4 = model_info("default", lm("q4"))
     assert "4-bit weights" in q4 and "not to float32" in q4 and "float32 weights" not in q4
     assert "bfloat16 weights" in model_info("x", lm("fp32", "bfloat16"))
+
+
+def test_a_plan_the_cost_model_cannot_estimate_has_no_break_even_either():
+    """Seen after a default run: the 4-bit plans' rows read '– estimate' and break-even 'never', as if no
+    acceptance could make them pay, when the page simply has no estimate for a cheaper format."""
+    from ui.why_view import plans_table
+
+    row = {"kind": "full@q4", "rounds": 4, "new_tokens": 43, "share": 0.52, "a_dv": None, "a_vt": 1.0,
+           "measured_tokens_per_s": 35.3, "predicted_tokens_per_s": None, "predicted": None, "break_even": None}
+    exact = {**row, "kind": "exit 2", "a_vt": 0.1, "predicted_tokens_per_s": 9.0, "predicted": 0.5, "range": (0.4, 0.6)}
+    cells = [re.findall(r"<td>(.*?)</td>", tr) for tr in plans_table({"plans": [row, exact]}).split("<tr>")[2:]]
+    assert cells[0][0] == "4-bit full model → full model" and cells[0][6:] == ["–", "–", "–"], cells[0]
+    assert "estimate" in cells[1][6] and cells[1][8] == "never", cells[1]  # an exact plan that never pays says so
