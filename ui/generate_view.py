@@ -74,9 +74,9 @@ class GenerateView:
                       f"it next ({self.pairs} pair{'s' if self.pairs != 1 else ''})…")
         else:
             status = f"Done: stopped by {reason}." if done else f"Generating… {stats['new_tokens']} tokens"
-        return (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),
-                self.run.done.text if done else gr.skip(), render.stats_html(stats)) + self._charts(stats, done) + (
-                    gr.skip(),)
+        shown = (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),
+                 self.run.done.text if done else gr.skip(), render.stats_html(stats, levels=self._levels()))
+        return shown + self._charts(stats, done) + (gr.skip(),)
 
     def _ended(self, ended: Ended) -> tuple:
         if not ended.ok or self.run.done is None:
@@ -86,9 +86,13 @@ class GenerateView:
             status = f"Done: stopped by {render.reason_words(stats['finish_reason'])}."
         else:
             status = stopped_message(ended, stats["new_tokens"])
-        return (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),
-                self.run.done.text, render.stats_html(stats, self.vs_plain)) + self._charts(stats, True) + (
-                    self.kept(),)
+        shown = (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),
+                 self.run.done.text, render.stats_html(stats, self.vs_plain, levels=self._levels()))
+        return shown + self._charts(stats, True) + (self.kept(),)
+
+    def _levels(self) -> tuple:
+        """The run's level list once its end is known (its roles are then named by level)."""
+        return tuple((self.run.done.settings.get("levels") if self.run.done else None) or ())
 
     def tokens(self) -> str:
         settings = self.run.done.settings if self.run.done else {}

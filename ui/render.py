@@ -133,14 +133,15 @@ def reason_words(reason: str | None) -> str:
             "stopped": "Stop"}.get(reason or "", (reason or "").replace("_", " "))
 
 
-def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = None) -> str:
+def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = None, levels=None) -> str:
     """The run's stats as a table (the CLI prints the same rows on one line); `vs_plain`: the
     measured ratio to plain decoding on this prompt (evaluation.compare.vs_plain), when taken;
-    `stopped_by`: what ended it when the engine only knows it was stopped (the time limit, a Stop)."""
+    `stopped_by`: what ended it when the engine only knows it was stopped (the time limit, a Stop);
+    `levels`: the run's level list, once known (a level in a cheaper format is then named as such)."""
     plans = sorted((s.get("policy_choices") or {}).items(), key=lambda kv: -kv[1])
     page_words = {"stopped by": stopped_by or reason_words(s.get("finish_reason")),  # the page's words for these
                   "adaptive plans (rounds)": ", ".join(f"{plan_words(k)}: {n}" for k, n in plans)}
-    rows = [(k, page_words.get(k, v)) for k, v in stats_rows(s)]
+    rows = [(k, page_words.get(k, v)) for k, v in stats_rows(s, levels_by_role(tuple(levels or ())))]
     if vs_plain:
         rows.insert(3, ("speed vs plain decoding, measured", vs_plain_words(vs_plain)))
     body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
@@ -174,8 +175,9 @@ def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | N
         runs = r.get("runs") or [r["tokens_per_s"]]
         spread = (f" <span class='hs-hint'>({min(runs):.2f}–{max(runs):.2f}, {len(runs)} runs)</span>"
                   if len(runs) > 1 else " <span class='hs-hint'>(1 run)</span>")
-        acceptance = ", ".join(f"{html.escape(pair_name(k))} {v:.0%}" for k, v in (r.get("acceptance") or {}).items()
-                               if v is not None) or "–"
+        roles = levels_by_role(tuple((r.get("settings") or {}).get("levels") or ()))
+        acceptance = ", ".join(f"{html.escape(pair_name(k, roles))} {v:.0%}"
+                               for k, v in (r.get("acceptance") or {}).items() if v is not None) or "–"
         ran = html.escape(r.get("ran") or r["method"])
         if r.get("plans"):
             plans = ", ".join(f"{plan_words(k)}: {n}" for k, n in sorted(r["plans"].items(), key=lambda kv: -kv[1]))

@@ -292,9 +292,10 @@ def cmd_sweep(args) -> int:
 
 def stats_table(result) -> str:
     """The run's stats on one line (the app shows the same rows as a table)."""
+    from hispec.engine.levels import levels_by_role
     from hispec.runs.metrics import stats_rows
 
-    rows = stats_rows(result.stats)
+    rows = stats_rows(result.stats, levels_by_role(tuple(result.settings.get("levels") or ())))
     head = f"-- {rows[0][1]} tokens in {rows[1][1]} = {rows[2][1]} tok/s"
     setup = result.stats.get("setup_s") or 0.0
     if setup > 0.2 and setup > 0.2 * (result.stats.get("wall_s") or 0.0):  # one-off work, said as such

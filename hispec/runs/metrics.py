@@ -15,7 +15,7 @@ from hispec.engine.events import (
     TokenEvent,
 )
 from hispec.engine.events import TokenState as S
-from hispec.engine.levels import plan_words
+from hispec.engine.levels import level_words, plan_words
 
 
 def _rate(ok: int, total: int) -> float | None:
@@ -168,23 +168,31 @@ class StatsCollector:
         }
 
 
-def pair_name(key: str) -> str:
-    """A level pair as readers see it: "verify->target" -> "verify → full model" (one name for it)."""
-    return " → ".join("full model" if level == "target" else level for level in key.split("->"))
+def pair_name(key: str, roles: dict | None = None) -> str:
+    """A level pair as readers see it: "verify->target" -> "verify → full model" (one name for it). `roles`:
+    the run's level of each role (engine.levels.levels_by_role); a level in a cheaper format is named as
+    such: "lookup->verify" with the 4-bit full model as verifier -> "lookup → 4-bit full model"."""
+    def name(role: str) -> str:
+        level = (roles or {}).get(role)
+        if role == "target":
+            return "full model"
+        return level_words(level).removeprefix("the ") if "@" in str(level) else role
+
+    return " → ".join(name(role) for role in key.split("->"))
 
 
-def stats_rows(s: dict) -> list[tuple[str, str]]:
+def stats_rows(s: dict, roles: dict | None = None) -> list[tuple[str, str]]:
     """A run's summary as (label, value) rows, in reading order: the one rendering of the stats that
-    the CLI (one line) and the app (a table) both show."""
+    the CLI (one line) and the app (a table) both show; `roles`: as pair_name takes them."""
     def pct(v):
         return "–" if v is None else f"{v:.0%}"
 
     rows = [("new tokens", str(s["new_tokens"])), ("time", f"{s['wall_s']:.2f} s"),
             ("tokens / s", f"{s['tokens_per_s']:.2f}")]
-    rows += [(f"acceptance {pair_name(k)}", pct(v)) for k, v in s["acceptance"].items()]
+    rows += [(f"acceptance {pair_name(k, roles)}", pct(v)) for k, v in s["acceptance"].items()]
     kept = s.get("kept") or {}
     if any(kept.get(k) != v for k, v in s["acceptance"].items()):  # a block's tail fell with its first rejection
-        rows += [(f"drafts kept {pair_name(k)} (of all proposed)", pct(v)) for k, v in kept.items()]
+        rows += [(f"drafts kept {pair_name(k, roles)} (of all proposed)", pct(v)) for k, v in kept.items()]
     per_pass = s["tokens_per_full_pass"]
     rows += [("full-model passes", str(s["full_passes"])),
              ("tokens per full pass", "–" if per_pass is None else f"{per_pass:.2f}"),

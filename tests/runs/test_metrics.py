@@ -48,3 +48,18 @@ def test_the_two_agree_when_no_block_loses_a_tail():
     s = stats.summary()
     assert s["acceptance"] == s["kept"] == {"draft->target": 0.5}
     assert not any("kept" in label for label, _ in stats_rows(s))
+
+
+def test_a_level_in_a_cheaper_format_is_named_in_the_acceptance_rows():
+    """Seen after a default run: 'acceptance lookup → verify 40%', 'verify → full model 100%', where the
+    verifier was the 4-bit full model. Exits keep their role names (draft, verify)."""
+    from hispec.engine.levels import levels_by_role
+    from hispec.runs.metrics import pair_name
+
+    precision = levels_by_role(("lookup", "full@q4"))
+    assert pair_name("lookup->verify", precision) == "lookup → 4-bit full model"
+    assert pair_name("verify->target", precision) == "4-bit full model → full model"
+    assert pair_name("verify->target") == "verify → full model"  # roles unknown: the role
+    exits = levels_by_role(("lookup", 2, 4))
+    assert pair_name("draft->verify", exits) == "draft → verify"
+    assert pair_name("draft->verify", levels_by_role(("2@q4", "full@q4"))) == "exit 2 in 4-bit → 4-bit full model"
