@@ -17,7 +17,7 @@ def printable(text: str) -> str:
 def sentence(text: str) -> str:
     """A message as a reader meets it: its first letter in capitals ('unknown method' -> 'Unknown method');
     the engine's errors start in lower case to read inside other text, and every one reaches a person
-    through this. A message that starts with a field's own name keeps it as typed ('draft_len must be')."""
+    through this. A message that starts with a field's own name keeps it as typed ('max_new_tokens must be')."""
     first = text.split(" ", 1)[0]
     return text if "_" in first else text[:1].upper() + text[1:]
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpu_check  # noqa: E402
 
-from hispec.engine.config import preset  # noqa: E402
+from hispec.engine.config import DecodeConfig, Preset  # noqa: E402
 from hispec.model.early_exit import EarlyExitModel  # noqa: E402
 from hispec.runs.runner import run  # noqa: E402
 from hispec.runs.timing_only import SyntheticAcceptance  # noqa: E402
@@ -67,11 +67,11 @@ def main():
     d, v = max(1, round(L / 8)), max(2, round(L / 4))
     prompt = list(range(3, 131))
     methods = {
-        "autoregressive": (preset("autoregressive", max_new_tokens=args.new), None),
-        "layerskip@0.9": (preset("layerskip", levels=(v,), draft_len=4, max_new_tokens=args.new, policy="fixed"),
-                          (1.0, 0.9)),
-        "hispec@0.9/0.9": (preset("hispec", levels=(d, v), draft_len=2, verify_threshold=4, max_new_tokens=args.new,
-                                  policy="fixed"), (0.9, 0.9)),
+        "autoregressive": (DecodeConfig(levels=(), preset=Preset("autoregressive"), max_new_tokens=args.new), None),
+        "layerskip@0.9": (DecodeConfig(levels=(v,), lengths=(4, None), preset=Preset("layerskip"),
+                                       max_new_tokens=args.new, policy="fixed"), (1.0, 0.9)),
+        "hispec@0.9/0.9": (DecodeConfig(levels=(d, v), lengths=(2, 4), max_new_tokens=args.new, policy="fixed"),
+                           (0.9, 0.9)),
     }
     import transformers
 

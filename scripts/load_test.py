@@ -47,7 +47,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 PROMPTS = ["Hi", "Tell me a story", "abc", "2+2=?", "Why is the sky blue?", "Name a color", "ok", "Hello there"]
 BAD = [({"prompt": ""}, "prompt is empty"), ({"levels": "5,3"}, "exit layers must increase"),
-       ({"draft_len": 0}, "draft_len must be from 1"), ({"max_new_tokens": 10**400}, "is over this app's limit"),
+       ({"top_k": -1}, "top-k must be from 0"), ({"max_new_tokens": 10**400}, "is over this app's limit"),
        ({"method": ["hispec"]}, "Unknown method"), ({"temperature": 1e-300}, "Temperature must be 0"),
        ({"model": "/etc"}, "is not offered on this server")]
 # a run that ended within this long of its Stop's reply may have finished before the Stop reached it

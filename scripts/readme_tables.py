@@ -207,7 +207,8 @@ def layerskip_table(*reports: dict) -> str:
     for report in reports:
         summary = _summary(report)["all"]
         ref = summary["reference"]
-        length = report["settings"].get("draft_len")
+        settings = report["settings"]  # reports before 1b3ce29's successor recorded the paper's name
+        length = settings["lengths"][0] if settings.get("lengths") else settings.get("draft_len")
         for m in report["methods"]:
             if m == ref:
                 continue

@@ -1,7 +1,7 @@
 """Record the acceptance pattern of real generations, for the GPU timings' recorded mode.
 
 Runs the default model with its trained exit heads on the held-out prompts, with the settings
-scripts/gpu_check.py times (layerskip: draft_len 4; hispec: draft_len 2, verify_threshold 4), and
+scripts/gpu_check.py times (layerskip: 4 drafts per round; hispec: lengths (2, 4)), and
 writes the runs of accepted tokens per stage (hispec.runs.timing_only.RecordedAcceptance) to one JSON
 file. gpu_check.py replays them on models built from configs: the acceptance of a real, small
 early-exit setup on a GPU's step costs. The text such a replay writes is not the model's.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.engine.config import DecodeConfig, preset  # noqa: E402
+from hispec.engine.config import DecodeConfig, Preset  # noqa: E402
 from hispec.runs.runner import decoder_for  # noqa: E402
 from hispec.evaluation.record import finish, run_record  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
@@ -27,8 +27,8 @@ from hispec.runs.timing_only import RecordedAcceptance  # noqa: E402
 from hispec.training.heads.prompts import heldout_prompts  # noqa: E402
 
 PATTERNS = {  # gpu_check.py's settings, at this model's exits
-    "layerskip": dict(method="layerskip", draft_len=4, policy="fixed"),
-    "hispec": dict(method="hispec", draft_len=2, verify_threshold=4, policy="fixed"),
+    "layerskip": dict(preset=Preset("layerskip"), lengths=(4, None), policy="fixed"),
+    "hispec": dict(preset=Preset("hispec"), lengths=(2, 4), policy="fixed"),
 }
 
 
@@ -56,7 +56,7 @@ def main() -> int:
     prompts = [q for qs in heldout_prompts(lm).values() for q in qs][: args.prompts]
     patterns = {}
     for name, settings in PATTERNS.items():
-        config = preset(max_new_tokens=args.max_new_tokens, **settings).resolve_for(lm.ee)
+        config = DecodeConfig(max_new_tokens=args.max_new_tokens, **settings).resolve_for(lm.ee)
         runs, tokens = record(lm, prompts, config)
         model = "SmolLM2-135M-Instruct" if lm.name == "default" else lm.name
         d, v = config.exit_layer("draft"), config.exit_layer("verify")

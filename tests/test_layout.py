@@ -403,28 +403,35 @@ def test_no_package_over_2500_lines_and_the_decoder_reads_in_one_sitting(tmp_pat
     assert class_lines(tmp_path / "hispec/big/b.py", "Decoder") == 301
 
 
-# Where the paper's layer names may appear outside tests (issue 33): the preset itself, where a person gives
-# them (the page's sliders and their wiring, the CLI's flags, /generate's preset fields, the sweep's grid)
-# and where recorded artifacts name them (the GPU check's report and the README's readers). Everything else
-# speaks levels.
+# Where the paper's four names (draft_layer, verify_layer, draft_len, verify_threshold) may appear outside tests
+# (issue 33): the preset itself, where a person gives them (the page's sliders and their wiring, the CLI's
+# flags, /generate's preset fields, the sweep's grid) and where recorded artifacts name them (the GPU check's
+# report and the README's readers). Everything else speaks levels and lengths.
+PAPER_NAMES = ("draft_layer", "verify_layer", "draft_len", "verify_threshold")
 PAPER_NAMES_ALLOWED = {
     "hispec/engine/config.py",  # the preset
-    "app.py", "ui/page.py", "ui/controller.py", "ui/controls.py", "ui/model_view.py", "ui/render.py",  # sliders
-    "hispec/cli/main.py", "hispec/serving/api.py", "hispec/evaluation/sweep.py",  # typed by a person
+    "app.py", "ui/page.py", "ui/controller.py", "ui/controls.py", "ui/model_view.py",  # the sliders
+    "hispec/cli/main.py", "hispec/cli/parsers.py", "hispec/serving/api.py", "hispec/evaluation/sweep.py",  # typed
     "scripts/gpu_check.py", "scripts/readme_quotes.py", "scripts/readme_tables.py",  # recorded artifacts
 }
 
 
-def files_naming_layers(root: Path = ROOT) -> set[str]:
+def files_naming_the_paper(root: Path = ROOT) -> set[str]:
     files = [*root.glob("hispec/**/*.py"), *root.glob("ui/**/*.py"), *root.glob("scripts/*.py"), root / "app.py"]
     return {str(p.relative_to(root)) for p in files
-            if p.is_file() and ("draft_layer" in p.read_text() or "verify_layer" in p.read_text())}
+            if p.is_file() and any(name in p.read_text() for name in PAPER_NAMES)}
 
 
-def test_the_paper_layer_names_stay_in_the_preset_and_where_a_person_gives_them(tmp_path):
-    assert files_naming_layers() <= PAPER_NAMES_ALLOWED, files_naming_layers() - PAPER_NAMES_ALLOWED
+def test_the_paper_names_stay_in_the_preset_and_where_a_person_gives_them(tmp_path):
+    from dataclasses import fields
+
+    from hispec.engine.config import DecodeConfig
+
+    assert files_naming_the_paper() <= PAPER_NAMES_ALLOWED, files_naming_the_paper() - PAPER_NAMES_ALLOWED
+    assert not {f.name for f in fields(DecodeConfig)} & set(PAPER_NAMES), "the configuration speaks levels and lengths"
     # the check is shown to catch what it checks
     (tmp_path / "hispec/evaluation").mkdir(parents=True)
     (tmp_path / "hispec/evaluation/new.py").write_text("d = config.preset.draft_layer\n")
-    (tmp_path / "hispec/evaluation/clean.py").write_text("d = config.exit_layer('draft')\n")
-    assert files_naming_layers(tmp_path) == {"hispec/evaluation/new.py"}
+    (tmp_path / "hispec/evaluation/lengths.py").write_text("k = config.draft_len\n")
+    (tmp_path / "hispec/evaluation/clean.py").write_text("d, k = config.exit_layer('draft'), config.lengths[0]\n")
+    assert files_naming_the_paper(tmp_path) == {"hispec/evaluation/new.py", "hispec/evaluation/lengths.py"}

@@ -101,7 +101,7 @@ def why_figure(curves: dict[str, list[tuple[float, float]]], points: dict[str, t
             x=[p["x"] for p in published], y=[p["y"] for p in published], mode="markers",
             name="published LayerSkip checkpoints (other models, GPUs)",
             marker=dict(size=9, symbol="star", color="#8a8a8a"),
-            customdata=[[p["label"], p["acceptance"], p["draft_len"], p["hardware"], p["source"]] for p in published],
+            customdata=[[p["label"], p["acceptance"], p["drafts"], p["hardware"], p["source"]] for p in published],
             hovertemplate="%{customdata[0]}<br>%{y:.2f}× on %{customdata[3]}; token acceptance %{customdata[1]:.1%} "
                           "of %{customdata[2]} drafts ≈ %{x:.0%} per token<br>%{customdata[4]}<extra></extra>"))
     for name, curve in curves.items():

@@ -61,7 +61,8 @@ class Sliders(NamedTuple):
 
 
 def _sliders(config) -> Sliders:
-    return Sliders(config.preset.draft_layer, config.preset.verify_layer, config.draft_len, config.verify_threshold)
+    return Sliders(config.preset.draft_layer, config.preset.verify_layer, config.preset.draft_len,
+                   config.preset.verify_threshold)
 
 
 def model_defaults(lm) -> Sliders:

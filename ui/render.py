@@ -93,7 +93,7 @@ def message_html(text: str, kind: str = "error") -> str:
     return f'<div class="hs-msg hs-msg-{kind}">{html.escape(sentence(text))}</div>'
 
 
-def depth_html(num_layers: int, draft_layer: int | None, verify_layer: int | None, method: str,
+def depth_html(num_layers: int, draft_exit: int | None, verify_exit: int | None, method: str,
                caption: str | None = None) -> str:
     """The model's depth as a strip of layers, coloured by the stage that runs them; `caption`: what
     runs, in words, in place of the exits' marks (a level list)."""
@@ -104,15 +104,15 @@ def depth_html(num_layers: int, draft_layer: int | None, verify_layer: int | Non
         if method == "autoregressive":
             stage = "target"
         elif method == "layerskip":
-            stage = "draft" if layer < (draft_layer or 0) else "target"
+            stage = "draft" if layer < (draft_exit or 0) else "target"
         else:
-            stage = "draft" if layer < (draft_layer or 0) else "verify" if layer < (verify_layer or 0) else "target"
+            stage = "draft" if layer < (draft_exit or 0) else "verify" if layer < (verify_exit or 0) else "target"
         cells.append(f'<span class="hs-layer hs-stage-{stage}" title="layer {layer + 1}: {stage} stage"></span>')
     marks = []
-    if method != "autoregressive" and draft_layer:
-        marks.append(f"draft exit after layer {draft_layer}")
-    if method == "hispec" and verify_layer:
-        marks.append(f"verifier exit after layer {verify_layer}")
+    if method != "autoregressive" and draft_exit:
+        marks.append(f"draft exit after layer {draft_exit}")
+    if method == "hispec" and verify_exit:
+        marks.append(f"verifier exit after layer {verify_exit}")
     marks.append(f"full model: {num_layers} layers")
     if caption:
         marks = [caption, f"{num_layers} layers"]
@@ -261,7 +261,7 @@ def published_html(points: list[dict]) -> str:
         return ""
     items = "".join(
         f"<li>{html.escape(p['label'])}: {p['y']:.2f}× on {html.escape(p['hardware'])}, token acceptance "
-        f"{p['acceptance']:.1%} of {p['draft_len']} drafts (≈ {p['x']:.0%} per token) — "
+        f"{p['acceptance']:.1%} of {p['drafts']} drafts (≈ {p['x']:.0%} per token) — "
         f"<a href='{html.escape(p['url'], quote=True)}' target='_blank' rel='noopener'>{html.escape(p['source'])}</a></li>"
         for p in points)
     return ("<details class='hs-published'><summary>★ Published LayerSkip points on the chart: sources</summary>"

@@ -29,10 +29,10 @@ def _n(k: int, word: str) -> str:
 
 def shape_words(r: RoundShape) -> str:
     if r.kind == "hierarchy":
-        pending = "each tentative token" if r.verify_threshold == 1 else f"{r.verify_threshold} tentative tokens"
-        return (f"HiSpec, fixed: {_n(r.draft_len, 'draft')} at exit {r.exits[-2]}, judged at exit {r.exits[-1]}, "
+        pending = "each tentative token" if r.verify_at == 1 else f"{r.verify_at} tentative tokens"
+        return (f"HiSpec, fixed: {_n(r.count, 'draft')} at exit {r.exits[-2]}, judged at exit {r.exits[-1]}, "
                 f"the full model after {pending}")
-    return f"LayerSkip, fixed: {_n(r.draft_len, 'draft')} at exit {r.exits[0]}, then the rest of the model"
+    return f"LayerSkip, fixed: {_n(r.count, 'draft')} at exit {r.exits[0]}, then the rest of the model"
 
 
 def _plan_acceptance(plan: dict) -> str:

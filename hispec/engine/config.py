@@ -1,12 +1,13 @@
-"""The one configuration of a generation: a level list and a policy, with lengths, lookup length,
-budget and sampling (`DecodeConfig`). The page, `/generate`, the CLI and bench all build one; the
+"""The one configuration of a generation: a level list and a policy, with the lengths of a fixed round,
+lookup length, budget and sampling (`DecodeConfig`). The page, `/generate`, the CLI and bench all build one; the
 engine resolves and validates it once (`resolve_for`), and the Decoder takes it as it is.
 
 The paper's four names live in one place, the preset (`Preset`, built by `preset()`): a method
 (autoregressive, layerskip, hispec, lookup) with its draft layer d and verify layer v maps onto a
-level list when the configuration is resolved, with the model's recommended layers for what is left
-out. A resolved configuration always carries the preset that describes its list in the paper's terms
-(its `method` label and exits), which the statistics and reports print; the engine reads only levels.
+level list, and its draft_len and verify_threshold onto the `lengths` of a fixed round, when the
+configuration is resolved, with the model's recommended settings for what is left out. A resolved
+configuration always carries the preset that describes it in the paper's terms (its `method` label,
+exits and lengths), which the statistics and reports print; the engine reads only levels and lengths.
 
     preset("autoregressive")               -> levels ()                     [full]
     preset("layerskip", draft_layer=E)      -> levels (E,)                   [exit E, full]
@@ -20,7 +21,7 @@ out. A resolved configuration always carries the preset that describes its list 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from hispec.engine.levels import LOOKUP, build_levels, exits_by_role, parse_levels
@@ -62,21 +63,28 @@ def default_exits(num_layers: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Preset:
-    """A method in the paper's names. None: the model's recommended layer (its trained exits'
-    manifest), else the default (d = L/8, v = L/4, layerskip's exit E = L/4). For layerskip,
-    `draft_layer` is its one exit E; `verify_layer` belongs to hispec only."""
+    """A method in the paper's names. None: the model's recommended setting (its trained exits'
+    manifest), else the default (d = L/8, v = L/4, layerskip's exit E = L/4; draft_len 2,
+    verify_threshold 4). For layerskip, `draft_layer` is its one exit E and `draft_len` its drafts per
+    round; `verify_layer` and `verify_threshold` belong to hispec only. The layers map onto a level list
+    (`levels`), the two lengths onto the configuration's `lengths` (`DecodeConfig.resolve`)."""
 
     method: str = "hispec"
     draft_layer: int | None = None
     verify_layer: int | None = None
+    draft_len: int | None = None  # tokens drafted per round at exit d (layerskip: at exit E)
+    verify_threshold: int | None = None  # tentative tokens that call the full model
 
     def validate(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"unknown method '{self.method}'; choose from {', '.join(METHODS)}")
-        for name in ("draft_layer", "verify_layer"):
+        for name in ("draft_layer", "verify_layer", "draft_len", "verify_threshold"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ConfigError(f"{name} must be a whole number (got {value!r})")
+        for name in ("draft_len", "verify_threshold"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
 
     def levels(self, num_layers: int, rec: dict, policy: str) -> tuple:
         """The level list this preset means on a model of `num_layers` layers."""
@@ -98,6 +106,14 @@ class Preset:
         _check_layers(L, d, v)
         return (LOOKUP, d, v) if policy == "auto" else (d, v)
 
+    def as_method(self, method: str, exit_layer: int | None = None) -> Preset:
+        """Another method with this preset's lengths: hispec keeps the layers; layerskip runs at
+        `exit_layer` (None: the model's); the others have no layers."""
+        if method == "hispec":
+            return replace(self, method=method)
+        return replace(self, method=method, draft_layer=exit_layer if method == "layerskip" else None,
+                       verify_layer=None)
+
     @staticmethod
     def describing(levels: tuple, method: str = "hispec") -> Preset:
         """The preset a level list given as such is described by: its first two exact exits (the paper's
@@ -108,7 +124,25 @@ class Preset:
     @staticmethod
     def recorded(settings: dict) -> Preset:
         """The preset a run's recorded settings name (`DecodeConfig.settings`, as reports keep them)."""
-        return Preset(settings.get("method", "hispec"), settings.get("draft_layer"), settings.get("verify_layer"))
+        return Preset(settings.get("method", "hispec"), settings.get("draft_layer"), settings.get("verify_layer"),
+                      settings.get("draft_len"), settings.get("verify_threshold"))
+
+    def lengths(self, levels: tuple, given: tuple, rec: dict) -> tuple[int, int] | None:
+        """The lengths of a fixed round (drafts per round, tentative tokens that call the full model) this
+        preset means for `levels`: `given` (a configuration's own lengths) first, then the preset's, the
+        model's recommended, the defaults. None for a list with no level that runs layers below the full
+        model (plain decoding, lookup alone), where rounds have no such lengths."""
+        middle = [x for x in levels if x != LOOKUP]
+        if not middle:
+            return None
+        k, t = given
+        threshold = _first(t, self.verify_threshold, rec.get("verify_threshold"), DEFAULT_VERIFY_THRESHOLD)
+        if self.method == "layerskip":  # its one exit drafts; the paper's single-exit length is the threshold's
+            return _first(k, self.draft_len, rec.get("layerskip_draft_len"), t, self.verify_threshold,
+                          DEFAULT_VERIFY_THRESHOLD), threshold
+        two_exits = len([x for x in middle if isinstance(x, int)]) == 2
+        return _first(k, self.draft_len, rec.get("draft_len") if two_exits else rec.get("layerskip_draft_len"),
+                      DEFAULT_DRAFT_LEN), threshold
 
     def label(self) -> str:
         """The method in the paper's terms: 'hispec (d, v)', 'layerskip (exit E)', else its name."""
@@ -124,8 +158,8 @@ def preset(method: str = "hispec", draft_layer: int | None = None, verify_layer:
            **rest) -> DecodeConfig:
     """A configuration in the paper's names (the page's sliders, the CLI's --draft-layer and the
     like): the preset, with the lengths, the budget and any other field of DecodeConfig."""
-    return DecodeConfig(draft_len=draft_len, verify_threshold=verify_threshold, max_new_tokens=max_new_tokens,
-                        preset=Preset(method, draft_layer, verify_layer), **rest)
+    return DecodeConfig(max_new_tokens=max_new_tokens,
+                        preset=Preset(method, draft_layer, verify_layer, draft_len, verify_threshold), **rest)
 
 
 @dataclass(frozen=True)
@@ -136,8 +170,9 @@ class DecodeConfig:
     # None: the preset's list (the default preset: hispec at the model's recommended exits).
     levels: tuple | None = None
     policy: str = DEFAULT_POLICY  # auto: planned per round (hispec.engine.policy); fixed: the lengths below
-    draft_len: int | None = None  # tokens drafted per round at an exit (2; a single exit: 4)
-    verify_threshold: int | None = None  # tentative tokens that call the full model (4)
+    # A fixed round's lengths: (tokens the lowest level that runs layers drafts per round, tentative tokens
+    # that call the full model), e.g. (2, 4); None, or None in a place: the preset's, else the model's.
+    lengths: tuple | None = None
     lookup_len: int = 8  # the lookup level proposes at most this many tokens per round
     max_new_tokens: int = 128
     stop_strings: tuple[str, ...] = ()
@@ -165,16 +200,12 @@ class DecodeConfig:
             raise ConfigError(f"lookup_len must be a whole number >= 1 (got {self.lookup_len!r})")
         if self.levels is not None:
             parse_levels(self.levels)
-        for name in ("draft_len", "verify_threshold", "max_new_tokens"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ConfigError(f"{name} must be a whole number (got {value!r})")
+        if self.lengths is not None:
+            _check_lengths(self.lengths)
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool):
+            raise ConfigError(f"max_new_tokens must be a whole number (got {self.max_new_tokens!r})")
         if self.max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be 0 or more (got {self.max_new_tokens})")
-        if self.verify_threshold is not None and self.verify_threshold < 1:
-            raise ConfigError(f"verify_threshold must be at least 1 (got {self.verify_threshold})")
-        if self.draft_len is not None and self.draft_len < 1:
-            raise ConfigError(f"draft_len must be at least 1 (got {self.draft_len})")
         if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature < math.inf:
             raise ConfigError(f"temperature must be 0 (greedy) or a positive number (got {self.temperature!r})")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
@@ -199,29 +230,16 @@ class DecodeConfig:
             fixed = replace(self, policy="fixed")
             object.__setattr__(fixed, "checked", True)  # checked above: the policy is all that changed
             return fixed.resolve(num_layers, recommended)
-        L, rec = num_layers, recommended or {}
-        threshold = self.verify_threshold or rec.get("verify_threshold") or DEFAULT_VERIFY_THRESHOLD
+        L, rec, given = num_layers, recommended or {}, self.preset or Preset()
         if self.levels is not None:  # a list given as such: its exits are the layers
             levels = parse_levels(self.levels)
             build_levels(levels, L)  # checks the layers
-            described = Preset.describing(levels, (self.preset or Preset()).method)
         else:
-            described = self.preset or Preset()
-            levels = described.levels(L, rec, self.policy)
-            exits = [x for x in levels if isinstance(x, int)]
-            described = replace(described, draft_layer=exits[0] if exits else None,
-                                verify_layer=exits[1] if len(exits) > 1 else None)
-        middle = [x for x in levels if x != LOOKUP]  # the levels below the full model that run layers
-        exits = [x for x in middle if isinstance(x, int)]
-        if not middle:
-            draft_len = None
-        elif described.method == "layerskip":
-            draft_len = _first(self.draft_len, rec.get("layerskip_draft_len"), self.verify_threshold,
-                               DEFAULT_VERIFY_THRESHOLD)
-        else:
-            draft_len = _first(self.draft_len, rec.get("draft_len") if len(exits) == 2 else
-                               rec.get("layerskip_draft_len"), DEFAULT_DRAFT_LEN)
-        out = replace(self, levels=levels, preset=described, draft_len=draft_len, verify_threshold=threshold)
+            levels = given.levels(L, rec, self.policy)
+        lengths = given.lengths(levels, tuple(self.lengths or (None, None)), rec)
+        described = replace(Preset.describing(levels, given.method), draft_len=lengths and lengths[0],
+                            verify_threshold=lengths and lengths[1])
+        out = replace(self, levels=levels, preset=described, lengths=lengths)
         object.__setattr__(out, "resolved", L)
         object.__setattr__(out, "checked", True)
         return out
@@ -240,23 +258,28 @@ class DecodeConfig:
     def plain(self) -> DecodeConfig:
         """Plain decoding with this run's budget and sampling: nothing of its levels (a 'plain' run
         that kept the exit levels would still draft at them)."""
-        return replace(self, levels=None, preset=Preset("autoregressive"), draft_len=None, verify_threshold=None,
-                       policy="fixed")
+        return replace(self, levels=None, preset=Preset("autoregressive"), lengths=None, policy="fixed")
 
     def as_preset(self, method: str) -> DecodeConfig:
         """The same budget and sampling under another preset, at the model's own layers and lengths."""
-        return replace(self, levels=None, preset=Preset(method), draft_len=None, verify_threshold=None)
+        return replace(self, levels=None, preset=Preset(method), lengths=None)
 
     def settings(self) -> dict:
         """The resolved settings as the DoneEvent and the JSON report them: the levels and lengths, and
-        the preset that describes them (method, draft_layer, verify_layer)."""
-        described = self.preset or Preset()
-        out = {"method": described.method, "draft_layer": described.draft_layer,
-               "verify_layer": described.verify_layer}
-        for name in ("draft_len", "verify_threshold", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
-                     "levels", "policy", "lookup_len"):
+        the preset that describes them in the paper's names (method, draft_layer, verify_layer, draft_len,
+        verify_threshold: the keys every recorded artifact reads)."""
+        out = asdict(self.preset or Preset())
+        for name in ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "levels", "lengths", "policy",
+                     "lookup_len"):
             out[name] = getattr(self, name)
         return out
+
+
+def recorded_lengths(settings: dict) -> tuple[int, int]:
+    """A run's fixed-round lengths (k, t) from its recorded settings (`DecodeConfig.settings`; artifacts
+    recorded before `lengths` was a setting name them in the paper's terms); (1, 1) where it has none."""
+    k, t = settings.get("lengths") or (settings.get("draft_len"), settings.get("verify_threshold"))
+    return k or 1, t or 1
 
 
 def check_prompt(prompt_tokens: int, max_new_tokens: int, context_limit: int) -> None:
@@ -272,6 +295,16 @@ def _first(*values):
     return next(v for v in values if v is not None)
 
 
+def _check_lengths(lengths) -> None:
+    allowed = ("lengths are two whole numbers >= 1, e.g. (2, 4): tokens drafted per fixed round, and tentative "
+               "tokens that call the full model (None in a place: the preset's or the model's)")
+    if not isinstance(lengths, (tuple, list)) or len(lengths) != 2:
+        raise ConfigError(f"{allowed} (got {lengths!r})")
+    for value in lengths:
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"{allowed} (got {tuple(lengths)!r})")
+
+
 def _check_layers(num_layers: int, *exits: int) -> None:
     names = ("draft layer", "verify layer")
     for name, layer in zip(names, exits):
@@ -285,6 +318,16 @@ def _check_layers(num_layers: int, *exits: int) -> None:
             f"draft layer {exits[0]} must be below verify layer {exits[1]} "
             f"(0 < draft layer < verify layer < {num_layers})"
         )
+
+
+def recommendation(draft: int, verify: int, lengths: tuple[int, int], layerskip_exit: int | None = None,
+                   layerskip_drafts: int | None = None) -> dict:
+    """A model's recommended settings as its exits' manifest keeps them (`default_layers`, read back by
+    `recommended_settings`): hispec's exits and lengths, and layerskip's exit and drafts per round."""
+    out = {"draft": draft, "verify": verify, "draft_len": lengths[0], "verify_threshold": lengths[1]}
+    if layerskip_exit is not None:
+        out.update(layerskip_exit=layerskip_exit, layerskip_draft_len=layerskip_drafts)
+    return out
 
 
 def recommended_settings(ee: EarlyExitModel) -> dict:

@@ -4,7 +4,7 @@ Named presets:
 - autoregressive: [full], the full model one token at a time;
 - layerskip: [exit E, full], single-exit self-speculation, verified with layers [E, L);
 - hispec: [exit d, exit v, full], draft at d, tentatively verify at v, verify with the full model
-  once `verify_threshold` tokens are tentative (Hierarchical Speculative Decoding); with the auto
+  once t tokens are tentative (lengths (k, t); Hierarchical Speculative Decoding); with the auto
   policy its list starts with the lookup level: [lookup, exit d, exit v, full];
 - lookup: [lookup, full], prompt lookup verified by the full model.
 

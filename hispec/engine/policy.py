@@ -2,10 +2,10 @@
 
 Two policies implement ``Policy``, the decode loop's seam (`plan` per round, `observe` per judged token):
 
-- ``FixedPolicy``: the paper's settings. The bottom level proposes (lookup: its whole match up
-  to ``lookup_len``; an exit: ``draft_len`` tokens; when lookup has no match the level above
-  drafts instead), every intermediate level above the proposer judges, and the full model runs
-  once ``verify_threshold`` tokens are pending (at once when the list has no intermediate level).
+- ``FixedPolicy``: the same round every time, from the configuration's ``lengths`` (k, t). The bottom
+  level proposes (lookup: its whole match up to ``lookup_len``; an exit: k tokens; when lookup has no
+  match the level above drafts instead), every intermediate level above the proposer judges, and the
+  full model runs once t tokens are pending (at once when the list has no intermediate level).
 - ``AutoPolicy``: per round, the plan with the most expected committed tokens per second, from
   acceptance measured in this generation (smoothed towards the exits' held-out agreement) and
   per-pass costs measured on this machine (``costs.CostModel``). Plain full-model steps are
@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from hispec.engine.costs import CostModel
-from hispec.engine.levels import EXIT, LOOKUP, Level
+from hispec.engine.levels import LOOKUP, Level
 
 POLICIES = ("fixed", "auto")
 
@@ -185,8 +185,8 @@ class Policy(ABC):
 class FixedPolicy(Policy):
     name = "fixed"
 
-    def __init__(self, levels: tuple[Level, ...], draft_len: int, verify_threshold: int, lookup_len: int):
-        self.levels, self.draft_len, self.verify_threshold, self.lookup_len = levels, draft_len, verify_threshold, lookup_len
+    def __init__(self, levels: tuple[Level, ...], lengths: tuple[int, int], lookup_len: int):
+        (self.count, self.verify_at), self.levels, self.lookup_len = lengths, levels, lookup_len
         middle = [level for level in levels[:-1] if level.kind != LOOKUP]  # levels that run layers, below the top
         self._has_intermediate = len(middle) >= 2 or (levels[0].kind == LOOKUP and len(middle) >= 1)
 
@@ -195,13 +195,13 @@ class FixedPolicy(Policy):
         proposer = 0
         if self.levels[0].kind == LOOKUP and not match[0]:
             proposer = 1  # no match: the level above drafts instead (the full model: a plain step)
-        verify_at = self.verify_threshold if self._has_intermediate else 1
+        verify_at = self.verify_at if self._has_intermediate else 1
         if proposer == top:
             return Plan(top, 0, (), 1, "plain")
         judges = tuple(range(proposer + 1, top))
         if self.levels[proposer].kind == LOOKUP:
             return Plan(proposer, len(match[0]), judges, verify_at, f"lookup {len(match[0])}", tokens=tuple(match[0]))
-        return Plan(proposer, min(self.draft_len, room), judges, verify_at, f"{self.levels[proposer]} x{self.draft_len}")
+        return Plan(proposer, min(self.count, room), judges, verify_at, f"{self.levels[proposer]} x{self.count}")
 
     def observe(self, holder: str, judge: str, accepted: bool) -> None:
         pass
@@ -424,7 +424,7 @@ class AutoPolicy(Policy):
 
 def make_policy(name: str, levels, config, costs: CostModel | None, priors: dict) -> Policy:
     if name == "fixed":
-        return FixedPolicy(levels, config.draft_len or 1, config.verify_threshold or 1, config.lookup_len)
+        return FixedPolicy(levels, config.lengths or (1, 1), config.lookup_len)
     if name == "auto":
         return AutoPolicy(levels, costs, priors, config.lookup_len)
     raise ValueError(f"unknown policy '{name}'")

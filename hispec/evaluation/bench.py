@@ -114,9 +114,7 @@ def method_config(lm: LoadedModel, method: str, base: DecodeConfig, layerskip_ex
 
 def _preset(lm: LoadedModel, method: str, base: DecodeConfig, layerskip_exit: int | None) -> Preset:
     """A bench method's preset: hispec at the base's layers (None: the model's), layerskip at the bench's exit."""
-    if method == "hispec":
-        return replace(base.preset or Preset(), method="hispec")
-    return Preset(method, layerskip_exit or bench_exit(lm) if method == "layerskip" else None)
+    return (base.preset or Preset()).as_method(method, layerskip_exit or bench_exit(lm))
 
 
 class CostSnapshot:
@@ -250,9 +248,9 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
               "settings": {"policy": base.policy, "lookup_len": base.lookup_len,
                            "levels": resolved.levels,  # hispec's list (each record names its own)
                            "layerskip_exit": layerskip_exit or bench_exit(lm),
-                           "draft_len": resolved.draft_len, "verify_threshold": resolved.verify_threshold,
-                           "layerskip_draft_len": replace(base, preset=_preset(lm, "layerskip", base, layerskip_exit)
-                                                          ).resolve_for(lm.ee).draft_len},
+                           "lengths": resolved.lengths,
+                           "layerskip_lengths": replace(base, preset=_preset(lm, "layerskip", base, layerskip_exit)
+                                                        ).resolve_for(lm.ee).lengths},
               "records": [], "summary": {}, "complete": False}
     if models:
         report["weights"] = {fmt: getattr(m, "weights", "fp32") for fmt, m in models.items()}

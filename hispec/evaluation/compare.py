@@ -41,9 +41,10 @@ def what_ran(config: DecodeConfig) -> str:
     levels = " → ".join([level_words(x).removeprefix("the ") for x in (config.levels or ())] + ["full model"])
     if config.policy == "auto":
         return f"{levels}; adaptive policy (plans chosen each round)"
-    lengths = f"draft_len {config.draft_len}"
+    k, t = config.lengths or (1, 1)
+    lengths = f"{k} draft{'s' * (k != 1)} per round"
     if config.exit_layer("verify") is not None and config.exit_layer("draft") is not None:
-        lengths += f", verify_threshold {config.verify_threshold}"
+        lengths += f", the full model at {t} tentative"
     return f"{levels}; fixed rounds, {lengths}"
 
 
@@ -88,7 +89,7 @@ def _fold(row: dict, r) -> None:
     row.update(new_tokens=len(r.token_ids), wall_s=r.stats["wall_s"], token_ids=r.token_ids, text=r.text,
                acceptance=r.stats["acceptance"], full_passes=r.stats["full_passes"],
                finish_reason=r.stats["finish_reason"], dtype=r.settings.get("dtype", "float32"),
-               settings={k: r.settings.get(k) for k in ("levels", "draft_len", "verify_threshold", "policy")})
+               settings={k: r.settings.get(k) for k in ("levels", "lengths", "policy")})
 
 
 def vs_plain(lm, ids: list[int], config: DecodeConfig, new_tokens: int, pairs: int,

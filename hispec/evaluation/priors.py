@@ -29,7 +29,7 @@ def _configs(lm, formats: tuple[str, ...] = (), exact: bool = True, full_only: b
     keeps only [full@P, full] of each format (the level the 3-level plans put in the middle)."""
     own = preset("hispec", policy="fixed").resolve_for(lm.ee)
     d, v = own.exit_layer("draft"), own.exit_layer("verify")
-    one = lambda *levels: DecodeConfig(levels=levels, policy="fixed", draft_len=1, verify_threshold=1)  # noqa: E731
+    one = lambda *levels: DecodeConfig(levels=levels, policy="fixed", lengths=(1, 1))  # noqa: E731
     configs = {"lookup": preset("lookup", policy="fixed"),
                f"exit {d}": one(d), f"exit {v}": one(v), f"exits {d}, {v}": one(d, v)} if exact else {}
     for p in formats:

@@ -97,10 +97,9 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def break_even(draft_ms: float, verify_ms: dict[int, float], step_ms: float, draft_len: int) -> float | None:
-    """Acceptance a at which self-speculation with `draft_len` drafts per round matches plain
+def break_even(draft_ms: float, verify_ms: dict[int, float], step_ms: float, k: int) -> float | None:
+    """Acceptance a at which self-speculation with k drafts per round matches plain
     decoding: tokens per round (1 - a^(k+1)) / (1 - a) equal round cost / step cost."""
-    k = draft_len
     cost = (k * draft_ms + verify_ms[k]) / step_ms  # a round in units of one plain step
     lo, hi = 0.0, 1.0
     if (k + 1) < cost:
@@ -113,12 +112,12 @@ def break_even(draft_ms: float, verify_ms: dict[int, float], step_ms: float, dra
 
 
 def layerskip_round_ms(shallow_ms: float, head_ms: float, full_step_ms: float, final_ms: float,
-                       exit_layer: int, num_layers: int, draft_len: int) -> tuple[float, float]:
-    """(draft_ms, verify_ms) of one layerskip round at `exit_layer` with `draft_len` drafts, as the
+                       exit_layer: int, num_layers: int, k: int) -> tuple[float, float]:
+    """(draft_ms, verify_ms) of one layerskip round at `exit_layer` with k drafts, as the
     engine runs it. Each draft: layers [0, e) on one token (`shallow_ms`) + the exit head.
     Verification: layers [0, e) on the last draft, the only one not yet through them, then layers
     [e, L) over the drafts and the token before them, then the final head. `full_step_ms` is a full
-    step over draft_len + 1 tokens (its layers plus one final head); layers [e, L) cost (L - e) / L
+    step over k + 1 tokens (its layers plus one final head); layers [e, L) cost (L - e) / L
     of its layers."""
     layers_ms = max(0.0, full_step_ms - final_ms)
     draft_ms = shallow_ms + head_ms
@@ -131,9 +130,9 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
     ee = lm.ee
     L = ee.num_layers
     d = default_exits(L)[0]
-    # the single-exit self-speculation the engine would run: its recommended exit and draft_len
+    # the single-exit self-speculation the engine would run: its recommended exit and drafts per round
     single = preset("layerskip").resolve_for(ee)
-    e, k = single.exit_layer("draft"), single.draft_len
+    e, k = single.exit_layer("draft"), single.lengths[0]
     lean_on = ee.lean is not None
     ids = _context_ids(lm, context + max(counts))
     probe = _Probe(lm, ids[:context])
@@ -209,7 +208,7 @@ def profile(lm, context: int = 128, repeats: int = 20, counts=COUNTS, progress=N
         shallow = out["draft_range_ms" if tag == "lean" else "stock_draft_range_ms"][1] * e / d
         draft_ms, verify_ms = layerskip_round_ms(shallow, head_e, step[near], final, e, L, k)
         out.setdefault("break_even_acceptance", {})[tag] = break_even(draft_ms, {k: verify_ms}, step[1], k)
-    out["break_even_model"] = (f"layerskip at exit {e} with draft_len {k}, each draft accepted independently; "
+    out["break_even_model"] = (f"layerskip at exit {e} with {k} drafts per round, each draft accepted independently; "
                                "draft and verification costs built from the measured steps and heads "
                                "(heads timed after a full step), each path against its own one-token step")
     out["lean_8_vs_stock_1"] = (round(out["full_step_ms"][8] / out["hf_full_step_ms"][1], 3)

@@ -116,13 +116,13 @@ class Grid:
     def config(self, row: int, col: int, base: DecodeConfig) -> DecodeConfig:
         if self.name == "layers":  # the paper's (d, v) grid: the hispec preset at each pair
             return replace(base, levels=None, preset=Preset("hispec", row, col))
-        return replace(base, **{self.axes[0]: row, self.axes[1]: col})
+        return replace(base, lengths=(row, col))  # the lengths grid: a fixed round's (k, t)
 
 
 def _in_paper_names(config: DecodeConfig) -> dict:
     """A resolved hispec configuration as the sweep's axes name it: d, v and the two lengths."""
     return {"draft_layer": config.preset.draft_layer, "verify_layer": config.preset.verify_layer,
-            "draft_len": config.draft_len, "verify_threshold": config.verify_threshold}
+            "draft_len": config.preset.draft_len, "verify_threshold": config.preset.verify_threshold}
 
 
 def _list(values) -> str:

@@ -6,7 +6,7 @@ step; engine.policy); a fixed run is one plan throughout. Each plan's rounds are
 `rounds`, `new_tokens` committed in them, `seconds` of wall time (from the end of the previous
 round to the end of this one: bookkeeping included), its share of the decode time (the prompt's
 prefill apart), its per-token acceptance per level pair, and the lengths it used (the median
-`draft_len` and `verify_at`), which is what its prediction and break-even need.
+`count` and `verify_at`), which is what its prediction and break-even need.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from hispec.engine.config import recorded_lengths
 from hispec.engine.events import DoneEvent, Event, PolicyEvent, RoundEvent, TokenEvent
 from hispec.engine.levels import levels_by_role
 from hispec.runs.metrics import StatsCollector
@@ -30,7 +31,7 @@ class PlanRow:
     share: float = 0.0  # of the decode time (prefill apart)
     acceptance: dict[str, float | None] = field(default_factory=dict)  # per token, per level pair
     judged: dict[str, int] = field(default_factory=dict)  # tokens judged per pair (up to first rejections)
-    draft_len: int = 1  # median proposed tokens per round
+    count: int = 1  # median proposed tokens per round
     verify_at: int = 1  # median pending tokens that called the full model
 
     @property
@@ -53,7 +54,7 @@ def fixed_kind(settings: dict) -> str:
 
 
 def _lengths(choice: str) -> tuple[int, int]:
-    """(draft_len, verify_at) of a plan label: 'lookup 4', 'exit 2 x3', 'exit 2 x1 -> exit 4, full at 2'."""
+    """(count, verify_at) of a plan label: 'lookup 4', 'exit 2 x3', 'exit 2 x1 -> exit 4, full at 2'."""
     k, at = 1, 1
     for part in choice.replace(",", " ").split():
         if part.startswith("x") and part[1:].isdigit():
@@ -71,8 +72,7 @@ def plan_rows(events: list[Event], settings: dict) -> list[PlanRow]:
     choice_of: dict[int, str] = {ev.round: ev.choice for ev in events if isinstance(ev, PolicyEvent)}
     fixed = None if choice_of else fixed_kind(settings)
     if fixed is not None:  # fixed rounds: the settings' lengths every round
-        k = settings.get("draft_len") or 1
-        at = settings.get("verify_threshold") or 1
+        k, at = recorded_lengths(settings)
     rows: dict[str, PlanRow] = {}
     collectors: dict[str, StatsCollector] = {}
     lengths: dict[str, list[tuple[int, int]]] = {}
@@ -105,5 +105,5 @@ def plan_rows(events: list[Event], settings: dict) -> list[PlanRow]:
         row.acceptance = collectors[kind].acceptance()
         row.judged = {key: n for key, (_, n) in collectors[kind].in_order.items()}
         ks, ats = zip(*lengths[kind])
-        row.draft_len, row.verify_at = int(statistics.median(ks)), int(statistics.median(ats))
+        row.count, row.verify_at = int(statistics.median(ks)), int(statistics.median(ats))
     return sorted(rows.values(), key=lambda row: -row.seconds)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hispec.engine.config import recorded_lengths
 from hispec.engine.costs import CostModel
 from hispec.engine.levels import LOOKUP, parse_levels
 from hispec.engine.policy import exit_rate, hierarchy_rate, lookup_rate, plain_rate
@@ -29,14 +30,13 @@ class RoundShape:
     upper judges first), "exit" (one exit drafts), "lookup" (lookup drafts), or "plain"."""
 
     levels: tuple = ()
-    draft_len: int = 1
-    verify_threshold: int = 1
+    count: int = 1  # tokens drafted per round
+    verify_at: int = 1  # tentative tokens that call the full model
 
     @classmethod
     def from_settings(cls, settings: dict) -> RoundShape:
         """From a run's settings (DoneEvent.settings / a resolved DecodeConfig as a dict)."""
-        return cls(tuple(parse_levels(settings.get("levels") or ())), settings.get("draft_len") or 1,
-                   settings.get("verify_threshold") or 1)
+        return cls(tuple(parse_levels(settings.get("levels") or ())), *recorded_lengths(settings))
 
     @property
     def exits(self) -> tuple[int, ...]:
@@ -61,11 +61,11 @@ class SpeedModel:
         below the full model -> full model (layerskip: its exit -> full model)."""
         c, L, exits = self.costs, self.L, r.exits
         if r.kind == "exit":
-            rate = exit_rate(c, L, exits[0], r.draft_len, a_vt)
+            rate = exit_rate(c, L, exits[0], r.count, a_vt)
         elif r.kind == "hierarchy":
-            rate = hierarchy_rate(c, L, exits[-2], exits[-1], r.draft_len, r.verify_threshold, a_dv, a_vt)
+            rate = hierarchy_rate(c, L, exits[-2], exits[-1], r.count, r.verify_at, a_dv, a_vt)
         elif r.kind == "lookup":
-            rate = lookup_rate(c, L, r.draft_len, a_vt)
+            rate = lookup_rate(c, L, r.count, a_vt)
         else:
             return 1.0
         return rate / plain_rate(c, L)
@@ -102,7 +102,7 @@ def measured_pairs(acceptance: dict, kind: str) -> tuple[float | None, float | N
 
 
 # ---- a run plan by plan (explain.plans), measured and predicted ------------------------------
-def plan_shape(kind: str, draft_len: int, verify_at: int) -> RoundShape | None:
+def plan_shape(kind: str, count: int, verify_at: int) -> RoundShape | None:
     """The fixed round a plan kind of explain.plans stands for; None for a plan with a level in a cheaper
     format ('full@q4', 'lookup -> full@q4'): this model has the exact format's costs only, so such a plan is
     measured, not estimated."""
@@ -110,11 +110,11 @@ def plan_shape(kind: str, draft_len: int, verify_at: int) -> RoundShape | None:
         return None
     words = kind.split()
     if kind == "lookup":
-        return RoundShape((LOOKUP,), draft_len)
+        return RoundShape((LOOKUP,), count)
     if "->" in kind:  # "exit 2 -> exit 4"
-        return RoundShape((int(words[1]), int(words[4])), draft_len, verify_at)
+        return RoundShape((int(words[1]), int(words[4])), count, verify_at)
     if words and words[0] == "exit":
-        return RoundShape((int(words[1]),), draft_len)
+        return RoundShape((int(words[1]),), count)
     return RoundShape()
 
 
@@ -134,11 +134,11 @@ def explain_plans(rows, costs: CostModel, num_layers: int, plain_tokens_per_s: f
     scale = (plain_tokens_per_s / plain_rate(costs, num_layers)) if plain_tokens_per_s else 1.0
     out = []
     for row in rows:
-        r = plan_shape(row.kind, row.draft_len, row.verify_at)
+        r = plan_shape(row.kind, row.count, row.verify_at)
         a_dv, a_vt = plan_acceptance(row.acceptance)
         item = {"kind": row.kind, "rounds": row.rounds, "new_tokens": row.new_tokens, "share": row.share,
                 "measured_tokens_per_s": row.tokens_per_s, "a_dv": a_dv, "a_vt": a_vt,
-                "draft_len": row.draft_len, "verify_at": row.verify_at, "predicted": None, "break_even": None,
+                "count": row.count, "verify_at": row.verify_at, "predicted": None, "break_even": None,
                 "predicted_tokens_per_s": None}
         if r is None:
             pass  # a level in a cheaper format: measured only (plan_shape)

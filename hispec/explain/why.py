@@ -51,7 +51,7 @@ def shape_of(settings: dict) -> RoundShape | None:
 
 
 def _interval_prediction(model: SpeedModel, plan: dict, judged: dict) -> tuple[float, float] | None:
-    r = plan_shape(plan["kind"], plan["draft_len"], plan["verify_at"])
+    r = plan_shape(plan["kind"], plan["count"], plan["verify_at"])
     if r is None or r.kind == "plain" or plan["a_vt"] is None:
         return None
     to_full = next((k for k in judged if k.endswith("->target")), None)
@@ -173,10 +173,10 @@ def _chart(model: SpeedModel, shape: RoundShape, sliders, plans, measured, predi
     if shape.kind == "hierarchy":
         curves[f"HiSpec, draft→verify {a_dv:.0%}"] = model.curve(shape, a_dv)
         curves["HiSpec, draft→verify = verify→full"] = model.curve(shape)
-        single = RoundShape((upper,), draft_len=shape.verify_threshold)  # its verifier drafting alone
-        curves[f"LayerSkip at exit {upper}, {shape.verify_threshold} drafts"] = model.curve(single)
+        single = RoundShape((upper,), count=shape.verify_at)  # its verifier drafting alone
+        curves[f"LayerSkip at exit {upper}, {shape.verify_at} drafts"] = model.curve(single)
     else:
-        curves[f"LayerSkip at exit {upper}, {shape.draft_len} drafts"] = model.curve(shape)
+        curves[f"LayerSkip at exit {upper}, {shape.count} drafts"] = model.curve(shape)
     points = {}
     a_run = plans[0]["a_vt"] if plans else None  # the plan that took the most time
     if a_run is not None:

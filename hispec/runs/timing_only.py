@@ -44,7 +44,7 @@ class RecordedAcceptance:
     A run is how many pending tokens a stage accepted in a row before it rejected one, counted
     across verdicts (a verdict that accepts its whole block continues the run). Replaying runs
     rather than verdicts keeps the pattern when the blocks are cut differently (another
-    draft_len, the end of a generation), and keeps its bursts, which fixed rates do not.
+    number of drafts per round, the end of a generation), and keeps its bursts, which fixed rates do not.
     The runs are replayed in order and start again from the first when they run out.
     """
 

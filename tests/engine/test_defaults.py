@@ -19,20 +19,21 @@ def ee():
 def test_without_trained_exits_the_depth_rules_apply(ee):
     assert recommended_settings(ee) == {}
     c = Decoder(ee, [5, 6], preset("hispec")).config
-    assert (c.preset.draft_layer, c.preset.verify_layer, c.draft_len, c.verify_threshold) == (1, 2, 2, 4)
+    assert (c.preset.draft_layer, c.preset.verify_layer, *c.lengths) == (1, 2, 2, 4)
+    assert (c.preset.draft_len, c.preset.verify_threshold) == c.lengths, "the preset describes the lengths it ran"
     c = Decoder(ee, [5, 6], preset("layerskip")).config
-    assert (c.preset.draft_layer, c.draft_len) == (2, 4)
+    assert (c.preset.draft_layer, c.lengths[0]) == (2, 4)
 
 
 def test_the_manifest_recommendation_fills_what_is_unset(ee):
     ee.exit_info = {"default_layers": dict(REC)}
     c = Decoder(ee, [5, 6], preset("hispec")).config
-    assert (c.preset.draft_layer, c.preset.verify_layer, c.draft_len, c.verify_threshold) == (2, 5, 1, 3)
+    assert (c.preset.draft_layer, c.preset.verify_layer, *c.lengths) == (2, 5, 1, 3)
     c = Decoder(ee, [5, 6], preset("layerskip")).config
-    assert (c.preset.draft_layer, c.draft_len) == (3, 2)
+    assert (c.preset.draft_layer, c.lengths[0]) == (3, 2)
     # what the user sets wins; a draft layer of one's own does not inherit the recommended verifier
     c = Decoder(ee, [5, 6], preset("hispec", draft_layer=4, verify_threshold=6)).config
-    assert (c.preset.draft_layer, c.preset.verify_layer, c.draft_len, c.verify_threshold) == (4, 5, 1, 6)
+    assert (c.preset.draft_layer, c.preset.verify_layer, *c.lengths) == (4, 5, 1, 6)
     c = Decoder(ee, [5, 6], preset("hispec", draft_layer=1)).config
     assert (c.preset.draft_layer, c.preset.verify_layer) == (1, 2)
 
@@ -41,7 +42,7 @@ def test_an_impossible_recommendation_is_ignored(ee):
     ee.exit_info = {"default_layers": {"draft": 5, "verify": 3, "layerskip_exit": 8, "draft_len": True}}
     assert recommended_settings(ee) == {}
     c = Decoder(ee, [5, 6], preset("hispec")).config
-    assert (c.preset.draft_layer, c.preset.verify_layer, c.draft_len) == (1, 2, 2)
+    assert (c.preset.draft_layer, c.preset.verify_layer, c.lengths[0]) == (1, 2, 2)
 
 
 def test_resolve_for_a_model_is_resolve_with_its_recommendation(ee):

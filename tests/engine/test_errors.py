@@ -3,7 +3,7 @@
 import pytest
 from helpers import ee_of, tiny_model
 
-from hispec.engine.config import preset
+from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.decoding import Decoder
 from hispec.errors import ConfigError, ModelLoadError
 from hispec.model.loading import load_model
@@ -31,6 +31,15 @@ def test_bad_settings_are_refused_with_a_clear_message(tiny_llama, kw, message):
     with pytest.raises(ConfigError) as err:
         make(ee_of(tiny_llama), **kw)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("lengths", [(0, 4), (2,), (2, 4, 6), (2.5, 4), "2,4", (True, 4)])
+def test_bad_lengths_name_what_they_are(tiny_llama, lengths):
+    with pytest.raises(ConfigError) as err:
+        Decoder(ee_of(tiny_llama), [1, 2, 3], DecodeConfig(levels=(2, 4), lengths=lengths))
+    assert "lengths are two whole numbers >= 1, e.g. (2, 4): tokens drafted per fixed round, and tentative " \
+           "tokens that call the full model" in str(err.value) and repr(tuple(lengths) if not isinstance(
+               lengths, str) else lengths) in str(err.value)
 
 
 def test_empty_prompt(tiny_llama):

@@ -93,8 +93,7 @@ def test_every_level_list_and_policy_equals_generate(arch_model, levels, policy)
     ee = ee_of(arch_model)
     for prompt in PROMPTS:
         ref = hf_greedy(arch_model, prompt, 30)
-        result = run(ee, prompt, DecodeConfig(levels=levels, policy=policy, max_new_tokens=30, draft_len=2,
-                                              verify_threshold=3, lookup_len=4))
+        result = run(ee, prompt, DecodeConfig(levels=levels, policy=policy, max_new_tokens=30, lookup_len=4, lengths=(2, 3)))
         assert result.token_ids == ref, (levels, policy, prompt)
 
 
@@ -137,8 +136,8 @@ def test_lookup_level_runs_no_layers_and_copies_a_cycle():
 def test_lookup_tokens_are_judged_by_the_exit_above_it():
     model = tiny_model("llama", seed=5)
     ee = ee_of(model)
-    events = list(Decoder(ee, PROMPTS[0], DecodeConfig(levels=("lookup", 4), max_new_tokens=30, verify_threshold=2,
-                                                        lookup_len=4, policy="fixed")).events())
+    events = list(Decoder(ee, PROMPTS[0], DecodeConfig(levels=("lookup", 4), max_new_tokens=30,
+                                                        lookup_len=4, policy="fixed", lengths=(None, 2))).events())
     copied = {e.serial for e in events if isinstance(e, TokenEvent) and e.origin == "lookup"}
     assert copied
     judged = [e for e in events if isinstance(e, TokenEvent) and e.serial in copied
@@ -248,5 +247,5 @@ def test_levels_in_words_and_a_compare_row_says_what_ran_in_them():
     assert [level_words(x) for x in ("lookup", 4, "exit 4", "full@q4", "4@q4", "full@a8")] == [
         "lookup", "exit 4", "exit 4", "the 4-bit full model", "exit 4 in 4-bit", "the 4-bit, int8-activation full model"]
     assert what_ran(DecodeConfig(levels=("lookup", "full@q4"))).startswith("lookup → 4-bit full model → full model;")
-    assert what_ran(DecodeConfig(levels=(2, 4), policy="fixed", draft_len=2, verify_threshold=4)) == \
-        "exit 2 → exit 4 → full model; fixed rounds, draft_len 2, verify_threshold 4"
+    assert what_ran(DecodeConfig(levels=(2, 4), policy="fixed", lengths=(2, 4))) == \
+        "exit 2 → exit 4 → full model; fixed rounds, 2 drafts per round, the full model at 4 tentative"

@@ -83,7 +83,7 @@ def test_the_lanes_of_a_list():
 def test_every_precision_list_gives_the_exact_models_greedy_output(pair, levels, policy):
     model, ee = pair
     for prompt in PROMPTS:
-        config = DecodeConfig(levels=levels, policy=policy, max_new_tokens=20, draft_len=3, verify_threshold=2)
+        config = DecodeConfig(levels=levels, policy=policy, max_new_tokens=20, lengths=(3, 2))
         assert run(ee, prompt, config).token_ids == hf_greedy(model, prompt, 20), (levels, policy, prompt)
 
 
@@ -116,7 +116,7 @@ def test_the_exact_cache_ends_as_plain_exact_decoding_leaves_it(pair, levels, mo
     row the same bits whatever the number of rows in the pass)."""
     model, ee = pair
     prompt = PROMPTS[0]
-    config = DecodeConfig(levels=levels, policy="fixed", max_new_tokens=20, draft_len=3, verify_threshold=2)
+    config = DecodeConfig(levels=levels, policy="fixed", max_new_tokens=20, lengths=(3, 2))
     spec, tokens, events = _final_caches(ee, prompt, config, monkeypatch)
     plain, plain_tokens, _ = _final_caches(ee, prompt, preset("autoregressive", max_new_tokens=20), monkeypatch)
     assert tokens == plain_tokens
@@ -151,7 +151,7 @@ def test_every_lane_keeps_the_frontier_invariant_round_by_round(pair, levels, mo
         return original(self, precision)
 
     monkeypatch.setattr(Lanes, "cache_lengths", spy)
-    config = DecodeConfig(levels=levels, policy="fixed", max_new_tokens=24, draft_len=3, verify_threshold=3)
+    config = DecodeConfig(levels=levels, policy="fixed", max_new_tokens=24, lengths=(3, 3))
     events = list(Decoder(ee, PROMPTS[0], config).events())
     rounds = [e for e in events if isinstance(e, RoundEvent)]
     assert len(lengths_seen) == len(rounds) > 3
@@ -164,7 +164,7 @@ def test_cheap_levels_write_and_judge_under_their_role_names(pair):
     """[lookup, full@q4, full]: lookup copies, the 4-bit model judges (tentative / verify_rejected, its own
     token verify_wrote), the exact model accepts or rejects; the events name the roles of the presets."""
     _, ee = pair
-    config = DecodeConfig(levels=("lookup", "full@q4"), policy="fixed", max_new_tokens=24, verify_threshold=2)
+    config = DecodeConfig(levels=("lookup", "full@q4"), policy="fixed", max_new_tokens=24, lengths=(None, 2))
     tokens = [e for prompt in PROMPTS for e in Decoder(ee, prompt, config).events() if isinstance(e, TokenEvent)]
     deciders = {(e.state, e.stage) for e in tokens}
     # (which verdicts the 4-bit copy of a tiny random model gives is chance: it judges, under its role)

@@ -15,7 +15,7 @@ COSTS = CostModel.given({1: 1e-3, 8: 1.2e-3}, {(e, n): 1e-4 for e in (2, 4, 8) f
 
 def test_both_policies_implement_the_policy_interface():
     levels = build_levels(("lookup", 2, 4), 8)
-    fixed = make_policy("fixed", levels, DecodeConfig(draft_len=2, verify_threshold=4), None, {})
+    fixed = make_policy("fixed", levels, DecodeConfig(lengths=(2, 4)), None, {})
     auto = make_policy("auto", levels, DecodeConfig(), COSTS, {})
     assert isinstance(fixed, FixedPolicy) and isinstance(auto, AutoPolicy)
     for policy in (fixed, auto):

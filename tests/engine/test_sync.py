@@ -27,7 +27,7 @@ def _run(ee, prompt, config, defer, eos=()):
     return decoder, events, stats.summary()
 
 
-@pytest.mark.parametrize("config", SETTINGS, ids=lambda c: f"{c.method}-{c.preset and c.preset.draft_layer}-{c.draft_len}")
+@pytest.mark.parametrize("config", SETTINGS, ids=lambda c: f"{c.method}-{c.preset and c.preset.draft_layer}-{c.preset and c.preset.draft_len}")
 def test_deferred_drafts_give_the_same_greedy_output(config):
     from dataclasses import replace
 

@@ -38,7 +38,7 @@ def test_a_fixed_run_is_one_plan_with_the_runs_own_acceptance(ee):
     # the prefill commits the first token (round 0); the plan's rounds commit the rest
     assert row.rounds == r.stats["rounds"] and row.new_tokens == r.stats["new_tokens"] - 1
     assert row.acceptance == r.stats["acceptance"]
-    assert row.share == pytest.approx(1.0) and (row.draft_len, row.verify_at) == (2, 2)
+    assert row.share == pytest.approx(1.0) and (row.count, row.verify_at) == (2, 2)
 
 
 def test_an_adaptive_run_is_told_plan_by_plan_lookup_included(ee):

@@ -64,7 +64,7 @@ def test_recorded_acceptance_of_the_default_model_replays_its_own_verdicts(lm):
     import sys
     from pathlib import Path
 
-    from hispec.engine.config import preset
+    from hispec.engine.config import DecodeConfig
     from hispec.engine.decoding import Decoder
     from hispec.runs.timing_only import RecordedAcceptance
     from hispec.training.heads.prompts import heldout_prompts
@@ -73,7 +73,7 @@ def test_recorded_acceptance_of_the_default_model_replays_its_own_verdicts(lm):
     import record_acceptance
 
     prompt = next(iter(heldout_prompts(lm).values()))[0]
-    config = preset(max_new_tokens=24, **record_acceptance.PATTERNS["hispec"]).resolve_for(lm.ee)
+    config = DecodeConfig(max_new_tokens=24, **record_acceptance.PATTERNS["hispec"]).resolve_for(lm.ee)
     runs, tokens = record_acceptance.record(lm, [prompt], config)
     assert tokens > 0 and runs["verify"] and runs["target"]
     real = Decoder(lm.ee, lm.encode(prompt.text, chat=prompt.chat), config, eos_ids=lm.eos_ids)

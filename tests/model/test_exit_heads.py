@@ -90,7 +90,7 @@ def test_speed_estimate_follows_agreement():
                             {(e, n): 2.4e-3 if e == 8 else 0.75e-3 for e in (2, 5, 8) for n in (1, 8)})
     assert (estimate(perfect, 8, "hispec", 2, 5, 2, 4, costs=costs) > 1.5 > 1
             > estimate(wrong, 8, "hispec", 2, 5, 2, 4, costs=costs))
-    assert (estimate(perfect, 8, "layerskip", 2, draft_len=4, costs=costs) > 1.5 > 1
+    assert (estimate(perfect, 8, "layerskip", 2, drafts=4, costs=costs) > 1.5 > 1
             > estimate(wrong, 8, "layerskip", 2, costs=costs))
 
 

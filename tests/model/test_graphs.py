@@ -41,7 +41,7 @@ def _shape(events):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("config", SETTINGS, ids=lambda c: f"{c.method}-{c.preset and c.preset.draft_layer}-{c.draft_len}")
+@pytest.mark.parametrize("config", SETTINGS, ids=lambda c: f"{c.method}-{c.preset and c.preset.draft_layer}-{c.preset and c.preset.draft_len}")
 def test_replayed_passes_give_the_same_events_and_greedy_output(arch, config):
     model = tiny_model(arch, seed=3)
     config = replace(config, max_new_tokens=40)

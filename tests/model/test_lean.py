@@ -107,7 +107,7 @@ def test_layerskip_round_counts_the_drafts_second_pass_and_one_final_head():
 
     # 30 layers, exit 4: draft layers 2 ms, exit head 1 ms, a 2-token full step 17 ms of which
     # 2 ms is the final head.
-    draft, verify = layerskip_round_ms(2.0, 1.0, 17.0, 2.0, exit_layer=4, num_layers=30, draft_len=1)
+    draft, verify = layerskip_round_ms(2.0, 1.0, 17.0, 2.0, exit_layer=4, num_layers=30, k=1)
     assert draft == pytest.approx(3.0)
     # the draft's own pass through [0, 4) + 26/30 of the 15 ms of layers + one final head
     assert verify == pytest.approx(2.0 + 15.0 * 26 / 30 + 2.0)

@@ -4,10 +4,12 @@ format such as full@q4), checked at the edge with what is allowed, and run exact
 import pytest
 from helpers import EOS, char_tokenizer, hf_greedy, tiny_model
 
+from hispec.engine.config import DecodeConfig
 from hispec.errors import ConfigError
 from hispec.model.early_exit import EarlyExitModel
 from hispec.model.loading import LoadedModel
 from hispec.serving.api import GenerateRequest, api_signature
+from hispec.runs.runner import run
 from hispec.serving.limits import Limits
 
 
@@ -70,6 +72,12 @@ def test_a_levels_request_and_its_preset_equivalent_give_the_same_tokens_and_set
     by_levels, by_preset = runs
     assert list(by_levels.token_ids) == list(by_preset.token_ids)
     assert tuple(by_levels.settings["levels"]) == tuple(by_preset.settings["levels"]) == (2, 5)
+    assert tuple(by_levels.settings["lengths"]) == tuple(by_preset.settings["lengths"]) == (2, 3)
+    # the engine's own words give the same: levels and lengths, no preset
+    direct = run(lm.ee, lm.encode("hello there", chat=False),
+                 DecodeConfig(levels=(2, 5), lengths=(2, 3), policy="fixed", max_new_tokens=16), eos_ids=lm.eos_ids)
+    assert list(direct.token_ids) == list(by_preset.token_ids) and direct.settings["lengths"] == (2, 3)
+    assert (direct.settings["draft_len"], direct.settings["verify_threshold"]) == (2, 3), "described as the preset"
 
 
 @pytest.mark.parametrize("raw", [{"levels": "lookup,2,5"}, {"draft_layer": 2, "verify_layer": 5}, {}])

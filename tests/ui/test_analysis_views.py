@@ -135,7 +135,7 @@ def test_compare_repeats_each_method_in_alternating_order(server):
     assert all(r["tokens_per_s"] == sorted(r["runs"])[1] for r in rows.values()), "the median of the runs"
     assert rows["hispec"]["full_passes"] > 0
     assert rows["hispec"]["vs_plain"]["runs"] == 3 and rows["autoregressive"]["vs_plain"] is None
-    assert rows["hispec"]["ran"] == "exit 2 → exit 5 → full model; fixed rounds, draft_len 2, verify_threshold 4"
+    assert rows["hispec"]["ran"] == "exit 2 → exit 5 → full model; fixed rounds, 2 drafts per round, the full model at 4 tentative"
     table = render.compare_table(final["rows"], order=final["order"])
     assert "Run order: HiSpec, fixed → Autoregressive → Autoregressive → HiSpec, fixed → HiSpec, fixed → Autoregressive" in plain(table)
     assert table.count("3 runs)") == 2
@@ -282,7 +282,7 @@ def test_published_points_carry_sources_and_convert_to_per_token_acceptance(tmp_
     assert points and all(p["source"] and p["url"].startswith("https://") for p in points)
     assert all(p["x"] >= p["acceptance"] for p in points), "blocks lose their tails: per token is higher"
     (tmp_path / "p.json").write_text('{"points": [{"label": "x", "acceptance": null, "speedup": 2.0, '
-                                     '"draft_len": 4, "source": "s"}]}')
+                                     '"drafts": 4, "source": "s"}]}')
     assert published.load(tmp_path / "p.json") == [], "a point without an acceptance cannot be plotted"
     with pytest.raises(ValueError):
         published.per_token(1.5, 4)

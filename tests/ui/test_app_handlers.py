@@ -8,7 +8,7 @@ import threading
 import pytest
 from helpers import tiny_server
 
-from hispec.engine.config import DecodeConfig, preset
+from hispec.engine.config import DecodeConfig, Preset, preset
 from hispec.engine.events import TokenEvent
 from hispec.engine.policy import DEFAULT_POLICY
 from hispec.errors import HiSpecError
@@ -122,9 +122,9 @@ def test_empty_settings_take_the_models_own():
     """None (an API call that leaves a field out) is filled in from the model when it is resolved."""
     request = GenerateRequest.parse({"prompt": "hi", "max_new_tokens": 10, "policy": "fixed"}, Limits())
     config = request.decode_config()
-    assert (config.preset.draft_layer, config.preset.verify_layer, config.draft_len, config.verify_threshold) == (None,) * 4
+    assert config.preset == Preset("hispec") and config.lengths is None
     resolved = config.resolve(8, {"draft": 2, "verify": 5, "draft_len": 1, "verify_threshold": 3})
-    assert (resolved.preset.draft_layer, resolved.preset.verify_layer, resolved.draft_len, resolved.verify_threshold) == (2, 5, 1, 3)
+    assert (resolved.preset.draft_layer, resolved.preset.verify_layer, *resolved.lengths) == (2, 5, 1, 3)
 
 
 @pytest.mark.parametrize("prompt", ["", "   \n"])
@@ -211,7 +211,7 @@ def test_compare_checks_identical_output(server):
     assert table.count("✓ same tokens") == 3 and "DIFFERENT" not in table
     assert "Comparison done" in outs[-1][0] and "Comparison done" in outs[-1][1], "the top status says it too"
     assert any("Compare: Running HiSpec, fixed…" in o[0] for o in outs if isinstance(o[0], str)), "progress at the top"
-    assert "fixed rounds, draft_len 2, verify_threshold 3" in table and "the reference" in table
+    assert "fixed rounds, 2 drafts per round, the full model at 3 tentative" in table and "the reference" in table
 
 
 def test_a_difference_and_half_precision_are_named():

@@ -31,7 +31,7 @@ def run():
     ee = ee_of(model)
     ee.add_format("q4", lambda: EarlyExitModel(q4.q4_copy(model)))
     live = LiveRun()
-    config = DecodeConfig(levels=("full@q4",), policy="fixed", max_new_tokens=16, draft_len=3).resolve_for(ee)
+    config = DecodeConfig(levels=("full@q4",), policy="fixed", max_new_tokens=16, lengths=(3, None)).resolve_for(ee)
     for ev in run_events(_LM(ee), [5, 17, 33, 5, 17], config):
         live.add(ev)
     return live

@@ -5,8 +5,8 @@ greedy text the draft and verifier exits see exactly the contexts they see while
 as every token before is right. Given, for held-out greedy sequences, the top-1 prediction of each
 exit at every position (teacher-forced), this module replays the engine's rounds:
 
-- draft `draft_len` tokens at exit d; the verifier (exit v) keeps the matching prefix and writes
-  its own token at the first mismatch; once `verify_threshold` tokens are tentative the target
+- draft k tokens at exit d; the verifier (exit v) keeps the matching prefix and writes
+  its own token at the first mismatch; once t tokens are tentative (lengths (k, t)) the target
   commits the matching prefix plus its own token (correction or bonus);
 - after the first wrong token the context leaves the greedy path, where the predictions are
   unknown: those tokens are wrong by construction (the target discards them), and the verifier
@@ -50,14 +50,14 @@ def _pass(costs: CostModel, layers: int, tokens: int) -> float:
     return layers * costs.layer(tokens)
 
 
-def _hispec_time(seq: Sequence, d: int, v: int, L: int, draft_len: int, threshold: int, off_accept: float,
+def _hispec_time(seq: Sequence, d: int, v: int, L: int, per_round: int, threshold: int, off_accept: float,
                  costs: CostModel, rng: random.Random) -> tuple[float, int]:
     g, D, V = seq.target, seq.preds[d], seq.preds[v]
     n, c, t = len(g), 1, 0.0  # the first token comes from the prefill, as in the engine
     pending: list[bool] = []  # tentative tokens after position c: on the greedy path?
     while c < n:
         drafts = []  # (position, token on path, context on path)
-        for _ in range(draft_len):
+        for _ in range(per_round):
             p = c + len(pending) + len(drafts)
             if p >= n:
                 break
@@ -89,11 +89,11 @@ def _hispec_time(seq: Sequence, d: int, v: int, L: int, draft_len: int, threshol
     return t, n - 1
 
 
-def _layerskip_time(seq: Sequence, e: int, L: int, draft_len: int, costs: CostModel) -> tuple[float, int]:
+def _layerskip_time(seq: Sequence, e: int, L: int, drafts: int, costs: CostModel) -> tuple[float, int]:
     g, D = seq.target, seq.preds[e]
     n, c, t = len(g), 1, 0.0
     while c < n:
-        k = min(draft_len, n - c)
+        k = min(drafts, n - c)
         t += k * (_pass(costs, e, 1) + costs.head(e, 1))
         t += _pass(costs, e, 1) + _pass(costs, L - e, k + 1) + costs.head(L, k + 1)
         good = next((i for i in range(k) if D[c + i] != g[c + i]), k)
@@ -106,7 +106,7 @@ def autoregressive_seconds(L: int, costs: CostModel) -> float:
     return _pass(costs, L, 1) + costs.head(L, 1)
 
 
-def estimate(seqs: list[Sequence], L: int, method: str, d: int, v: int | None = None, draft_len: int = 2,
+def estimate(seqs: list[Sequence], L: int, method: str, d: int, v: int | None = None, drafts: int = 2,
              threshold: int = 4, off_accept: float = 0.3, *, costs: CostModel, seed: int = 0) -> float:
     """Estimated speedup over autoregressive decoding (time per token ratio), with these pass costs."""
     rng = random.Random(seed)
@@ -115,9 +115,9 @@ def estimate(seqs: list[Sequence], L: int, method: str, d: int, v: int | None = 
         if len(seq.target) < 2:
             continue
         if method == "hispec":
-            t, n = _hispec_time(seq, d, v, L, draft_len, threshold, off_accept, costs, rng)
+            t, n = _hispec_time(seq, d, v, L, drafts, threshold, off_accept, costs, rng)
         else:
-            t, n = _layerskip_time(seq, d, L, draft_len, costs)
+            t, n = _layerskip_time(seq, d, L, drafts, costs)
         total_t, total_n = total_t + t, total_n + n
     if not total_n:
         return 0.0
@@ -126,8 +126,8 @@ def estimate(seqs: list[Sequence], L: int, method: str, d: int, v: int | None = 
 
 def best_settings(seqs: list[Sequence], L: int, layers: list[int], pair_agreement: dict[str, float],
                   costs: CostModel) -> dict:
-    """The best hispec (d, v, draft_len, verify_threshold) and layerskip (exit, draft_len) among
-    the trained exits, by estimated speedup; with the estimate of every (d, v) at 2/4."""
+    """The best hispec (d, v and its lengths (k, t)) and layerskip (exit, k drafts) among the trained
+    exits, by estimated speedup; with the estimate of every (d, v) at lengths (2, 4)."""
     pairs = {}
     best_h = None
     for i, d in enumerate(layers):
@@ -150,7 +150,7 @@ def best_settings(seqs: list[Sequence], L: int, layers: list[int], pair_agreemen
                                           "and pass costs (not a measurement)", "costs_ms": costs.figures_ms()}
     if best_h:
         out["hispec"] = {"speedup": round(best_h[0], 3), "draft": best_h[1], "verify": best_h[2],
-                         "draft_len": best_h[3], "verify_threshold": best_h[4]}
+                         "lengths": [best_h[3], best_h[4]]}
     if best_l:
-        out["layerskip"] = {"speedup": round(best_l[0], 3), "exit": best_l[1], "draft_len": best_l[2]}
+        out["layerskip"] = {"speedup": round(best_l[0], 3), "exit": best_l[1], "drafts": best_l[2]}
     return out

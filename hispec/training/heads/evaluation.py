@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from hispec.engine.config import recommendation, recorded_lengths
 from hispec.model.heads import ExitHead
 from hispec.training.heads.data import TeacherData, segments
 
@@ -77,12 +78,8 @@ def default_layers_from(estimate: dict | None) -> dict | None:
     h = (estimate or {}).get("hispec")
     if not h:
         return None
-    out = {"draft": h["draft"], "verify": h["verify"], "draft_len": h["draft_len"],
-           "verify_threshold": h["verify_threshold"]}
-    ls = (estimate or {}).get("layerskip")
-    if ls:
-        out.update(layerskip_exit=ls["exit"], layerskip_draft_len=ls["draft_len"])
-    return out
+    ls = (estimate or {}).get("layerskip") or {}
+    return recommendation(h["draft"], h["verify"], tuple(h["lengths"]), ls.get("exit"), ls.get("drafts"))
 
 
 def format_evaluation(manifest: dict) -> str:
@@ -100,11 +97,13 @@ def format_evaluation(manifest: dict) -> str:
     est = ev.get("estimate") or {}
     if est.get("hispec"):
         h = est["hispec"]
-        lines.append(f"estimated best hispec: draft {h['draft']}, verify {h['verify']}, draft_len {h['draft_len']}, "
-                     f"verify_threshold {h['verify_threshold']}: {h['speedup']:.2f}x autoregressive")
+        k, t = recorded_lengths(h)
+        lines.append(f"estimated best hispec: draft {h['draft']}, verify {h['verify']}, {k} drafts per round, "
+                     f"the full model at {t} tentative: {h['speedup']:.2f}x autoregressive")
     if est.get("layerskip"):
         ls = est["layerskip"]
-        lines.append(f"estimated best layerskip: exit {ls['exit']}, draft_len {ls['draft_len']}: "
+        lines.append(f"estimated best layerskip: exit {ls['exit']}, {ls.get('drafts') or recorded_lengths(ls)[0]} "
+                     f"drafts per round: "
                      f"{ls['speedup']:.2f}x autoregressive")
     if est:
         lines.append("(estimates replay held-out predictions with pass costs measured on this machine; "
