@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hispec.engine.config import preset  # noqa: E402
+from hispec.engine.config import DecodeConfig, Preset  # noqa: E402
 from hispec.model.early_exit import EarlyExitModel  # noqa: E402
 from hispec.runs.runner import run  # noqa: E402
 from hispec.runs.timing_only import RecordedAcceptance, SyntheticAcceptance  # noqa: E402
@@ -76,9 +76,23 @@ def hf_greedy(model, prompt, n, device):
     return out[0, len(prompt):].tolist()
 
 
-SETTINGS = [preset("autoregressive"), preset("layerskip", draft_layer=2, draft_len=3, policy="fixed"),
-            preset("hispec", policy="fixed"), preset("hispec", draft_layer=1, verify_layer=3, draft_len=3,
-                                                 verify_threshold=2, policy="fixed")]
+def plain(n_new: int = 128) -> DecodeConfig:
+    return DecodeConfig(preset=Preset("autoregressive"), max_new_tokens=n_new)
+
+
+def single_exit(e: int, k: int, n_new: int = 128) -> DecodeConfig:
+    """layerskip at exit e: k drafts per fixed round."""
+    return DecodeConfig(levels=(e,), lengths=(k, None), preset=Preset("layerskip"), max_new_tokens=n_new,
+                        policy="fixed")
+
+
+def two_exits(d: int, v: int, lengths: tuple[int, int], n_new: int = 128) -> DecodeConfig:
+    """hispec at exits d and v, fixed rounds of these lengths."""
+    return DecodeConfig(levels=(d, v), lengths=lengths, max_new_tokens=n_new, policy="fixed")
+
+
+# plain decoding, then layerskip, hispec at the model's own exits, hispec at (1, 3)
+SETTINGS = [plain(), single_exit(2, 3), DecodeConfig(preset=Preset("hispec"), policy="fixed"), two_exits(1, 3, (3, 2))]
 
 
 def exactness(device, quick):
@@ -134,7 +148,7 @@ def bf16_mismatch(device, quick):
         for seed in range(n_prompts):
             g = torch.Generator().manual_seed(100 + seed)
             prompt = torch.randint(3, 4096, (16,), generator=g).tolist()
-            refs.append((prompt, run(ee, prompt, preset("autoregressive", max_new_tokens=n_new)).token_ids))
+            refs.append((prompt, run(ee, prompt, plain(n_new)).token_ids))
         if eager_refs is None:
             eager_refs = refs
         else:  # graph passes attend over a masked full buffer: bf16 rounding may differ from eager
@@ -146,7 +160,7 @@ def bf16_mismatch(device, quick):
                 if ids != ref:
                     diff += 1
                     first.append(next(i for i, (a, b) in enumerate(zip(ids, ref)) if a != b))
-            d, v = (config.preset.draft_layer, config.preset.verify_layer) if config.preset else (None, None)
+            d, v = config.exit_layer("draft"), config.exit_layer("verify")
             key = f"{config.method}(d={d},v={v})" + ("+graphs" if mode == "graphs" else "")
             out["methods"][key] = {"differs": diff, "rate": diff / n_prompts, "first_divergence": first}
     return out
@@ -194,12 +208,10 @@ def step_costs(ee, d, v, device, reps):
 
 
 def side_by_side(ee, prompt, d, v, n_new, ar_tps, ls_judge, hs_judge) -> dict:
-    """layerskip (exit v, draft_len 4) and hispec (d, v, draft_len 2, threshold 4) under timing-only
+    """layerskip (exit v, 4 drafts a round) and hispec (d, v, lengths (2, 4)) under timing-only
     acceptance judges: tokens/s, ratios, acceptance reached, passes and syncs per round."""
-    ls = run(ee, prompt, preset("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new, policy="fixed"),
-             judge=ls_judge)
-    hs = run(ee, prompt, preset("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
-                                      max_new_tokens=n_new, policy="fixed"), judge=hs_judge)
+    ls = run(ee, prompt, single_exit(v, 4, n_new), judge=ls_judge)
+    hs = run(ee, prompt, two_exits(d, v, (2, 4), n_new), judge=hs_judge)
     return dict(layerskip_tokens_per_s=ls.stats["tokens_per_s"], hispec_tokens_per_s=hs.stats["tokens_per_s"],
                 layerskip_vs_ar=ls.stats["tokens_per_s"] / ar_tps, hispec_vs_ar=hs.stats["tokens_per_s"] / ar_tps,
                 hispec_vs_layerskip=hs.stats["tokens_per_s"] / ls.stats["tokens_per_s"],
@@ -222,8 +234,8 @@ def timings(shape, device, dtype, quick, modes=("eager", "graphs")):
     n_new = 32 if quick else 128
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, model.config.vocab_size, (128,), generator=g).tolist()
-    report = {"shape": shape, "layers": L, "dtype": str(dtype).replace("torch.", ""), "draft_layer": d,
-              "verify_layer": v, "new_tokens": n_new,
+    report = {"shape": shape, "layers": L, "dtype": str(dtype).replace("torch.", ""), "exits": [d, v],
+              "new_tokens": n_new,
               "engine_path": "lean" if ee.lean is not None else f"stock ({ee.stock_reason})"}
     hf_greedy(model, prompt, 8, device)  # warm-up: the first calls on a fresh model pay for library set-up
     sync(device)
@@ -235,18 +247,16 @@ def timings(shape, device, dtype, quick, modes=("eager", "graphs")):
         ee.set_graphs(graph_backend(device) if mode == "graphs" else None)
         t0 = time.perf_counter()
         # warm-up (and, with graphs, the captures), then alternate methods so noise hits all alike
-        run(ee, prompt, preset("autoregressive", max_new_tokens=8))
+        run(ee, prompt, plain(8))
         for p_dv, p_vt in RATES[:1]:
-            run(ee, prompt, preset("layerskip", draft_layer=v, draft_len=4, max_new_tokens=n_new, policy="fixed"),
-                judge=SyntheticAcceptance(1.0, p_vt, seed=1))
-            run(ee, prompt, preset("hispec", draft_layer=d, verify_layer=v, draft_len=2, verify_threshold=4,
-                                         max_new_tokens=n_new, policy="fixed"), judge=SyntheticAcceptance(p_dv, p_vt, seed=1))
+            run(ee, prompt, single_exit(v, 4, n_new), judge=SyntheticAcceptance(1.0, p_vt, seed=1))
+            run(ee, prompt, two_exits(d, v, (2, 4), n_new), judge=SyntheticAcceptance(p_dv, p_vt, seed=1))
         part = {"warmup_s": round(time.perf_counter() - t0, 2),
                 "step_ms": step_costs(ee, d, v, device, 3 if quick else 10)}
         ar = []
         for _ in range(1 if quick else 2):
             sync(device)
-            ar.append(run(ee, prompt, preset("autoregressive", max_new_tokens=n_new)).stats["tokens_per_s"])
+            ar.append(run(ee, prompt, plain(n_new)).stats["tokens_per_s"])
         part["autoregressive_tokens_per_s"] = max(ar)
         ar_tps = part["autoregressive_tokens_per_s"]
         part["synthetic"] = []

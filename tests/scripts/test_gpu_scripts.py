@@ -38,6 +38,8 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
                                              "full_pass_0_to_L", "final_head"}
     assert timing["graphs"]["graph_replays"] > 0 and timing["graphs"]["graphs_disabled"] is None
     assert "graph_replays" not in timing["eager"] and timing["graphs_vs_eager_autoregressive"] > 0
+    d, v = timing["exits"]  # the exits the side-by-side ran at, by role
+    assert 0 < d < v < timing["layers"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
