@@ -71,7 +71,7 @@ def cmd_generate(args) -> int:
                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                levels=spec.levels or (args.levels if spec.method == "hispec" else None),
                                policy="fixed" if spec.method == "autoregressive" else spec.policy or args.policy,
-                               lookup_len=args.lookup_len)  # autoregressive: always the plain loop
+                               lookup_len=args.lookup_len, lengths=args.lengths)  # autoregressive: the plain loop
                for m, spec in specs.items()}
     for config in configs.values():  # bad numbers fail before the model loads
         config.validate()
@@ -222,7 +222,7 @@ def _bench_inputs(args, weights: str | None = None):
                           f"{args.levels.replace(',', '+')} (not --levels)")
     base = preset("hispec", args.draft_layer, args.verify_layer, args.draft_len, args.verify_threshold,
                         args.max_new_tokens, policy=getattr(args, "policy", DEFAULT_POLICY),
-                        lookup_len=getattr(args, "lookup_len", 8))
+                        lookup_len=getattr(args, "lookup_len", 8), lengths=getattr(args, "lengths", None))
     base.validate()
     # 'heldout[:N]', 'heldout-tune[:N]', 'heldout-report[:N]': the exit heads' held-out prompts, all or
     # one split of them (N per held-out set), known once the model is loaded

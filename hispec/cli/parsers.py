@@ -60,6 +60,15 @@ def whole_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
 
 
+def lengths_pair(text: str) -> tuple[int, int]:
+    """'K,T' -> (K, T), two whole numbers >= 1 (a fixed round's lengths)."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected two whole numbers >= 1 as K,T (drafts per round, tentative "
+                                         f"tokens that call the full model), e.g. 2,4; got '{text}'")
+    return int(parts[0]), int(parts[1])
+
+
 def _parent() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(add_help=False)
 
@@ -111,6 +120,10 @@ def decoding_options(layerskip_exit_option: bool) -> argparse.ArgumentParser:
                         "then the exact model), full@q4, 2@q4,full@q4; for the hispec method (default: its own list: "
                         "under the auto policy with no exit named, the model's recommended one, lookup,full@q4 on "
                         "the float32 default model on a CPU, else lookup,d,v)")
+    g.add_argument("--lengths", type=lengths_pair, default=None, metavar="K,T",
+                   help="a fixed round's lengths: K tokens drafted per round, the full model once T are tentative "
+                        "(the paper's --draft-len and --verify-threshold, in the engine's words; default: the "
+                        f"model's recommendation, else {DEFAULT_DRAFT_LEN},{DEFAULT_VERIFY_THRESHOLD})")
     g.add_argument("--lookup-len", type=whole_number, default=_CONFIG.lookup_len,
                    help=f"most tokens the lookup level proposes per round (default {_CONFIG.lookup_len})")
     g.add_argument("--max-new-tokens", type=whole_number, default=_CONFIG.max_new_tokens,

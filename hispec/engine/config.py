@@ -157,7 +157,12 @@ def preset(method: str = "hispec", draft_layer: int | None = None, verify_layer:
            draft_len: int | None = None, verify_threshold: int | None = None, max_new_tokens: int = 128,
            **rest) -> DecodeConfig:
     """A configuration in the paper's names (the page's sliders, the CLI's --draft-layer and the
-    like): the preset, with the lengths, the budget and any other field of DecodeConfig."""
+    like): the preset, with the lengths, the budget and any other field of DecodeConfig. The paper's
+    lengths and a `lengths` given beside them would say one thing twice, and are refused."""
+    twice = [name for name, value in (("draft_len", draft_len), ("verify_threshold", verify_threshold))
+             if value is not None]
+    if twice and rest.get("lengths") is not None:
+        raise ConfigError(f"lengths and {' and '.join(twice)} say the same thing twice: give one of them")
     return DecodeConfig(max_new_tokens=max_new_tokens,
                         preset=Preset(method, draft_layer, verify_layer, draft_len, verify_threshold), **rest)
 

@@ -41,7 +41,7 @@ from hispec.serving.limits import Limits
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 MAX_LAYER = 10_000  # a bound at the edge; the model's own depth is checked once it is known
-MAX_LENGTH = 64  # draft_len and verify_threshold
+MAX_LENGTH = 64  # each of a fixed round's lengths (the preset's draft_len and verify_threshold)
 MAX_TOP_K = 1_000_000
 MAX_REPEATS = 5  # runs per method in Compare, takes of What if, pairs of a plain-baseline measurement
 EMPTY_PROMPT = "The prompt is empty: type something or pick an example."
@@ -84,6 +84,7 @@ class GenerateRequest:
     model: str | None = None  # None: the server's model
     baseline: int = 0  # N >= 1: also N pairs (this method, plain decoding) for stats.vs_plain
     levels: str | None = None  # hispec: its level list, bottom first, e.g. "lookup,full@q4" (None: its own)
+    lengths: str | None = None  # a fixed round's "k,t": k drafts per round, the full model at t tentative tokens
 
     kind = "generate"
     what = "generation"
@@ -111,7 +112,7 @@ class GenerateRequest:
                       top_p=inputs.real("top-p", raw["top_p"], 0.0, 1.0),
                       seed=inputs.seed(raw["seed"]), model=inputs.name("model", raw["model"]),
                       baseline=inputs.whole("baseline", raw["baseline"] or 0, 0, MAX_REPEATS),
-                      levels=_levels(raw["levels"], method))
+                      levels=_levels(raw["levels"], method), lengths=_lengths(raw["lengths"]))
         request.decode_config()  # checked here, once: every value that does not need the model
         return request
 
@@ -124,7 +125,8 @@ class GenerateRequest:
         config = preset(self.method, self.draft_layer, self.verify_layer if self.method == "hispec" else None,
                         self.draft_len, self.verify_threshold, self.max_new_tokens, temperature=self.temperature,
                         top_k=self.top_k, top_p=self.top_p, seed=None if self.seed in (None, -1) else self.seed,
-                        policy=self.policy, levels=None if self.levels is None else parse_levels(self.levels))
+                        policy=self.policy, levels=None if self.levels is None else parse_levels(self.levels),
+                        lengths=None if self.lengths is None else tuple(int(x) for x in self.lengths.split(",")))
         config.validate()
         return config
 
@@ -143,6 +145,20 @@ def _levels(value, method: str) -> str | None:
         raise ConfigError(f"levels apply to the hispec method only (got method {method!r}); leave levels out "
                           "or choose hispec")
     return ",".join(str(level) for level in parse_levels(text))
+
+
+def _lengths(value) -> str | None:
+    """A fixed round's lengths as text ("2,4"), checked; None or "": the preset's fields, else the model's
+    (given beside the preset's own two, `preset()` refuses it as said twice)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    allowed = ("lengths are two whole numbers 'k,t' from 1 to {}: k tokens drafted per fixed round, and t "
+               "tentative tokens that call the full model, e.g. '2,4'").format(MAX_LENGTH)
+    if not isinstance(value, str) or value.count(",") != 1:
+        raise ConfigError(f"{allowed} (got {inputs.shown(value)})")
+    k, t = (inputs.whole(f"lengths' {what}", part, 1, MAX_LENGTH)
+            for what, part in zip(("k (drafts per round)", "t (tentative tokens)"), value.split(",")))
+    return f"{k},{t}"
 
 
 def _generate(lm, ids, config, pairs, stop, emit):

@@ -104,6 +104,7 @@ def test_one_runs_stats_name_its_plans_in_words_and_its_set_up_apart(folder, cap
     (["--levels", "lookup,2,40"], "exit layer 40 is impossible"),
     (["--lookup-len", "0"], "lookup_len must be a whole number >= 1"),
     (["--draft-len", "0"], "draft_len must be at least 1"),
+    (["--lengths", "2,4", "--verify-threshold", "3"], "lengths and verify_threshold say the same thing twice"),
     (["--max-new-tokens", "-3"], "max_new_tokens must be 0 or more"),
     (["--draft-layer", "6", "--verify-layer", "3"], "draft layer 6 must be below verify layer 3"),
     (["--max-new-tokens", "100000"], "exceeds the model's context"),
@@ -118,6 +119,21 @@ def test_cli_errors_are_messages_not_tracebacks(folder, capsys, argv, message):
     assert message in err and "Traceback" not in err
 
 
+def test_lengths_in_the_engines_words_run_as_the_papers(folder, capsys):
+    """--levels 2,5 --lengths 1,3 is the paper's --draft-layer 2 --verify-layer 5 --draft-len 1 --verify-threshold 3."""
+    runs = []
+    for argv in (["--levels", "2,5", "--lengths", "1,3"],
+                 ["--draft-layer", "2", "--verify-layer", "5", "--draft-len", "1", "--verify-threshold", "3"]):
+        assert main(["generate", "--model", folder, "--prompt", "abcabc", "--max-new-tokens", "10", "--json",
+                     "--method", "hispec/fixed", *argv]) == 0
+        runs.append(json.loads(capsys.readouterr().out.splitlines()[0]))
+    assert runs[0]["token_ids"] == runs[1]["token_ids"]
+    assert [r["settings"]["lengths"] for r in runs] == [[1, 3], [1, 3]]
+    with pytest.raises(SystemExit) as bad:  # argparse's own usage error
+        main(["generate", "--model", folder, "--prompt", "hi", "--lengths", "2"])
+    assert bad.value.code == 2 and "expected two whole numbers >= 1 as K,T" in capsys.readouterr().err
+
+
 def test_bad_prompts_file(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
@@ -129,7 +145,7 @@ def test_help_explains_options():
     out = subprocess.run([sys.executable, "-m", "hispec", "generate", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     for option in ("--draft-layer", "--verify-layer", "--draft-len", "--verify-threshold", "--raw", "--json",
-                   "--prompts", "--max-new-tokens", "--levels", "--policy", "--lookup-len"):
+                   "--prompts", "--max-new-tokens", "--levels", "--lengths", "--policy", "--lookup-len"):
         assert option in out.stdout
 
 

@@ -24,6 +24,8 @@ def test_levels_are_read_in_the_engines_words_and_left_out_means_the_methods_own
     assert parse(levels="exit2,exit4,full").levels == "2,4"
     assert parse(levels="lookup,full@q4").decode_config().levels == ("lookup", "full@q4")
     assert "levels" in api_signature().parameters and api_signature().parameters["levels"].default is None
+    assert parse(lengths=" 2, 4").lengths == "2,4" and parse(lengths="2,4").decode_config().lengths == (2, 4)
+    assert parse(lengths="").lengths is None and api_signature().parameters["lengths"].default is None
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -34,6 +36,10 @@ def test_levels_are_read_in_the_engines_words_and_left_out_means_the_methods_own
     ({"levels": ["lookup"]}, "levels must be text"),
     ({"levels": "lookup," * 40}, "levels is 280 characters, over this server's limit of 64"),
     ({"levels": "lookup,4", "method": "layerskip"}, "levels apply to the hispec method only"),
+    ({"lengths": "2"}, "lengths are two whole numbers 'k,t' from 1 to 64"),
+    ({"lengths": [2, 4]}, "lengths are two whole numbers 'k,t' from 1 to 64"),
+    ({"lengths": "2,0"}, r"lengths' t \(tentative tokens\) must be from 1 to 64 \(got 0\)"),
+    ({"lengths": "2,4", "verify_threshold": 4}, "lengths and verify_threshold say the same thing twice"),
 ])
 def test_bad_levels_are_refused_naming_what_is_allowed(raw, message):
     with pytest.raises(ConfigError, match=message):
@@ -57,16 +63,17 @@ def test_a_level_list_runs_and_gives_the_models_greedy_output():
 
 
 def test_a_levels_request_and_its_preset_equivalent_give_the_same_tokens_and_settings():
-    """levels '2,5' with fixed rounds is the paper's hispec with draft layer 2 and verify layer 5."""
+    """levels '2,5' and lengths '2,3' in fixed rounds are the paper's hispec with draft layer 2, verify layer 5,
+    draft_len 2 and verify_threshold 3."""
     import threading
 
     model = tiny_model("llama", layers=8)
     model.generation_config.eos_token_id = EOS
     lm = LoadedModel("tiny", model, char_tokenizer(), EarlyExitModel(model), "cpu", "float32", 0.0, "t")
-    common = dict(prompt="hello there", max_new_tokens=16, chat=False, policy="fixed", draft_len=2,
-                  verify_threshold=3)
+    common = dict(prompt="hello there", max_new_tokens=16, chat=False, policy="fixed")
     runs = []
-    for raw in ({"levels": "2,5"}, {"draft_layer": 2, "verify_layer": 5}):
+    for raw in ({"levels": "2,5", "lengths": "2,3"}, {"draft_layer": 2, "verify_layer": 5, "draft_len": 2,
+                                                      "verify_threshold": 3}):
         work = parse(**common, **raw).prepare(lm, Limits())
         runs.append(list(work(threading.Event(), lambda *_: None))[-1])
     by_levels, by_preset = runs

@@ -190,7 +190,7 @@ def test_generate_api_has_named_inputs_and_a_json_answer(client):
     endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]
     names = [p["parameter_name"] for p in endpoint["parameters"]]
     assert names[:6] == ["prompt", "method", "draft_layer", "verify_layer", "draft_len", "verify_threshold"], names
-    assert {"max_new_tokens", "policy", "temperature", "seed", "model"} <= set(names), names
+    assert {"max_new_tokens", "policy", "temperature", "seed", "model", "levels", "lengths"} <= set(names), names
     assert all(p["parameter_has_default"] for p in endpoint["parameters"][1:]), "only the prompt is required"
 
 
