@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from hispec.engine.levels import levels_by_role
+from hispec.runs.metrics import pair_name
 from ui.labels import run_words
 
 _LAYOUT = dict(height=300, margin=dict(l=55, r=10, t=36, b=50), legend=dict(orientation="h", y=-0.3),
                template="plotly_white")
 
 
-NAMES = {"draft->verify": "draft → verify", "verify->target": "verify → full model",
-         "draft->target": "exit → full model", "lookup->target": "lookup → full model"}
+ROLE_ORDER = ("lookup", "draft", "verify", "target")  # bottom first: the chart lists pairs as the levels stack
 
 
 def _not_applicable(fig: go.Figure, why: str) -> None:
@@ -20,11 +21,16 @@ def _not_applicable(fig: go.Figure, why: str) -> None:
                        font=dict(size=13, color="#777"))
 
 
-def acceptance_figure(history: list[dict]) -> go.Figure:
+def acceptance_figure(history: list[dict], levels: tuple = ()) -> go.Figure:
+    """Each level pair's acceptance after every round, named as the stats name it (`levels`: the run's
+    list; a level in a cheaper format is named as such: 'lookup → 4-bit full model')."""
     fig = go.Figure()
     rounds = [row["round"] for row in history]
-    for key, name in NAMES.items():
-        values = [row.get(key) for row in history]
+    pairs = {key for row in history for key, v in row.items() if "->" in key and v is not None}
+    by_stack = lambda key: [ROLE_ORDER.index(r) if r in ROLE_ORDER else 9 for r in key.split("->")]  # noqa: E731
+    roles = levels_by_role(tuple(levels or ()))
+    for key in sorted(pairs, key=by_stack):
+        values, name = [row.get(key) for row in history], pair_name(key, roles)
         if any(v is not None for v in values):
             fig.add_trace(go.Scatter(x=rounds, y=values, mode="lines", name=name,
                                      hovertemplate=f"{name}: " + "%{y:.0%} after round %{x}<extra></extra>"))

@@ -91,8 +91,8 @@ class GenerateView:
         return shown + self._charts(stats, True) + (self.kept(),)
 
     def _levels(self) -> tuple:
-        """The run's level list once its end is known (its roles are then named by level)."""
-        return tuple((self.run.done.settings.get("levels") if self.run.done else None) or ())
+        """The run's level list, known from its start (its roles are named by level)."""
+        return self.run.levels
 
     def tokens(self) -> str:
         settings = self.run.done.settings if self.run.done else {}
@@ -103,7 +103,7 @@ class GenerateView:
             return (gr.skip(),) * 3
         self._charted = time.perf_counter()
         history = list(self.run.stats.history)
-        return (charts.acceptance_figure(history), charts.speed_figure(history),
+        return (charts.acceptance_figure(history, self._levels()), charts.speed_figure(history),
                 charts.work_figure(stats["layer_tokens"]))
 
     def kept(self) -> dict:

@@ -142,6 +142,12 @@ class LiveRun:
         self.stats, self.trace = StatsCollector(method), Trace()
         self.events: list[dict] = []  # every event as JSON (engine.events.event_to_dict)
         self.done: DoneEvent | None = None
+        self.levels: tuple = ()  # the run's level list, once known (set_levels; at the latest, its DoneEvent's)
+
+    def set_levels(self, levels) -> None:
+        """The run's level list, known before its first event where the request says it (serving does)."""
+        self.levels = tuple(levels or ())
+        self.trace.set_levels(self.levels)
 
     def add(self, ev: Event) -> None:
         self.stats.add(ev)
@@ -149,7 +155,7 @@ class LiveRun:
         self.events.append(event_to_dict(ev))
         if isinstance(ev, DoneEvent):
             self.done = ev
-            self.trace.set_levels(ev.settings.get("levels"))
+            self.set_levels(ev.settings.get("levels"))
 
     def summary(self) -> dict:
         return self.stats.summary()

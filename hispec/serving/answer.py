@@ -32,7 +32,7 @@ class Generation:
                 self.vs_plain = item.get("vs_plain", self.vs_plain)
                 self.prompt_ids = item.get("prompt_ids", self.prompt_ids)
                 if "levels" in item:
-                    self.run.trace.set_levels(item["levels"])
+                    self.run.set_levels(item["levels"])
         events = [item for item in items if isinstance(item, Event)]
         for ev in events:
             self.run.add(ev)

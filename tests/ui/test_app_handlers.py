@@ -87,6 +87,25 @@ def test_charts_name_their_axes_and_say_when_they_have_nothing():
         assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text and fig.layout.showlegend
 
 
+def test_the_acceptance_chart_names_each_pair_as_the_stats_do():
+    """Seen on the page: the default run's chart drew 'verify → full model' only, where the verifier was the
+    4-bit full model, and left out its lookup pair."""
+    from hispec.serving.answer import Generation
+
+    history = [{"round": 1, "t": 0.1, "new_tokens": 2, "tokens_per_s": 20.0, "lookup->verify": 0.5,
+                "verify->target": 1.0},
+               {"round": 2, "t": 0.2, "new_tokens": 5, "tokens_per_s": 25.0, "lookup->verify": 0.4,
+                "verify->target": 0.98}]
+    names = [t.name for t in charts.acceptance_figure(history, ("lookup", "full@q4")).data]
+    assert names == ["lookup → 4-bit full model", "4-bit full model → full model"]
+    assert [t.name for t in charts.acceptance_figure(history, ("lookup", 2, 4)).data] == [
+        "lookup → verify", "verify → full model"], "exits keep their role names"
+    # the live view knows the list from the request's first update, before any round
+    live = Generation()
+    live.add([{"prompt_ids": [1, 2], "levels": ["lookup", "full@q4"]}])
+    assert live.run.levels == ("lookup", "full@q4") and live.run.trace.cheap_roles == {"verify"}
+
+
 def test_the_text_grows_as_the_run_streams(server):
     outs, _ = page_run(server, "abc", ("LayerSkip (single exit)", 3, 5, 3, 4), 40, chat=False)
     counts = [len(spans(o[1])) for o in outs if isinstance(o[1], str)]
