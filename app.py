@@ -124,8 +124,9 @@ def _wire_controls(p, h: Handlers) -> None:
                                                                   p.levels],
                           api_name=False)
     # a visitor's pick of a method sets its own defaults for this model (LayerSkip's exit is the benchmark's)
-    for control in (p.method, p.levels):  # a list in the Levels box decides the exits: their sliders step aside
-        control.change(controls.shown_for, [p.method, p.levels],
+    # a list in the Levels box decides the exits, the adaptive policy the lengths: their sliders step aside
+    for control in (p.method, p.levels, p.policy):
+        control.change(controls.shown_for, [p.method, p.levels, p.policy],
                        [p.draft_layer, p.verify_layer, p.draft_len, p.verify_threshold], api_name=False, queue=False)
     p.method.change(controls.levels_box_for, [p.method], [p.levels], api_name=False, queue=False)
     p.method.input(controls.method_defaults, [p.method, p.method_settings],

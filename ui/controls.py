@@ -46,14 +46,21 @@ def exit_sliders_shown(method_label, levels_label="") -> bool:
         listed(method_label, levels_label) is None
 
 
-def shown_for(method_label, levels_label=""):
+def lengths_shown(method_label, policy_label) -> bool:
+    """The lengths sliders are a fixed round's: the adaptive policy plans its own lengths every round."""
+    return labels.METHODS.get(method_label, "hispec") in ("hispec", "layerskip") and \
+        labels.policy_name(policy_label) == "fixed"
+
+
+def shown_for(method_label, levels_label="", policy_label=labels.FIXED):
     """Which of draft layer, verify layer, draft_len and verify_threshold the method uses, given the
-    Levels box (see exit_sliders_shown)."""
+    Levels box (see exit_sliders_shown) and the policy (see lengths_shown)."""
     method = labels.METHODS.get(method_label, "hispec")
-    exits, hierarchy = method in ("hispec", "layerskip"), method == "hispec"
-    sliders = exit_sliders_shown(method_label, levels_label)
+    hierarchy = method == "hispec"
+    sliders, lengths = exit_sliders_shown(method_label, levels_label), lengths_shown(method_label, policy_label)
     return (gr.update(visible=sliders, label="Draft layer d" if hierarchy else "Exit layer E"),
-            gr.update(visible=sliders and hierarchy), gr.update(visible=exits), gr.update(visible=hierarchy))
+            gr.update(visible=sliders and hierarchy), gr.update(visible=lengths),
+            gr.update(visible=lengths and hierarchy))
 
 
 def levels_box_for(method_label):

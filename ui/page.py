@@ -131,10 +131,12 @@ def _settings_column(p, setup: Setup) -> None:
                               info="exit that drafts (LayerSkip: its single exit)", elem_id="hs-draft-layer")
     p.verify_layer = gr.Slider(1, L - 1, value=preset.verify_layer, step=1, label="Verify layer v", visible=sliders,
                                info="intermediate verifier exit, d < v < L", elem_id="hs-verify-layer")
+    lengths = controls.lengths_shown("HiSpec", labels.DEFAULT_POLICY_LABEL)  # fixed rounds' (adaptive: planned)
     p.draft_len = gr.Slider(1, 8, value=preset.draft_len, step=1, label="draft_len", info="tokens drafted per block",
-                            elem_id="hs-draft-len")
+                            elem_id="hs-draft-len", visible=lengths)
     p.verify_threshold = gr.Slider(1, 16, value=preset.verify_threshold, step=1, label="verify_threshold",
-                                   info="tentative tokens that trigger the full model", elem_id="hs-verify-threshold")
+                                   info="tentative tokens that trigger the full model", elem_id="hs-verify-threshold",
+                                   visible=lengths)
     p.depth = gr.HTML(controls.depth(L, preset.draft_layer, preset.verify_layer, "HiSpec", setup.trained, setup.levels),
                       elem_id="hs-depth")
     p.max_new = gr.Slider(1, setup.max_new_tokens, value=min(96, setup.max_new_tokens), step=1, label="Max new tokens", elem_id="hs-max-new")

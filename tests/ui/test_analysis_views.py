@@ -265,6 +265,11 @@ def test_a_list_in_the_levels_box_decides_the_exits_and_the_sliders_step_aside()
     d, v, _, _ = controls.shown_for("LayerSkip (single exit)", precision)  # levels are HiSpec's: E stays
     assert d["visible"] and d["label"] == "Exit layer E" and not v["visible"]
     assert controls.shown_for("HiSpec", "lookup,2,banana") == controls.shown_for("HiSpec", own)  # its run says why
+    # the lengths are a fixed round's: under the adaptive policy (which plans them) their sliders step aside
+    d, v, n_d, n_i = controls.shown_for("HiSpec", own, labels.ADAPTIVE)
+    assert (d["visible"], v["visible"], n_d["visible"], n_i["visible"]) == (True, True, False, False)
+    _, _, n_d, n_i = controls.shown_for("LayerSkip (single exit)", own, labels.FIXED)
+    assert n_d["visible"] and not n_i["visible"]
     strip = plain(controls.depth(30, 2, 4, "HiSpec", [2, 4], precision))
     assert "Levels: lookup → the 4-bit full model → full model (the 4-bit full model runs every layer" in strip
     assert "draft exit after layer" not in strip

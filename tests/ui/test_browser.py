@@ -185,6 +185,20 @@ def test_a_list_in_the_levels_box_hides_the_exit_sliders_and_names_itself_on_the
     expect(page.locator("#hs-depth")).to_contain_text("draft exit after layer")
 
 
+def test_the_lengths_sliders_show_for_fixed_rounds_only(page):
+    """Seen on the page: under the adaptive policy (the default), draft_len 1 and verify_threshold 1 were shown
+    though the policy plans every round's lengths itself; they show once Fixed is picked."""
+    lengths = page.locator("#hs-draft-len")
+    expect(page.locator("#hs-policy").get_by_label("Adaptive (auto)")).to_be_checked()
+    expect(lengths).to_be_hidden()
+    expect(page.locator("#hs-verify-threshold")).to_be_hidden()
+    page.locator("#hs-policy").get_by_label("Fixed (the settings below)").check()
+    lengths.wait_for(state="visible")
+    expect(page.locator("#hs-verify-threshold")).to_be_visible()
+    page.locator("#hs-policy").get_by_label("Adaptive (auto)").check()
+    lengths.wait_for(state="hidden")
+
+
 def test_the_teaching_preset_lets_drafts_pile_up(page):
     """The paper's N_d 2, N_i 4 one click away from the fastest measured setting, both fixed HiSpec."""
     page.locator("#hs-preset").get_by_label("Teaching (drafts pile up)").check()
