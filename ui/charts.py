@@ -5,14 +5,13 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from hispec.engine.levels import levels_by_role
-from hispec.runs.metrics import pair_name
+from hispec.runs.metrics import in_stack_order, pair_name
 from ui.labels import run_words
 
 _LAYOUT = dict(height=300, margin=dict(l=55, r=10, t=36, b=50), legend=dict(orientation="h", y=-0.3),
                template="plotly_white")
 
 
-ROLE_ORDER = ("lookup", "draft", "verify", "target")  # bottom first: the chart lists pairs as the levels stack
 
 
 def _not_applicable(fig: go.Figure, why: str) -> None:
@@ -27,9 +26,8 @@ def acceptance_figure(history: list[dict], levels: tuple = ()) -> go.Figure:
     fig = go.Figure()
     rounds = [row["round"] for row in history]
     pairs = {key for row in history for key, v in row.items() if "->" in key and v is not None}
-    by_stack = lambda key: [ROLE_ORDER.index(r) if r in ROLE_ORDER else 9 for r in key.split("->")]  # noqa: E731
     roles = levels_by_role(tuple(levels or ()))
-    for key in sorted(pairs, key=by_stack):
+    for key in in_stack_order(pairs):
         values, name = [row.get(key) for row in history], pair_name(key, roles)
         if any(v is not None for v in values):
             fig.add_trace(go.Scatter(x=rounds, y=values, mode="lines", name=name,

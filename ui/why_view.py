@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import html
 
+from hispec.engine.levels import levels_by_role
 from hispec.evaluation import pairs
 from hispec.explain.speed_model import RoundShape
+from hispec.runs.metrics import in_stack_order, pair_name
 from ui.labels import plan_words
 
 
@@ -35,13 +37,11 @@ def shape_words(r: RoundShape) -> str:
     return f"LayerSkip, fixed: {_n(r.count, 'draft')} at exit {r.exits[0]}, then the rest of the model"
 
 
-def _plan_acceptance(plan: dict) -> str:
-    parts = []
-    if plan["a_dv"] is not None:
-        parts.append(f"draft → verify {_pct(plan['a_dv'])}")
-    if plan["a_vt"] is not None:
-        parts.append(f"→ full model {_pct(plan['a_vt'])}")
-    return ", ".join(parts) or "–"
+def _plan_acceptance(plan: dict, levels: tuple = ()) -> str:
+    """Each level pair the plan measured, bottom first, named as the stats name it (`levels`: the run's)."""
+    roles, measured = levels_by_role(tuple(levels or ())), plan["acceptance"]
+    return ", ".join(f"{pair_name(key, roles)} {_pct(measured[key])}"
+                     for key in in_stack_order(measured) if measured[key] is not None) or "–"
 
 
 def plans_table(story: dict) -> str:
@@ -55,7 +55,7 @@ def plans_table(story: dict) -> str:
         even = "–" if p["kind"] == "plain" or p["predicted"] is None else _pct(be) if be is not None else "never"
         rows.append(
             f"<tr><td>{html.escape(plan_words(p['kind']))}</td><td>{p['rounds']}</td><td>{p['new_tokens']}</td>"
-            f"<td>{_pct(p['share'])}</td><td>{html.escape(_plan_acceptance(p))}</td>"
+            f"<td>{_pct(p['share'])}</td><td>{html.escape(_plan_acceptance(p, story.get('levels')))}</td>"
             f"<td>{'–' if measured is None else f'{measured:.1f}'}</td><td>{model_rate}</td>"
             f"<td>{_x(p['predicted'], p.get('range'))}</td><td>{even}</td></tr>")
     head = ("<tr><th>plan</th><th>rounds</th><th>tokens</th><th>share of the time</th><th>acceptance</th>"
@@ -77,7 +77,7 @@ def _measured_row(story: dict) -> str:
     pairs = f"{m['runs']} pair{'s' if m['runs'] > 1 else ''} of runs, {m.get('new_tokens', '?')} tokens each{cut}"
     main = story["plans"][0] if story["plans"] else None
     return (f"<tr><td>this run, measured against plain decoding ({pairs}, prefill included in both)</td>"
-            f"<td>{html.escape(_plan_acceptance(main)) if main else '–'}</td>"
+            f"<td>{html.escape(_plan_acceptance(main, story.get('levels'))) if main else '–'}</td>"
             f"<td><b>{html.escape(pairs_words(m))}</b></td><td>measured</td></tr>")
 
 

@@ -138,6 +138,7 @@ def explain_plans(rows, costs: CostModel, num_layers: int, plain_tokens_per_s: f
         a_dv, a_vt = plan_acceptance(row.acceptance)
         item = {"kind": row.kind, "rounds": row.rounds, "new_tokens": row.new_tokens, "share": row.share,
                 "measured_tokens_per_s": row.tokens_per_s, "a_dv": a_dv, "a_vt": a_vt,
+                "acceptance": dict(row.acceptance),  # every pair the plan measured, by role
                 "count": row.count, "verify_at": row.verify_at, "predicted": None, "break_even": None,
                 "predicted_tokens_per_s": None}
         if r is None:

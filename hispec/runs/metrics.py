@@ -181,6 +181,15 @@ def pair_name(key: str, roles: dict | None = None) -> str:
     return " → ".join(name(role) for role in key.split("->"))
 
 
+ROLE_ORDER = ("lookup", "draft", "verify", "target")  # bottom first, as the levels stack
+
+
+def in_stack_order(keys) -> list[str]:
+    """Level pairs ("lookup->verify", "verify->target") bottom first, as the levels stack."""
+    rank = lambda key: [ROLE_ORDER.index(r) if r in ROLE_ORDER else len(ROLE_ORDER) for r in key.split("->")]  # noqa: E731
+    return sorted(keys, key=rank)
+
+
 def stats_rows(s: dict, roles: dict | None = None) -> list[tuple[str, str]]:
     """A run's summary as (label, value) rows, in reading order: the one rendering of the stats that
     the CLI (one line) and the app (a table) both show; `roles`: as pair_name takes them."""

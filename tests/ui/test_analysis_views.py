@@ -409,8 +409,24 @@ def test_a_plan_the_cost_model_cannot_estimate_has_no_break_even_either():
     from ui.why_view import plans_table
 
     row = {"kind": "full@q4", "rounds": 4, "new_tokens": 43, "share": 0.52, "a_dv": None, "a_vt": 1.0,
+           "acceptance": {"verify->target": 1.0},
            "measured_tokens_per_s": 35.3, "predicted_tokens_per_s": None, "predicted": None, "break_even": None}
     exact = {**row, "kind": "exit 2", "a_vt": 0.1, "predicted_tokens_per_s": 9.0, "predicted": 0.5, "range": (0.4, 0.6)}
     cells = [re.findall(r"<td>(.*?)</td>", tr) for tr in plans_table({"plans": [row, exact]}).split("<tr>")[2:]]
     assert cells[0][0] == "4-bit full model → full model" and cells[0][6:] == ["–", "–", "–"], cells[0]
     assert "estimate" in cells[1][6] and cells[1][8] == "never", cells[1]  # an exact plan that never pays says so
+
+
+def test_the_plan_table_names_every_pair_a_plan_measured():
+    """Seen after a default run: the row 'lookup → 4-bit full model → full model' read '→ full model 100%' only;
+    lookup's 36% into the 4-bit model, and which model judged, were missing."""
+    from ui.why_view import plans_table
+
+    row = {"kind": "lookup -> full@q4", "rounds": 7, "new_tokens": 37, "share": 0.39, "a_dv": None, "a_vt": 1.0,
+           "acceptance": {"verify->target": 1.0, "lookup->verify": 0.36},
+           "measured_tokens_per_s": 43.8, "predicted_tokens_per_s": None, "predicted": None, "break_even": None}
+    cells = re.findall(r"<td>(.*?)</td>", plans_table({"plans": [row], "levels": ("lookup", "full@q4")}))
+    assert cells[4] == "lookup → 4-bit full model 36%, 4-bit full model → full model 100%", cells
+    exits = {**row, "kind": "exit 2 -> exit 4", "acceptance": {"draft->verify": 0.4, "verify->target": 0.6}}
+    cells = re.findall(r"<td>(.*?)</td>", plans_table({"plans": [exits], "levels": ("lookup", 2, 4)}))
+    assert cells[4] == "draft → verify 40%, verify → full model 60%", cells
