@@ -64,8 +64,8 @@ def default_run(page, lm) -> tuple[int, tuple[float, float, float]]:
     # 0.2 s a full pass, 32 tokens a run (set by the test): at 0.12 s, one CI-like try (the other worker's
     # tests beside it) read medians 1.18, 0.98 and 1.02x, as the tiny model's own Python, which a loaded
     # host stretches, was a larger share of a pass; at 0.25 s and 16 tokens CI once read 0.94, 0.84 and
-    # 1.03x, one adaptive round that drafted in vain being a sixteenth of a run. 32 tokens halve that share
-    # (CI-like tries: 0.98, 0.98, 0.97 and 0.97, 0.98, 0.96, where 16 tokens read 0.96, 0.99, 1.03).
+    # 1.03x, most likely as one adaptive round that drafted in vain is a sixteenth of a run. 32 tokens halve that
+    # share (CI-like tries: 0.98, 0.98, 0.97 and 0.97, 0.98, 0.96, where 16 tokens read 0.96, 0.99, 1.03).
     with slow_layers(lm, 0.2):
         page.get_by_role("button", name="Generate", exact=True).click()
         # this run's own Done (the last run's is still on the page when the click is sent)
