@@ -12,8 +12,6 @@ _LAYOUT = dict(height=300, margin=dict(l=55, r=10, t=36, b=50), legend=dict(orie
                template="plotly_white")
 
 
-
-
 def _not_applicable(fig: go.Figure, why: str) -> None:
     """An empty chart says why it is empty."""
     fig.add_annotation(text=f"n/a: {why}", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
