@@ -99,15 +99,16 @@ def depth_html(num_layers: int, draft_exit: int | None, verify_exit: int | None,
     runs, in words, in place of the exits' marks (a level list)."""
     if not num_layers:
         return ""
-    cells = []
+    stages = []
     for layer in range(num_layers):
         if method == "autoregressive":
-            stage = "target"
+            stages.append("target")
         elif method == "layerskip":
-            stage = "draft" if layer < (draft_exit or 0) else "target"
+            stages.append("draft" if layer < (draft_exit or 0) else "target")
         else:
-            stage = "draft" if layer < (draft_exit or 0) else "verify" if layer < (verify_exit or 0) else "target"
-        cells.append(f'<span class="hs-layer hs-stage-{stage}" title="layer {layer + 1}: {stage} stage"></span>')
+            stages.append("draft" if layer < (draft_exit or 0) else "verify" if layer < (verify_exit or 0) else "target")
+    cells = [f'<span class="hs-layer hs-stage-{stage}" title="layer {layer + 1}: {stage} stage"></span>'
+             for layer, stage in enumerate(stages)]
     marks = []
     if method != "autoregressive" and draft_exit:
         marks.append(f"draft exit after layer {draft_exit}")
@@ -116,9 +117,9 @@ def depth_html(num_layers: int, draft_exit: int | None, verify_exit: int | None,
     marks.append(f"full model: {num_layers} layers")
     if caption:
         marks = [caption, f"{num_layers} layers"]
-    key = ('<span class="hs-stage-key hs-stage-draft">draft</span>'
-           + ('<span class="hs-stage-key hs-stage-verify">intermediate verify</span>' if method == "hispec" else "")
-           + '<span class="hs-stage-key hs-stage-target">full verification</span>')
+    key = "".join(f'<span class="hs-stage-key hs-stage-{stage}">{words}</span>' for stage, words in
+                  (("draft", "draft"), ("verify", "intermediate verify"), ("target", "full verification"))
+                  if stage in stages)  # a key for the colours on the strip only
     return (f'<div class="hs-depth"><div class="hs-layers">{"".join(cells)}</div>'
             f'<div class="hs-depth-caption">{html.escape(" · ".join(marks))} {key}</div></div>')
 
