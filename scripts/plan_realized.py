@@ -19,9 +19,6 @@ from hispec.data.prompts import apply_split
 from hispec.training.heads.prompts import heldout_prompts
 held = apply_split(heldout_prompts(lm), "tune")
 sets = {k: random.Random(0).sample(v, min(int(sys.argv[2]), len(v))) for k, v in held.items()}
-def kind(choice):
-    if choice.startswith("lookup"): return "lookup"
-    return choice.rsplit(" x", 1)[0] if " x" in choice and "->" not in choice else choice.split(" x")[0] + (" -> ..." if "->" in choice else "")
 expect = defaultdict(list); real = defaultdict(lambda: [0, 0.0, 0]); tot = [0, 0.0]
 for name, prompts in sets.items():
     for p in prompts:
@@ -30,13 +27,13 @@ for name, prompts in sets.items():
         dec = decoder_for(lm, ids, cfg)
         orig = dec.policy.observe_round
         def rec(plan, committed, seconds, orig=orig):
-            k = kind(plan.choice); r = real[k]; r[0] += committed; r[1] += seconds; r[2] += 1
+            k = plan.round.kind.key; r = real[k]; r[0] += committed; r[1] += seconds; r[2] += 1
             return orig(plan, committed, seconds)
         dec.policy.observe_round = rec
         t = time.perf_counter()
         for ev in dec.events():
             if isinstance(ev, PolicyEvent) and ev.estimates and "plain" in ev.estimates and ev.choice in ev.estimates:
-                expect[kind(ev.choice)].append(ev.estimates[ev.choice] / ev.estimates["plain"])
+                expect[ev.plan.kind.key].append(ev.estimates[ev.choice] / ev.estimates["plain"])
 plain = real["plain"][0] / real["plain"][1]
 print(f"plain rounds: {real['plain'][2]}, {plain:.1f} tok/s")
 for k, (n, s, r) in sorted(real.items(), key=lambda x: -x[1][2]):

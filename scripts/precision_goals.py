@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from q4_goals import geomean_ratio
 
+from hispec.engine.planning.round import key_levels
+
 # hispec/auto with the precision level, per weight format: lookup, the cheaper full model, the exact model
 # (float32: the 4-bit model; 4-bit: the same blocks with int8 activations, the 'a8' level). Found by the
 # level list its records ran (`with_method`): since 2026-12-04 hispec/auto itself runs the float32
@@ -45,7 +47,7 @@ def three_level_share(report: dict, method: str) -> float | None:
         if rec["method"] == method:
             for kind, n in (rec.get("policy_choices") or {}).items():
                 total += n
-                three += n if "->" in kind else 0
+                three += n if len(key_levels(kind)) > 1 else 0
     return three / total if total else None
 
 

@@ -99,7 +99,7 @@ def _eight_over_one(p: dict) -> list[str]:
 
 
 def _min_gain() -> list[str]:
-    from hispec.engine.policy import LOOKUP_MIN_GAIN, MIN_GAIN
+    from hispec.engine.planning.policy import LOOKUP_MIN_GAIN, MIN_GAIN
 
     return [f"{MIN_GAIN:.2f}×", f"{LOOKUP_MIN_GAIN:.2f}×"]
 
@@ -161,7 +161,7 @@ def _level_shares(r: dict) -> list[str]:
 
 
 def _priors_against_guesses(manifest: dict) -> list[str]:
-    from hispec.engine.policy import LOOKUP_UNMEASURED
+    from hispec.engine.planning.policy import LOOKUP_UNMEASURED
 
     shipped = manifest["policy_priors"]
     lookup = sorted(shipped["lookup"].values())

@@ -9,7 +9,7 @@ from dataclasses import replace
 from hispec.cli.parsers import build_parser
 from hispec.engine.config import METHODS, preset
 from hispec.engine.levels import parse_method
-from hispec.engine.policy import DEFAULT_POLICY
+from hispec.engine.planning.policy import DEFAULT_POLICY
 from hispec.errors import HiSpecError
 
 

@@ -207,7 +207,7 @@ def test_autoregressive_is_the_fixed_plain_loop_under_any_policy(lm):
 
 
 def test_every_method_starts_from_one_calibrated_cost_model(lm, monkeypatch):
-    from hispec.engine.costs import CostModel
+    from hispec.engine.planning.costs import CostModel
     from hispec.evaluation import bench
 
     calibrations, seen = [], []

@@ -7,7 +7,7 @@ from test_speed_model import flat_costs
 
 from hispec.engine.config import preset
 from hispec.engine.events import event_to_dict
-from hispec.explain.plans import fixed_kind, plan_rows
+from hispec.explain.plans import fixed_round, plan_rows, run_levels
 from hispec.runs.runner import run
 from hispec.explain.speed_model import RoundShape, SpeedModel
 from hispec.explain.why import speed_story
@@ -33,7 +33,7 @@ def kept(r, events, vs_plain=None) -> dict:
 def test_a_fixed_run_is_one_plan_with_the_runs_own_acceptance(ee):
     r, events = traced(ee, [5, 6, 7, 8], preset("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
     rows = plan_rows(events, r.settings)
-    assert [row.kind for row in rows] == ["exit 2 -> exit 4"] == [fixed_kind(r.settings)]
+    assert [row.key for row in rows] == ["exit 2 -> exit 4"] == [fixed_round(run_levels(r.settings), r.settings).kind.key]
     row = rows[0]
     # the prefill commits the first token (round 0); the plan's rounds commit the rest
     assert row.rounds == r.stats["rounds"] and row.new_tokens == r.stats["new_tokens"] - 1
@@ -45,13 +45,13 @@ def test_an_adaptive_run_is_told_plan_by_plan_lookup_included(ee):
     prompt = [5, 6, 7, 8, 9] * 6  # a prompt that repeats itself: the lookup level has something to copy
     r, events = traced(ee, prompt, preset("hispec", 2, 4, max_new_tokens=40, policy="auto"))
     rows = plan_rows(events, r.settings)
-    kinds = {row.kind for row in rows}
+    kinds = {row.key for row in rows}
     assert kinds == set(r.stats["policy_choices"]), (kinds, r.stats["policy_choices"])
     assert sum(row.rounds for row in rows) == r.stats["rounds"]
     assert sum(row.share for row in rows) == pytest.approx(1.0)
     assert sum(row.new_tokens for row in rows) <= r.stats["new_tokens"]
     if "lookup" in kinds:
-        lookup = next(row for row in rows if row.kind == "lookup")
+        lookup = next(row for row in rows if row.key == "lookup")
         assert set(lookup.acceptance) == {"lookup->target"}
 
 

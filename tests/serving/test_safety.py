@@ -268,7 +268,7 @@ def test_a_model_is_warmed_up_before_anyone_is_served_with_it(monkeypatch):
     the default list or of the exits, where a model not warmed up does (the check shown to catch it)."""
     from helpers import EOS, char_tokenizer, tiny_model
 
-    from hispec.engine import costs
+    from hispec.engine.planning import costs
     from hispec.engine.config import DecodeConfig, preset
     from hispec.model.early_exit import EarlyExitModel
     from hispec.model.loading import LoadedModel

@@ -162,9 +162,14 @@ class CostLearner:
             self.lanes[precision] = model_costs(model, exits) if adaptive else getattr(model, "cost_model", None)
 
     def frozen_ms(self) -> dict:
-        """The exact lane's costs now (figures_ms), or {} when it keeps none calibrated."""
+        """The exact lane's costs now (figures_ms), with each cheaper lane's under 'lanes' (by format), or {}
+        when the exact lane keeps none calibrated: what a run is explained with, every plan of it."""
         costs = self.lanes.get(None)
-        return costs.figures_ms() if costs is not None and costs.calibrated else {}
+        if costs is None or not costs.calibrated:
+            return {}
+        lanes = {fmt: c.figures_ms() for fmt, c in self.lanes.items() if fmt is not None and c is not None
+                 and c.calibrated}
+        return {**costs.figures_ms(), **({"lanes": lanes} if lanes else {})}
 
     def on_pass(self, p) -> None:
         """A decode pass (engine.stack.StagePass); the prefill's passes are not handed in."""

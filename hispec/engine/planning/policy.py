@@ -20,13 +20,23 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from hispec.engine.costs import CostModel
+from hispec.engine.planning.costs import CostModel
 from hispec.engine.levels import LOOKUP, Level
+from hispec.engine.planning.round import Round, RoundKind, plain_rate
 
 POLICIES = ("fixed", "auto")
+ADAPTS = {"fixed": False, "auto": True}  # whether a policy plans each round from what it measures
+
+
+def adapts(name: str) -> bool:
+    """Whether the policy of this name adapts (plans from measured acceptance and costs: it then needs a
+    calibrated cost model, and its plans are events); raises ValueError for an unknown name."""
+    if name not in ADAPTS:
+        raise ValueError(f"unknown policy '{name}'; choose from {', '.join(POLICIES)}")
+    return ADAPTS[name]
 
 # ---- the adaptive policy's constants, each with why ---------------------------------------------
-# A level pair's prior is what its model ships, measured (engine.priors.acceptance_priors: acceptance in
+# A level pair's prior is what its model ships, measured (engine.planning.priors.acceptance_priors: acceptance in
 # generations on the tuning split, else the heads' own agreement); these constants are what the policy
 # falls back on where nothing was measured, and how it weighs what it measures.
 UNKNOWN_PRIOR = 0.3  # a pair with nothing measured (raw exits, no manifest): between raw exits' 4-10% agreement
@@ -56,8 +66,6 @@ MIN_GAIN = 1.15  # a plan is chosen over a plain step only when expected to beat
 LOOKUP_MIN_GAIN = 1.05  # the margin for a lookup copy checked by the full model alone: its estimate held (realized
 #                        0.96-1.28 of it, above), and a copy costs no drafting, so the exits' margin turned away copies
 #                        that would have paid (hispec/auto@q4 then chose plain steps in three rounds of four)
-MAX_HIERARCHY_ROUNDS = 8  # rounds a hierarchy plan is expected to wait for its threshold at most: with a low
-#                           draft->verify estimate the expected wait grows without bound; 8 rounds cap the estimate
 
 
 def lookup_prior(priors: dict[tuple[str, str], float], n: int, judge: str = "target") -> float:
@@ -75,82 +83,20 @@ DEFAULT_POLICY = "auto"
 
 @dataclass(frozen=True)
 class Plan:
-    proposer: int  # index of the proposing level (the full level: a plain step)
-    count: int  # tokens to propose (0 for a plain step)
-    judges: tuple[int, ...]  # intermediate levels that judge this round's proposals, bottom up
-    verify_at: int  # run the full model once this many tokens are pending (1: every round)
-    choice: str = ""  # short label, e.g. "lookup 4", "exit 2 x1 -> exit 4", "plain"
+    """A round (engine.planning.round.Round) as the policy chose it, with why: its reason, the best few candidates'
+    expected committed tokens per second (by label, the plain step's among them), the gain over a plain step
+    it was expected to bring when chosen, and lookup's copied tokens when lookup proposes."""
+
+    round: Round
     reason: str = ""
-    estimates: dict = field(default_factory=dict)  # choice -> expected tokens per second (auto)
+    estimates: dict = field(default_factory=dict)  # label -> expected tokens per second (auto)
     tokens: tuple[int, ...] = ()  # the lookup level's proposal, when it proposes
-    then: int = 0  # tokens the last judge drafts on after judging (lookup's copy, then a cheap lane goes on)
+    expected_gain: float | None = None  # expected tokens/s over a plain step's at choice time (auto)
 
-
-def expected_run(rate: float, k: float) -> float:
-    """Expected accepted tokens among k proposals judged in order, each accepted with `rate`
-    until the first rejection: rate + rate^2 + ... + rate^k (k may be fractional)."""
-    if k <= 0:
-        return 0.0
-    if rate >= 1.0:
-        return float(k)
-    return rate * (1 - rate**k) / (1 - rate)
-
-
-# ---- expected committed tokens per second of one kind of round -----------------------------
-# The policy scores its candidates with these; explain.speed_model draws the same formulas
-# as curves against acceptance (the app's "Why this speed").
-
-def plain_rate(c: CostModel, L: int) -> float:
-    """A plain step: one pass of [0, L) and the final head over one token."""
-    return 1.0 / (L * c.layer(1) + c.head(L, 1))
-
-
-def lookup_rate(c: CostModel, L: int, k: int, a: float) -> float:
-    """k copied tokens verified by one pass of [0, L) over k + 1 tokens."""
-    return (1 + expected_run(a, k)) / (L * c.layer(k + 1) + c.head(L, k + 1))
-
-
-def exit_rate(c: CostModel, L: int, e: int, k: int, a: float) -> float:
-    """Single-exit self-speculation: k drafts at exit e, then [e, L) over k + 1 tokens."""
-    seconds = (k + 1) * (e * c.layer(1)) + k * c.head(e, 1) + (L - e) * c.layer(k + 1) + c.head(L, k + 1)
-    return (1 + expected_run(a, k)) / seconds
-
-
-def hierarchy_rate(c: CostModel, L: int, d: int, v: int, k: int, T: int, a_dv: float, a_vt: float,
-                   top: CostModel | None = None) -> float:
-    """The hierarchy: k drafts at d judged at v per round, the full model once T are tentative.
-    `top`: the exact model's costs when d and v run in a cheaper format (their own lane, `c`): the full
-    model then runs all L layers on the tentative tokens, not only [v, L)."""
-    per_round = sum(a_dv**j for j in range(k))  # tentative tokens a round adds
-    round_s = k * (d * c.layer(1) + c.head(d, 1)) + d * c.layer(1) + (v - d) * c.layer(k) + c.head(v, k)
-    rounds = max(1, -(-T // max(per_round, 1e-9))) if per_round >= 1 else 1
-    rounds = min(rounds, MAX_HIERARCHY_ROUNDS)
-    t = int(round(rounds * per_round))
-    tc, top_layers = (c, L - v) if top is None else (top, L)
-    seconds = rounds * round_s + top_layers * tc.layer(t + 1) + tc.head(L, t + 1)
-    return (1 + expected_run(a_vt, rounds * per_round)) / seconds
-
-
-# ---- rounds with a level in a cheaper format (its own lane: the exact model runs all L layers) ----
-def lane_draft_rate(low: CostModel, top: CostModel, L: int, e: int, k: int, a: float) -> float:
-    """k drafts at depth e in a cheaper format (e = L: the whole model in that format), then the exact
-    model over k + 1 tokens."""
-    seconds = k * (e * low.layer(1) + low.head(e, 1)) + L * top.layer(k + 1) + top.head(L, k + 1)
-    return (1 + expected_run(a, k)) / seconds
-
-
-def lookup_judged_rate(mid: CostModel, top: CostModel, L: int, e: int, k: int, a_lm: float, a_mt: float,
-                       then: int = 0) -> float:
-    """k copied tokens judged by a level of depth e in a cheaper format (one pass over k + 1 tokens): it
-    keeps the agreeing prefix and writes its own token at the first mismatch; then, with `then`, it drafts
-    that many more tokens itself (the three levels in one round: lookup copies for free, the cheap level
-    checks the copy and goes on where the copy ends); then the exact model over what survived. Pending
-    after the judge: the kept run plus, unless all k were kept, the judge's token (and its drafts)."""
-    judged = e * mid.layer(k + 1) + mid.head(e, k + 1)
-    drafted = then * (e * mid.layer(1) + mid.head(e, 1))
-    m = expected_run(a_lm, k) + (1 - a_lm**k) + then
-    n = int(round(m)) + 1
-    return (1 + expected_run(a_mt, m)) / (judged + drafted + L * top.layer(n) + top.head(L, n))
+    @property
+    def choice(self) -> str:
+        """The round's label (traces, the estimates' keys)."""
+        return self.round.label
 
 
 class Policy(ABC):
@@ -164,6 +110,7 @@ class Policy(ABC):
     for every plan."""
 
     name: str
+    adapts: bool  # plans from what it measures (see `adapts`)
     lookup_len: int
 
     def lookup_limit(self, room: int) -> int:
@@ -183,7 +130,7 @@ class Policy(ABC):
 
 
 class FixedPolicy(Policy):
-    name = "fixed"
+    name, adapts = "fixed", False
 
     def __init__(self, levels: tuple[Level, ...], lengths: tuple[int, int], lookup_len: int):
         (self.count, self.verify_at), self.levels, self.lookup_len = lengths, levels, lookup_len
@@ -197,11 +144,12 @@ class FixedPolicy(Policy):
             proposer = 1  # no match: the level above drafts instead (the full model: a plain step)
         verify_at = self.verify_at if self._has_intermediate else 1
         if proposer == top:
-            return Plan(top, 0, (), 1, "plain")
-        judges = tuple(range(proposer + 1, top))
-        if self.levels[proposer].kind == LOOKUP:
-            return Plan(proposer, len(match[0]), judges, verify_at, f"lookup {len(match[0])}", tokens=tuple(match[0]))
-        return Plan(proposer, min(self.count, room), judges, verify_at, f"{self.levels[proposer]} x{self.count}")
+            return Plan(Round.plain_step(self.levels[top]))
+        judges = tuple(self.levels[proposer + 1 : top])
+        lookup = self.levels[proposer].kind == LOOKUP
+        count = len(match[0]) if lookup else min(self.count, room)
+        return Plan(Round(self.levels[proposer], self.levels[top], count, judges, verify_at),
+                    tokens=tuple(match[0]) if lookup else ())
 
     def observe(self, holder: str, judge: str, accepted: bool) -> None:
         pass
@@ -209,7 +157,7 @@ class FixedPolicy(Policy):
 
 class Acceptance:
     """Per-token acceptance by (proposer, judge), measured in this generation, smoothed towards a
-    prior (measured: engine.priors.acceptance_priors; else UNKNOWN_PRIOR) worth `weight` observations."""
+    prior (measured: engine.planning.priors.acceptance_priors; else UNKNOWN_PRIOR) worth `weight` observations."""
 
     def __init__(self, priors: dict[tuple[str, str], float], weight: float = PRIOR_WEIGHT):
         self.priors, self.weight = priors, weight
@@ -265,10 +213,9 @@ class Realized:
         return self.dropped.get(kind, 0) > self.round
 
 
-def plan_kind(plan: Plan) -> tuple:
-    """What a plan is, leaving out how many tokens: (proposer, judges, whether the last judge drafts on);
-    a plain step is (top, (), False)."""
-    return (plan.proposer, plan.judges, plan.then > 0)
+def plan_kind(plan: Plan) -> RoundKind:
+    """What a plan is, leaving out how many tokens (engine.planning.round.RoundKind)."""
+    return plan.round.kind
 
 
 class AutoPolicy(Policy):
@@ -283,7 +230,7 @@ class AutoPolicy(Policy):
     where acceptance is per token and in order (``expected_run``).
     """
 
-    name = "auto"
+    name, adapts = "auto", True
     MAX_DRAFT = MAX_DRAFT
     THRESHOLDS = THRESHOLDS
 
@@ -294,11 +241,11 @@ class AutoPolicy(Policy):
         self.levels, self.costs, self.lane_costs, self.lookup_len = levels, lanes[None], lanes, lookup_len
         self.priors = priors
         self.acceptance = Acceptance(priors)
-        self.L = levels[-1].layer
+        self.L, self.top = levels[-1].layer, levels[-1]
         self._sticky: Plan | None = None  # a hierarchy plan waiting for its threshold
         self.realized = Realized()
         self._notes: list[str] = []  # kinds dropped since the last plan, for its reason
-        self._suspect: tuple | None = None  # a kind below the cost model's plain rate, judged once plain is measured
+        self._suspect: tuple[RoundKind, Plan] | None = None  # a kind below the cost model's plain rate, judged once plain is measured
         self._probes = 0  # plain rounds still to run to measure plain decoding for that judgement
 
     def observe(self, holder: str, judge: str, accepted: bool) -> None:
@@ -312,7 +259,7 @@ class AutoPolicy(Policy):
         than that figure, plain decoding too, and the plan would be dropped for what the context costs.)"""
         kind = plan_kind(plan)
         self.realized.add(kind, committed, seconds)
-        plain_kind = plan_kind(Plan(len(self.levels) - 1, 0, (), 1))
+        plain_kind = Round.plain_step(self.top).kind
         plain = self.realized.rate(plain_kind)
         if kind != plain_kind:
             if plain is None:
@@ -325,68 +272,59 @@ class AutoPolicy(Policy):
             (suspect, suspect_plan), self._suspect, self._probes = self._suspect, None, 0
             self._drop_if_below(suspect, suspect_plan, plain)
 
-    def _drop_if_below(self, kind: tuple, plan: Plan, plain: float) -> None:
+    def _drop_if_below(self, kind: RoundKind, plan: Plan, plain: float) -> None:
         why = self.realized.judge(kind, plain)
         if why:
-            named = " -> ".join(str(self.levels[i]) for i in (plan.proposer, *plan.judges))
+            named = " -> ".join(str(level) for level in (kind.proposer, *kind.judges))
             self._notes.append(f"{named} dropped for {DROP_ROUNDS} rounds ({why})")
 
     # ---- the candidates -----------------------------------------------------------------
-    def _candidates(self, room: int, match: tuple[list[int], int]):
-        """(tokens per second, label, plan) for each candidate."""
-        c, L, top = self.costs, self.L, len(self.levels) - 1
-        yield plain_rate(c, L), "plain", Plan(top, 0, (), 1, "plain")
-        tokens, n = match
-        if tokens and self.levels[0].kind == LOOKUP:
-            a = self.acceptance.rate(f"lookup:{n}", "target", lookup_prior(self.priors, n))
-            for k in range(1, len(tokens) + 1):
-                yield lookup_rate(c, L, k, a), f"lookup {k}", Plan(0, k, (), 1, f"lookup {k}", tokens=tuple(tokens[:k]))
-        middle = [(i, lv) for i, lv in enumerate(self.levels[:-1]) if lv.kind != LOOKUP]
-        for i, lv in middle:  # one level drafts, the full model verifies
-            a, low = self.acceptance.rate(lv.name, "target"), self.lane_costs[lv.precision]
-            most = self.MAX_DRAFT if lv.precision is None else MAX_LANE_DRAFT
-            for k in range(1, min(most, room) + 1):
-                rate = (exit_rate(c, L, lv.layer, k, a) if lv.precision is None
-                        else lane_draft_rate(low, c, L, lv.layer, k, a))
-                yield rate, f"{lv} x{k}", Plan(i, k, (), 1, f"{lv} x{k}")
-        yield from self._judged_lookup(room, match, middle)
-        if len(middle) == 2 and middle[0][1].precision == middle[1][1].precision:
-            # the hierarchy: draft at d, judge at v, full once T are tentative (d, v in one format)
-            (i_d, d_lv), (i_v, v_lv) = middle
-            a_dv = self.acceptance.rate(d_lv.name, v_lv.name)
-            beta = self.acceptance.rate(v_lv.name, "target")
-            low, top = self.lane_costs[d_lv.precision], (None if d_lv.precision is None else c)
-            for k in range(1, min(self.MAX_DRAFT, room) + 1):
-                for T in self.THRESHOLDS:
-                    label = f"{d_lv} x{k} -> {v_lv}, full at {T}"
-                    yield (hierarchy_rate(low, L, d_lv.layer, v_lv.layer, k, T, a_dv, beta, top), label,
-                           Plan(i_d, k, (i_v,), T, label))
+    def _accept(self, n: int):
+        """Acceptance per (holder, judge) as this policy estimates it now; a lookup copy by its n-gram length."""
+        def accept(low: Level, high: Level) -> float:
+            if low.kind == LOOKUP:
+                return self.acceptance.rate(f"lookup:{n}", high.name, lookup_prior(self.priors, n, high.name))
+            return self.acceptance.rate(low.name, high.name)
+        return accept
 
-    def _judged_lookup(self, room: int, match: tuple[list[int], int], middle):
+    def _candidates(self, room: int, match: tuple[list[int], int]):
+        """(tokens per second, round) for each candidate: the one formula of engine.planning.round, Round.rate."""
+        top, tokens, n = self.top, *match
+        accept = self._accept(n)
+        rounds = [Round.plain_step(top)]
+        lookup = self.levels[0] if tokens and self.levels[0].kind == LOOKUP else None
+        if lookup is not None:
+            rounds += [Round(lookup, top, k) for k in range(1, len(tokens) + 1)]
+        middle = [lv for lv in self.levels[:-1] if lv.kind != LOOKUP]
+        for lv in middle:  # one level drafts, the full model verifies
+            most = self.MAX_DRAFT if lv.precision is None else MAX_LANE_DRAFT
+            rounds += [Round(lv, top, k) for k in range(1, min(most, room) + 1)]
+        if lookup is not None:
+            rounds += self._judged_lookup(lookup, room, len(tokens), middle)
+        if len(middle) == 2 and middle[0].precision == middle[1].precision:
+            # the hierarchy: draft at d, judge at v, full once T are tentative (d, v in one format)
+            d, v = middle
+            rounds += [Round(d, top, k, (v,), T) for k in range(1, min(self.MAX_DRAFT, room) + 1)
+                       for T in self.THRESHOLDS]
+        for r in rounds:
+            yield r.rate(self.lane_costs, accept), r
+
+    def _judged_lookup(self, lookup: Level, room: int, matched: int, middle) -> list[Round]:
         """Lookup's copy judged by a level in a cheaper format, then the exact model: the cheap level keeps
         the copy's agreeing prefix and writes its own token at the first mismatch, so a wrong copy still
-        yields a token the exact model is likely to accept. (Only for levels in a cheaper format: with exact
-        exits below the full model, the measured defaults stay as they were tuned.)"""
-        tokens, n = match
-        if not tokens or self.levels[0].kind != LOOKUP:
-            return
-        for i, lv in middle:
-            if lv.precision is None:
-                continue
-            a_lm = self.acceptance.rate(f"lookup:{n}", lv.name, lookup_prior(self.priors, n, lv.name))
-            a_mt = self.acceptance.rate(lv.name, "target")
-            low = self.lane_costs[lv.precision]
-            for k in range(1, len(tokens) + 1):
-                for then in range(0, max(0, min(MAX_LANE_DRAFT, room - k)) + 1):
-                    label = f"lookup {k} -> {lv}" + (f" +{then}" if then else "")
-                    rate = lookup_judged_rate(low, self.costs, self.L, lv.layer, k, a_lm, a_mt, then)
-                    yield rate, label, Plan(0, k, (i,), 1, label, tokens=tuple(tokens[:k]), then=then)
+        yields a token the exact model is likely to accept; it may then draft on (`then`) in the same round.
+        (Only for levels in a cheaper format: with exact exits below the full model, the measured defaults
+        stay as they were tuned.)"""
+        return [Round(lookup, self.top, k, (lv,), 1, then)
+                for lv in middle if lv.precision is not None
+                for k in range(1, matched + 1)
+                for then in range(0, max(0, min(MAX_LANE_DRAFT, room - k)) + 1)]
 
-    def _margin(self, plan: Plan) -> float:
-        """How much better than a plain step a plan must be expected to be (1 for the plain step itself)."""
-        if plan.proposer == len(self.levels) - 1:
+    def _margin(self, r: Round) -> float:
+        """How much better than a plain step a round must be expected to be (1 for the plain step itself)."""
+        if r.plain:
             return 1.0
-        if self.levels[plan.proposer].kind == "lookup" and not plan.judges:
+        if r.proposer.kind == LOOKUP and not r.judges:
             return LOOKUP_MIN_GAIN
         return MIN_GAIN
 
@@ -395,36 +333,35 @@ class AutoPolicy(Policy):
             return self._sticky
         if self._probes > 0 and not pending:
             self._probes -= 1
-            named = " -> ".join(str(self.levels[i]) for i in (self._suspect[1].proposer, *self._suspect[1].judges))
-            return Plan(len(self.levels) - 1, 0, (), 1, "plain",
+            kind = self._suspect[0]
+            named = " -> ".join(str(level) for level in (kind.proposer, *kind.judges))
+            return Plan(Round.plain_step(self.top),
                         f"measuring plain decoding here before judging {named}, which ran below the cost model's "
                         "plain rate")
         scored = sorted(self._candidates(room, match), key=lambda x: -x[0])
-        plain_rate = next(rate for rate, name, _ in scored if name == "plain")
-        scored = [x for x in scored if x[1] == "plain" or not self.realized.is_dropped(plan_kind(x[2]))]
+        plain_rate = next(rate for rate, r in scored if r.plain)
+        scored = [x for x in scored if x[1].plain or not self.realized.is_dropped(x[1].kind)]
         # The best plan that clears its own margin over a plain step (not worth the risk otherwise): it may be
         # a copy ranked below an exit plan that did not clear the exits' larger margin.
-        best_rate, label, plan = next(x for x in scored if x[0] >= self._margin(x[2]) * plain_rate)
-        short = label == "plain" and scored[0][1] != "plain"
+        best_rate, chosen = next(x for x in scored if x[0] >= self._margin(x[1]) * plain_rate)
+        short = chosen.plain and not scored[0][1].plain
         shown = {}
-        for rate, name, _ in scored:  # the best few, and the plain step for reference
-            if len(shown) < 4 or name == "plain":
-                shown[name] = round(rate, 2)
-        reason = (f"the best, {scored[0][1]}, is expected at only {scored[0][0] / plain_rate:.2f}x a plain step "
-                  f"(a plan must be expected to beat it by {self._margin(scored[0][2]):.2f}x)" if short else
-                  "nothing is expected to beat a plain step" if label == "plain" else
+        for rate, r in scored:  # the best few, and the plain step for reference
+            if len(shown) < 4 or r.plain:
+                shown[r.label] = round(rate, 2)
+        reason = (f"the best, {scored[0][1].label}, is expected at only {scored[0][0] / plain_rate:.2f}x a plain step "
+                  f"(a plan must be expected to beat it by {self._margin(scored[0][1]):.2f}x)" if short else
+                  "nothing is expected to beat a plain step" if chosen.plain else
                   f"expected {best_rate / plain_rate:.2f}x a plain step")
         if self._notes:
             reason, self._notes = "; ".join([reason, *self._notes]), []
-        plan = Plan(plan.proposer, plan.count, plan.judges, plan.verify_at, label, reason, shown, plan.tokens,
-                    plan.then)
-        self._sticky = plan if plan.verify_at > 1 else None
+        tokens = tuple(match[0][: chosen.count]) if chosen.proposer.kind == LOOKUP else ()
+        plan = Plan(chosen, reason, shown, tokens, best_rate / plain_rate)
+        self._sticky = plan if chosen.verify_at > 1 else None
         return plan
 
 
 def make_policy(name: str, levels, config, costs: CostModel | None, priors: dict) -> Policy:
-    if name == "fixed":
-        return FixedPolicy(levels, config.lengths or (1, 1), config.lookup_len)
-    if name == "auto":
+    if adapts(name):
         return AutoPolicy(levels, costs, priors, config.lookup_len)
-    raise ValueError(f"unknown policy '{name}'")
+    return FixedPolicy(levels, config.lengths or (1, 1), config.lookup_len)
