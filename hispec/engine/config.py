@@ -285,6 +285,11 @@ class DecodeConfig:
         return out
 
 
+def run_name(method: str, policy: str | None) -> str:
+    """A run's name as the comparisons and stats give it: 'hispec (auto)', 'autoregressive', 'hispec' (fixed)."""
+    return f"{method} ({policy})" if policy in POLICIES and adapts(policy) else method
+
+
 def recorded_lengths(settings: dict) -> tuple[int, int]:
     """A run's fixed-round lengths (k, t) from its recorded settings (`DecodeConfig.settings`; artifacts
     recorded before `lengths` was a setting name them in the paper's terms); (1, 1) where it has none."""

@@ -14,7 +14,7 @@ import threading
 from dataclasses import replace
 from typing import Iterator
 
-from hispec.engine.config import DecodeConfig
+from hispec.engine.config import DecodeConfig, run_name
 from hispec.engine.levels import level_words
 from hispec.evaluation import pairs as timed_pairs
 from hispec.runs.runner import plain_config
@@ -31,7 +31,7 @@ def compare_configs(config: DecodeConfig, baselines: list[str], ee) -> list[Deco
 
 
 def label(config: DecodeConfig) -> str:
-    return f"{config.method} ({config.policy})" if config.adapts else config.method
+    return run_name(config.method, config.policy)
 
 
 def what_ran(config: DecodeConfig) -> str:

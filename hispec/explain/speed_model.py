@@ -171,8 +171,8 @@ def explain_plans(rows, costs: CostModel | Lanes, num_layers: int, plain_tokens_
     estimate. `levels`: the run's level list as written (names the pairs). JSON-ready dicts: the page and
     /generate's answer show the same."""
     lanes = costs if isinstance(costs, Mapping) else {None: costs}
-    plain = plain_rate(lanes[None], num_layers)
-    scale = (plain_tokens_per_s / plain) if plain_tokens_per_s else 1.0
+    plain = plain_rate(lanes[None], num_layers) if None in lanes else None  # no costs kept: measured only
+    scale = (plain_tokens_per_s / plain) if plain_tokens_per_s and plain else 1.0
     roles = levels_by_role(tuple(levels)) if levels else None
     out = []
     for row in rows:
@@ -184,10 +184,14 @@ def explain_plans(rows, costs: CostModel | Lanes, num_layers: int, plain_tokens_
                 "measured_tokens_per_s": row.tokens_per_s, "a_dv": a_dv, "a_vt": a_vt,
                 "acceptance": dict(row.acceptance),  # every pair the plan measured, by role
                 "count": row.count, "verify_at": row.verify_at, "then": row.then,
+                "measured_vs_plain": (row.tokens_per_s / plain_tokens_per_s if row.tokens_per_s and plain_tokens_per_s
+                                      else None),
                 "expected_gain": row.expected_gain, "predicted": None, "break_even": None,
                 "break_even_pair": None if swept is None else pair_name(pair_key(*swept), roles),
                 "predicted_tokens_per_s": None}
-        if r.plain:
+        if plain is None:
+            pass
+        elif r.plain:
             item.update(predicted=1.0, predicted_tokens_per_s=plain * scale)
         else:
             predicted = r.speedup(lanes, measured_acceptance(row.acceptance))

@@ -131,6 +131,39 @@ def keep_costs(run: dict, costs: CostModel) -> None:
     run["costs_ms"] = costs.figures_ms()
 
 
+def _measured(run: dict) -> dict | None:
+    measured = run.get("vs_plain")
+    if measured is not None and not measured.get("runs"):  # asked for, every pair cut short: nothing measured
+        measured = dict(measured, median=None)
+    return measured
+
+
+def _plain_decode(measured: dict | None) -> float | None:
+    """Plain decoding's tokens/s after the first token, measured by the run's pairs (median)."""
+    return statistics.median(measured["plain_decode_tokens_per_s"]) if measured and measured["median"] else None
+
+
+def _plans(run: dict, lanes: dict, measured: dict | None) -> list[dict]:
+    """The run plan by plan (explain_plans) with each estimate's range, on these lane costs."""
+    settings = run["settings"]
+    rows = plan_rows([event_from_dict(d) for d in run.get("events") or []], settings)
+    plain_decode = _plain_decode(measured)
+    plans = explain_plans(rows, lanes, settings.get("num_layers"), plain_decode, tuple(settings.get("levels") or ()))
+    for plan, row in zip(plans, rows):
+        plan["range"] = _interval_prediction(row, lanes) if None in lanes else None
+    return plans
+
+
+def plan_table(run: dict) -> list[dict]:
+    """The plan table the page shows, as data (/generate's answer: `plans`): each plan that ran, its words,
+    rounds, tokens, measured tokens/s (and ratio to plain decoding, when pairs measured it), its estimate
+    with range, break-even and the gain expected when chosen, on the costs the run kept (every lane). A
+    run that kept none (fixed rounds on a model never timed) has measurements only."""
+    exact = frozen_costs(run)
+    lanes = {} if exact is None else {None: exact, **frozen_lanes(run)}
+    return _plans(run, lanes, _measured(run))
+
+
 def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_if: dict | None = None,
                 frozen: str | None = None) -> dict:
     """Every figure of "Why this speed" for a finished run (the page's kept run: stats, settings,
@@ -139,18 +172,9 @@ def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_
     None: the model's cost model as it stands now."""
     settings, stats = run["settings"], run["stats"]
     L = settings.get("num_layers")
-    events = [event_from_dict(d) for d in run.get("events") or []]
-    rows = plan_rows(events, settings)
-    lanes = {None: costs, **frozen_lanes(run)}
-    measured = run.get("vs_plain")
-    if measured is not None and not measured.get("runs"):  # asked for, every pair cut short: nothing measured
-        measured = dict(measured, median=None)
-    plain_decode = (statistics.median(measured["plain_decode_tokens_per_s"]) if measured and measured["median"]
-                    else None)
-    plans = explain_plans(rows, lanes, L, plain_decode, tuple(settings.get("levels") or ()))
+    measured = _measured(run)
+    plans = _plans(run, {None: costs, **frozen_lanes(run)}, measured)
     model = SpeedModel(costs, L)
-    for plan, row in zip(plans, rows):
-        plan["range"] = _interval_prediction(row, lanes)
     predicted = run_prediction(plans)
     low = run_prediction([dict(p, predicted=p["range"][0]) if p.get("range") else p for p in plans])
     high = run_prediction([dict(p, predicted=p["range"][1]) if p.get("range") else p for p in plans])
@@ -160,7 +184,7 @@ def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_
              "levels": tuple(settings.get("levels") or ()),
              "measured": measured, "plans": plans, "predicted": predicted,
              "predicted_range": (low, high) if low is not None and high is not None else None,
-             "plain": {"measured_decode_tokens_per_s": plain_decode, "model_tokens_per_s": plain_rate(costs, L)},
+             "plain": {"measured_decode_tokens_per_s": _plain_decode(measured), "model_tokens_per_s": plain_rate(costs, L)},
              "differences": [], "shape": None, "costs_frozen": frozen}
     if (measured and measured["median"] and predicted is not None
             and not measured["low"] <= predicted <= measured["high"]):

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Generator, Iterable, Iterator
 
-from hispec.engine.config import DecodeConfig, default_exits, recommended_settings
+from hispec.engine.config import DecodeConfig, default_exits, recommended_settings, run_name
 from hispec.engine.levels import LOOKUP
 from hispec.errors import HiSpecError
 from hispec.engine.decoding import Decoder
@@ -156,6 +156,8 @@ class LiveRun:
         if isinstance(ev, DoneEvent):
             self.done = ev
             self.set_levels(ev.settings.get("levels"))
+            if not self.stats.method:  # the run's own name ('hispec (auto)'), when the caller gave none
+                self.stats.method = run_name(ev.settings.get("method", ""), ev.settings.get("policy"))
 
     def summary(self) -> dict:
         return self.stats.summary()
