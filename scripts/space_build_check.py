@@ -58,10 +58,16 @@ class Outcome:
 
 
 def space_files(repo: Path = ROOT) -> list[str]:
-    """The files a Space built from this repository gets: tracked ones, and new ones git does not ignore."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
-                         capture_output=True, check=True).stdout.decode()
-    return sorted(name for name in out.split("\0") if name and (repo / name).is_file())
+    """The files a Space built from this repository gets: tracked ones, and new ones git does not ignore
+    (outside a git checkout: every file but git's, environments, builds and caches)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                             capture_output=True, check=True).stdout.decode()
+        names = out.split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", ".build", "__pycache__", ".pytest_cache", "out"}
+        names = [str(p.relative_to(repo)) for p in repo.rglob("*") if not skip & set(p.relative_to(repo).parts)]
+    return sorted(name for name in names if name and (repo / name).is_file())
 
 
 def copy_space(dest: Path, repo: Path = ROOT) -> Path:

