@@ -14,7 +14,6 @@ bit-identical to ``load_model("default")`` - ``pack.json`` records its fingerpri
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 
 from hispec.errors import ModelLoadError
+from hispec.model.default_gguf import sha256_of
 
 PACK_FILE = "pack.json"
 # GGUF quant types used by the default model: (bytes per block of 32 weights)
@@ -81,21 +81,13 @@ def pack_gguf(gguf_path: str | Path, config_folder: str | Path, out: str | Path,
     for n, (tensors, desc) in enumerate(zip(parts, described), 1):
         path = out / f"base-part{n}.safetensors"
         save_file(tensors, str(path), metadata={"tensors": json.dumps(desc)})
-        files.append({"file": path.name, "bytes": path.stat().st_size, "sha256": _sha256(path)})
+        files.append({"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_of(path)})
     for name in ("config.json", "generation_config.json"):
         if (Path(config_folder) / name).is_file():
             shutil.copy(Path(config_folder) / name, out / name)
     pack = {"source": Path(gguf_path).name, "parts": files, "fingerprint": fingerprint}
     (out / PACK_FILE).write_text(json.dumps(pack, indent=1))
     return pack
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def dequantize(raw: torch.Tensor, qtype: str, shape: list[int]) -> torch.Tensor:
@@ -139,7 +131,7 @@ def check_parts(folder: str | Path) -> dict:
         path = folder / part["file"]
         if not path.is_file():
             raise ModelLoadError(f"{path} is missing (carried in another call?): all parts are needed")
-        if _sha256(path) != part["sha256"]:
+        if sha256_of(path) != part["sha256"]:
             raise ModelLoadError(f"{path} is damaged or incomplete (sha256 differs from {PACK_FILE})")
     return pack
 
