@@ -335,7 +335,7 @@ def cmd_train_ee(args) -> int:
 REPOSITORY_TOOLS = {
     "figures": "the README's generated figures are repository tooling: run `python scripts/figures.py` "
                "(or `python scripts/figures.py --check`) from a checkout",
-    "load-test": "the load test is repository tooling: run `python scripts/load_test.py --help` from a checkout",
+    "load-test": "the load test is repository tooling: run `python scripts/measure/load_test.py --help` from a checkout",
 }
 
 

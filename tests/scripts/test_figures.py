@@ -46,7 +46,7 @@ def test_a_changed_digit_in_a_block_fails_the_check_and_names_it(name, tmp_path,
 def test_the_command_runs_as_a_script_from_anywhere(tmp_path):
     """`python scripts/figures.py --check` is the command the README cites: it runs from any directory
     and exits 1 naming the block that differs."""
-    script = ROOT / "scripts" / "figures.py"
+    script = ROOT / "scripts" / "figures.py"  # the entry point the blocks cite
     ok = subprocess.run([sys.executable, str(script), "--check"], cwd=tmp_path, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     text = figures.README.read_text(encoding="utf-8")
@@ -104,7 +104,7 @@ def quoted_but_not_shown(readme: str, shown: str) -> list[str]:
 
 def test_the_walkthrough_quotes_what_the_page_showed():
     """The README's walkthrough of the page quotes the answers the screenshots' run showed
-    (assets/walkthrough.json, written by scripts/screenshots.py): its measured ratios, its round."""
+    (assets/walkthrough.json, written by scripts/docs/screenshots.py): its measured ratios, its round."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     seen = json.loads((ROOT / "assets" / "walkthrough.json").read_text(encoding="utf-8"))
     shown = "\n".join(str(v) for v in seen.values())

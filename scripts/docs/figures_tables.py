@@ -397,7 +397,7 @@ def q4_alternatives_table(r: dict) -> str:
 
 
 def q4_ab_table(*reports: dict) -> str:
-    """Two builds of the 4-bit kernel on whole steps (scripts/q4_ab.py): per build and token count, the
+    """Two builds of the 4-bit kernel on whole steps (scripts/measure/q4_ab.py): per build and token count, the
     medians before and after, their ratio, and whether the logits kept their bits."""
     rows = []
     for r in reports:
@@ -413,7 +413,7 @@ def q4_ab_table(*reports: dict) -> str:
 
 
 def q4_profile_table(*reports: dict) -> str:
-    """Where a step's time goes (scripts/q4_profile.py), per kernel build and tokens per pass: float32 and
+    """Where a step's time goes (scripts/measure/q4_profile.py), per kernel build and tokens per pass: float32 and
     the 4-bit route op by op (each op timed; Python/dispatch is what the step has beyond them), and the
     4-bit native layer's own phase clock (the rest: embedding, final norm and LM head, Python)."""
     def ms(v):
@@ -593,7 +593,7 @@ def _rate(measured: dict, run: str) -> float:
 def precision_breakeven_table(steps: dict, a8_q4: dict, a8_fp32: dict, q4_fp32: dict) -> str:
     """Why a cheaper full model pays as a drafter in float32 and not in 4-bit, from measured figures only:
     per-token agreement a (report split), the drafter's one-token step c and the exact model's k-token pass
-    v(k), both over the exact model's one-token step (scripts/q4_steps.py, wall clock medians). A round of k
+    v(k), both over the exact model's one-token step (scripts/measure/q4_steps.py, wall clock medians). A round of k
     drafts yields (1 - a^(k+1)) / (1 - a) tokens for k c + v(k + 1) one-token steps of the exact model."""
     wall = steps["wall_ms"]
 
@@ -625,7 +625,7 @@ def precision_breakeven_table(steps: dict, a8_q4: dict, a8_fp32: dict, q4_fp32: 
 
 def precision_agreement_table(measured: dict, tune: dict | None = None) -> str:
     """Per-token acceptance of each 4-bit level by the exact model (and of 4-bit exits by the 4-bit full
-    model), from scripts/measure_priors.py runs (--formats q4): `measured` (the report split) beside
+    model), from scripts/measure/measure_priors.py runs (--formats q4): `measured` (the report split) beside
     `tune` (the tuning split: the priors the policy starts from)."""
     def split_of(m: dict) -> str:
         return "report" if "heldout-report" in m.get("command", "") else "tuning"

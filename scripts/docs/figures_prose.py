@@ -11,7 +11,7 @@ blocks) must be one of:
   reported (a copy that drifts onto another figure of the same block still passes: ties are stricter);
 - **shown by its section's artifact**: a section that retells one recorded run (``SHOWN``: the page's
   walkthrough and ``assets/walkthrough.json``) quotes text the artifact holds;
-- **tied** (``TIES``, in readme_quotes.py): a quote of the prose, the artifacts it comes from and a function that computes
+- **tied** (``TIES``, in figures_quotes.py): a quote of the prose, the artifacts it comes from and a function that computes
   the figures' text from them: a figure the artifacts no longer give is reported;
 - **untied** (``UNTIED``): listed with why it has no artifact to check (a goal, a setting, another
   project's published figure, an earlier release's measurement whose artifact is not kept). The list
@@ -30,9 +30,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from readme_quotes import SHOWN, TIES, UNTIED, load
+from figures_quotes import SHOWN, TIES, UNTIED, load
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(  # a generated block (scripts/figures.py)
     r"<!-- figures: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
 FIGURE = re.compile(r"(?<![\w.])±?\d+(?:\.\d+)?(?:[–-]\d+(?:\.\d+)?)?(?:×|x\b|%| ?(?:tok/s|tokens/s|ms)\b)")
@@ -117,5 +117,5 @@ def problems(readme: str, root: Path = ROOT) -> list[str]:
         if fig.section in shown and UNIT.sub("", fig.text) in shown[fig.section]:
             continue  # the figure's number (a page's tables give units in their headings)
         out.append(f"README.md:{fig.line}: {fig.text} ({fig.section or 'top'}) is in neither block beside it, "
-                   "no artifact and no list of readme_prose.py")
+                   "no artifact and no list of figures_prose.py")
     return out

@@ -1,6 +1,6 @@
 """Every figure in the README's prose is checked (issue 33, item 5): in a generated block of its
 section, shown by its section's artifact, tied to an artifact by a function, or listed with why it
-has none (scripts/readme_prose.py); `python scripts/figures.py --check` fails otherwise."""
+has none (scripts/docs/figures_prose.py); `python scripts/figures.py --check` fails otherwise."""
 
 import json
 import re
@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-import readme_prose as prose
+import figures_prose as prose
 from figures import README, main
 
 TEXT = README.read_text(encoding="utf-8")

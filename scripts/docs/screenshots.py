@@ -1,7 +1,7 @@
 """Take the README's screenshots of the running app in headless Chromium, and keep what they show.
 
     python app.py &                # the default model, http://127.0.0.1:7860
-    python scripts/screenshots.py [--url URL] [--out assets] [--json assets/walkthrough.json]
+    python scripts/docs/screenshots.py [--url URL] [--out assets] [--json assets/walkthrough.json]
 
 Needs Debian's chromium and the playwright package (scripts/setup.sh --dev). It clicks as a student
 would: the teaching preset and three pairs of runs against plain decoding, one prompt, the token
@@ -138,10 +138,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from hispec.evaluation.record import code_version
 
-    seen = {"command": "python scripts/screenshots.py " + " ".join(os.sys.argv[1:]), "code": code_version(),
+    seen = {"command": "python scripts/docs/screenshots.py " + " ".join(os.sys.argv[1:]), "code": code_version(),
             "machine": machine(),
             "prompt": PROMPT, "copy_prompt": COPY_PROMPT}
     with sync_playwright() as p:

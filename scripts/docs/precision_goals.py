@@ -3,7 +3,7 @@
 method's geometric mean of per-prompt ratios to its own format's plain decoding and to the same
 policy without three-level plans, the share of rounds that ran three levels, output equality with
 its format's plain decoding, and the goals met or missed. Used by the README's generated table
-(readme_tables.precision_table): repository tooling, outside the package."""
+(figures_tables.precision_table): repository tooling, outside the package."""
 
 from __future__ import annotations
 

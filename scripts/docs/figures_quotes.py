@@ -1,4 +1,4 @@
-"""Where each figure the README's prose quotes comes from (checked by readme_prose.py).
+"""Where each figure the README's prose quotes comes from (checked by figures_prose.py).
 
 ``TIES``: a quote of the prose, the artifacts it comes from and a function that computes the figures'
 text from them. ``SHOWN``: sections that retell one recorded run and the artifact that holds its
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
