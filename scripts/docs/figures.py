@@ -1,6 +1,6 @@
-"""The README's generated blocks of figures, from the JSON artifacts in assets/.
+"""The generated blocks of figures of README.md and docs/*.md, from the JSON artifacts in assets/.
 
-Each generated table sits in README.md between ``<!-- figures: NAME -->`` and ``<!-- /figures -->``
+Each generated table sits in a page (README.md or a page of docs/) between ``<!-- figures: NAME -->`` and ``<!-- /figures -->``
 and ends with the command that made its artifact, the commit it ran at and the machine it ran on
 (from the artifact's record). ``python scripts/figures.py`` rewrites every block from its artifact;
 ``--check`` changes nothing and exits 1, naming each block whose text differs from what its artifact
@@ -8,10 +8,10 @@ gives, so a figure in a block can never drift from its measurement. Figures quot
 outside the blocks are checked too (figures_prose.py, figures_quotes.py): a stale or unchecked one
 makes both modes exit 1 (the blocks are still rewritten; the prose needs a person).
 
-This is tooling of the repository, not of the package: it edits README.md. One function per table
+This is tooling of the repository, not of the package: it edits README.md and docs/. One function per table
 (figures_tables.py); ``BLOCKS`` maps a block's name to its function and artifacts.
 
-    python scripts/figures.py [--check] [--readme PATH]
+    python scripts/figures.py [--check] [--readme PATH] [--docs DIR]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import figures_prose  # noqa: E402
 from hispec.paths import ASSETS  # noqa: E402
-from figures_tables import (FP32_COMMAND, LEVELS_COMMAND, agreement_table, bench_table, bf16_table,  # noqa: E402
+from figures_tables import (FP32_COMMAND, headline_table, LEVELS_COMMAND, agreement_table, bench_table, bf16_table,  # noqa: E402
                            a8_agreement_table, ee_gpu_table, gpu_profile_table, gpu_table, precision_breakeven_table, layerskip_table, levels_table, load_table, loaded_table, precision_agreement_table,
                            precision_table, priors_table, profile_table, q4_ab_table, q4_alternatives_table, q4_profile_table, q4_table,
                            sweep_table, time_split_table)
@@ -36,6 +36,7 @@ from figures_tables import (FP32_COMMAND, LEVELS_COMMAND, agreement_table, bench
 COMMAND = "python scripts/figures.py"
 ROOT = ASSETS.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 BLOCK = figures_prose.BLOCK  # <!-- figures: NAME --> ... <!-- /figures -->
 
 
@@ -111,6 +112,9 @@ def provenance(block: Block, artifacts: list[dict]) -> str:
 
 
 BLOCKS: dict[str, Block] = {
+    # the README's one table: the default's run, then llama.cpp's (until one run on heldout-fresh holds all)
+    "headline": Block(("assets/bench/precision_default_cpu_report.json", "assets/bench/q4_cpu_default.json"),
+                      headline_table),
     "levels-report": Block(("assets/bench/levels_cpu_report.json",), levels_table),
     "levels": Block(("assets/bench/levels_cpu_default.json",), levels_table, LEVELS_COMMAND),
     "bench-heldout": Block(("assets/bench/bench_cpu_default.json",), bench_table, FP32_COMMAND),
@@ -184,37 +188,56 @@ def blocks_in(text: str) -> list[str]:
     return [m["name"] for m in BLOCK.finditer(text)]
 
 
+def pages(readme: Path | None = None, docs: Path | None = None) -> dict[Path, str]:
+    """Every page the check reads: README.md and each Markdown page of docs/ (paths may be replaced,
+    for a copy being checked)."""
+    readme = readme or README
+    docs = docs or DOCS
+    found = [readme, *sorted(docs.glob("*.md"))] if docs.is_dir() else [readme]
+    return {path: path.read_text(encoding="utf-8") for path in found}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """python scripts/figures.py [--check] [--readme PATH]."""
+    """python scripts/figures.py [--check] [--readme PATH] [--docs DIR]."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1, naming each block that differs")
     parser.add_argument("--readme", default=None, help="the README to read (default: the repository's README.md)")
+    parser.add_argument("--docs", default=None, help="the folder of pages to read (default: the repository's docs/)")
     args = parser.parse_args(argv)
-    path = Path(args.readme) if args.readme else README
-    text = path.read_text(encoding="utf-8")
-    unknown = [n for n in blocks_in(text) if n not in BLOCKS]
-    if unknown:
-        print(f"figures: {path.name} has blocks no generator makes: {', '.join(unknown)}", file=sys.stderr)
-        return 1
-    missing = [p for n in blocks_in(text) for p in BLOCKS[n].artifacts if not (ROOT / p).is_file()]
-    if missing:
-        print(f"figures: missing artifacts: {', '.join(missing)}", file=sys.stderr)
-        return 1
-    new, changed = regenerate(text)
-    prose = figures_prose.problems(new)  # figures in the prose: a person has to fix these
+    texts = pages(Path(args.readme) if args.readme else None, Path(args.docs) if args.docs else None)
+    failed, regenerated, count, new_texts = False, {}, 0, {}
+    for path, text in texts.items():
+        unknown = [n for n in blocks_in(text) if n not in BLOCKS]
+        if unknown:
+            print(f"figures: {path.name} has blocks no generator makes: {', '.join(unknown)}", file=sys.stderr)
+            return 1
+        missing = [p for n in blocks_in(text) for p in BLOCKS[n].artifacts if not (ROOT / p).is_file()]
+        if missing:
+            print(f"figures: {path.name}: missing artifacts: {', '.join(missing)}", file=sys.stderr)
+            return 1
+        new, changed = regenerate(text)
+        new_texts[path], count = new, count + len(blocks_in(text))
+        if changed:
+            regenerated[path] = changed
+    first = next(iter(texts))  # the README; the rest are the pages of the docs folder
+    names = {path: path.name if path == first else f"docs/{path.name}" for path in texts}
+    prose = figures_prose.problems({names[p]: t for p, t in new_texts.items()})  # a person has to fix these
     for problem in prose:
         print(f"figures: prose: {problem}", file=sys.stderr)
     if args.check:
-        if changed:
-            print(f"figures: {path.name} differs from its artifacts in: {', '.join(changed)} "
+        for path, changed in regenerated.items():
+            failed = True
+            print(f"figures: {names[path]} differs from its artifacts in: {', '.join(changed)} "
                   f"(run '{COMMAND}' to regenerate)", file=sys.stderr)
-        if changed or prose:
+        if failed or prose:
             return 1
-        print(f"figures: {len(blocks_in(text))} blocks match their artifacts; every figure in the prose is checked")
+        print(f"figures: {count} blocks in {len(texts)} pages match their artifacts; every figure in the prose "
+              "is checked")
         return 0
-    if changed:
-        path.write_text(new, encoding="utf-8")
-    print(f"figures: {len(blocks_in(text))} blocks, regenerated: {', '.join(changed) or 'none'}")
+    for path in regenerated:
+        path.write_text(new_texts[path], encoding="utf-8")
+    done = ", ".join(f"{', '.join(c)} ({names[p]})" for p, c in regenerated.items())
+    print(f"figures: {count} blocks in {len(texts)} pages, regenerated: {done or 'none'}")
     return 1 if prose else 0
 
 
