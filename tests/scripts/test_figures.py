@@ -134,3 +134,24 @@ def test_the_walkthrough_quotes_what_the_page_showed():
     first = re.search(r"\*\*(\d+\.\d\d)×\*\*", _walkthrough_section(readme)).group(1)
     wrong = next(w for w in (f"{float(first) + d:.2f}×" for d in (0.07, 0.13, 0.19, 0.31)) if w not in shown)
     assert quoted_but_not_shown(readme.replace(f"**{first}×**", f"**{wrong}**"), shown) == [wrong]
+
+
+def test_rows_are_named_by_the_level_list_they_ran():
+    """hispec/auto ran the exits [lookup, 2, 4] before 2026-12-04 and [lookup, full@q4] since, under one name:
+    the tables name each row by what its records ran (issue 51), and the README's table calls only the
+    second the default."""
+    import figures_tables as t
+
+    def report(levels):
+        records = [{"set": "s", "prompt_id": f"p{i}", "method": m, "tokens_per_s": v, "token_ids": [1, 2],
+                    "settings": {"levels": levels if m.startswith("hispec") else []}}
+                   for i in range(2) for m, v in (("autoregressive@fp32", 10.0), ("hispec/auto@fp32", 20.0))]
+        return {"methods": ["autoregressive@fp32", "hispec/auto@fp32"], "records": records, "command": "x",
+                "max_new_tokens": 128}
+
+    old, new = report(["lookup", 2, 4]), report(["lookup", "full@q4"])
+    assert t.named(old, "hispec/auto@fp32") == "hispec/auto@fp32 (ran lookup,2,4)"
+    assert t.named(new, "autoregressive@fp32") == "autoregressive@fp32"
+    assert "| hispec/auto@fp32 (ran lookup,2,4) | hispec/auto before today's default" in t.headline_table(old)
+    assert "| hispec/auto@fp32 | **the default**" in t.headline_table(new)
+    assert "| 2.00× | yes |" in t.headline_table(new)
