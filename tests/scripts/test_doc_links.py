@@ -49,3 +49,24 @@ def test_the_scripts_index_names_every_script_and_every_shipped_artifact():
     assert unnamed(index, [Path("assets/bench/new_run.json"), Path("scripts/measure/new.py")]) == ["new_run.json",
                                                                                                   "new.py"]
     assert unnamed(index, [Path("assets/policy/priors_new.json")]) == []  # `assets/policy/priors_*.json`
+
+
+def opening_problems(readme: str) -> list[str]:
+    """What the README must do (issue 51): fit in a few screens, and say in its opening paragraphs what
+    the default runs and where the paper's exit hierarchy went."""
+    body = readme.split("\n---\n", 1)[-1]  # after the Space's front matter
+    opening = body[:body.index("\n## ")]
+    out = [] if len(readme.splitlines()) <= 350 else [f"{len(readme.splitlines())} lines, over 350"]
+    out += [f"the opening does not name {w!r}" for w in ("lookup", "4-bit model", "exact float32 model", "Teaching")
+            if w not in opening]
+    return out
+
+
+def test_the_readme_fits_and_opens_with_what_the_default_runs():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.startswith("---\ntitle: HiSpec\n") and "\napp_file: app.py\n" in readme  # the Space's front matter
+    assert opening_problems(readme) == []
+    assert "bash scripts/setup.sh -- python3 app.py" in readme and "bash scripts/setup.sh --dev -- python3 -m pytest" in readme
+    # the check catches a README that grew or lost its opening
+    assert opening_problems(readme + "x\n" * 400) == [f"{len(readme.splitlines()) + 400} lines, over 350"]
+    assert opening_problems(readme.replace("Teaching", "Classroom")) == ["the opening does not name 'Teaching'"]
