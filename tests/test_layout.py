@@ -412,12 +412,12 @@ PAPER_NAMES_ALLOWED = {
     "hispec/engine/config.py",  # the preset
     "app.py", "ui/page.py", "ui/controller.py", "ui/controls.py", "ui/model_view.py",  # the sliders
     "hispec/cli/main.py", "hispec/cli/parsers.py", "hispec/serving/api.py", "hispec/evaluation/sweep.py",  # typed
-    "scripts/readme_quotes.py", "scripts/readme_tables.py",  # recorded artifacts, read back
+    "scripts/docs/figures_quotes.py", "scripts/docs/figures_tables.py",  # recorded artifacts, read back
 }
 
 
 def files_naming_the_paper(root: Path = ROOT) -> set[str]:
-    files = [*root.glob("hispec/**/*.py"), *root.glob("ui/**/*.py"), *root.glob("scripts/*.py"), root / "app.py"]
+    files = [*root.glob("hispec/**/*.py"), *root.glob("ui/**/*.py"), *root.glob("scripts/**/*.py"), root / "app.py"]
     return {str(p.relative_to(root)) for p in files
             if p.is_file() and any(name in p.read_text() for name in PAPER_NAMES)}
 

@@ -98,7 +98,7 @@ def engine_options() -> argparse.ArgumentParser:
     g.add_argument("--cuda-graphs", action="store_true",
                    help="replay the decode loop's layer passes (up to 16 new tokens) from CUDA graphs: one launch "
                         "per pass instead of one per kernel (CUDA and the lean path only; off by default; measured on "
-                        "one GPU so far: README, Results)")
+                        "one GPU so far: docs/gpu.md)")
     return p
 
 

@@ -86,7 +86,7 @@ def test_the_shipped_manifest_carries_measured_priors_and_says_where_its_default
 
 
 def test_the_measurement_counts_what_the_full_model_accepted(tiny_loaded):
-    """scripts/measure_priors.py's counts: in the [exit d, full] run, the tokens the full model
+    """scripts/measure/measure_priors.py's counts: in the [exit d, full] run, the tokens the full model
     accepted are exactly the ACCEPTED tokens of the same generation's event stream; every rate is
     accepted / judged; the priors it ships are read off the right runs."""
     from dataclasses import replace

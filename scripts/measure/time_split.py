@@ -2,13 +2,13 @@
 attention step is timed where the engine makes it (not in a loop of repeated calls, where weights
 stay in the CPU caches), per method, on held-out prompts of the default model's trained exits.
 
-    python scripts/time_split.py --prompts 8 --max-new-tokens 128 --json split.json
+    python scripts/measure/time_split.py --prompts 8 --max-new-tokens 128 --json split.json
 
 Per method it prints milliseconds per generated token by kind of call (e.g. "layers [4,30) x2":
 layers 4 to 29 over 2 new tokens; "exit 4 head": the exit head's logits; "attention step 4": an
 attention exit head's own attention step), calls per token and milliseconds per call; "other" is
 the rest of the wall time (token choice, events, bookkeeping). CPU timings without synchronisation:
-on an accelerator use scripts/gpu_profile.py.
+on an accelerator use scripts/gpu/gpu_profile.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hispec.engine.config import preset  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
@@ -79,7 +79,7 @@ def main() -> int:
     lm = load_model("default")
     prompts = [q for qs in heldout_prompts(lm).values() for q in qs][::6][: args.prompts]
     timer = CallTimer(lm.ee)
-    command = "python scripts/time_split.py " + shlex.join(sys.argv[1:])
+    command = "python scripts/measure/time_split.py " + shlex.join(sys.argv[1:])
     report = {**run_record(lm, command), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads, "methods": {}}
     for method in args.methods.split(","):
         config = preset(method, max_new_tokens=args.max_new_tokens, policy="fixed")

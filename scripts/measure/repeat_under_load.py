@@ -8,7 +8,7 @@ Exit code 1 when any run failed or was skipped (a skipped run tested nothing); t
 the host, the commit, the load, and every run's outcome, seconds and, for a failure, pytest's last
 lines.
 
-    python scripts/repeat_under_load.py \\
+    python scripts/measure/repeat_under_load.py \\
         tests/ui/test_browser_speed.py::test_stop_ends_on_how_many_tokens_were_kept \\
         --times 20 --busy 2 --json assets/load/stop_test_under_load.json
 """
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]
 
 from hispec.evaluation.host import busy_cores, describe, loadavg  # noqa: E402

@@ -1,9 +1,10 @@
-"""Figures quoted in the README's prose, outside its generated blocks, and where each comes from.
+"""Figures quoted in the prose of README.md and of the pages in docs/, outside their generated blocks,
+and where each comes from.
 
 A figure is a ratio (1.53×, 5x), a percentage (37%, ±5%), a speed or a time (57 tok/s, 13.7 ms) or a
 range of them (0.91–0.93×, 11-75×); ratios and percentages are written without a space before their
-sign (so "batch 2 × 128" is not one). Every figure in the prose (README.md without its generated
-blocks) must be one of:
+sign (so "batch 2 × 128" is not one). Every figure in the prose (README.md and docs/*.md without
+their generated blocks) must be one of:
 
 - **in a block beside it**: the same text appears in the generated block just before it or just
   after it in its section (a ``##`` or ``###`` heading); blocks are regenerated from their
@@ -11,15 +12,15 @@ blocks) must be one of:
   reported (a copy that drifts onto another figure of the same block still passes: ties are stricter);
 - **shown by its section's artifact**: a section that retells one recorded run (``SHOWN``: the page's
   walkthrough and ``assets/walkthrough.json``) quotes text the artifact holds;
-- **tied** (``TIES``, in readme_quotes.py): a quote of the prose, the artifacts it comes from and a function that computes
+- **tied** (``TIES``, in figures_quotes.py): a quote of the prose, the artifacts it comes from and a function that computes
   the figures' text from them: a figure the artifacts no longer give is reported;
 - **untied** (``UNTIED``): listed with why it has no artifact to check (a goal, a setting, another
   project's published figure, an earlier release's measurement whose artifact is not kept). The list
-  is the README's debt: each entry must still be in the README, so it can only shrink, and a new
+  is the pages' debt: each entry must still be on a page, so it can only shrink, and a new
   figure in the prose fails the check until it is put in a block, tied or listed here.
 
 ``problems(text)`` lists every figure that is none of these, every tie whose artifacts give another
-figure, and every listed quote the README no longer holds; ``python scripts/figures.py --check``
+figure, and every listed quote no page holds any more; ``python scripts/figures.py --check``
 fails on any of them.
 """
 
@@ -30,9 +31,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from readme_quotes import SHOWN, TIES, UNTIED, load
+from figures_quotes import SHOWN, TIES, UNTIED, load
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(  # a generated block (scripts/figures.py)
     r"<!-- figures: (?P<name>[\w.-]+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
 FIGURE = re.compile(r"(?<![\w.])±?\d+(?:\.\d+)?(?:[–-]\d+(?:\.\d+)?)?(?:×|x\b|%| ?(?:tok/s|tokens/s|ms)\b)")
@@ -90,32 +91,42 @@ def _quoted(flat: str, quotes: list[tuple[str, set[str] | None]]) -> set[int]:
     return out
 
 
-def problems(readme: str, root: Path = ROOT) -> list[str]:
+def problems(pages: dict[str, str] | str, root: Path = ROOT) -> list[str]:
     """Figures the prose quotes that nothing checks, ties their artifacts no longer bear out, and
-    listed quotes the README no longer holds."""
-    found, in_blocks = prose_figures(readme)
-    flat = _squash(readme)
-    out, quotes = [], []
+    listed quotes no page holds any more. ``pages``: each page's name and text (README.md and the
+    pages of docs/, checked together: a quote may live on any of them); a lone text is README.md."""
+    if isinstance(pages, str):
+        pages = {"README.md": pages}
+    flats = {name: _squash(text) for name, text in pages.items()}
+    out: list[str] = []
+    quotes: dict[str, list] = {name: [] for name in pages}
     for tie in TIES:
-        if tie.quote not in flat:
-            out.append(f"tied quote not in the README: {tie.quote!r}")
+        holders = [name for name, flat in flats.items() if tie.quote in flat]
+        if not holders:
+            out.append(f"tied quote not in the README or docs/: {tie.quote!r}")
             continue
         want = tie.figures(*(load(a, root) for a in tie.artifacts))
-        quotes.append((tie.quote, set(want)))
+        for name in holders:
+            quotes[name].append((tie.quote, set(want)))
         wrong = [w for w in want if w not in FIGURE.findall(tie.quote)]
         if wrong:
-            out.append(f"{', '.join(tie.artifacts)} now gives {', '.join(wrong)}, not what the README says: "
+            out.append(f"{', '.join(tie.artifacts)} now gives {', '.join(wrong)}, not what {holders[0]} says: "
                        f"{tie.quote!r}")
     for entry in UNTIED:
-        if entry.quote not in flat:
-            out.append(f"untied quote not in the README (take it off the list): {entry.quote!r}")
+        holders = [name for name, flat in flats.items() if entry.quote in flat]
+        if not holders:
+            out.append(f"untied quote not in the README or docs/ (take it off the list): {entry.quote!r}")
+        for name in holders:
+            quotes[name].append((entry.quote, None))
     shown = {h: json.dumps(load(p, root), ensure_ascii=False) for h, p in SHOWN.items()}
-    quoted = _quoted(flat, quotes + [(u.quote, None) for u in UNTIED])
-    for fig in found:
-        if fig.text in fig.near or fig.at in quoted:
-            continue
-        if fig.section in shown and UNIT.sub("", fig.text) in shown[fig.section]:
-            continue  # the figure's number (a page's tables give units in their headings)
-        out.append(f"README.md:{fig.line}: {fig.text} ({fig.section or 'top'}) is in neither block beside it, "
-                   "no artifact and no list of readme_prose.py")
+    for name, text in pages.items():
+        found, _ = prose_figures(text)
+        quoted = _quoted(flats[name], quotes[name])
+        for fig in found:
+            if fig.text in fig.near or fig.at in quoted:
+                continue
+            if fig.section in shown and UNIT.sub("", fig.text) in shown[fig.section]:
+                continue  # the figure's number (a page's tables give units in their headings)
+            out.append(f"{name}:{fig.line}: {fig.text} ({fig.section or 'top'}) is in neither block beside it, "
+                       "no artifact and no list of figures_quotes.py")
     return out

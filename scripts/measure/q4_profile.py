@@ -18,8 +18,8 @@ With the native layer (``HISPEC_Q4_NATIVE``, hispec/model/formats/q4_layer.py) t
 through one native call per step, and its own phase clock (products, attention, norms/rotary/act, cache
 writes, measured inside the C++ by thread 0 at each phase's barrier) is recorded.
 
-    python scripts/q4_profile.py --json assets/bench/q4_profile_avx512.json
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python scripts/q4_profile.py --json assets/bench/q4_profile_avx2.json
+    python scripts/measure/q4_profile.py --json assets/bench/q4_profile_avx512.json
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python scripts/measure/q4_profile.py --json assets/bench/q4_profile_avx2.json
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hispec.evaluation import host  # noqa: E402
@@ -148,7 +148,7 @@ def main() -> int:
     env = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "HISPEC_Q4_ISA", "HISPEC_Q4_NATIVE")
            if k in os.environ}
     prefix = " ".join(f"{k}={v}" for k, v in env.items())
-    report = {"command": f"{prefix} python scripts/q4_profile.py {' '.join(sys.argv[1:])}".strip(),
+    report = {"command": f"{prefix} python scripts/measure/q4_profile.py {' '.join(sys.argv[1:])}".strip(),
               "code": code_version(), "env": env,
               "host": host.describe(), "loadavg_start": os.getloadavg(), "threads": torch.get_num_threads(),
               "clock": args.clock}

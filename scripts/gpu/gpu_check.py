@@ -1,8 +1,8 @@
 """GPU check: exactness in float32 on CUDA, bfloat16 mismatch rate, and timings of the three
 methods on models built from configs (no downloads), written to one JSON report.
 
-    python scripts/gpu_check.py --out gpu_check.json            # on a CUDA machine, a few minutes
-    python scripts/gpu_check.py --device cpu --quick --out x.json  # smoke run anywhere
+    python scripts/gpu/gpu_check.py --out gpu_check.json            # on a CUDA machine, a few minutes
+    python scripts/gpu/gpu_check.py --device cpu --quick --out x.json  # smoke run anywhere
 
 Timings use models with random weights in the shapes of LayerSkip Llama3.2-1B and Llama2-7B.
 Random weights never agree across exits, so the acceptance decisions of those timing runs come
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hispec.engine.config import DecodeConfig, Preset  # noqa: E402
 from hispec.model.early_exit import EarlyExitModel  # noqa: E402
@@ -46,8 +46,8 @@ SHAPES = {
                   num_key_value_heads=2, vocab_size=1024, max_position_embeddings=1024),
 }
 RATES = [(0.9, 0.9), (0.8, 0.7), (0.6, 0.5)]  # (draft->verify, verify->target) per token
-# runs of accepted tokens recorded from the default model and its exit heads (scripts/record_acceptance.py)
-RECORDED = Path(__file__).resolve().parents[1] / "assets" / "gpu" / "acceptance_default_heldout.json"
+# runs of accepted tokens recorded from the default model and its exit heads (scripts/gpu/record_acceptance.py)
+RECORDED = Path(__file__).resolve().parents[2] / "assets" / "gpu" / "acceptance_default_heldout.json"
 
 
 def build(shape: str | dict, dtype, device, seed=0, std=None):
@@ -265,7 +265,7 @@ def timings(shape, device, dtype, quick, modes=("eager", "graphs")):
             row.update(side_by_side(ee, prompt, d, v, n_new, ar_tps, SyntheticAcceptance(1.0, p_vt, seed=1),
                                     SyntheticAcceptance(p_dv, p_vt, seed=1)))
             part["synthetic"].append(row)
-        if RECORDED.exists():  # the acceptance pattern of real generations (scripts/record_acceptance.py)
+        if RECORDED.exists():  # the acceptance pattern of real generations (scripts/gpu/record_acceptance.py)
             ls_judge = RecordedAcceptance.load(RECORDED, "layerskip")
             hs_judge = RecordedAcceptance.load(RECORDED, "hispec")
             part["recorded"] = {"layerskip_pattern": ls_judge.source, "hispec_pattern": hs_judge.source,
@@ -299,7 +299,7 @@ def main() -> int:
 
     from hispec.evaluation.record import code_version
 
-    report = {"command": "python scripts/gpu_check.py " + " ".join(sys.argv[1:]), "code": code_version(),
+    report = {"command": "python scripts/gpu/gpu_check.py " + " ".join(sys.argv[1:]), "code": code_version(),
               "env": {"torch": torch.__version__, "transformers": transformers.__version__,
                       "python": platform.python_version(), "device": args.device,
                       "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None,

@@ -1,4 +1,4 @@
-"""The README's tables, one function per generated block: the loaded artifacts in, Markdown out.
+"""The tables of README.md and docs/, one function per generated block: the loaded artifacts in, Markdown out.
 
 Benchmark summaries are recomputed from the raw records with ``bench.summarise``, so every ratio
 is the geometric mean of per-prompt ratios, whatever the version of the code that wrote the
@@ -7,6 +7,7 @@ artifact. ``figures.py`` maps each block to its function and its artifacts.
 
 from __future__ import annotations
 
+import re
 import statistics
 
 # ---- formatting ----------------------------------------------------------------------------------
@@ -33,6 +34,22 @@ def _table(head: list, rows: list[list]) -> str:
 
 
 # ---- benchmarks ----------------------------------------------------------------------------------
+
+def ran_levels(report: dict, method: str) -> list | None:
+    """The level list a method's records ran (settings.levels; None where the artifact does not record it)."""
+    for rec in report.get("records") or ():
+        if rec["method"] == method:
+            return (rec.get("settings") or {}).get("levels")
+    return None
+
+
+def named(report: dict, method: str) -> str:
+    """A method with the level list it ran, where its name does not say it: hispec/auto ran the exits
+    [lookup, 2, 4] before 2026-12-04 and [lookup, full@q4] since, under the same name."""
+    levels = ran_levels(report, method)
+    if not method.startswith("hispec") or not levels:
+        return method
+    return f"{method} (ran {','.join(str(level) for level in levels)})"
 
 def _summary(report: dict) -> dict:
     from hispec.evaluation.bench import summarise
@@ -348,7 +365,8 @@ def q4_table(report: dict) -> str:
         same = q.geomean_ratio(report, m, q.AR32)
         equal = ("–" if m in (q.AR32, q.AR4) or m.startswith(q.LLAMA) or not fmt else
                  "yes" if _equal_to(report, m, f"autoregressive@{fmt}") else "NO")
-        rows.append([m, f"{r['tokens_per_s'][m]:.1f}", _x(same), _x(q.geomean_ratio(report, m, q.LLAMA)), equal])
+        rows.append([named(report, m), f"{r['tokens_per_s'][m]:.1f}", _x(same), _x(q.geomean_ratio(report, m, q.LLAMA)),
+                     equal])
     out = [_table(["method@weights", "tokens/s (median)", "vs autoregressive@fp32", "vs llamacpp",
                    "output equal to its format's autoregressive"], rows)]
     goal_rows = [[name, value, "–" if ok is None else "met" if ok else "**missed**"] for name, value, ok in q.goals(r)]
@@ -397,7 +415,7 @@ def q4_alternatives_table(r: dict) -> str:
 
 
 def q4_ab_table(*reports: dict) -> str:
-    """Two builds of the 4-bit kernel on whole steps (scripts/q4_ab.py): per build and token count, the
+    """Two builds of the 4-bit kernel on whole steps (scripts/measure/q4_ab.py): per build and token count, the
     medians before and after, their ratio, and whether the logits kept their bits."""
     rows = []
     for r in reports:
@@ -413,7 +431,7 @@ def q4_ab_table(*reports: dict) -> str:
 
 
 def q4_profile_table(*reports: dict) -> str:
-    """Where a step's time goes (scripts/q4_profile.py), per kernel build and tokens per pass: float32 and
+    """Where a step's time goes (scripts/measure/q4_profile.py), per kernel build and tokens per pass: float32 and
     the 4-bit route op by op (each op timed; Python/dispatch is what the step has beyond them), and the
     4-bit native layer's own phase clock (the rest: embedding, final norm and LM head, Python)."""
     def ms(v):
@@ -561,7 +579,7 @@ def precision_table(report: dict) -> str:
     rows = []
     for r in pg.rows(report):
         equal = "–" if r["equal"] is None else "yes" if r["equal"] else "NO"
-        rows.append([r["method"], _x(r["vs_plain"]), _x(r["vs_without"]),
+        rows.append([named(report, r["method"]), _x(r["vs_plain"]), _x(r["vs_without"]),
                      "–" if r["three_level"] is None else f"{r['three_level']:.0%}", equal])
     out = [_table(["method@weights", "vs its format's autoregressive", f"vs {pg.WITHOUT} (same format)",
                    "rounds with three levels", "output equal to its format's autoregressive"], rows)]
@@ -569,7 +587,25 @@ def precision_table(report: dict) -> str:
                                                for g, v, ok in pg.goals(report)]))
     prompts = len({(r["set"], r["prompt_id"]) for r in report["records"]})
     return ("\n\n".join(out) + f"\n\nRatios: the geometric mean over {prompts} prompts of per-prompt ratios, "
-            f"{report['max_new_tokens']} new tokens, greedy. " + plans_line(report))
+            f"{report['max_new_tokens']} new tokens, greedy. " + third_level_line(report) + plans_line(report))
+
+
+def third_level_line(report: dict) -> str:
+    """What the third level adds on its own: lookup on top of the cheaper full model drafting alone, in the
+    same run (lookup+full@q4/auto, or hispec/auto where it ran that list, over full@q4/auto)."""
+    import precision_goals as pg
+
+    parts = []
+    for fmt in ("fp32", "q4"):
+        three = pg.with_method(report, fmt)
+        two = f"{pg.PRECISION[fmt][1]}/auto@{fmt}"
+        if three is None:
+            continue
+        ratio = pg.geomean_ratio(report, three, two)
+        measured = f"{ratio:.2f}×" if ratio is not None else f"not measured ({two} not in this run)"
+        parts.append(f"{fmt}: {pg.base_of(three)}, the lookup level on top of {pg.base_of(two)} drafting alone: "
+                     f"{measured}")
+    return ("The third level's own increment (" + "; ".join(parts) + "). ") if parts else ""
 
 
 def a8_agreement_table(report: dict, tune: dict, report_q4: dict) -> str:
@@ -593,7 +629,7 @@ def _rate(measured: dict, run: str) -> float:
 def precision_breakeven_table(steps: dict, a8_q4: dict, a8_fp32: dict, q4_fp32: dict) -> str:
     """Why a cheaper full model pays as a drafter in float32 and not in 4-bit, from measured figures only:
     per-token agreement a (report split), the drafter's one-token step c and the exact model's k-token pass
-    v(k), both over the exact model's one-token step (scripts/q4_steps.py, wall clock medians). A round of k
+    v(k), both over the exact model's one-token step (scripts/measure/q4_steps.py, wall clock medians). A round of k
     drafts yields (1 - a^(k+1)) / (1 - a) tokens for k c + v(k + 1) one-token steps of the exact model."""
     wall = steps["wall_ms"]
 
@@ -625,7 +661,7 @@ def precision_breakeven_table(steps: dict, a8_q4: dict, a8_fp32: dict, q4_fp32: 
 
 def precision_agreement_table(measured: dict, tune: dict | None = None) -> str:
     """Per-token acceptance of each 4-bit level by the exact model (and of 4-bit exits by the 4-bit full
-    model), from scripts/measure_priors.py runs (--formats q4): `measured` (the report split) beside
+    model), from scripts/measure/measure_priors.py runs (--formats q4): `measured` (the report split) beside
     `tune` (the tuning split: the priors the policy starts from)."""
     def split_of(m: dict) -> str:
         return "report" if "heldout-report" in m.get("command", "") else "tuning"
@@ -708,3 +744,62 @@ def gpu_profile_table(profile: dict, check: dict) -> str:
               f"between the two modes). layerskip@0.9 drafts 4 tokens a round at exit v; hispec@0.9/0.9 drafts 2 at d, "
               f"judged at v, the full model once 4 are tentative; each judged token accepted with probability 0.9 "
               f"(timing only: the text is not the model's).")
+
+
+# ---- the README's one table --------------------------------------------------------------------------
+
+HEADLINE_ROWS = (  # (method, what it runs), in the order shown; a row shows where its run measured the method
+    ("autoregressive@fp32", "plain decoding, the exact float32 model"),
+    ("hispec/auto@fp32", "**the default**: lookup → the 4-bit model → the exact float32 model"),
+    ("full@q4/auto@fp32", "the 4-bit model drafting alone under the exact model (no lookup)"),
+    ("autoregressive@q4", "plain decoding of the 4-bit model (exact to itself, not to float32)"),
+    ("llamacpp", "llama.cpp, plain decoding of the same 4-bit GGUF"),
+)
+
+
+def headline_table(*reports: dict) -> str:
+    """The README's one table: the default against plain float32 decoding and llama.cpp, each method's
+    tokens/s over plain float32 decoding on the same prompts of its own run (runs are lettered when there
+    are several: ratios of different runs are not comparable with each other's tokens/s)."""
+    import q4_goals as q
+
+    rows, notes = [], []
+    for i, report in enumerate(reports):
+        run = "ABCDEF"[i]
+        prompts = len({(r["set"], r["prompt_id"]) for r in report["records"]})
+        spec = re.search(r"--prompts (\S+)", report.get("command", ""))
+        commit = ((report.get("code") or {}).get("commit") or "not recorded")[:12]
+        notes.append(f"run {run}: {prompts} prompts (`{spec[1] if spec else '?'}`), commit {commit}")
+        tps = q.ratios(report)["tokens_per_s"]
+        for method, what in HEADLINE_ROWS:
+            shown = any(r[0] == method for r in rows)
+            if method not in report["methods"] or (shown and method != "autoregressive@q4"):
+                continue  # plain 4-bit decoding shows in every run: it says how far the runs' hosts differ
+            if method == "llamacpp":
+                equal = f"no: differs on {sum(_differs(report, method))} of {prompts} prompts"
+            elif method.endswith("@fp32") and method != "autoregressive@fp32":
+                equal = "yes" if _equal_to(report, method, "autoregressive@fp32") else "NO"
+            elif method == "autoregressive@q4":
+                n = sum(_differs(report, method))
+                equal = "yes" if n == 0 else f"no: differs on {n} of {prompts} prompts"
+            else:
+                equal = "–"
+            if method == "hispec/auto@fp32" and ran_levels(report, method) != ["lookup", "full@q4"]:
+                method_name, what = named(report, method), "hispec/auto before today's default (its exits)"
+            else:
+                method_name = method
+            rows.append([method_name, what, f"{tps[method]:.1f}", _x(q.geomean_ratio(report, method, "autoregressive@fp32")),
+                         equal] + ([run] if len(reports) > 1 else []))
+    head = ["method@weights", "what runs", "tokens/s (median)", "vs plain float32, same prompts",
+            "output equal to plain float32"] + (["run"] if len(reports) > 1 else [])
+    return (_table(head, rows) + "\n\nRatios: the geometric mean over the run's prompts of per-prompt ratios, "
+            "greedy, 128 new tokens, one process, methods rotating. " + "; ".join(notes) + ".")
+
+
+def _differs(report: dict, method: str) -> list[bool]:
+    """Per prompt: whether the method's output differs from plain float32 decoding's."""
+    by: dict[tuple, dict] = {}
+    for rec in report["records"]:
+        by.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["token_ids"]
+    return [got[method] != got["autoregressive@fp32"] for got in by.values()
+            if method in got and "autoregressive@fp32" in got]

@@ -1,7 +1,7 @@
 """Where the time goes in one generation: layer passes, exit heads and the rest (Python,
 bookkeeping, syncs), per method, on a model built from a config (timing-only acceptance).
 
-    python scripts/gpu_profile.py --shape llama3.2-1B --out profile.json
+    python scripts/gpu/gpu_profile.py --shape llama3.2-1B --out profile.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import gpu_check  # noqa: E402
 
@@ -77,7 +77,7 @@ def main():
 
     from hispec.evaluation.record import code_version
 
-    report = {"command": "python scripts/gpu_profile.py " + " ".join(sys.argv[1:]), "code": code_version(),
+    report = {"command": "python scripts/gpu/gpu_profile.py " + " ".join(sys.argv[1:]), "code": code_version(),
               "env": {"torch": torch.__version__, "transformers": transformers.__version__, "device": args.device,
                       "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None},
               "new_tokens": args.new, "prompt_tokens": len(prompt), "dtype": str(dtype).removeprefix("torch."),

@@ -1,7 +1,8 @@
-"""Take the README's screenshots of the running app in headless Chromium, and keep what they show.
+"""Take the pages' screenshots of the running app in headless Chromium, and keep what they show.
 
     python app.py &                # the default model, http://127.0.0.1:7860
-    python scripts/screenshots.py [--url URL] [--out assets] [--json assets/walkthrough.json]
+    python scripts/docs/screenshots.py [--url URL] [--out assets] [--json assets/walkthrough.json]
+    python scripts/docs/screenshots.py --default-only --out assets    # the README's picture only
 
 Needs Debian's chromium and the playwright package (scripts/setup.sh --dev). It clicks as a student
 would: the teaching preset and three pairs of runs against plain decoding, one prompt, the token
@@ -100,6 +101,18 @@ def what_if(page, out: Path, seen: dict, acceptance: float) -> None:
     page.locator("#hs-why-box").screenshot(path=str(out / "screenshot_whatif.png"))
 
 
+def default_run(page, out: Path, seen: dict) -> None:
+    """The page as it opens, run as it is (the default: lookup -> the 4-bit model -> the exact model, the
+    adaptive policy, its pairs against plain decoding): the README's one picture, screenshot_default.png."""
+    page.get_by_label("Prompt", exact=True).fill(PROMPT)
+    page.get_by_role("button", name="Generate", exact=True).click()
+    wait_for_text(page, "#hs-status", "Done")
+    wait_for_text(page, "#hs-stats", "speed vs plain decoding, measured")  # after the pairs
+    time.sleep(2)  # the charts' last redraw
+    page.screenshot(path=str(out / "screenshot_default.png"))
+    seen["default_status"], seen["default_stats"] = page.inner_text("#hs-status"), page.inner_text("#hs-stats")
+
+
 def adaptive_run(page, out: Path, seen: dict) -> None:
     """The adaptive policy on a prompt that repeats its input: lookup copies show in purple."""
     page.locator("#hs-method").get_by_label("HiSpec", exact=True).check()
@@ -128,6 +141,8 @@ def main() -> None:
     parser.add_argument("--out", default="assets", type=Path, help="folder for the PNGs (default: %(default)s)")
     parser.add_argument("--json", default=None, type=Path, help="write what each view showed here")
     parser.add_argument("--what-if", type=float, default=0.9, help="acceptance of the what-if run (default: 0.9)")
+    parser.add_argument("--default-only", action="store_true",
+                        help="only the README's picture: the page's default run (screenshot_default.png)")
     args = parser.parse_args()
     from playwright.sync_api import expect, sync_playwright
 
@@ -138,10 +153,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from hispec.evaluation.record import code_version
 
-    seen = {"command": "python scripts/screenshots.py " + " ".join(os.sys.argv[1:]), "code": code_version(),
+    seen = {"command": "python scripts/docs/screenshots.py " + " ".join(os.sys.argv[1:]), "code": code_version(),
             "machine": machine(),
             "prompt": PROMPT, "copy_prompt": COPY_PROMPT}
     with sync_playwright() as p:
@@ -150,9 +165,12 @@ def main() -> None:
         page.set_default_timeout(600_000)
         page.goto(args.url, wait_until="domcontentloaded")
         page.wait_for_selector("#hs-tokens")
-        teaching_run(page, args.out, seen)
-        what_if(page, args.out, seen, args.what_if)
-        adaptive_run(page, args.out, seen)
+        if args.default_only:
+            default_run(page, args.out, seen)
+        else:
+            teaching_run(page, args.out, seen)
+            what_if(page, args.out, seen, args.what_if)
+            adaptive_run(page, args.out, seen)
         browser.close()
     if args.json:
         args.json.write_text(json.dumps(seen, indent=1, ensure_ascii=False) + "\n")

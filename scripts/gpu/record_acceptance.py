@@ -1,12 +1,12 @@
 """Record the acceptance pattern of real generations, for the GPU timings' recorded mode.
 
 Runs the default model with its trained exit heads on the held-out prompts, with the settings
-scripts/gpu_check.py times (layerskip: 4 drafts per round; hispec: lengths (2, 4)), and
+scripts/gpu/gpu_check.py times (layerskip: 4 drafts per round; hispec: lengths (2, 4)), and
 writes the runs of accepted tokens per stage (hispec.runs.timing_only.RecordedAcceptance) to one JSON
 file. gpu_check.py replays them on models built from configs: the acceptance of a real, small
 early-exit setup on a GPU's step costs. The text such a replay writes is not the model's.
 
-    python scripts/record_acceptance.py --out assets/gpu/acceptance_default_heldout.json
+    python scripts/gpu/record_acceptance.py --out assets/gpu/acceptance_default_heldout.json
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hispec.engine.config import DecodeConfig, Preset  # noqa: E402
 from hispec.runs.runner import decoder_for  # noqa: E402
@@ -65,7 +65,7 @@ def main() -> int:
         patterns[name] = RecordedAcceptance(runs, source).to_dict(
             settings={k: v for k, v in vars(config).items() if k != "stop_strings"}, generated_tokens=tokens)
         print(f"{name}: {RecordedAcceptance(runs, source).describe()}", file=sys.stderr)
-    run = finish(run_record(lm, "python scripts/record_acceptance.py " + shlex.join(sys.argv[1:])))
+    run = finish(run_record(lm, "python scripts/gpu/record_acceptance.py " + shlex.join(sys.argv[1:])))
     Path(args.out).write_text(json.dumps({**run, "model": lm.name, "exits": lm.ee.exit_info.get("layers")
                                           if lm.ee.exit_info else None, "patterns": patterns}))
     print(f"wrote {args.out}")

@@ -8,7 +8,7 @@ token count: each build's median and minimum (ms, wall clock, torch's threads), 
 medians, and whether the two builds' logits are the same bits (expected where a change touches no
 arithmetic, such as prefetching; a change of the sums would show here first).
 
-    python scripts/q4_ab.py --base d41e436 --json assets/bench/q4_ab_prefetch_avx512.json
+    python scripts/measure/q4_ab.py --base d41e436 --json assets/bench/q4_ab_prefetch_avx512.json
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hispec.evaluation import host  # noqa: E402
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         text = "Summarise the history of the printing press in Europe, its inventors, and its effects. " * 8
         context = lm.encode(text)[:128]
         env = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if k in os.environ)
-        command = "python scripts/q4_ab.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python scripts/measure/q4_ab.py " + " ".join(argv if argv is not None else sys.argv[1:])
         report = {"command": f"{env} {command}".strip(),
                   "code": code_version(), "base": args.base, "isa": isa, "threads": torch.get_num_threads(),
                   "native_route": lm.ee.lean is not None and lm.ee.lean.native is not None,

@@ -3,7 +3,7 @@ autoregressive,hispec/auto,llamacpp,llamacpp_lookup``): ratios taken side by sid
 per-prompt ratios), each format's plain step against its memory bound, the goals of the 4-bit path (met
 or missed; a peer that did not run leaves its goals unmeasured), and per prompt where 4-bit output
 first parts from float32 (and llama.cpp's from both). Used by scripts/q4_report.py and by the README's
-generated table (readme_tables.q4_table): repository tooling, outside the package."""
+generated table (figures_tables.q4_table): repository tooling, outside the package."""
 
 from __future__ import annotations
 

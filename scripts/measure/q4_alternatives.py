@@ -14,7 +14,7 @@ Per candidate and M: the median time of a call, and whether row 0's bits are the
 M rows (batch invariance: what speculative decoding needs to equal plain decoding token for token).
 A candidate this torch build cannot run is listed with its error.
 
-    python scripts/q4_alternatives.py --json assets/bench/q4_alternatives_cpu.json
+    python scripts/measure/q4_alternatives.py --json assets/bench/q4_alternatives_cpu.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hispec.evaluation import host  # noqa: E402
 from hispec.model.formats.q4 import quantize_q4_1  # noqa: E402
@@ -103,7 +103,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    report = {"command": "python scripts/q4_alternatives.py " + " ".join(sys.argv[1:]),
+    report = {"command": "python scripts/measure/q4_alternatives.py " + " ".join(sys.argv[1:]),
               "host": host.describe(measure_bandwidth=False), "torch": torch.__version__, "threads": args.threads,
               "results": measure(args.repeats)}
     for name, shapes in report["results"].items():

@@ -6,9 +6,9 @@ kernel's batch invariance on this host's build. Two clocks: wall time on the thr
 (what a user sees; noisy on a shared machine), and, with --cpu-time, the CPU time of one thread
 (robust to other processes on the machine; no threading). Medians and minima of --repeats calls.
 
-    python scripts/q4_steps.py --json assets/bench/q4_steps_avx512.json
+    python scripts/measure/q4_steps.py --json assets/bench/q4_steps_avx512.json
     (with --a8: also the 4-bit blocks with int8 activations, the 'a8' level, on the same steps)
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python scripts/q4_steps.py --json assets/bench/q4_steps_avx2.json
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python scripts/measure/q4_steps.py --json assets/bench/q4_steps_avx2.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hispec.evaluation import host  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
@@ -67,7 +67,7 @@ def main() -> int:
     context = models["fp32"].encode(text)[:128]
     from hispec.evaluation.record import code_version
 
-    report = {"command": "python scripts/q4_steps.py " + " ".join(sys.argv[1:]), "code": code_version(),
+    report = {"command": "python scripts/measure/q4_steps.py " + " ".join(sys.argv[1:]), "code": code_version(),
               "host": host.describe(), "context": len(context), "repeats": args.repeats, "wall_ms": {}, "cpu_ms": {}}
     for name, clock, threads in (("wall_ms", time.perf_counter, torch.get_num_threads()),
                                  ("cpu_ms", time.thread_time, 1)):

@@ -24,7 +24,7 @@ the model shared round by round, a short request should not wait for the long on
 session never finishes, the report says what serving still holds (its jobs, the model's turn) and the
 threads' stacks go to stderr.
 
-    python scripts/load_test.py --sessions 50 --requests 3 --model default --json assets/load/load_cpu_default.json
+    python scripts/measure/load_test.py --sessions 50 --requests 3 --model default --json assets/load/load_cpu_default.json
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 PROMPTS = ["Hi", "Tell me a story", "abc", "2+2=?", "Why is the sky blue?", "Name a color", "ok", "Hello there"]
@@ -251,7 +251,7 @@ def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dic
                                                                   "failed")}
     from hispec.evaluation.record import code_version
 
-    return {"command": "python scripts/load_test.py " + " ".join(sys.argv[1:]), "code": code_version(),
+    return {"command": "python scripts/measure/load_test.py " + " ".join(sys.argv[1:]), "code": code_version(),
             "machine": machine(),
             "model": args.model, "sessions": args.sessions, "requests_per_session": args.requests,
             "max_new_tokens": args.max_new_tokens, "long_tokens": args.long_tokens, "long_share": args.long_share,

@@ -1,7 +1,7 @@
 """How often, and how soon, the outputs of two benchmark runs differ prompt by prompt (for example
 the same method in float32 and in bfloat16).
 
-    python scripts/compare_outputs.py assets/bench/bench_cpu_default.json assets/bench/bench_cpu_bf16.json \
+    python scripts/measure/compare_outputs.py assets/bench/bench_cpu_default.json assets/bench/bench_cpu_bf16.json \
         --method autoregressive --against autoregressive,layerskip,hispec
 """
 
@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hispec.evaluation.bench import first_difference  # noqa: E402
 

@@ -4,22 +4,22 @@ The GPU machine (one H200, no network, torch + transformers but no `gguf`) takes
 carried files per call and returns at most 8 files of 16 MiB through $OUT; a session has 15
 minutes of device time, machine starts included, and the machine is given back 30 s after a
 call ends. The default model is a 98 MB GGUF, so its quantized blocks travel in two parts
-(scripts/gguf_pack.py: ~48 + ~44 MiB, rebuilt bit-exactly, fingerprint checked), one per call:
+(scripts/gpu/gguf_pack.py: ~48 + ~44 MiB, rebuilt bit-exactly, fingerprint checked), one per call:
 
   here, once (CPU, ~1 min):
-    python scripts/gpu_train_ee.py prepare            # writes .ee_gpu/{part1,part2}/ and .ee_gpu/prompts.pt
+    python scripts/gpu/gpu_train_ee.py prepare            # writes .ee_gpu/{part1,part2}/ and .ee_gpu/prompts.pt
         and prints what each call sends, the working tree included; over 64 MiB it names the largest tracked
         files (on 2026-12-04 the tree was 17.5 MiB and part 1 did not fit until the exit heads, which the
         training does not read, were moved out of the checkout for the two calls and back after)
 
   device call 1 (carry [".ee_gpu/part1"], timeout_s 240; ~1-2 min with the start):
-    python scripts/gpu_train_ee.py stage
+    python scripts/gpu/gpu_train_ee.py stage
         copies part 1 to /tmp/hispec-ee (kept while the machine stays warm) and runs the whole
         pipeline on a tiny random model on CUDA (bf16, checkpointed heads): a smoke test of the code
 
   device call 2, AT ONCE after call 1 (the machine goes back after 30 s idle)
     (carry [".ee_gpu/part2", ".ee_gpu/prompts.pt"], timeout_s 570):
-    PYTHONUNBUFFERED=1 python scripts/gpu_train_ee.py run --budget-s 480
+    PYTHONUNBUFFERED=1 python scripts/gpu/gpu_train_ee.py run --budget-s 480
         rebuilds the model (fails in seconds, naming what is missing, if part 1 is gone: then
         repeat call 1 and 2), generates the original model's greedy (+ one sampled) continuations
         of the prompts, runs a short smoke training on the real model, sizes the real run to the
@@ -35,7 +35,7 @@ Then, here: copy adapter.safetensors + manifest.json into assets/default-ee/ onl
 earn it (see README), and `python -m hispec generate --model default-ee ...`.
 
 Every step also runs on the CPU with a tiny random model (tests/training/test_train_ee.py does):
-    python scripts/gpu_train_ee.py run --tiny --device cpu --out /tmp/x
+    python scripts/gpu/gpu_train_ee.py run --tiny --device cpu --out /tmp/x
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 CARRY = ROOT / ".ee_gpu"

@@ -1,7 +1,7 @@
 """Measure the adaptive policy's priors on the tuning split and ship them in the exit heads'
 manifest (hispec/evaluation/priors.py says what is measured and how).
 
-    python scripts/measure_priors.py --prompts heldout-tune --max-new-tokens 128 \
+    python scripts/measure/measure_priors.py --prompts heldout-tune --max-new-tokens 128 \
         --json assets/policy/priors_cpu_tune.json --manifest assets/exits/smollm2-135m-instruct/manifest.json
 
 Not a timing measurement: acceptance depends on the text, not on the machine (float32).
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hispec.evaluation.record import run_record  # noqa: E402
 from hispec.evaluation.priors import exit_priors, lookup_priors, measure  # noqa: E402
@@ -58,7 +58,7 @@ def main() -> int:
     result = measure(lm, sets, args.max_new_tokens,
                      progress=lambda d, t, w: print(f"[{d}/{t}] {w}", file=sys.stderr, flush=True),
                      formats=formats, exact=not args.formats_only, full_only=args.full_only)
-    command = "python scripts/measure_priors.py " + shlex.join(sys.argv[1:])
+    command = "python scripts/measure/measure_priors.py " + shlex.join(sys.argv[1:])
     priors, exits = lookup_priors(result), exit_priors(result)
     report = {**run_record(lm, command), **result, "lookup_priors": priors,
               "exit_priors": exits}
