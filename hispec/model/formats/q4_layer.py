@@ -28,13 +28,13 @@ import torch
 from torch import nn
 
 from hispec.model.formats import q4_kernel
-from hispec.model.formats.q4 import Q4_1, Q4Projection
+from hispec.model.formats.q4 import Q4_1, Q8_0, Q4Projection
 
 _p, _i64, _f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class _Mat(ctypes.Structure):
-    _fields_ = [("qs", _p), ("d", _p), ("m", _p), ("N", _i64), ("K", _i64)]
+    _fields_ = [("qs", _p), ("d", _p), ("m", _p), ("N", _i64), ("K", _i64), ("packed", _p)]
 
 
 class _Layer(ctypes.Structure):
@@ -118,8 +118,10 @@ class NativeLayers:
         for slot, w in zip(self.table, lean.layers):
             for name, proj in (("qkv", w.qkv), ("o", w.o), ("gate_up", w.gate_up), ("down", w.down)):
                 m = proj.matrix
-                setattr(slot, name, _Mat(m.qs.data_ptr(), m.d.data_ptr(), m.m.data_ptr(), *m.shape))
-                self.keep += [m.qs, m.d, m.m]
+                packed = packed_a8(self.lib, m) if self.act8 else None
+                setattr(slot, name, _Mat(m.qs.data_ptr(), m.d.data_ptr(), m.m.data_ptr(), *m.shape,
+                                         packed.data_ptr() if packed is not None else None))
+                self.keep += [m.qs, m.d, m.m] + ([packed] if packed is not None else [])
                 if proj.bias is not None:
                     bias = proj.bias.detach().float().contiguous()
                     self.keep.append(bias)
@@ -166,6 +168,15 @@ class NativeLayers:
         return out
 
 
+def packed_a8(lib, matrix) -> torch.Tensor:
+    """A Q4_1 matrix's blocks repacked for `lib`'s int8-activation products (hispec_q41_pack_a8: groups of
+    as many columns as the build's vector lanes, the same bytes in another order; csrc/q4_kernel.cpp)."""
+    N, K = matrix.shape
+    out = torch.empty(int(lib.hispec_q41_packed_bytes(N, K)), dtype=torch.uint8)
+    lib.hispec_q41_pack_a8(matrix.qs.data_ptr(), matrix.d.data_ptr(), matrix.m.data_ptr(), N, K, out.data_ptr())
+    return out
+
+
 def set_enabled(ee, on: bool, isa: str | None = None) -> bool:
     """Turn the native route of an EarlyExitModel's 4-bit lean path on or off; whether it is on."""
     lean = ee.lean
@@ -177,9 +188,11 @@ def set_enabled(ee, on: bool, isa: str | None = None) -> bool:
 
 def a8_copy(ee):
     """A second view of a 4-bit EarlyExitModel whose decoder layers run with int8 activations (the 'a8'
-    level): the same modules and 4-bit blocks, its own lean path and native table in act8 mode. Exit
-    heads and the LM head are as in `ee` (float32 activations). Raises ConfigError where the native
-    route cannot run (the a8 products exist only there)."""
+    level): the same modules and 4-bit blocks, its own lean path and native table in act8 mode, and its
+    LM head in the same arithmetic (``A8Head``: int8 activations, integer dot products). Trained exit
+    heads are as in `ee` (float32 activations). The packed blocks are the a8 view's own copy (as many
+    bytes as the file's blocks). Raises ConfigError where the native route cannot run (the a8 products
+    exist only there)."""
     from hispec.errors import ConfigError
 
     twin = type(ee)(ee.model)  # an EarlyExitModel (its class taken from `ee`: this module sits below it)
@@ -188,7 +201,37 @@ def a8_copy(ee):
                support(twin.lean) if twin.lean is not None else "the lean path is off")
         raise ConfigError(f"a8 levels run in the native 4-bit route, which cannot run here ({why})")
     twin.lean.native = NativeLayers(twin.lean, act8=True)
+    head = twin.lean.lm_head
+    if getattr(getattr(head, "matrix", None), "kind", None) in (Q4_1, Q8_0):
+        twin.lean.lm_head = A8Head(twin.lean.native.lib, head.matrix, head.bias)
     return twin
+
+
+class A8Head:
+    """An LM head (Q8_0 or Q4_1 blocks) with int8 activations per block of 32 and integer dot products, as
+    the a8 layers compute: x (..., K) float32 -> logits (..., N) float32, each row's bits independent of
+    the rows beside it. Its blocks are packed once (``hispec_q80_pack_a8`` / ``hispec_q41_pack_a8``)."""
+
+    def __init__(self, lib, matrix, bias: torch.Tensor | None = None):
+        self.lib, self.shape, self.bias = lib, matrix.shape, bias
+        N, K = matrix.shape
+        if matrix.kind == Q8_0:
+            self.packed = torch.empty(int(lib.hispec_q80_packed_bytes(N, K)), dtype=torch.uint8)
+            lib.hispec_q80_pack_a8(matrix.qs.data_ptr(), matrix.d.data_ptr(), N, K, self.packed.data_ptr())
+            self.fn = lib.hispec_q80_matmul_a8p
+        else:
+            self.packed, self.fn = packed_a8(lib, matrix), lib.hispec_q41_matmul_a8p
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        N, K = self.shape
+        if x.dtype != torch.float32 or not x.is_cpu or x.shape[-1] != K:
+            raise TypeError(f"the a8 LM head takes float32 inputs on the CPU with {K} features "
+                            f"(got {x.dtype}, {tuple(x.shape)}, on {x.device})")
+        rows = x.reshape(-1, K).contiguous()
+        out = torch.empty(rows.shape[0], N)
+        self.fn(rows.data_ptr(), rows.shape[0], K, self.packed.data_ptr(), N, out.data_ptr(), N, q4_kernel.threads())
+        out = out.view(*x.shape[:-1], N)
+        return out if self.bias is None else out + self.bias
 
 
 def unavailable_reason() -> str | None:
