@@ -296,8 +296,8 @@ def test_the_a8_view_runs_its_lm_head_in_int8():
         a8.lean.lm_head(h.double())
 
 
-ROW_DEPENDENT = ("            acc[r] = vfma(mw, vset1(sx[r * nb + b]), acc[r]);",
-                 "            acc[r] = vfma(mw, vset1(sx[r * nb + b]), acc[r]);\n"
+ROW_DEPENDENT = ("            acc[r] = vfma(s, vmul(dw, vset1(x.dx[r * nb + b])), acc[r]);",
+                 "            acc[r] = vfma(s, vmul(dw, vset1(x.dx[r * nb + b])), acc[r]);\n"
                  "            if constexpr (R > 1) acc[r] = vmul(acc[r], vset1(1.0000001f));  // rows in company drift")
 
 

@@ -100,7 +100,9 @@ class NativeLayers:
     def __init__(self, lean, isa: str | None = None, act8: bool = False):
         """`isa`: the kernel build to run ('avx512', 'avx2'; default the host's, ``q4_kernel.host_isa``);
         `act8`: the products take int8 activations per block of 32 (the 'a8' precision level, a cheaper
-        drafter of the same weights; the kernel's header says how), else float32 (the exact 4-bit route)."""
+        drafter of the same weights, integer dot products in one kernel for every pass width; the kernel's
+        a8 section says how), else float32 (the exact 4-bit route). With act8 each matrix's blocks are
+        repacked once for the build's column groups (``packed_a8``: a copy as large as the file's blocks)."""
         reason = support(lean)
         if reason:
             raise ValueError(f"the native 4-bit route cannot run this model: {reason}")

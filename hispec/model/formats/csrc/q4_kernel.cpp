@@ -486,70 +486,6 @@ inline vi block_dot(const vi w[8], const int8_t *x) {
 }
 #endif
 
-// One packed group (G columns) for a tile of R rows: xq, dx, sx of row r at r * K, r * nb, r * nb.
-// Writes `valid` columns of each row to out[r * ldo + j].
-template <int R>
-inline __attribute__((always_inline)) void group_a8(const int8_t *xq, int64_t K, const float *dx, const float *sx,
-                                                    const uint8_t *pk, float *out, int64_t ldo, int64_t valid) {
-    const int64_t nb = K / QK;
-    vf acc[R];
-    for (int r = 0; r < R; r++) acc[r] = vzero();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *rec = pk + b * REC;
-        vi w[8];
-        for (int k = 0; k < 4; k++) {
-            vi v = vi_load(rec + k * G8 * 4);
-            w[k] = vi_low4(v);
-            w[4 + k] = vi_high4(v);
-        }
-        const vf dw = half_lanes(rec + 16 * G8), mw = half_lanes(rec + 18 * G8);
-        for (int r = 0; r < R; r++) {
-            const vf s = vi_float(block_dot<(R < 4)>(w, xq + r * K + b * QK));
-            acc[r] = vfma(s, vmul(dw, vset1(dx[r * nb + b])), acc[r]);
-            acc[r] = vfma(mw, vset1(sx[r * nb + b]), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        if (valid == G8) {
-            vstore(out + r * ldo, acc[r]);
-        } else {
-            float tmp[G8];
-            vstore(tmp, acc[r]);
-            memcpy(out + r * ldo, tmp, sizeof(float) * valid);
-        }
-    }
-}
-
-template <int R>
-void groups_a8(const int8_t *xq, int64_t K, const float *dx, const float *sx, const uint8_t *packed, int64_t N,
-               int64_t n0, int64_t n1, float *out, int64_t ldo) {
-    const int64_t nb = K / QK;
-    for (int64_t g = n0 / G8; g * G8 < n1; g++) {
-        const int64_t c = g * G8, valid = (N - c < G8 ? N - c : G8);
-        group_a8<R>(xq, K, dx, sx, packed + g * nb * REC, out + c, ldo, valid);
-    }
-}
-
-// Columns [n0, n1) (n0 a multiple of G) of M quantised rows times a packed Q4_1 matrix [N, K].
-inline void product_cols_a8(const int8_t *xq, const float *dx, int64_t M, const float *sx, const uint8_t *packed,
-                            int64_t N, int64_t K, int64_t n0, int64_t n1, float *out, int64_t ldo) {
-    const int64_t nb = K / QK;
-    for (int64_t r0 = 0; r0 < M; r0 += A8_ROWS) {
-        const int R = (int)(M - r0 < A8_ROWS ? M - r0 : A8_ROWS);
-        const int8_t *x = xq + r0 * K;
-        const float *e = dx + r0 * nb, *s = sx + r0 * nb;
-        float *o = out + r0 * ldo;
-#define HISPEC_A8_CASE(n) \
-    case n: groups_a8<(n <= A8_ROWS ? n : 1)>(x, K, e, s, packed, N, n0, n1, o, ldo); break;
-        switch (R) {
-            HISPEC_A8_CASE(1) HISPEC_A8_CASE(2) HISPEC_A8_CASE(3) HISPEC_A8_CASE(4) HISPEC_A8_CASE(5) HISPEC_A8_CASE(6)
-            HISPEC_A8_CASE(7) HISPEC_A8_CASE(8) HISPEC_A8_CASE(9) HISPEC_A8_CASE(10) HISPEC_A8_CASE(11)
-            HISPEC_A8_CASE(12) HISPEC_A8_CASE(13) HISPEC_A8_CASE(14) HISPEC_A8_CASE(15) HISPEC_A8_CASE(16)
-        }
-#undef HISPEC_A8_CASE
-    }
-}
-
 // ---- the LM head in the same arithmetic: Q8_0 weights (signed bytes w, a float16 scale d per block) ----
 // S_b = sum_i w_i * xq_i exactly in integers; acc = fma(float(S_b), d_b * dx_b, acc), blocks in order.
 // dpbusd multiplies unsigned by signed bytes, so it takes w + 128 and the row's block sum of xq times 128
@@ -614,21 +550,59 @@ inline vi block_dot_q8(const vi w[8], const int8_t *x, int32_t) {
 inline vi q8_prepare(vi v) { return v; }
 #endif
 
-template <int R>
-inline __attribute__((always_inline)) void group_a8_q8(const int8_t *xq, int64_t K, const float *dx,
-                                                       const int32_t *xs, const uint8_t *pk, float *out, int64_t ldo,
-                                                       int64_t valid) {
+// How each packed format's block unpacks and sums (the rest of the arithmetic is shared, group_a8).
+struct PackedQ41 {
+    static constexpr int64_t rec = REC, d_at = 16 * G8, m_at = 18 * G8;
+    static constexpr bool has_min = true;
+    static inline void unpack(const uint8_t *r, vi w[8]) {
+        for (int k = 0; k < 4; k++) {
+            vi v = vi_load(r + k * G8 * 4);
+            w[k] = vi_low4(v);
+            w[4 + k] = vi_high4(v);
+        }
+    }
+    template <int R>
+    static inline vi dot(const vi w[8], const int8_t *x, int32_t) { return block_dot<(R < 4)>(w, x); }
+};
+struct PackedQ80 {
+    static constexpr int64_t rec = REC8, d_at = 32 * G8, m_at = 0;
+    static constexpr bool has_min = false;
+    static inline void unpack(const uint8_t *r, vi w[8]) {
+        for (int k = 0; k < 8; k++) w[k] = q8_prepare(vi_load(r + k * G8 * 4));
+    }
+    template <int R>
+    static inline vi dot(const vi w[8], const int8_t *x, int32_t xsum) { return block_dot_q8(w, x, xsum); }
+};
+
+// A tile's quantised rows: row r's int8 values at xq + r * K, its scales dx and block sums sx (float,
+// Q4_1's minimum term) and xs (of xq, the Q8_0 head's offset) at r * nb.
+struct A8Rows {
+    const int8_t *xq;
+    const float *dx, *sx;
+    const int32_t *xs;
+    A8Rows at(int64_t r0, int64_t K) const {
+        const int64_t nb = K / QK;
+        return {xq + r0 * K, dx + r0 * nb, sx ? sx + r0 * nb : nullptr, xs ? xs + r0 * nb : nullptr};
+    }
+};
+
+// One packed group (G columns) for a tile of R rows; writes `valid` columns of each row to out[r * ldo + j].
+template <int R, class P>
+inline __attribute__((always_inline)) void group_a8(const A8Rows &x, int64_t K, const uint8_t *pk, float *out,
+                                                    int64_t ldo, int64_t valid) {
     const int64_t nb = K / QK;
     vf acc[R];
     for (int r = 0; r < R; r++) acc[r] = vzero();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *rec = pk + b * REC8;
+        const uint8_t *rec = pk + b * P::rec;
         vi w[8];
-        for (int k = 0; k < 8; k++) w[k] = q8_prepare(vi_load(rec + k * G8 * 4));
-        const vf dw = half_lanes(rec + 32 * G8);
+        P::unpack(rec, w);
+        const vf dw = half_lanes(rec + P::d_at);
+        const vf mw = P::has_min ? half_lanes(rec + P::m_at) : vzero();
         for (int r = 0; r < R; r++) {
-            const vf s = vi_float(block_dot_q8(w, xq + r * K + b * QK, xs[r * nb + b]));
-            acc[r] = vfma(s, vmul(dw, vset1(dx[r * nb + b])), acc[r]);
+            const vf s = vi_float(P::template dot<R>(w, x.xq + r * K + b * QK, x.xs ? x.xs[r * nb + b] : 0));
+            acc[r] = vfma(s, vmul(dw, vset1(x.dx[r * nb + b])), acc[r]);
+            if constexpr (P::has_min) acc[r] = vfma(mw, vset1(x.sx[r * nb + b]), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) {
@@ -642,28 +616,27 @@ inline __attribute__((always_inline)) void group_a8_q8(const int8_t *xq, int64_t
     }
 }
 
-template <int R>
-void groups_a8_q8(const int8_t *xq, int64_t K, const float *dx, const int32_t *xs, const uint8_t *packed, int64_t N,
-                  int64_t n0, int64_t n1, float *out, int64_t ldo) {
+template <int R, class P>
+void groups_a8(const A8Rows &x, int64_t K, const uint8_t *packed, int64_t N, int64_t n0, int64_t n1, float *out,
+               int64_t ldo) {
     const int64_t nb = K / QK;
     for (int64_t g = n0 / G8; g * G8 < n1; g++) {
         const int64_t c = g * G8, valid = (N - c < G8 ? N - c : G8);
-        group_a8_q8<R>(xq, K, dx, xs, packed + g * nb * REC8, out + c, ldo, valid);
+        group_a8<R, P>(x, K, packed + g * nb * P::rec, out + c, ldo, valid);
     }
 }
 
-inline void product_cols_a8_q8(const int8_t *xq, const float *dx, const int32_t *xs, int64_t M,
-                               const uint8_t *packed, int64_t N, int64_t K, int64_t n0, int64_t n1, float *out,
-                               int64_t ldo) {
-    const int64_t nb = K / QK;
+// Columns [n0, n1) (n0 a multiple of G) of M quantised rows times a packed matrix [N, K] (P: its format),
+// rows in tiles of up to A8_ROWS.
+template <class P>
+void product_cols_a8(const A8Rows &rows, int64_t M, const uint8_t *packed, int64_t N, int64_t K, int64_t n0,
+                     int64_t n1, float *out, int64_t ldo) {
     for (int64_t r0 = 0; r0 < M; r0 += A8_ROWS) {
         const int R = (int)(M - r0 < A8_ROWS ? M - r0 : A8_ROWS);
-        const int8_t *x = xq + r0 * K;
-        const float *e = dx + r0 * nb;
-        const int32_t *s = xs + r0 * nb;
+        const A8Rows x = rows.at(r0, K);
         float *o = out + r0 * ldo;
 #define HISPEC_A8_CASE(n) \
-    case n: groups_a8_q8<(n <= A8_ROWS ? n : 1)>(x, K, e, s, packed, N, n0, n1, o, ldo); break;
+    case n: groups_a8<(n <= A8_ROWS ? n : 1), P>(x, K, packed, N, n0, n1, o, ldo); break;
         switch (R) {
             HISPEC_A8_CASE(1) HISPEC_A8_CASE(2) HISPEC_A8_CASE(3) HISPEC_A8_CASE(4) HISPEC_A8_CASE(5) HISPEC_A8_CASE(6)
             HISPEC_A8_CASE(7) HISPEC_A8_CASE(8) HISPEC_A8_CASE(9) HISPEC_A8_CASE(10) HISPEC_A8_CASE(11)
@@ -699,7 +672,7 @@ void hispec_q41_matmul_a8p(const float *x, int64_t M, int64_t K, const uint8_t *
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
     for (int64_t t = 0; t < tasks; t++) {
         int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
-        product_cols_a8(xq, dx, M, sx, packed, N, K, n0, n1, out, ldo);
+        product_cols_a8<PackedQ41>(A8Rows{xq, dx, sx, nullptr}, M, packed, N, K, n0, n1, out, ldo);
     }
     free(xq);
     free(dx);
@@ -739,7 +712,7 @@ void hispec_q80_matmul_a8p(const float *x, int64_t M, int64_t K, const uint8_t *
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
     for (int64_t t = 0; t < tasks; t++) {
         int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
-        product_cols_a8_q8(xq, dx, xs, M, packed, N, K, n0, n1, out, ldo);
+        product_cols_a8<PackedQ80>(A8Rows{xq, dx, nullptr, xs}, M, packed, N, K, n0, n1, out, ldo);
     }
     free(xq);
     free(dx);
@@ -865,7 +838,7 @@ inline void product_cols(const float *x, int64_t M, const float *sx, const Mat &
 inline void product(bool act8, const float *x, const int8_t *xq, const float *dxe, int64_t M, const float *sx,
                     const Mat &w, int64_t n0, int64_t n1, float *out, int64_t ldo) {
     if (act8)
-        product_cols_a8(xq, dxe, M, sx, w.packed, w.N, w.K, n0, n1, out, ldo);
+        product_cols_a8<PackedQ41>(A8Rows{xq, dxe, sx, nullptr}, M, w.packed, w.N, w.K, n0, n1, out, ldo);
     else
         product_cols(x, M, sx, w, n0, n1, out, ldo);
 }
