@@ -195,10 +195,8 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.hispec_q80_packed_bytes.restype = i64
     lib.hispec_q80_pack_a8.argtypes = [p, p, i64, i64, p]
     lib.hispec_q80_pack_a8.restype = None
-    for name in ("hispec_q80_matmul_a8p", "hispec_q80_matmul_a8"):
-        getattr(lib, name).restype = None
     lib.hispec_q80_matmul_a8p.argtypes = [p, i64, i64, p, i64, p, i64, ctypes.c_int]
-    lib.hispec_q80_matmul_a8.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
+    lib.hispec_q80_matmul_a8p.restype = None
     lib.hispec_q80_matmul.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
     lib.hispec_q80_matmul.restype = None
     lib.hispec_q80_rows.argtypes = [p, i64, i64, p, p, p]

@@ -440,9 +440,13 @@ inline vi vi_low4(vi v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
 inline vi vi_high4(vi v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
 inline vf half_lanes(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 inline vf vi_float(vi s) { return _mm512_cvtepi32_ps(s); }
+inline vi vi_set1(int32_t a) { return _mm512_set1_epi32(a); }
+inline vi vi_maddubs(vi u, vi s) { return _mm512_maddubs_epi16(u, s); }  // u8 x s8, adjacent pairs into 16 bits
+inline vi vi_add16(vi a, vi b) { return _mm512_add_epi16(a, b); }
+inline vi vi_pairs32(vi a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }  // adjacent 16-bit pairs into 32
 #if defined(__AVX512VNNI__)
 // S (32-bit lanes) = sum over the 8 vectors w[k] of each lane's 4 u8 x s8 products with the row's quads.
-// Integer sums: any grouping gives the same S; `chains` only sets how many dependency chains overlap (two
+// Integer sums: any grouping gives the same S; `two_chains` only sets how many dependency chains overlap (two
 // where few rows share a block, one where the rows' own chains already keep the unit busy).
 template <bool two_chains>
 inline vi block_dot(const vi w[8], const int8_t *x) {
@@ -460,14 +464,7 @@ inline vi block_dot(const vi w[8], const int8_t *x) {
     return s;
 }
 #else
-template <bool>
-inline vi block_dot(const vi w[8], const int8_t *x) {
-    vi s = _mm512_maddubs_epi16(w[0], _mm512_set1_epi32(quad(x)));
-    for (int k = 1; k < 4; k++) s = _mm512_add_epi16(s, _mm512_maddubs_epi16(w[k], _mm512_set1_epi32(quad(x + 4 * k))));
-    for (int k = 0; k < 4; k++)
-        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(w[4 + k], _mm512_set1_epi32(quad(x + 16 + 4 * k))));
-    return _mm512_madd_epi16(s, _mm512_set1_epi16(1));
-}
+#define HISPEC_A8_MADDUBS 1
 #endif
 #else
 typedef __m256i vi;
@@ -476,13 +473,20 @@ inline vi vi_low4(vi v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
 inline vi vi_high4(vi v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
 inline vf half_lanes(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 inline vf vi_float(vi s) { return _mm256_cvtepi32_ps(s); }
+inline vi vi_set1(int32_t a) { return _mm256_set1_epi32(a); }
+inline vi vi_maddubs(vi u, vi s) { return _mm256_maddubs_epi16(u, s); }
+inline vi vi_add16(vi a, vi b) { return _mm256_add_epi16(a, b); }
+inline vi vi_pairs32(vi a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
+#define HISPEC_A8_MADDUBS 1
+#endif
+
+#if defined(HISPEC_A8_MADDUBS)
+// Without VNNI: maddubs pairs summed in 16 bits (8 x 2 x 15 x 127 < 32767: no overflow), then into 32.
 template <bool>
 inline vi block_dot(const vi w[8], const int8_t *x) {
-    vi s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(quad(x)));
-    for (int k = 1; k < 4; k++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(quad(x + 4 * k))));
-    for (int k = 0; k < 4; k++)
-        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[4 + k], _mm256_set1_epi32(quad(x + 16 + 4 * k))));
-    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+    vi s = vi_maddubs(w[0], vi_set1(quad(x)));
+    for (int k = 1; k < 8; k++) s = vi_add16(s, vi_maddubs(w[k], vi_set1(quad(x + 4 * k))));
+    return vi_pairs32(s);
 }
 #endif
 
@@ -646,6 +650,36 @@ void product_cols_a8(const A8Rows &rows, int64_t M, const uint8_t *packed, int64
     }
 }
 
+// x[M, K] (float rows) @ W.T for a packed matrix: each row quantised on its own, with the block sums its
+// format needs (float sums of x for Q4_1's minimum term, integer sums of xq for the Q8_0 head's offset),
+// then column tasks split over the threads.
+template <class P>
+void matmul_a8(const float *x, int64_t M, int64_t K, const uint8_t *packed, int64_t N, float *out, int64_t ldo,
+               int nthreads) {
+    const int64_t nb = K / QK;
+    int8_t *xq = (int8_t *)malloc(M * K);
+    float *dx = (float *)malloc(sizeof(float) * M * nb);
+    float *sx = P::has_min ? (float *)malloc(sizeof(float) * M * nb) : nullptr;
+    int32_t *xs = P::has_min ? nullptr : (int32_t *)malloc(sizeof(int32_t) * M * nb);
+    quantize_rows(x, M, K, xq, dx);
+    if (sx) block_sums(x, M, K, sx);
+    for (int64_t i = 0; xs && i < M * nb; i++) {
+        int32_t s = 0;
+        for (int j = 0; j < QK; j++) s += xq[i * QK + j];
+        xs[i] = s;
+    }
+    const int64_t tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
+        product_cols_a8<P>(A8Rows{xq, dx, sx, xs}, M, packed, N, K, n0, n1, out, ldo);
+    }
+    free(xq);
+    free(dx);
+    free(sx);
+    free(xs);
+}
+
 }  // namespace
 
 extern "C" {
@@ -662,21 +696,7 @@ void hispec_q41_pack_a8(const uint8_t *qs, const uint16_t *d, const uint16_t *m,
 // int8 per block of 32.
 void hispec_q41_matmul_a8p(const float *x, int64_t M, int64_t K, const uint8_t *packed, int64_t N, float *out,
                            int64_t ldo, int nthreads) {
-    const int64_t nb = K / QK;
-    int8_t *xq = (int8_t *)malloc(M * K);
-    float *dx = (float *)malloc(sizeof(float) * M * nb);
-    float *sx = (float *)malloc(sizeof(float) * M * nb);
-    quantize_rows(x, M, K, xq, dx);
-    block_sums(x, M, K, sx);
-    const int64_t tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
-    for (int64_t t = 0; t < tasks; t++) {
-        int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
-        product_cols_a8<PackedQ41>(A8Rows{xq, dx, sx, nullptr}, M, packed, N, K, n0, n1, out, ldo);
-    }
-    free(xq);
-    free(dx);
-    free(sx);
+    matmul_a8<PackedQ41>(x, M, K, packed, N, out, ldo, nthreads);
 }
 
 // The same from the file's Q4_1 arrays (packed for the call: for tests and one-off products).
@@ -684,7 +704,7 @@ void hispec_q41_matmul_a8(const float *x, int64_t M, int64_t K, const uint8_t *q
                           const uint16_t *m, int64_t N, float *out, int64_t ldo, int nthreads) {
     uint8_t *packed = (uint8_t *)malloc(a8_packed_bytes(N, K));
     pack_a8(qs, d, m, N, K, packed);
-    hispec_q41_matmul_a8p(x, M, K, packed, N, out, ldo, nthreads);
+    matmul_a8<PackedQ41>(x, M, K, packed, N, out, ldo, nthreads);
     free(packed);
 }
 
@@ -698,34 +718,7 @@ void hispec_q80_pack_a8(const int8_t *qs, const uint16_t *d, int64_t N, int64_t 
 // x quantised to int8 per block of 32 (the a8 level's LM head).
 void hispec_q80_matmul_a8p(const float *x, int64_t M, int64_t K, const uint8_t *packed, int64_t N, float *out,
                            int64_t ldo, int nthreads) {
-    const int64_t nb = K / QK;
-    int8_t *xq = (int8_t *)malloc(M * K);
-    float *dx = (float *)malloc(sizeof(float) * M * nb);
-    int32_t *xs = (int32_t *)malloc(sizeof(int32_t) * M * nb);
-    quantize_rows(x, M, K, xq, dx);
-    for (int64_t i = 0; i < M * nb; i++) {
-        int32_t s = 0;
-        for (int j = 0; j < QK; j++) s += xq[i * QK + j];
-        xs[i] = s;
-    }
-    const int64_t tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
-    for (int64_t t = 0; t < tasks; t++) {
-        int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
-        product_cols_a8<PackedQ80>(A8Rows{xq, dx, nullptr, xs}, M, packed, N, K, n0, n1, out, ldo);
-    }
-    free(xq);
-    free(dx);
-    free(xs);
-}
-
-// The same from the file's Q8_0 arrays (packed for the call: for tests and one-off products).
-void hispec_q80_matmul_a8(const float *x, int64_t M, int64_t K, const int8_t *qs, const uint16_t *d, int64_t N,
-                          float *out, int64_t ldo, int nthreads) {
-    uint8_t *packed = (uint8_t *)malloc(a8_packed_bytes_q8(N, K));
-    pack_a8_q8(qs, d, N, K, packed);
-    hispec_q80_matmul_a8p(x, M, K, packed, N, out, ldo, nthreads);
-    free(packed);
+    matmul_a8<PackedQ80>(x, M, K, packed, N, out, ldo, nthreads);
 }
 
 // 1 when this build's int8 products use VNNI (dpbusd), 0 for maddubs + madd (the same integers)
