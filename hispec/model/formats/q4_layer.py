@@ -34,7 +34,7 @@ _p, _i64, _f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class _Mat(ctypes.Structure):
-    _fields_ = [("qs", _p), ("d", _p), ("m", _p), ("N", _i64), ("K", _i64), ("packed", _p)]
+    _fields_ = [("qs", _p), ("d", _p), ("m", _p), ("N", _i64), ("K", _i64)]
 
 
 class _Layer(ctypes.Structure):
@@ -116,14 +116,17 @@ class NativeLayers:
         self.dims = _Dims(self.E, self.H, self.KV, self.D, self.I, _eps(first.input_norm), qk_eps, first.scaling,
                           int(self.act8))
         self.table = (_Layer * len(lean.layers))()
-        self.keep = []  # tensors whose pointers the table holds
-        for slot, w in zip(self.table, lean.layers):
-            for name, proj in (("qkv", w.qkv), ("o", w.o), ("gate_up", w.gate_up), ("down", w.down)):
+        self.packed = (_p * (4 * len(lean.layers)))()  # act8: each layer's 4 packings (hispec_q4_layers' last argument)
+        self.keep = []  # tensors whose pointers the tables hold
+        for i, (slot, w) in enumerate(zip(self.table, lean.layers)):
+            for j, (name, proj) in enumerate((("qkv", w.qkv), ("o", w.o), ("gate_up", w.gate_up), ("down", w.down))):
                 m = proj.matrix
-                packed = packed_a8(self.lib, m) if self.act8 else None
-                setattr(slot, name, _Mat(m.qs.data_ptr(), m.d.data_ptr(), m.m.data_ptr(), *m.shape,
-                                         packed.data_ptr() if packed is not None else None))
-                self.keep += [m.qs, m.d, m.m] + ([packed] if packed is not None else [])
+                setattr(slot, name, _Mat(m.qs.data_ptr(), m.d.data_ptr(), m.m.data_ptr(), *m.shape))
+                self.keep += [m.qs, m.d, m.m]
+                if self.act8:
+                    packed = packed_a8(self.lib, m)
+                    self.packed[4 * i + j] = packed.data_ptr()
+                    self.keep.append(packed)
                 if proj.bias is not None:
                     bias = proj.bias.detach().float().contiguous()
                     self.keep.append(bias)
@@ -164,7 +167,7 @@ class NativeLayers:
         self.lib.hispec_q4_layers(ctypes.addressof(self.table) + start * self.stride, end - start,
                                   ctypes.addressof(self.dims), out.data_ptr(), q, past,
                                   rotary.cos.data_ptr() + past * row, rotary.sin.data_ptr() + past * row,
-                                  q4_kernel.threads())
+                                  q4_kernel.threads(), ctypes.addressof(self.packed) + start * 4 * ctypes.sizeof(_p))
         for idx in range(start, end):
             cache.lengths[idx] = past + q
         return out

@@ -759,7 +759,6 @@ struct Mat {  // a Q4_1 matrix [N, K]
     const uint16_t *d;
     const uint16_t *m;
     int64_t N, K;
-    const uint8_t *packed;  // its int8-activation packing (hispec_q41_pack_a8), or null where act8 is off
 };
 
 }  // namespace
@@ -827,11 +826,12 @@ inline void product_cols(const float *x, int64_t M, const float *sx, const Mat &
     }
 }
 
-// product_cols, or with act8 its int8-activation twin over the rows' quantisation (xq, dxe)
+// product_cols, or with act8 its int8-activation twin over the rows' quantisation (xq, dxe) and the
+// matrix's packing pk (hispec_q41_pack_a8)
 inline void product(bool act8, const float *x, const int8_t *xq, const float *dxe, int64_t M, const float *sx,
-                    const Mat &w, int64_t n0, int64_t n1, float *out, int64_t ldo) {
+                    const Mat &w, const uint8_t *pk, int64_t n0, int64_t n1, float *out, int64_t ldo) {
     if (act8)
-        product_cols_a8<PackedQ41>(A8Rows{xq, dxe, sx, nullptr}, M, w.packed, w.N, w.K, n0, n1, out, ldo);
+        product_cols_a8<PackedQ41>(A8Rows{xq, dxe, sx, nullptr}, M, pk, w.N, w.K, n0, n1, out, ldo);
     else
         product_cols(x, M, sx, w, n0, n1, out, ldo);
 }
@@ -884,9 +884,12 @@ extern "C" {
 
 // Layers [0, n_layers) of `layers` over hidden[q, E] (in place), the rows at positions past .. past+q-1.
 // cos/sin: the rotary table's rows for those positions ([q, D]). Each layer's cache must hold past
-// positions and room for q more (the caller grows it first).
+// positions and room for q more (the caller grows it first). packed (act8 only, else ignored): per layer
+// the int8 packings of qkv, o, gate_up and down (4 pointers a layer; an argument of its own, so that the
+// layer table keeps its layout for builds of before it).
 void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec_dims *dims, float *hidden, int64_t q,
-                      int64_t past, const float *cos, const float *sin, int nthreads) {
+                      int64_t past, const float *cos, const float *sin, int nthreads,
+                      const uint8_t *const *packed) {
     const int64_t E = dims->hidden, H = dims->heads, KV = dims->kv_heads, D = dims->head_dim, I = dims->inter;
     const int64_t NQKV = (H + 2 * KV) * D, total = past + q, group = H / KV;
     float *qkv = (float *)malloc(sizeof(float) * q * NQKV);
@@ -901,7 +904,7 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
         float *xn = (float *)malloc(sizeof(float) * q * maxk);  // this thread's normed rows
         float *sx = (float *)malloc(sizeof(float) * q * (maxk / QK + 1));
         float *scores = (float *)malloc(sizeof(float) * (total + 2 * D));
-        const bool act8 = dims->act8 != 0;  // each thread quantises every row into its own buffers
+        const bool act8 = dims->act8 != 0 && packed;  // each thread quantises every row into its own buffers
         int8_t *xq = act8 ? (int8_t *)malloc(q * maxk) : nullptr;
         float *dxe = act8 ? (float *)malloc(sizeof(float) * q * (maxk / QK)) : nullptr;
         float *rot = scores + total;  // D floats of scratch (rotary), D more (attention accumulators)
@@ -916,6 +919,7 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
         };
         for (int64_t l = 0; l < n_layers; l++) {
             const hispec_layer &L = layers[l];
+            const uint8_t *const *pk = act8 ? packed + 4 * l : nullptr;  // qkv, o, gate_up, down
             // 1. input norm (every thread, all rows) and the fused q/k/v product (columns split)
             for (int64_t r = 0; r < q; r++) rms_norm_row(hidden + r * E, L.in_norm, E, dims->eps, xn + r * E);
             block_sums_rows(xn, q, E, sx);
@@ -924,7 +928,7 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(NQKV); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < NQKV ? n0 + COLS_PER_TASK : NQKV;
-                product(act8, xn, xq, dxe, q, sx, L.qkv, n0, n1, qkv, NQKV);
+                product(act8, xn, xq, dxe, q, sx, L.qkv, pk ? pk[0] : nullptr, n0, n1, qkv, NQKV);
                 if (L.qkv_bias)
                     for (int64_t r = 0; r < q; r++)
                         for (int64_t n = n0; n < n1; n++) qkv[r * NQKV + n] = qkv[r * NQKV + n] + L.qkv_bias[n];
@@ -993,7 +997,7 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(E); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                product(act8, attn, xq, dxe, q, sx, L.o, n0, n1, tmp, E);
+                product(act8, attn, xq, dxe, q, sx, L.o, pk ? pk[1] : nullptr, n0, n1, tmp, E);
                 for (int64_t r = 0; r < q; r++)
                     for (int64_t n = n0; n < n1; n++) {
                         float y = tmp[r * E + n];
@@ -1011,13 +1015,13 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
             for (int64_t t = 0; t < ntasks(I); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < I ? n0 + COLS_PER_TASK : I;
                 // gate columns into tmp[:, n], up columns into act[:, n] (row stride I each)
-                product(act8, xn, xq, dxe, q, sx, L.gate_up, n0, n1, tmp, I);
+                product(act8, xn, xq, dxe, q, sx, L.gate_up, pk ? pk[2] : nullptr, n0, n1, tmp, I);
                 Mat up = L.gate_up;
                 up.qs += I * (up.K / 2);
                 up.d += I * (up.K / QK);
                 up.m += I * (up.K / QK);
-                if (up.packed) up.packed += I * (up.K / QK) * 20;  // I / G whole groups of G columns
-                product(act8, xn, xq, dxe, q, sx, up, n0, n1, act, I);
+                const uint8_t *pk_up = pk ? pk[2] + I * (up.K / QK) * 20 : nullptr;  // I / G whole groups of G
+                product(act8, xn, xq, dxe, q, sx, up, pk_up, n0, n1, act, I);
                 for (int64_t r = 0; r < q; r++) {  // n1 - n0 = 32 (the intermediate size is whole blocks)
                     if (L.gate_up_bias)
                         for (int64_t n = n0; n < n1; n++) {
@@ -1036,7 +1040,7 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(E); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                product(act8, act, xq, dxe, q, sx, L.down, n0, n1, tmp, E);
+                product(act8, act, xq, dxe, q, sx, L.down, pk ? pk[3] : nullptr, n0, n1, tmp, E);
                 for (int64_t r = 0; r < q; r++)
                     for (int64_t n = n0; n < n1; n++) {
                         float y = tmp[r * E + n];
