@@ -18,7 +18,7 @@ and ``step_min_over_1`` from each one's quickest call, what a quiet machine does
 blocks plus the LM head's blocks) over the read bandwidth measured at the start and end of the run
 (the higher of the two medians).
 
-    python scripts/q4_widths.py --json assets/bench/q4_widths.json
+    python scripts/measure/q4_widths.py --clock cpu --repeats 9 --json assets/bench/q4_widths_cpu.json
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hispec.evaluation import host  # noqa: E402
@@ -110,7 +110,7 @@ def main() -> int:
     if args.clock == "cpu":
         NOW, args.threads = time.thread_time, [1]
     isas = args.isas or [i for i in ("avx512", "avx2") if q4_kernel.host_isa() == "avx512" or i == "avx2"]
-    report = {"command": "python scripts/q4_widths.py " + " ".join(sys.argv[1:]), "code": code_version(),
+    report = {"command": "python scripts/measure/q4_widths.py " + " ".join(sys.argv[1:]), "code": code_version(),
               "host": host.describe(), "isas": isas, "vnni": {}, "widths": args.widths,
               "clock": args.clock}
     lm = load_model("default", device="cpu", weights="q4", exits="none")
