@@ -33,12 +33,10 @@ class Peer:
     """One peer of the table. `run(lm, ids, max_new_tokens, exit_layer, count)` gives its record;
     `count`: the peer takes 'NAME:N' with N in this range (None: it takes none), `count_default`: N when
     not given; `on_weights`: it runs on the bench's loaded model, so METHOD@FORMAT applies (llama.cpp runs
-    its own file); `in_default_set`: a bench without a method list runs it; `missing()`: why it cannot run on this machine (None: it can); `refuses(lm)`: why it
-    cannot run for this model (None: it can)."""
+    its own file); `in_default_set`: a bench without a method list runs it; `missing()`: why it cannot
+    run on this machine (None: it can); `refuses(lm)`: why it cannot run for this model (None: it can)."""
 
     name: str
-    engine: str
-    words: str
     run: Callable[..., dict]
     count: tuple[int, int] | None = None
     count_default: int | None = None
@@ -58,21 +56,18 @@ def _generate(lm, ids: list[int], max_new_tokens: int, **extra) -> dict:
     return {"token_ids": out, "wall_s": wall, "tokens_per_s": len(out) / wall if wall > 0 else 0.0}
 
 
-_LLAMACPP = dict(engine="llama.cpp", on_weights=False, missing=lambda: llamacpp.missing(), refuses=lambda lm: llamacpp.refuses(lm))
+# llama.cpp runs its own file (not the bench's weights), needs its package and the default model
+_LLAMACPP = dict(on_weights=False, missing=lambda: llamacpp.missing(), refuses=lambda lm: llamacpp.refuses(lm))
 
 PEERS: dict[str, Peer] = {p.name: p for p in (
-    Peer("hf_generate", "transformers", "transformers' generate(), greedy",
-         lambda lm, ids, n, exit_layer, count: _generate(lm, ids, n), in_default_set=True),
-    Peer("hf_early_exit", "transformers", "transformers' generate(assistant_early_exit=E)",
-         lambda lm, ids, n, exit_layer, count: _generate(lm, ids, n, assistant_early_exit=exit_layer),
+    Peer("hf_generate", lambda lm, ids, n, exit_layer, count: _generate(lm, ids, n), in_default_set=True),
+    Peer("hf_early_exit", lambda lm, ids, n, exit_layer, count: _generate(lm, ids, n, assistant_early_exit=exit_layer),
          in_default_set=True),
-    Peer("hf_lookup", "transformers", f"transformers' generate(prompt_lookup_num_tokens={HF_LOOKUP_TOKENS})",
-         lambda lm, ids, n, exit_layer, count: _generate(lm, ids, n, prompt_lookup_num_tokens=HF_LOOKUP_TOKENS),
+    Peer("hf_lookup", lambda lm, ids, n, exit_layer, count: _generate(lm, ids, n,
+                                                                       prompt_lookup_num_tokens=HF_LOOKUP_TOKENS),
          in_default_set=True),
-    Peer(llamacpp.PLAIN, words="llama.cpp's plain decoding of the same GGUF file",
-         run=lambda lm, ids, n, exit_layer, count: llamacpp.run(lm, ids, n), **_LLAMACPP),
-    Peer(llamacpp.LOOKUP, words="llama.cpp's n-gram prompt lookup (llamacpp_lookup:N drafts N)",
-         run=lambda lm, ids, n, exit_layer, count: llamacpp.run(lm, ids, n, lookup=count),
+    Peer(llamacpp.PLAIN, lambda lm, ids, n, exit_layer, count: llamacpp.run(lm, ids, n), **_LLAMACPP),
+    Peer(llamacpp.LOOKUP, lambda lm, ids, n, exit_layer, count: llamacpp.run(lm, ids, n, lookup=count),
          count=(1, 64), count_default=llamacpp.LOOKUP_DEFAULTS["num_pred_tokens"], **_LLAMACPP),
 )}
 
