@@ -43,11 +43,13 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 import hispec.engine.sampling as sampling
-from hispec.engine import policy
-from hispec.engine.costs import CostModel
+from hispec.engine.planning import policy
+from hispec.engine.planning.costs import CostModel
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, PolicyEvent, TokenEvent, TokenState
+from hispec.engine.levels import FULL, LOOKUP
+from hispec.engine.planning.round import Round
 from hispec.model.early_exit import EarlyExitModel
 
 V = 48
@@ -128,13 +130,13 @@ class Sample:
     bonus: set[int]  # generated positions whose token was the target's bonus draw
     plans: list[str] = field(default_factory=list)  # the auto policy's plan kinds, round by round
     policy: str = ""
-    rounds: list = field(default_factory=list)  # the auto policy's plans (policy.Plan) as it returned them
+    rounds: list[Round] = field(default_factory=list)  # the rounds as the policy planned them
 
 
-def plan_kind(choice: str) -> str:
-    if choice == "plain":
+def plan_kind(r: Round) -> str:
+    if r.plain:
         return "plain"
-    return "lookup" if choice.startswith("lookup") else "hierarchy" if "->" in choice else "exit"
+    return "lookup" if r.proposer.kind == "lookup" else "hierarchy" if r.judges else "exit"
 
 
 def compute_bound(measured: CostModel) -> CostModel:
@@ -162,8 +164,6 @@ def generate(ee, prompt, config: DecodeConfig, runs: int, seeded: bool, costs=No
             ee.cost_model = compute_bound(measured) if r % 3 == 2 else measured
         decoder = Decoder(ee, prompt, replace(config, seed=r if seeded else None))
         sample, prev = Sample([], set(), policy=decoder.config.policy), None
-        if decoder.config.policy == "auto":
-            decoder.policy.plan = _recording(decoder.policy.plan, sample.rounds)
         for ev in decoder.events():
             if isinstance(ev, TokenEvent):
                 # The bonus: the target writes right after accepting the whole block, in its round.
@@ -172,20 +172,13 @@ def generate(ee, prompt, config: DecodeConfig, runs: int, seeded: bool, costs=No
                     sample.bonus.add(ev.index)
                 prev = ev
             elif isinstance(ev, PolicyEvent):
-                sample.plans.append(plan_kind(ev.choice))
+                sample.plans.append(plan_kind(ev.plan))
+                sample.rounds.append(ev.plan)
             elif isinstance(ev, DoneEvent):
                 sample.tokens = list(ev.token_ids)
         assert len(sample.tokens) == config.max_new_tokens
         samples.append(sample)
     return samples
-
-
-def _recording(plan, into: list):
-    """The policy's `plan`, keeping every plan it returns (the typed plan, not its label)."""
-    def recorded(*args, **kwargs):
-        into.append(plan(*args, **kwargs))
-        return into[-1]
-    return recorded
 
 
 # ---- the chain-rule chi-square ----------------------------------------------------------------
@@ -446,9 +439,10 @@ Q4_AUTO = preset("hispec", levels=("lookup", "full@q4"), policy="auto", max_new_
                  temperature=1.0)
 
 
-def drafts_on(plan: policy.Plan) -> bool:
-    """A lookup copy judged by the 4-bit model (level 1 of [lookup, full@q4, full]), which drafts on."""
-    return plan.proposer == 0 and plan.judges == (1,) and plan.then > 0
+def drafts_on(r: Round) -> bool:
+    """A lookup copy judged by the 4-bit model, which drafts on ('lookup k -> full@q4 +m')."""
+    return (r.proposer.kind == LOOKUP and [(j.kind, j.precision) for j in r.judges] == [(FULL, "q4")]
+            and r.then > 0)
 
 
 def check_q4(q4_lm, runs=Q4_RUNS):
@@ -465,7 +459,7 @@ def check_q4(q4_lm, runs=Q4_RUNS):
 def test_auto_policy_with_the_4bit_level_is_lossless_through_its_drafts_on_plans(q4_lm):
     p, samples = check_q4(q4_lm)
     assert {s.policy for s in samples} == {"auto"}, "unseeded sampling must keep the adaptive policy"
-    kinds = Counter(policy.plan_kind(plan) for s in samples for plan in s.rounds)
+    kinds = Counter(r.kind.key for s in samples for r in s.rounds)
     runs_drafting_on = sum(any(drafts_on(plan) for plan in s.rounds) for s in samples)
     assert runs_drafting_on >= Q4_RUNS // 4, f"the drafts-on plan ran in only {runs_drafting_on} runs: {kinds}"
     mixed = sum(any(drafts_on(plan) for plan in s.rounds) and not all(map(drafts_on, s.rounds)) for s in samples)
