@@ -85,9 +85,11 @@ def cmd_generate(args) -> int:
     for p in prompts:
         if not p["prompt"].strip():
             raise HiSpecError(f"prompt {p['id']} is empty: give some text")
+    from hispec.evaluation.order import Balanced
+
     several = len(methods) > 1
     costs = None
-    if several:  # a fair ratio table: one cost model for all, a warm-up of each, the order rotated
+    if several:  # a fair ratio table: one cost model for all, a warm-up of each, the order balanced
         from hispec.evaluation.bench import CostSnapshot
 
         costs = CostSnapshot.for_methods(lm, list(configs.values()))
@@ -99,8 +101,7 @@ def cmd_generate(args) -> int:
         ids = lm.encode(p["prompt"], chat=p["chat"])
         runs: dict[str, list] = {m: [] for m in methods}
         for rep in range(args.repeats if several else 1):
-            k = (n * args.repeats + rep) % len(methods)
-            for method in methods[k:] + methods[:k]:  # rotated from run to run: drift hits all alike
+            for method in Balanced(methods).of(n * args.repeats + rep):  # evaluation.order: drift hits all alike
                 if costs is not None:
                     costs.restore(lm)
                 result = run_loaded(lm, ids, configs[method], detok)
@@ -316,7 +317,8 @@ def compare_table(runs: dict[str, list], methods: list[str], rotated: bool = Tru
     base = methods[0]
     count = len(runs[base])
     how = (f"after a warm-up run of each method; {count} run{'s' if count > 1 else ''} each"
-           + (", the order rotated from run to run" if rotated else ", in the order given")
+           + (", the order balanced from run to run (each method after each other equally often)" if rotated
+              else ", in the order given")
            + ("" if count > 1 else " (single warm runs: --repeats N for medians)")
            + f"; ratio = median of per-run ratios to {base}")
     lines = [f"\n{how}", f"{'method':<16}{'tok/s':>9}{'vs ' + base:>22}  same output as {base}"]

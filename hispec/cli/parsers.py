@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object per line and per (prompt, method)")
     gen.add_argument("--repeats", type=whole_number, default=1,
                      help="with several methods: runs of each per prompt, after one warm-up run of each; the order "
-                          "rotates from run to run and the ratio table gives medians of per-run ratios (default 1)")
+                          "is balanced from run to run and the ratio table gives medians of per-run ratios (default 1)")
     gen.add_argument("--show-rejected", action="store_true", help="also print rejected drafts, struck through")
     gen.add_argument("--no-color", action="store_true", help="plain text, no ANSI colours")
     gen.add_argument("--device-map", default=None, help="accelerate device map, e.g. 'auto' to spread a model over GPUs/CPU")

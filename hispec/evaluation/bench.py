@@ -1,9 +1,11 @@
 """Side-by-side benchmarks: several methods on the same prompts in one process.
 
-Methods alternate per prompt (the order rotates), after a warm-up, so that machine noise hits
-them alike. Our methods run on the engine and its event stream; transformers' `generate()` greedy
-and `generate(assistant_early_exit=E)` are external references. The JSON report is rewritten
-after every prompt, so an interrupted run keeps what it measured.
+Every prompt is one pass of every method, after a warm-up, timed by the loop bench and sweep share
+(evaluation.timed_passes), the order of each pass balanced over passes (evaluation.order) and recorded,
+so that machine noise hits the methods alike. Our methods run on the engine and its event stream; the
+peers (transformers' `generate()` and its early exit and lookup, llama.cpp) are external references,
+named in one table (evaluation.peers). The JSON report is rewritten after every prompt, so an
+interrupted run keeps what it measured.
 
 Fair by construction: autoregressive is always the fixed plain loop (no policy, whatever the run's
 policy); every method starts from the same calibrated cost model (``CostSnapshot``: calibrated
@@ -18,7 +20,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import resource
 import statistics
 import threading
 import time
@@ -26,24 +27,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from hispec.engine.planning.costs import CostModel
 from hispec.engine.config import METHODS, DecodeConfig, Preset, default_exits, recommended_settings
 from hispec.engine.levels import LOOKUP, parse_method, split_level
 from hispec.errors import ConfigError
 from hispec.data.prompts import Prompt
-from hispec.evaluation import llamacpp
-from hispec.evaluation.record import finish, run_record
+from hispec.evaluation import peers
+from hispec.evaluation.record import run_record
+from hispec.evaluation.timed_passes import Items, time_passes
 from hispec.runs.runner import run
 from hispec.model.loading import LoadedModel
 from hispec.text import Detokenizer
 
-HF = ("hf_generate", "hf_early_exit", "hf_lookup")
-BENCH_METHODS = ("autoregressive", "hf_generate", "hf_early_exit", "hf_lookup", "layerskip", "lookup", "hispec")
-HF_LOOKUP_TOKENS = 10  # generate(prompt_lookup_num_tokens=10), as in transformers' documentation
-# Peers beside these: llama.cpp on the same GGUF file, 'llamacpp' (plain) and 'llamacpp_lookup[:N]' (its n-gram
-# lookup); optional, see hispec/evaluation/llamacpp.py (is_peer names them)
+# A bench without a method list: ours and the peers of the default set (transformers'); every peer of the
+# table (llama.cpp's too) by name (evaluation.peers)
+BENCH_METHODS = ("autoregressive", *peers.DEFAULT_SET, "layerskip", "lookup", "hispec")
 WEIGHTS = ("fp32", "q4")  # METHOD@FORMAT runs a method on the model in that format (benchmark's `models`)
 
 
@@ -58,7 +56,7 @@ def split_weights(method: str) -> tuple[str, str | None]:
     head, sep, tail = method.rpartition("@")
     if not sep or "/" in tail or "+" in tail:
         return method, None
-    plain = head.partition("/")[0] in METHODS or head in HF or llamacpp.is_peer(head)
+    plain = head.partition("/")[0] in METHODS or peers.is_peer(head)
     if "/" in head or plain or "@" in head or tail == "fp32":
         return head, tail or None
     return method, None
@@ -70,10 +68,10 @@ def check_methods(methods: list[str]) -> None:
         m, weights = split_weights(m)
         if weights is not None and weights not in WEIGHTS:
             raise ConfigError(f"'{m}@{weights}': the weights after @ are {' or '.join(WEIGHTS)}")
-        if llamacpp.is_peer(m):
-            llamacpp.lookup_tokens(m)  # a malformed count is refused here
-            continue
-        if m in HF:
+        if peers.is_peer(m):
+            peer, _ = peers.find(m)  # a malformed count is refused here
+            if weights is not None and not peer.on_weights:
+                raise ConfigError(f"'{m}@{weights}': {m} runs its own file, whatever the weights; write it without @")
             continue
         name = m.partition("/")[0]
         if name not in METHODS and "+" not in name and "@" not in name and not name.startswith("exit") \
@@ -81,21 +79,7 @@ def check_methods(methods: list[str]) -> None:
             raise ConfigError(f"unknown benchmark method '{m}'; choose from {', '.join(BENCH_METHODS)} (ours "
                               "optionally with /fixed or /auto), or a level list such as lookup+2+4")
         parse_method(m, METHODS)
-
-
-def _hf(lm: LoadedModel, ids: list[int], config: DecodeConfig, early_exit: int | None,
-        lookup: int | None = None) -> dict:
-    t0 = time.perf_counter()  # from before anything of the call is built, as for our methods
-    x = torch.tensor([ids], device=lm.ee.device)
-    kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=False, attention_mask=torch.ones_like(x),
-                  eos_token_id=sorted(lm.eos_ids) or None, pad_token_id=(sorted(lm.eos_ids) or [0])[0])
-    if early_exit is not None:
-        kwargs["assistant_early_exit"] = early_exit
-    if lookup is not None:
-        kwargs["prompt_lookup_num_tokens"] = lookup
-    out = lm.model.generate(x, **kwargs)[0, len(ids):].tolist()
-    wall = time.perf_counter() - t0
-    return {"token_ids": out, "wall_s": wall, "tokens_per_s": len(out) / wall if wall > 0 else 0.0}
+    peers.check([split_weights(m)[0] for m in methods])  # a peer that cannot run here, said once
 
 
 def bench_exit(lm: LoadedModel) -> int:
@@ -170,60 +154,46 @@ def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, la
     """One generation of one method; the record the report aggregates. `base` holds hispec's
     layers; layerskip and generate(assistant_early_exit) use `layerskip_exit` (default L/4).
     `costs`: the cost model to start from (restored before the run, outside its timing)."""
-    if llamacpp.is_peer(method):
-        return llamacpp.run(lm, ids, base.max_new_tokens, method)
     method = split_weights(method)[0]
-    exit_layer = layerskip_exit or bench_exit(lm)
-    if method not in HF:
-        config = method_config(lm, method, base, layerskip_exit)
-        detok = Detokenizer(lm.tokenizer)
-        if costs is not None:
-            costs.restore(lm)
-        r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=detok)  # timed from before the decoder is built
-        s = r.stats
-        return {"token_ids": r.token_ids, "wall_s": s["wall_s"], "setup_s": s["setup_s"], "tokens_per_s": s["tokens_per_s"],
-                "acceptance": s["acceptance"], "tokens_per_full_pass": s["tokens_per_full_pass"],
-                "full_passes": s["full_passes"], "useful": s["layer_tokens"]["useful"],
-                "wasted": s["layer_tokens"]["wasted"], "stage_s": s["stage_s"], "layers_share": s["layers_share"],
-                "policy_choices": s["policy_choices"], "settings": r.settings}
-    if method == "hf_generate":
-        return _hf(lm, ids, base, None)
-    if method == "hf_early_exit":
-        return _hf(lm, ids, base, exit_layer)
-    return _hf(lm, ids, base, None, lookup=HF_LOOKUP_TOKENS)
+    if peers.is_peer(method):
+        return peers.run(lm, method, ids, base.max_new_tokens, layerskip_exit or bench_exit(lm))
+    config = method_config(lm, method, base, layerskip_exit)
+    detok = Detokenizer(lm.tokenizer)
+    if costs is not None:
+        costs.restore(lm)
+    r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=detok)  # timed from before the decoder is built
+    s = r.stats
+    return {"token_ids": r.token_ids, "wall_s": s["wall_s"], "setup_s": s["setup_s"], "tokens_per_s": s["tokens_per_s"],
+            "acceptance": s["acceptance"], "tokens_per_full_pass": s["tokens_per_full_pass"],
+            "full_passes": s["full_passes"], "useful": s["layer_tokens"]["useful"],
+            "wasted": s["layer_tokens"]["wasted"], "stage_s": s["stage_s"], "layers_share": s["layers_share"],
+            "policy_choices": s["policy_choices"], "settings": r.settings}
 
 
 def _with_policy(method: str, policy: str) -> str:
     """A level list without a policy gets its '/policy' spelled out before a weights tag, so the tag is
     not read as a level's precision ('lookup+4' -> 'lookup+4/auto' when auto is the policy)."""
     name = method.partition("/")[0]
-    if "/" in method or name in METHODS or name in HF:
+    if "/" in method or name in METHODS or peers.is_peer(name):
         return method
     return f"{method}/{policy}"
 
 
 def expand_weights(methods: list[str], formats: list[str], policy: str | None = None) -> list[str]:
     """With several weight formats, every method without a tag once per format (METHOD@FORMAT),
-    format by format; llamacpp and tagged methods as written. One format: the methods unchanged.
-    `policy`: that of methods named without one (default DecodeConfig's)."""
+    format by format; peers that run their own file (llama.cpp) and tagged methods as written. One format:
+    the methods unchanged. `policy`: that of methods named without one (default DecodeConfig's)."""
     policy = policy or DecodeConfig().policy
     if len(formats) < 2:
         return list(methods)
-    out = []
-    for fmt in formats:
-        out += [f"{_with_policy(m, policy)}@{fmt}" for m in methods
-                if not llamacpp.is_peer(m) and split_weights(m)[1] is None]
-    return out + [m for m in methods if llamacpp.is_peer(m) or split_weights(m)[1] is not None]
+    per_format = [m for m in methods if split_weights(m)[1] is None and _on_weights(m)]
+    return [f"{_with_policy(m, policy)}@{fmt}" for fmt in formats for m in per_format] + [
+        m for m in methods if m not in per_format]
 
 
-def warmup_ids(lm: LoadedModel, sets: dict[str, list[Prompt]], new_tokens: int = 8) -> list[int] | None:
-    """Token ids of the first prompt with room for `new_tokens` in the context (None: none has)."""
-    for prompts in sets.values():
-        for p in prompts:
-            ids = lm.encode(p.text, chat=p.chat)
-            if len(ids) + new_tokens <= lm.ee.context_limit:
-                return ids
-    return None
+def _on_weights(method: str) -> bool:
+    """Whether a method runs on the bench's loaded weights (ours, transformers' peers), so @FORMAT applies."""
+    return not peers.is_peer(method) or peers.find(method)[0].on_weights
 
 
 def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str], base: DecodeConfig,
@@ -240,8 +210,7 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
     `command`: the command line that asked for this run, kept in the report (the README's figures cite it).
     `background`: the load other processes put on the machine meanwhile (host.busy_cores), recorded."""
     models = dict(models or {})
-    if any(llamacpp.is_peer(m) for m in methods):
-        llamacpp.check(lm)  # before any prompt runs
+    peers.check([split_weights(m)[0] for m in methods], lm)  # before any prompt runs
     on = lambda method: models.get(split_weights(method)[1], lm)  # noqa: E731
     resolved = replace(base, preset=_preset(lm, "hispec", base, None)).resolve_for(lm.ee)
     report = {**run_record(lm, command, base), "methods": methods, "max_new_tokens": base.max_new_tokens,
@@ -260,55 +229,21 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
         report["host"] = host_info.describe()
         if background:
             report["host"]["background_load"] = background
-    ours = [m for m in methods if not llamacpp.is_peer(m) and split_weights(m)[0] not in HF]
-    named = {getattr(lm, "weights", "fp32"): lm, **models}
-    snapshots: dict[int, CostSnapshot] = {}  # one calibration per model (weights format), before anything runs
-    report["cost_model"] = {}  # by weights format: how, the exits, the calibrated figures
-    for m in ours:
-        model = on(m)
-        if id(model) not in snapshots:
-            snapshots[id(model)] = CostSnapshot.for_methods(
-                model, [method_config(model, x, base, layerskip_exit) for x in ours if on(x) is model])
-            name = next((f for f, x in named.items() if x is model), "model")
-            report["cost_model"][name] = snapshots[id(model)].describe()
+    ours = [m for m in methods if not peers.is_peer(split_weights(m)[0])]
+    snapshots = _snapshots(lm, models, ours, base, layerskip_exit, report)
     costs_of = lambda method: snapshots.get(id(on(method)))  # noqa: E731
-    first = warmup_ids(lm, sets) if warmup else None
-    for method in methods if first is not None else []:
-        run_one(on(method), method, first, replace(base, max_new_tokens=8), layerskip_exit, costs_of(method))
-    total, done = sum(len(v) for v in sets.values()), 0
-    for set_name, prompts in sets.items():
-        for prompt in prompts:
-            if stop is not None and stop.is_set():
-                break
-            ids = lm.encode(prompt.text, chat=prompt.chat)
-            if len(ids) + base.max_new_tokens > lm.ee.context_limit:  # reported, not silently dropped
-                report.setdefault("skipped", []).append(
-                    {"set": set_name, "prompt_id": prompt.id, "reason": f"{len(ids)} prompt tokens + "
-                     f"{base.max_new_tokens} new exceed the model's context of {lm.ee.context_limit}"})
-                done += 1
-                continue
-            k = done % len(methods)
-            order = methods[k:] + methods[:k]  # rotate from prompt to prompt: noise hits all alike
-            rows = []
-            for method in order:
-                if stop is not None and stop.is_set():
-                    break
-                rec = run_one(on(method), method, ids, base, layerskip_exit, costs_of(method))
-                rows.append({"set": set_name, "prompt_id": prompt.id, "method": method,
-                             "prompt_tokens": len(ids), **rec})
-            if len(rows) < len(order):  # stopped in the middle of this prompt: drop it
-                break
-            report["records"].extend(rows)
-            done += 1
-            report["summary"] = summarise(report["records"], methods)
-            report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            if json_path:
-                Path(json_path).write_text(json.dumps(report, indent=1))
-            if progress:
-                progress(done, total, f"{set_name}/{prompt.id}")
-    report["stopped"] = stop is not None and stop.is_set()
-    report["complete"] = not report["stopped"]
-    finish(report)
+
+    def one(method: str, ids: list[int], new_tokens: int | None) -> dict:
+        config = base if new_tokens is None else replace(base, max_new_tokens=new_tokens)
+        return run_one(on(method), method, ids, config, layerskip_exit, costs_of(method))
+
+    def saved() -> None:
+        report["summary"] = summarise(report["records"], methods)
+        if json_path:
+            Path(json_path).write_text(json.dumps(report, indent=1))
+
+    time_passes(lm, sets, Items(methods, one, lambda m: {"method": m}, str), report, base.max_new_tokens,
+                warmup=warmup, stop=stop, progress=progress, saved=saved)
     if report["records"]:
         report["summary"] = summarise(report["records"], methods)
     if host:
@@ -321,6 +256,24 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=1))
     return report
+
+
+def _snapshots(lm: LoadedModel, models: dict, ours: list[str], base: DecodeConfig, layerskip_exit: int | None,
+               report: dict) -> dict[int, CostSnapshot]:
+    """One calibration per model (weights format) our methods run on, before anything runs, keyed by the
+    model's id; each described in the report's `cost_model` (how, the exits, the calibrated figures)."""
+    on = lambda method: models.get(split_weights(method)[1], lm)  # noqa: E731
+    named = {getattr(lm, "weights", "fp32"): lm, **models}
+    snapshots: dict[int, CostSnapshot] = {}
+    report["cost_model"] = {}
+    for m in ours:
+        model = on(m)
+        if id(model) not in snapshots:
+            snapshots[id(model)] = CostSnapshot.for_methods(
+                model, [method_config(model, x, base, layerskip_exit) for x in ours if on(x) is model])
+            name = next((f for f, x in named.items() if x is model), "model")
+            report["cost_model"][name] = snapshots[id(model)].describe()
+    return snapshots
 
 
 def summarise(records: list[dict], methods: list[str]) -> dict:

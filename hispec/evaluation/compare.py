@@ -1,7 +1,8 @@
 """Compare: the chosen method and its baselines on one prompt, several runs each.
 
-The order reverses every other pass (A B C, C B A, ...), so a machine that speeds up or slows down
-favours no method. Each row names what ran (levels, policy, lengths, the adaptive policy's plans)
+The runs of each pass go in the one fair order every comparison uses (evaluation.order: balanced over
+passes, each pass followed by its mirror image, A B C, C B A, B C A, ...), so a machine that speeds up or
+slows down favours no method, nor does following a given method. Each row names what ran (levels, policy, lengths, the adaptive policy's plans)
 and keeps every run's speed; ratios against plain decoding are taken per pass (the two runs of a
 pass are neighbours in time) and summarised by evaluation.pairs (a median, a range that holds, and
 what they let one say). Every run is timed by evaluation.pairs, the helper all comparisons share.

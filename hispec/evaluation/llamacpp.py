@@ -6,7 +6,8 @@ Two peers: ``llamacpp``, its plain decoding, and ``llamacpp_lookup``, its own n-
 requirements-llamacpp.txt``: llama-cpp-python compiles llama.cpp from source, 15-40 minutes on 2
 cores). Without it these bench methods fail with a clear message before any prompt runs (``check``).
 The model is the default model's own file (Q4_1 layers, Q8_0 embedding), loaded once per process and
-peer with as many threads as torch uses. Each generation starts from an empty cache (``Llama.reset``:
+peer with as many threads as torch uses. The peers' names and counts are the bench's peer table's
+(hispec/evaluation/peers.py). Each generation starts from an empty cache (``Llama.reset``:
 ``generate(reset=True)`` alone keeps the longest prefix shared with the previous prompt, the chat
 template's opening, which would time the next prompt's evaluation short), is timed from the prompt's
 evaluation to the last token (as our methods are), and stops at the budget or an end-of-text token.
@@ -27,33 +28,25 @@ INSTALL = "pip install -r requirements-llamacpp.txt  (llama-cpp-python; it compi
 _models: dict[tuple, object] = {}
 
 
-def is_peer(method: str) -> bool:
-    """'llamacpp', 'llamacpp_lookup' or 'llamacpp_lookup:N' (the name alone: no weights tag applies)."""
-    return method == PLAIN or method == LOOKUP or method.startswith(LOOKUP + ":")
-
-
-def lookup_tokens(method: str) -> int | None:
-    """Tokens a lookup peer drafts (None for plain llama.cpp); ConfigError for a malformed count."""
-    if method == PLAIN:
-        return None
-    _, sep, n = method.partition(":")
-    if not sep:
-        return LOOKUP_DEFAULTS["num_pred_tokens"]
-    if not n.isdigit() or not 1 <= int(n) <= 64:
-        raise ConfigError(f"'{method}': llamacpp_lookup:N takes a whole number of drafted tokens from 1 to 64")
-    return int(n)
-
-
 def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def missing() -> str | None:
+    """Why the llama.cpp peers cannot run on this machine (None: they can)."""
+    return None if available() else f"it needs llama-cpp-python, which is not installed: {INSTALL}"
+
+
+def refuses(lm) -> str | None:
+    """Why the llama.cpp peers cannot run for this loaded model (None: they can)."""
+    return None if lm.name == "default" else f"it runs the default model's GGUF file; '{lm.name}' has none"
+
+
 def check(lm) -> None:
     """Raise ConfigError unless the llamacpp method can run for this loaded model."""
-    if not available():
-        raise ConfigError(f"the llamacpp method needs llama-cpp-python, which is not installed: {INSTALL}")
-    if lm.name != "default":
-        raise ConfigError(f"the llamacpp method runs the default model's GGUF file; '{lm.name}' has none")
+    why = missing() or refuses(lm)
+    if why:
+        raise ConfigError(f"the llamacpp method cannot run: {why}")
 
 
 def model(n_ctx: int = 2048, lookup: int | None = None):
@@ -77,9 +70,9 @@ def model(n_ctx: int = 2048, lookup: int | None = None):
     return _models[key]
 
 
-def settings(method: str) -> dict:
-    """What a peer ran with, for its bench record."""
-    n = lookup_tokens(method)
+def settings(lookup: int | None = None) -> dict:
+    """What a peer ran with, for its bench record (`lookup`: the lookup peer's drafted tokens)."""
+    n = lookup
     return {"engine": f"llama-cpp-python {version()}", "threads": torch.get_num_threads(), "cache": "reset per prompt",
             **({"lookup": {**LOOKUP_DEFAULTS, "num_pred_tokens": n}} if n is not None else {})}
 
@@ -92,11 +85,11 @@ def version() -> str | None:
     return getattr(llama_cpp, "__version__", "?")
 
 
-def run(lm, ids: list[int], max_new_tokens: int, method: str = PLAIN) -> dict:
-    """Greedy decoding of `ids` by llama.cpp (`method`: a peer's name, see is_peer): the bench record
-    (token ids, wall time, tokens/s, the peer's settings)."""
+def run(lm, ids: list[int], max_new_tokens: int, lookup: int | None = None) -> dict:
+    """Greedy decoding of `ids` by llama.cpp (`lookup`: its n-gram lookup drafting that many tokens; None:
+    plain decoding): the bench record (token ids, wall time, tokens/s, the peer's settings)."""
     check(lm)
-    llm = model(lookup=lookup_tokens(method))
+    llm = model(lookup=lookup)
     llm.reset()  # an empty cache: nothing of the previous prompt is reused (outside the timing)
     eos = set(lm.eos_ids)
     out: list[int] = []
@@ -108,4 +101,4 @@ def run(lm, ids: list[int], max_new_tokens: int, method: str = PLAIN) -> dict:
                 break
     wall = time.perf_counter() - t0
     return {"token_ids": out, "wall_s": wall, "tokens_per_s": len(out) / wall if wall > 0 else 0.0,
-            "engine": f"llama-cpp-python {version()}", "settings": settings(method)}
+            "engine": f"llama-cpp-python {version()}", "settings": settings(lookup)}

@@ -3,8 +3,9 @@ comparison of the page and the API times its runs with (compare, vs_plain, what-
 
     timed        one run, timed from before its decoder is built (runner.timed_events), its events
                  passed on as they come; the same clock for every run of a comparison
-    order        the runs of pass i, the order reversed every other pass (A B, B A, A B, ...), so
-                 that a machine that speeds up or slows down during a comparison hits both methods
+    order        the runs of pass i, in the one fair order of every comparison (evaluation.order: for a
+                 pair, A B, B A, A B, ...), so that a machine that speeds up or slows down during a
+                 comparison hits both methods
     summary      the pairs' ratios as a median and a range that holds, and what they let one say
 
 A range that holds: pairs taken back to back agree with each other better than with a second
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from hispec.engine.config import DecodeConfig
+from hispec.evaluation.order import Balanced
 from hispec.runs.runner import RunResult, timed_events
 from hispec.text import Detokenizer
 
@@ -57,8 +59,8 @@ def run_timed(lm, ids: list[int], config: DecodeConfig, stop: threading.Event | 
 
 
 def order(names: list, i: int) -> list:
-    """The runs of pass i: as given on even passes, reversed on odd ones."""
-    return list(names) if i % 2 == 0 else list(names)[::-1]
+    """The runs of pass i, balanced over passes (evaluation.order); for two, reversed every other pass."""
+    return Balanced(names).of(i)
 
 
 def cut(result: RunResult, new_tokens: int) -> bool:

@@ -6,16 +6,16 @@ Two grids, the paper's design-space figure:
     lengths  draft_len x verify_threshold                  (d, v fixed)
 
 Every grid point runs hispec on the same prompts in one process, next to an autoregressive
-reference on those prompts, so every point is reported as a speedup ratio. As in `bench`, the
-order of the points (the reference included) rotates from prompt to prompt after a warm-up, so
-that machine noise hits them alike, and the JSON report is rewritten after every prompt: an
-interrupted sweep keeps what it measured.
+reference on those prompts, so every point is reported as a speedup ratio. The prompts are timed
+by the loop bench and sweep share (evaluation.timed_passes): a warm-up, then every point (the
+reference included) once per prompt in a balanced order (evaluation.order), recorded, so that
+machine noise hits them alike; the JSON report is rewritten after every prompt, so an interrupted
+sweep keeps what it measured.
 """
 
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import threading
 from dataclasses import dataclass, replace
@@ -24,8 +24,9 @@ from typing import Callable
 
 from hispec.engine.config import DecodeConfig, Preset, default_exits, preset
 from hispec.errors import ConfigError
-from hispec.evaluation.bench import geomean, iqr, mean_or_none, run_one, warmup_ids
-from hispec.evaluation.record import finish, run_record
+from hispec.evaluation.bench import geomean, iqr, mean_or_none, run_one
+from hispec.evaluation.record import run_record
+from hispec.evaluation.timed_passes import Items, time_passes
 from hispec.data.prompts import Prompt
 from hispec.model.loading import LoadedModel
 
@@ -219,50 +220,26 @@ def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], bas
             config = replace(config, max_new_tokens=max_new)
         return run_one(lm, REFERENCE if g is None else "hispec", ids, config)
 
-    def write():
+    def label(point) -> dict:
+        g, r, c = point
+        where = {"grid": None} if g is None else {"grid": g.name, g.axes[0]: r, g.axes[1]: c}
+        return {"method": REFERENCE if g is None else "hispec", **where}
+
+    def name(point) -> str:
+        g, r, c = point
+        return REFERENCE if g is None else f"{g.name} {SHORT[g.axes[0]]}={r} {SHORT[g.axes[1]]}={c}"
+
+    def saved():
+        if report["records"]:
+            report["summary"] = summarise_sweep(report)
         if json_path:
             Path(json_path).write_text(json.dumps(report, indent=1))
 
-    write()
-    first = warmup_ids(lm, sets) if warmup else None
-    for point in points if first is not None else []:
-        run_point(point, first, max_new=8)
-    total, done = sum(len(v) for v in sets.values()), 0
-    for set_name, prompts in sets.items():
-        for prompt in prompts:
-            if stop is not None and stop.is_set():
-                break
-            ids = lm.encode(prompt.text, chat=prompt.chat)
-            if len(ids) + base.max_new_tokens > lm.ee.context_limit:
-                report.setdefault("skipped_prompts", []).append(
-                    {"set": set_name, "prompt_id": prompt.id, "reason": f"{len(ids)} prompt tokens + "
-                     f"{base.max_new_tokens} new exceed the model's context of {lm.ee.context_limit}"})
-                done += 1
-                continue
-            k = done % len(points)
-            rows = []
-            for point in points[k:] + points[:k]:  # rotate from prompt to prompt: noise hits all alike
-                if stop is not None and stop.is_set():
-                    break
-                g, r, c = point
-                rec = run_point(point, ids)
-                where = {"grid": None} if g is None else {"grid": g.name, g.axes[0]: r, g.axes[1]: c}
-                rows.append({"set": set_name, "prompt_id": prompt.id, "prompt_tokens": len(ids),
-                             "method": REFERENCE if g is None else "hispec", **where, **rec})
-            if len(rows) < len(points):  # stopped in the middle of this prompt: drop it
-                break
-            report["records"].extend(rows)
-            done += 1
-            report["summary"] = summarise_sweep(report)
-            report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            write()
-            if progress:
-                progress(done, total, f"{set_name}/{prompt.id}")
-    report["stopped"] = stop is not None and stop.is_set()
-    report["complete"] = not report["stopped"]
-    finish(report)
+    saved()
+    time_passes(lm, sets, Items(points, run_point, label, name), report, base.max_new_tokens, warmup=warmup,
+                stop=stop, progress=progress, saved=saved)
     report["summary"] = summarise_sweep(report)
-    write()
+    saved()
     return report
 
 

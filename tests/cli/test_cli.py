@@ -161,8 +161,9 @@ def test_sampling_flags_are_seeded_and_checked(folder, capsys):
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
 
 
-def test_ratio_table_warms_up_rotates_and_says_so(folder, capsys, monkeypatch):
-    """generate --method a,b,c: a warm-up run of each method, then the order rotates from run to run;
+def test_ratio_table_warms_up_balances_the_order_and_says_so(folder, capsys, monkeypatch):
+    """generate --method a,b,c: a warm-up run of each method, then the order balanced from run to run
+    (evaluation.order, as bench, sweep and compare order theirs);
     every run starts from one calibrated cost model; the table says how its ratios were taken."""
     from hispec.runs import runner
 
@@ -182,11 +183,11 @@ def test_ratio_table_warms_up_rotates_and_says_so(folder, capsys, monkeypatch):
     assert code == 0
     names = [m for m, _, _ in order]
     assert [n for _, _, n in order[:3]] == [8, 8, 8] and names[:3] == ["autoregressive", "hispec", "layerskip"]
-    assert names[3:] == ["autoregressive", "hispec", "layerskip", "hispec", "layerskip", "autoregressive",
-                         "layerskip", "autoregressive", "hispec"]
+    assert names[3:] == ["autoregressive", "hispec", "layerskip", "layerskip", "hispec", "autoregressive",
+                         "hispec", "layerskip", "autoregressive"]
     assert all(policy == "fixed" for m, policy, _ in order if m == "autoregressive")
     assert len({str(s) for s in starts if s is not None}) == 1  # every auto run from the same calibration
-    assert "after a warm-up run of each method; 3 runs each, the order rotated from run to run" in out
+    assert "after a warm-up run of each method; 3 runs each, the order balanced from run to run" in out
     assert out.count("== prompt 0 ·") == 3  # each method's text once
 
 

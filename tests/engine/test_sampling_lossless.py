@@ -48,6 +48,7 @@ from hispec.engine.planning.costs import CostModel
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, PolicyEvent, TokenEvent, TokenState
+from hispec.engine.levels import FULL, LOOKUP
 from hispec.engine.planning.round import Round
 from hispec.model.early_exit import EarlyExitModel
 
@@ -129,6 +130,7 @@ class Sample:
     bonus: set[int]  # generated positions whose token was the target's bonus draw
     plans: list[str] = field(default_factory=list)  # the auto policy's plan kinds, round by round
     policy: str = ""
+    rounds: list[Round] = field(default_factory=list)  # the rounds as the policy planned them
 
 
 def plan_kind(r: Round) -> str:
@@ -147,10 +149,13 @@ def compute_bound(measured: CostModel) -> CostModel:
                            {tuple(map(int, k.split("x"))): ms / 1e3 for k, ms in figures["head"].items()})
 
 
-def generate(ee, prompt, config: DecodeConfig, runs: int, seeded: bool) -> list[Sample]:
+def generate(ee, prompt, config: DecodeConfig, runs: int, seeded: bool, costs=None) -> list[Sample]:
+    """`costs(ee, r)`: sets the auto policy's cost models before run r (default: this machine's timings)."""
     samples, measured = [], None
     for r in range(runs):
-        if config.policy == "auto":
+        if costs is not None:
+            costs(ee, r)
+        elif config.policy == "auto":
             # This machine's timings, measured afresh every CALIBRATE_EVERY runs and refined by every
             # run since; every third run, as if compute-bound.
             if r % CALIBRATE_EVERY == 0:
@@ -168,6 +173,7 @@ def generate(ee, prompt, config: DecodeConfig, runs: int, seeded: bool) -> list[
                 prev = ev
             elif isinstance(ev, PolicyEvent):
                 sample.plans.append(plan_kind(ev.plan))
+                sample.rounds.append(ev.plan)
             elif isinstance(ev, DoneEvent):
                 sample.tokens = list(ev.token_ids)
         assert len(sample.tokens) == config.max_new_tokens
@@ -339,12 +345,20 @@ def _bonus_from_the_last_row(self, tokens, proposals, logits, preds=None):
     return verdict
 
 
+def _over_accepting(self, tokens, proposals, logits, preds=None):
+    """A biased acceptance: each pending token accepted with probability min(1, 4 p/q), not min(1, p/q)."""
+    probs = sampling.warp(logits, self.params)
+    shrunk = [(q.over(probs[i]) if isinstance(q, sampling.PointMass) else q) / 4 for i, q in enumerate(proposals)]
+    return _judge(self, tokens, shrunk, logits, preds)
+
+
 BROKEN = {
     "resample_from_p": (sampling, "residual", _resample_from_p),
     "top_prediction_matching": (sampling.Selector, "judge", _top_prediction_matching),
     "trusting_copies": (sampling.Selector, "judge", _trusting_copies),
     "greedy_bonus": (sampling.Selector, "judge", _greedy_bonus),
     "bonus_from_the_last_row": (sampling.Selector, "judge", _bonus_from_the_last_row),
+    "over_accepting": (sampling.Selector, "judge", _over_accepting),
 }
 
 
@@ -378,3 +392,85 @@ def test_the_check_rejects_broken_rules(lm, name, rule):
     if "bonus" in rule:  # the broken bonus was drawn, not avoided
         assert bonus_share(samples) >= CASES[name][2]
     assert p < ALPHA, f"the check failed to notice the broken rule {rule} in {name} (p={p:.2e})"
+
+
+# ---- the default's levels: lookup -> the 4-bit model -> the exact model, adaptive --------------------
+# The default run's most common plan copies with lookup, has the copy judged by the 4-bit model, which
+# then drafts on in the same round ('lookup k -> full@q4 +m'), and lets the exact model judge what
+# survived. Seeded, the auto policy runs fixed rounds (DecodeConfig.resolve), so these runs are unseeded,
+# and its costs are given rather than timed (the 4-bit kernel's speed on a 64-wide model says nothing
+# about the default model's): the 4-bit copy's passes cost a fraction of the exact model's and grow
+# slowly with their tokens, as on the default model. Within a run, the plans follow the acceptance
+# measured so far: mostly drafts-on rounds and the 4-bit model drafting alone, now and then a judged copy
+# without drafts, a copy checked by the exact model alone or a plain step. The test asserts that the
+# drafts-on plan ran in many runs, beside other plans in the same runs, and losslessness must hold
+# whatever was planned.
+Q4_PRIORS = {"policy_priors": {"exits": {"full@q4-target": 0.95}, "lookup": {f"lookup:{n}": 0.5 for n in (1, 2, 3)}}}
+EXACT_MS = {1: 1.0, 2: 1.3, 4: 1.8, 8: 2.8, 16: 5.0}  # per layer, by tokens in the pass
+Q4_MS = {1: 0.3, 2: 0.35, 4: 0.45, 8: 0.7, 16: 1.2}
+Q4_RUNS = 400
+
+
+def given_costs(per_layer_ms: dict, head_ms: float) -> CostModel:
+    return CostModel.given({n: ms / 1e3 for n, ms in per_layer_ms.items()},
+                           {(LAYERS, n): head_ms / 1e3 * (1 + n / 8) for n in per_layer_ms})
+
+
+def q4_costs(ee, r: int) -> None:
+    """Fresh given costs before every run (a run refines them with what it times)."""
+    ee.cost_model = given_costs(EXACT_MS, 0.5)
+    ee.in_format("q4").cost_model = given_costs(Q4_MS, 0.1)
+
+
+@pytest.fixture(scope="module")
+def q4_lm(lm):
+    q4 = pytest.importorskip("hispec.model.formats.q4")
+    if q4.q4_kernel.unavailable_reason():
+        pytest.skip(f"no 4-bit kernel here: {q4.q4_kernel.unavailable_reason()}")
+    model, prompt = lm
+    cheap = q4.q4_copy(model)
+    ee = EarlyExitModel(model)
+    ee.add_format("q4", lambda: EarlyExitModel(cheap))
+    ee.exit_info = Q4_PRIORS
+    return model, cheap, ee, prompt[:4] * 3 + prompt[:2]  # round the cycle three times: long copies
+
+
+Q4_AUTO = preset("hispec", levels=("lookup", "full@q4"), policy="auto", max_new_tokens=MAX_NEW, lookup_len=6,
+                 temperature=1.0)
+
+
+def drafts_on(r: Round) -> bool:
+    """A lookup copy judged by the 4-bit model, which drafts on ('lookup k -> full@q4 +m')."""
+    return (r.proposer.kind == LOOKUP and [(j.kind, j.precision) for j in r.judges] == [(FULL, "q4")]
+            and r.then > 0)
+
+
+def check_q4(q4_lm, runs=Q4_RUNS):
+    model, cheap, ee, prompt = q4_lm
+    samples = generate(ee, prompt, Q4_AUTO, runs, seeded=False, costs=q4_costs)
+    outs = [s.tokens for s in samples]
+    P, favourites = target_rows(model, prompt, outs, Q4_AUTO)
+    with torch.no_grad():  # the 4-bit model's own favourite after each prefix: a cell of its own
+        favourites[VER] = cheap(torch.tensor([prompt + out for out in outs])).logits[:, len(prompt) - 1 : -1].argmax(-1)
+    bonus = torch.tensor([[i in s.bonus for i in range(len(s.tokens))] for s in samples])
+    return chain_rule_p_of(P, torch.tensor(outs), bonus, specials_of(prompt, outs, favourites)), samples
+
+
+def test_auto_policy_with_the_4bit_level_is_lossless_through_its_drafts_on_plans(q4_lm):
+    p, samples = check_q4(q4_lm)
+    assert {s.policy for s in samples} == {"auto"}, "unseeded sampling must keep the adaptive policy"
+    kinds = Counter(r.kind.key for s in samples for r in s.rounds)
+    runs_drafting_on = sum(any(drafts_on(plan) for plan in s.rounds) for s in samples)
+    assert runs_drafting_on >= Q4_RUNS // 4, f"the drafts-on plan ran in only {runs_drafting_on} runs: {kinds}"
+    mixed = sum(any(drafts_on(plan) for plan in s.rounds) and not all(map(drafts_on, s.rounds)) for s in samples)
+    assert mixed >= Q4_RUNS // 10, f"only {mixed} runs chose other plans beside drafting on: {kinds}"
+    assert bonus_share(samples) >= 0.3, f"the bonus token was drawn in only {bonus_share(samples):.0%} of the runs"
+    assert p > ALPHA, f"the generated tokens are not distributed as the target's (p={p:.2e}); plans {kinds}"
+
+
+@pytest.mark.parametrize("rule", ["over_accepting", "trusting_copies", "greedy_bonus"])
+def test_the_4bit_check_rejects_a_broken_sampler(q4_lm, rule):
+    with broken(rule):
+        p, samples = check_q4(q4_lm, Q4_RUNS // 2)
+    assert any(drafts_on(plan) for s in samples for plan in s.rounds)
+    assert p < ALPHA, f"the check failed to notice the broken rule {rule} with lookup -> full@q4 (p={p:.2e})"

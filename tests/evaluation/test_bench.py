@@ -7,6 +7,7 @@ import pytest
 
 from hispec.data import prompts as prompt_sets
 from hispec.evaluation.bench import benchmark, summarise
+from hispec.evaluation.order import Balanced
 from hispec.cli.main import main
 from hispec.engine.config import preset
 from hispec.errors import ConfigError
@@ -73,9 +74,10 @@ def test_report_schema_ratios_and_equality(lm, tmp_path):
     shares = {m: r["layers_share"] for m, r in saved["summary"]["all"]["methods"].items()}
     assert all(0 < shares[m] <= 1 for m in ("autoregressive", "layerskip", "hispec"))
     assert shares["hf_generate"] is None  # transformers' own methods are not split by stage
-    # the order of methods rotates from prompt to prompt
-    firsts = [saved["records"][i * 5]["method"] for i in range(3)]
-    assert firsts == METHODS[:3]
+    # each prompt's methods ran in the one balanced order (evaluation.order), recorded in the artifact
+    ran = [[r["method"] for r in saved["records"][i * 5 : (i + 1) * 5]] for i in range(3)]
+    assert saved["order"]["design"] == "williams" and saved["order"]["passes"] == ran
+    assert ran == [Balanced(METHODS).of(i) for i in range(3)] and ran[1] == ran[0][::-1]
 
 
 def test_equality_flag_goes_false_when_an_output_differs():
@@ -107,7 +109,8 @@ def test_differing_outputs_are_counted_with_where_they_first_differ():
 def test_long_prompts_are_skipped_and_reported(lm):
     report = benchmark(lm, {"x": [Prompt("long", "y" * 300, chat=False), Prompt("ok", "hi")]}, ["autoregressive"],
                        preset("hispec", max_new_tokens=8), warmup=False)
-    assert [s["prompt_id"] for s in report["skipped"]] == ["long"] and len(report["records"]) == 1
+    assert [s["prompt_id"] for s in report["skipped_prompts"]] == ["long"] and len(report["records"]) == 1
+    assert report["order"]["passes"] == [["autoregressive"]]  # a skipped prompt is no pass
 
 
 def test_cli_bench_writes_json_and_html(tmp_path, capsys):

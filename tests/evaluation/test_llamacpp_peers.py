@@ -1,6 +1,7 @@
-"""llama.cpp as a bench peer (hispec/evaluation/llamacpp.py), without llama.cpp: a stand-in
-`llama_cpp` module records what the peer asks of it. Plain and lookup peers by name, the cache
-emptied before every prompt, the lookup peer's draft model and settings, malformed names refused."""
+"""The bench's peers (hispec/evaluation/peers.py) and llama.cpp among them (hispec/evaluation/llamacpp.py),
+without llama.cpp: a stand-in `llama_cpp` module records what the peer asks of it. Peers by name from one
+table, the cache emptied before every prompt, the lookup peer's draft model and settings, malformed names
+refused, and a peer that cannot run here refused once, before any model loads."""
 
 import sys
 import types
@@ -8,7 +9,8 @@ import types
 import pytest
 
 from hispec.errors import ConfigError
-from hispec.evaluation import bench, llamacpp
+from hispec.cli.main import main
+from hispec.evaluation import bench, llamacpp, peers
 
 
 class _Llama:
@@ -50,16 +52,37 @@ class _LM:
     name, eos_ids = "default", {2}
 
 
-def test_peers_by_name_and_their_drafts():
-    assert [llamacpp.is_peer(m) for m in ("llamacpp", "llamacpp_lookup", "llamacpp_lookup:4", "llamacpp2", "lookup")] \
-        == [True, True, True, False, False]
-    assert [llamacpp.lookup_tokens(m) for m in ("llamacpp", "llamacpp_lookup", "llamacpp_lookup:4")] == [None, 10, 4]
+def test_peers_by_name_and_their_drafts(monkeypatch):
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    names = ("llamacpp", "llamacpp_lookup", "llamacpp_lookup:4", "llamacpp2", "lookup", "hf_generate", "hf_lookup")
+    assert [peers.is_peer(m) for m in names] == [True, True, True, False, False, True, True]
+    assert [peers.find(m)[1] for m in ("llamacpp", "llamacpp_lookup", "llamacpp_lookup:4")] == [None, 10, 4]
     for bad in ("llamacpp_lookup:0", "llamacpp_lookup:x", "llamacpp_lookup:65"):
-        with pytest.raises(ConfigError, match="whole number of drafted tokens from 1 to 64"):
+        with pytest.raises(ConfigError, match="llamacpp_lookup:N takes a whole number from 1 to 64"):
             bench.check_methods(["autoregressive", bad])
-    bench.check_methods(["llamacpp", "llamacpp_lookup", "llamacpp_lookup:2"])
-    assert bench.expand_weights(["autoregressive", "llamacpp_lookup:2"], ["fp32", "q4"]) == [
-        "autoregressive@fp32", "autoregressive@q4", "llamacpp_lookup:2"]  # a peer runs its own file, untagged
+    with pytest.raises(ConfigError, match="hf_generate takes no count"):
+        bench.check_methods(["hf_generate:3"])
+    with pytest.raises(ConfigError, match="'llamacpp@q4': llamacpp runs its own file"):
+        bench.check_methods(["llamacpp@q4"])
+    bench.check_methods(["llamacpp", "llamacpp_lookup", "llamacpp_lookup:2", "hf_lookup@q4"])
+    assert bench.expand_weights(["autoregressive", "hf_generate", "llamacpp_lookup:2"], ["fp32", "q4"]) == [
+        "autoregressive@fp32", "hf_generate@fp32", "autoregressive@q4", "hf_generate@q4",
+        "llamacpp_lookup:2"]  # transformers' peers run on the bench's weights; llama.cpp its own file
+
+
+def test_a_peer_that_cannot_run_here_is_refused_once_before_any_model_loads(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(llamacpp, "available", lambda: False)
+    with pytest.raises(ConfigError) as refused:
+        bench.check_methods(["autoregressive", "llamacpp", "llamacpp_lookup:4", "hf_generate"])
+    message = str(refused.value)
+    assert message.count("not installed") == 1 and message.startswith("llamacpp, llamacpp_lookup:4 cannot run here")
+    assert "pip install -r requirements-llamacpp.txt" in message
+    assert main(["bench", "--model", str(tmp_path / "no-such-model"), "--methods", "autoregressive,llamacpp"]) == 2
+    err = capsys.readouterr().err
+    assert "llamacpp cannot run here" in err and "no-such-model" not in err  # refused before the model loads
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    with pytest.raises(ConfigError, match="llamacpp cannot run for this model: it runs the default model's GGUF"):
+        peers.check(["llamacpp"], type("LM", (), {"name": "tiny"})())
 
 
 def test_every_prompt_starts_from_an_empty_cache(fake_llama):
@@ -73,10 +96,10 @@ def test_every_prompt_starts_from_an_empty_cache(fake_llama):
 
 
 def test_the_lookup_peer_drafts_with_its_own_ngram_model(fake_llama):
-    record = llamacpp.run(_LM(), [1, 2, 3], 2, "llamacpp_lookup:4")
+    record = peers.run(_LM(), "llamacpp_lookup:4", [1, 2, 3], 2, exit_layer=4)
     (llm,) = fake_llama.made
     draft = llm.kwargs["draft_model"]
     assert llm.kwargs["logits_all"] is True and (draft.max_ngram_size, draft.num_pred_tokens) == (2, 4)
     assert record["token_ids"] == [5, 6] and record["settings"]["lookup"] == {"max_ngram_size": 2, "num_pred_tokens": 4}
-    llamacpp.run(_LM(), [1], 2, "llamacpp_lookup")
+    peers.run(_LM(), "llamacpp_lookup", [1], 2, exit_layer=4)
     assert fake_llama.made[-1].kwargs["draft_model"].num_pred_tokens == 10  # its defaults: another model

@@ -78,11 +78,14 @@ def test_json_schema_speedups_and_equality(swept):
     assert s["grids"]["layers"]["default"]["speedup"] == s["grids"]["layers"]["cells"][0]["speedup"]
     assert s["grids"]["lengths"]["default"] == {"draft_len": 2, "verify_threshold": 4, "on_grid": False,
                                                 "speedup": None, "speedup_geomean": None}
-    # the order of points rotates from prompt to prompt
-    firsts = [saved["records"][i * points] for i in range(3)]
-    assert firsts[0]["method"] == "autoregressive" and firsts[0]["grid"] is None
-    assert (firsts[1]["grid"], firsts[1]["draft_layer"], firsts[1]["verify_layer"]) == ("layers", 1, 2)
-    assert (firsts[2]["grid"], firsts[2]["draft_layer"], firsts[2]["verify_layer"]) == ("layers", 1, 4)
+    # every prompt's points ran in the one balanced order (evaluation.order), recorded by name
+    ran = [saved["records"][i * points : (i + 1) * points] for i in range(3)]
+    assert saved["order"]["design"] == "williams" and saved["order"]["cycle"] == 2 * points  # 11 points: odd
+    assert [len(p) for p in saved["order"]["passes"]] == [points] * 3
+    where = [[(r["grid"], r.get("draft_layer"), r.get("verify_layer"), r.get("draft_len")) for r in p] for p in ran]
+    assert where[0][0] == (None, None, None, None) and where[1] == where[0][::-1]  # a pass, then its mirror
+    assert saved["order"]["passes"][0][0] == "autoregressive" and saved["order"]["passes"][0][1] == "layers d=1 v=2"
+    assert saved["order"]["passes"][1] == saved["order"]["passes"][0][::-1]
 
 
 def test_equality_flag_goes_false_when_a_point_differs(swept):
