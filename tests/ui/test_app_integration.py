@@ -197,7 +197,8 @@ def test_generate_api_has_named_inputs_and_a_json_answer(client):
 def test_generate_colours_tokens_and_matches_the_engine(served, client):
     _, lm = served
     out = generate(client, PROMPT, max_new=40)
-    assert set(out) == {"text", "token_ids", "html", "stats", "settings", "trace"}
+    assert set(out) == {"text", "token_ids", "html", "stats", "settings", "plans", "trace"}
+    assert out["plans"] and all(p["words"] and p["rounds"] for p in out["plans"])  # the page's plan table
     assert out["stats"]["finish_reason"] == "max_new_tokens"
     classes = {cls for cls, _ in spans(out["html"])}
     assert "hs-target-wrote" in classes  # the random model's exits disagree: corrections by the full model
