@@ -44,7 +44,7 @@ DEFAULT_LAYERS = {"d": "L/8", "v": "L/4", "E": "L/4"}  # in words, as default_ex
 # its own weights in 4-bit below its exact float32 format (the default model on a CPU): lookup drafts for
 # free, the 4-bit model judges the copy and drafts on, the exact model verifies. Levels are (depth,
 # precision): this is the three-level hierarchy with precision as the middle level. It measured fastest of
-# the lists on the report split (README, "Precision levels") and is exact all the same; a model without
+# the lists on the report split (docs/precision.md, "Precision levels") and is exact all the same; a model without
 # the copy (any other model, or where the kernel cannot run) keeps the exits: ("lookup", d, v).
 PRECISION_LIST = (LOOKUP, "full@q4")
 

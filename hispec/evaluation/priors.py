@@ -1,4 +1,4 @@
-"""The adaptive policy's acceptance priors, measured in real generations (scripts/measure_priors.py).
+"""The adaptive policy's acceptance priors, measured in real generations (scripts/measure/measure_priors.py).
 
 The policy starts each generation from a prior per (proposer, judge) pair and moves towards what it
 measures (engine.planning.policy.Acceptance). All of them are measured here, per token, in order up to each

@@ -332,7 +332,7 @@ def shipped_adapter() -> tuple[dict, dict[str, torch.Tensor]]:
         raise ModelLoadError(
             f"model '{DEFAULT_EE_NAME}' needs the early-exit adapter of the default model ({folder / ADAPTER_FILE} "
             f"and {MANIFEST_FILE}), and this copy does not ship one. Use '--model default' for the original "
-            "model, or train an adapter with 'python -m hispec train-ee --out DIR' (or scripts/gpu_train_ee.py "
+            "model, or train an adapter with 'python -m hispec train-ee --out DIR' (or scripts/gpu/gpu_train_ee.py "
             "on a GPU) and put its adapter.safetensors and manifest.json in that folder.")
     return read_adapter(folder)
 

@@ -50,7 +50,7 @@ MAX_DRAFT = 6  # most drafts per round a candidate considers: at the ~40% per-to
 MAX_LANE_DRAFT = 12  # ... for a level in a cheaper format of the same weights: at the ~99% per-token agreement
 #                     measured for the 4-bit copy (policy_priors), the 12th draft still adds ~0.9 expected tokens
 THRESHOLDS = (1, 2, 4, 6)  # tentative tokens before the full model runs, for the hierarchy's candidates: the
-#                            tuning sweep's best (1), the paper's 4 and their neighbours (README, Design space)
+#                            tuning sweep's best (1), the paper's 4 and their neighbours (docs/benchmarks.md, Results)
 # A plan that does worse than plain decoding on this machine, now, is dropped for a while, whatever its
 # estimate says (a busy machine moves costs faster than the cost model follows):
 EVIDENCE_ROUNDS = 4  # rounds of a kind of plan before its measured speed counts against it
@@ -60,7 +60,8 @@ RECENT_ROUNDS = 8  # the recent rounds a kind's measured speed is taken over
 MIN_GAIN = 1.15  # a plan is chosen over a plain step only when expected to beat it by this much: an estimate is
 #                 optimistic (the best of many noisy candidates, picked after the rounds that flattered it, and
 #                 the engine's own work between passes left out). Measured, the tuning split, 3 prompts a set,
-#                 128 tokens (scripts/plan_realized.py): exit plans realized 0.77-0.87 of their expected speed
+#                 128 tokens (scripts/plan_realized.py, removed in a52c47b: every plan's expected gain is now in
+#                 its PolicyEvent, beside what it realized in explain.why.plan_table): exit plans realized 0.77-0.87 of their expected speed
 #                 over plain, the hierarchy 0.82, in both formats; lookup 0.96 (4-bit) to 1.28 (float32).
 #                 Without the margin, exits expected at 1.07-1.12x realized 0.82-0.95x plain in 4-bit.
 LOOKUP_MIN_GAIN = 1.05  # the margin for a lookup copy checked by the full model alone: its estimate held (realized
@@ -77,7 +78,7 @@ def lookup_prior(priors: dict[tuple[str, str], float], n: int, judge: str = "tar
 
 
 # The default of the engine, the CLI, the page and the API alike: measured faster than every fixed
-# setting on held-out prompts, and on the report split no tuning saw (README, Results: the headline).
+# setting on held-out prompts (docs/benchmarks.md, Results; which runs touched which split: The prompt splits).
 DEFAULT_POLICY = "auto"
 
 

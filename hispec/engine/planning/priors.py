@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 def acceptance_priors(ee: EarlyExitModel, levels) -> dict[tuple[str, str], float]:
     """Acceptance priors for the auto policy, all measured and shipped in the trained exits' manifest.
-    First choice, `policy_priors` (scripts/measure_priors.py: acceptance in generations on the tuning
+    First choice, `policy_priors` (scripts/measure/measure_priors.py: acceptance in generations on the tuning
     split): "D-target" for exit D judged by the full model, "D-V" for exit D judged by exit V, and
     "lookup:N" for a lookup copy after an n-token match. Where a pair has none of those (heads a user
     trained), the heads' own evaluation: an exit's agreement with the final layer (`agreement`), two

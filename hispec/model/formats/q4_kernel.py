@@ -120,7 +120,7 @@ def library_path(isa: str, cxx: str, source: Path = SOURCE) -> Path:
 
 def build(isa: str, source: Path = SOURCE) -> Path:
     """Compile the kernel for `isa` unless the cached build is there; return its path. `source`: another
-    version of csrc/q4_kernel.cpp (scripts/q4_ab.py builds the one of a past commit beside today's)."""
+    version of csrc/q4_kernel.cpp (scripts/measure/q4_ab.py builds the one of a past commit beside today's)."""
     cxx = compiler()
     if cxx is None:
         raise KernelUnavailable(NO_COMPILER + " or use --weights fp32")
@@ -177,7 +177,7 @@ def load(isa: str | None = None) -> ctypes.CDLL:
 
 
 def open_library(path: Path) -> ctypes.CDLL:
-    """A built kernel library, its functions declared (also for scripts/q4_ab.py's other builds)."""
+    """A built kernel library, its functions declared (also for scripts/measure/q4_ab.py's other builds)."""
     lib = ctypes.CDLL(str(path))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.hispec_q41_matmul.argtypes = [p, i64, i64, p, p, p, i64, p, i64, ctypes.c_int]
@@ -191,7 +191,7 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.hispec_q80_rows.restype = None
     lib.hispec_q4_isa.restype = ctypes.c_char_p
     # the whole decoder layer (q4_layer.py declares the structures it takes); the last argument, the a8
-    # packings, is new: a build of before it ignores it (scripts/q4_ab.py loads such builds)
+    # packings, is new: a build of before it ignores it (scripts/measure/q4_ab.py loads such builds)
     lib.hispec_q4_layers.argtypes = [p, i64, p, p, i64, i64, p, p, ctypes.c_int, p]
     lib.hispec_q4_layers.restype = None
     lib.hispec_q4_profile.argtypes = [ctypes.c_int, ctypes.c_int, p]

@@ -243,7 +243,7 @@ def unavailable_reason() -> str | None:
     return q4_kernel.unavailable_reason()
 
 
-# ---- the phase clock (scripts/q4_profile.py) -----------------------------------------------------------
+# ---- the phase clock (scripts/measure/q4_profile.py) -----------------------------------------------------------
 PHASES = ("products", "attention_rotary_cache", "norms_block_sums")
 
 
