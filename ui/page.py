@@ -196,10 +196,12 @@ def _why(p) -> None:
                                                 "then explain its speed here.", "info"), elem_id="hs-why")
         p.why_plot = gr.Plot(label="Predicted speedup vs acceptance", elem_id="hs-why-plot", visible=False)
         with gr.Column(elem_id="hs-what-if-box"):
-            gr.Markdown("**What if the exits were better?** Run the real engine on this prompt with verdicts drawn at "
-                        "the sliders' acceptance instead of the model's (timing only: every pass runs, the text is not "
+            gr.Markdown("**What if the levels agreed more (or less)?** Run the real engine on this prompt, on the "
+                        "run's own levels and policy, with verdicts drawn at the sliders' acceptance instead of the model's (timing only: every pass runs, the text is not "
                         "the model's), after a real plain run of the same length. Its figures stay here, labelled, "
                         "apart from the real ones.")
+            # the list it will run, named after each run (the run's own levels, or why it cannot)
+            p.what_if_levels = gr.HTML("", elem_id="hs-what-if-levels")
             with gr.Row(equal_height=True):
                 p.what_if_btn = gr.Button("What if: run at the sliders' acceptance (synthetic)",
                                           elem_id="hs-what-if-btn", scale=3)

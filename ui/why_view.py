@@ -61,11 +61,21 @@ def plans_table(story: dict) -> str:
     head = ("<tr><th>plan</th><th>rounds</th><th>tokens</th><th>share of the time</th><th>acceptance</th>"
             "<th>tokens / s, measured</th><th>tokens / s, cost model</th><th>× plain, estimate</th>"
             "<th>break-even acceptance</th></tr>")
-    return f"<table class='hs-stats' id='hs-why-plans'>{head}{''.join(rows)}</table>"
+    key = ""
+    if any("(drafts on)" in p["kind"] for p in story["plans"]):
+        key = ("<p class='hs-hint' id='hs-plan-key'>Plan key: “a → b → full model”: a proposes, b judges what a "
+               "proposed, the full model decides. “(drafts on)”: after judging lookup's copy, the middle level drafts "
+               "more tokens of its own where the copy ended, and the full model checks copy and drafts in one pass."
+               "</p>")
+    return f"<table class='hs-stats' id='hs-why-plans'>{head}{''.join(rows)}</table>{key}"
 
 
 def _measured_row(story: dict) -> str:
     m = story["measured"]
+    if not m and story.get("pairs_asked"):  # asked for, but the run ended early (a Stop, the time limit)
+        return (f"<tr><td>this run, measured</td><td>–</td><td>not measured: the run was stopped before its "
+                f"{story['pairs_asked']} timing pair(s) against plain decoding (a run cut short is never timed)</td>"
+                "<td>–</td></tr>")
     if not m:
         return ("<tr><td>this run, measured</td><td>–</td><td>not measured: set “pairs” above 0 to time plain "
                 "decoding on this prompt</td><td>–</td></tr>")
@@ -75,17 +85,42 @@ def _measured_row(story: dict) -> str:
                 "<td>–</td></tr>")
     cut = f", {m['cut']} more cut short and not counted" if m.get("cut") else ""
     pairs = f"{m['runs']} pair{'s' if m['runs'] > 1 else ''} of runs, {m.get('new_tokens', '?')} tokens each{cut}"
-    main = story["plans"][0] if story["plans"] else None
+    # every pair the run measured (not only its main plan's): lookup may have written most tokens
+    every = {"acceptance": story.get("run_acceptance") or {}}
     return (f"<tr><td>this run, measured against plain decoding ({pairs}, prefill included in both)</td>"
-            f"<td>{html.escape(_plan_acceptance(main, story.get('levels'))) if main else '–'}</td>"
+            f"<td>{html.escape(_plan_acceptance(every, story.get('levels')))}</td>"
             f"<td><b>{html.escape(pairs_words(m))}</b></td><td>measured</td></tr>")
+
+
+def _what_if_row(w: dict, story: dict) -> str:
+    """The what-if's result on the run's own level list (synthetic verdicts at the sliders' acceptance)."""
+    a_dv, a_vt = w["rates"]
+    names = " → ".join(["full model" if x is None else plan_words(str(x)).removesuffix(" → full model")
+                        for x in (*story.get("levels", ()), None)])
+    return (f"<tr><td>this run's levels ({html.escape(names)}), what-if run at the sliders ({w['takes']} takes, "
+            f"timing only)</td><td>{_pct(a_dv)} middle level, {_pct(a_vt)} → full</td>"
+            f"<td>{_x(w['median'], (w['low'], w['high']) if w['takes'] > 1 else None)}</td>"
+            "<td>measured, SYNTHETIC verdicts</td></tr>")
 
 
 def pairs_words(m: dict) -> str:
     """'1.31× (1.15–1.47×): 31% faster'; with too few pairs or a range holding 1×, no percentage."""
     if m["runs"] < pairs.MIN_PAIRS:
         return f"{m['median']:.2f}×, {m['verdict']}"
-    return f"{_x(m['median'], (m['low'], m['high']))}: {m['verdict']}"
+    return f"{_x(m['median'], (m['low'], m['high']))}: {m['verdict']}{spread_words(m)}"
+
+
+def spread_words(m: dict) -> str:
+    """The pairs' own spread beside a range widened to its floor (evaluation.pairs.summary): '; the range is
+    the floor, median ±20% (identical runs differ that much here); the 3 pairs themselves: 1.93–2.41×'."""
+    spread, floor = m.get("spread"), m.get("floor")
+    if not spread or not floor:
+        return ""
+    low, high = spread
+    floored = m["low"] < low or m["high"] > high
+    head = (f"; the range is the floor, median ±{floor:.0%} (identical runs differ that much here)" if floored
+            else f"; the range is the pairs' own spread (wider than the ±{floor:.0%} floor)")
+    return f"{head}; the {m['runs']} pairs themselves: {low:.2f}–{high:.2f}×" if floored else head
 
 
 def why_html(story: dict) -> str:
@@ -111,6 +146,8 @@ def why_html(story: dict) -> str:
         be = at["break_even"]
         rows.append(f"<tr><td>break-even of the same plan (draft → verify held at {_pct(at['a_dv'])})</td>"
                     f"<td>{_pct(be) if be is not None else 'never'} → full</td><td>1.00×</td><td>estimate</td></tr>")
+    if story.get("what_if"):  # a run with no fixed shape: its own list replayed at the sliders
+        rows.append(_what_if_row(story["what_if"], story))
     table = ("<table class='hs-stats' id='hs-why-table'><tr><th>figure</th><th>acceptance</th><th>× plain decoding</th>"
              f"<th>kind</th></tr>{''.join(rows)}</table>")
     notes = ""

@@ -10,7 +10,7 @@ from hispec.runs.runner import LiveRun, events as run_events
 from hispec.runs.trace import LEGEND
 from hispec.model.early_exit import EarlyExitModel
 from ui import labels, render
-from ui.controller import page_request
+from ui.settings import PageSettings
 from ui.steps_view import round_html
 
 q4 = pytest.importorskip("hispec.model.formats.q4")
@@ -73,11 +73,11 @@ def test_the_step_through_names_the_4bit_level(run):
 def test_the_levels_box_reaches_the_request_for_hispec_only():
     own, precision = list(labels.LEVELS)[:2]
     args = ("hi", "tiny", "HiSpec", 2, 4, 3, 2, 16, True)
-    assert page_request(*args, levels=own)["levels"] is None
-    assert page_request(*args, levels=precision)["levels"] == "lookup,full@q4"
-    assert page_request(*args, levels="lookup,2,4")["levels"] == "lookup,2,4"  # typed by hand
+    assert PageSettings(*args, levels=own).request()["levels"] is None
+    assert PageSettings(*args, levels=precision).request()["levels"] == "lookup,full@q4"
+    assert PageSettings(*args, levels="lookup,2,4").request()["levels"] == "lookup,2,4"  # typed by hand
     lookup = ("hi", "tiny", "Lookup (copies earlier text)", 2, 4, 3, 2, 16, True)
-    assert page_request(*lookup, levels=precision)["levels"] is None
+    assert PageSettings(*lookup, levels=precision).request()["levels"] is None
 
 
 def test_why_this_speed_explains_a_run_with_the_4bit_level_measured_only(run):
