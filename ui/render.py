@@ -54,8 +54,10 @@ def _title(token: TraceToken, roles: dict[str, int], winner: TraceToken | None =
     rounds) and, for a rejected token, what the position holds instead."""
     d, v = (roles.get(role, "?") for role in ("draft", "verify"))
     words = _STATE_WORDS[token.css_class].format(d=d, v=v)
-    for level in (d, v):  # a level in a cheaper format: 'exit full@q4' reads 'the 4-bit full model'
-        if "@" in str(level):
+    for level in (d, v):  # a level in a cheaper format is named by what it is, its verb says what it did:
+        if "@" in str(level):  # 'rejected by the 4-bit full model', not 'by the intermediate verifier (...)'
+            for role in ("the intermediate verifier", "the verifier", "the draft exit"):
+                words = words.replace(f"{role} (exit {level})", level_words(level))
             words = words.replace(f"exit {level}", level_words(level))
     story = life(token, d, v)
     if token.rejected and winner is not None and winner.serial != token.serial:

@@ -139,8 +139,9 @@ def _step_name(step: dict, roles: dict[str, int]) -> str:
     if stage in ("draft", "verify"):
         level = roles.get(step.get("level") or stage)
         name = "Draft" if stage == "draft" else "Intermediate verify"
-        if isinstance(level, str) and "@" in level:  # a level in a cheaper format: 'by the 4-bit full model'
-            return f"{name} by {level_words(level)}"
+        if isinstance(level, str) and "@" in level:  # a level in a cheaper format, by what it did: 'Judged by
+            return f"{'Draft' if stage == 'draft' else 'Judged'} by {level_words(level)}"  # the 4-bit full model'
+
         layer = exit_layer or level
         return f"{name} at exit {layer}" if layer else name
     return {"prefill": "Prefill", "lookup": "Lookup", "target": "Full model", "stop": "Stopped"}.get(

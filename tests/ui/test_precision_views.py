@@ -131,3 +131,27 @@ def test_a_4bit_tokens_story_names_the_level_in_words(run):
 
     html_all = token_story.explain_all_html(run.trace, None, run.done.settings)
     assert "exit full@q4" not in html_all and "4-bit" in html_all
+
+
+def test_a_4bit_draft_is_named_by_what_the_4bit_model_did(run):
+    """Under lookup, the 4-bit model is the middle level (the verifier's role) but drafts where lookup has
+    no copy: its drafts' tooltips and stories say they were drafted by the 4-bit model, never by "the
+    intermediate verifier" (issue 49)."""
+    from ui import token_story
+
+    model = tiny_model("llama", layers=8, seed=3)
+    ee = ee_of(model)
+    ee.add_format("q4", lambda: EarlyExitModel(q4.q4_copy(model)))
+    live = LiveRun()
+    config = DecodeConfig(levels=("lookup", "full@q4"), policy="fixed", max_new_tokens=16,
+                          lengths=(3, 1)).resolve_for(ee)
+    for ev in run_events(_LM(ee), [5, 17, 33, 5, 17], config):
+        live.add(ev)
+    drafted = [t for t in live.trace if t.origin == "verify" and t.born.value == "drafted"]
+    assert drafted, "the 4-bit model drafted where lookup had nothing to copy"
+    tips = render.tokens_html(live.trace, live.done.settings)
+    assert "drafted by the 4-bit full model" in tips
+    assert "intermediate verifier (the 4-bit" not in tips and "drafted by the intermediate verifier" not in tips
+    story = token_story.explain_all_html(live.trace, None, live.done.settings)
+    assert "Proposed by <b>the 4-bit full model</b>" in story
+    assert "intermediate verifier (the 4-bit" not in story
