@@ -17,16 +17,11 @@ from hispec.evaluation import pairs
 from hispec.explain import what_if as what_ifs
 from hispec.runs.trace import Trace
 from hispec.serving.api import MAX_REPEATS
-from ui import controls, labels, render, stepper, token_story
+from ui import controls, front_door, labels, render, stepper, token_story
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 HOW_IT_WORKS = (ASSETS / "how_it_works.md").read_text(encoding="utf-8")
-INTRO = ("# HiSpec — hierarchical speculative decoding, token by token\n"
-         "A shallow exit drafts, an intermediate exit weeds out bad drafts early, the full model verifies what "
-         "survived. A level can also be the same model in a cheaper number format: on the embedded model the run "
-         "starts as lookup → the 4-bit model → the exact model (the Levels box under Settings). Every token is "
-         "coloured by what happened to it; click one to read its story. Below the text: the run round by round, why "
-         "it was (or was not) faster, and what each exit believed.")
+INTRO = front_door.intro()  # what the default runs and how fast, read from the shipped reports
 
 
 @dataclass(frozen=True)
