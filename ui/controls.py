@@ -118,7 +118,7 @@ def depth(L, d, v, method_label, heads=None, levels_label=""):
         if whole:  # a cheaper copy of the whole model: all layers, so the strip has no exit to mark for it
             words += f" ({' and '.join(whole)} {'runs' if len(whole) == 1 else 'run'} every layer, in a cheaper format)"
         used = tuple(depths)  # the exits, in any format, read their layer's head
-        strip = render.depth_html(int(L), d, v, method, caption=f"Levels: {words}")
+        strip = render.depth_html(int(L), d, v, method, caption=f"Levels: {words}", whole=tuple(whole))
     else:
         used = {"hispec": (int(d), int(v)), "layerskip": (int(d),)}.get(method, ())
         strip = render.depth_html(int(L), int(d), int(v), method)

@@ -281,11 +281,13 @@ def test_a_list_in_the_levels_box_decides_the_exits_and_the_sliders_step_aside()
     strip = plain(controls.depth(30, 2, 4, "HiSpec", [2, 4], precision))
     assert "Levels: lookup → the 4-bit full model → full model (the 4-bit full model runs every layer" in strip
     assert "draft exit after layer" not in strip
-    # its key names only the colours on the strip: every layer is the full model's here
-    assert strip.endswith("30 layers full verification"), strip
-    assert plain(controls.depth(30, 2, 4, "HiSpec", [2, 4])).endswith("layers draftintermediate verifyfull verification")
-    assert plain(controls.depth(30, 2, 4, "Autoregressive", [2, 4])).endswith("layers full verification")
-    assert "hs-stage-draft" in controls.depth(30, 2, 4, "HiSpec", [2, 4], "lookup,3@q4,full@q4").split("hs-layers")[1]
+    # its key names only the colours on the strip: the 4-bit model's row (every layer), the full model's
+    assert strip.endswith("30 layers 4-bit full model (every layer)full model"), strip
+    assert controls.depth(30, 2, 4, "HiSpec", [2, 4], precision).count("hs-stage-precision") == 30 + 1
+    assert plain(controls.depth(30, 2, 4, "HiSpec", [2, 4])).endswith("layers draft exitintermediate exitfull model")
+    assert plain(controls.depth(30, 2, 4, "Autoregressive", [2, 4])).endswith("layers full model")
+    mixed = controls.depth(30, 2, 4, "HiSpec", [2, 4], "lookup,3@q4,full@q4")
+    assert "hs-stage-draft" in mixed.split("hs-layers")[2] and "hs-stage-precision" in mixed.split("hs-layers")[1]
     typed = controls.depth(30, 2, 4, "HiSpec", [2, 4, 6], "lookup,2,5")
     assert "Levels: lookup → exit 2 → exit 5 → full model" in plain(typed) and "Exit 5 has no trained head" in plain(typed)
     assert "draft exit after layer 2" in plain(controls.depth(30, 2, 4, "HiSpec", [2, 4], own))

@@ -155,3 +155,28 @@ def test_a_4bit_draft_is_named_by_what_the_4bit_model_did(run):
     story = token_story.explain_all_html(live.trace, None, live.done.settings)
     assert "Proposed by <b>the 4-bit full model</b>" in story
     assert "intermediate verifier (the 4-bit" not in story
+
+
+def test_one_hue_per_level_across_the_text_the_step_through_and_the_depth_strip(run):
+    """The 4-bit model teal, the full model blue, the draft exit green, the intermediate exit orange, lookup
+    purple: the same colour in the text (render.COLORS), the steps' left edges and the depth strip (issue 49:
+    the step-through painted 4-bit drafts green, the strip painted drafting blue, the full model's colour)."""
+    import re
+    from pathlib import Path
+
+    css = (Path(render.__file__).resolve().parent.parent / "assets" / "app.css").read_text()
+
+    def colour(selector: str, prop: str) -> str:
+        return re.search(re.escape(selector) + r"[^{]*\{[^}]*?" + prop + r":\s*(#[0-9a-f]{6})", css)[1]
+
+    for text, level in (("precision", "precision"), ("target-wrote", "target"), ("accepted", "draft"),
+                        ("verify-wrote", "verify")):
+        hue = render.COLORS[text]
+        assert colour(f".hs-{text}", "background") == hue
+        assert colour(f".hs-stage-{level}", "background") == hue, level
+        assert colour(f".hs-step-{level}", "border-left-color") == hue, level
+    assert colour(".hs-step-lookup", "border-left-color") == render.COLORS["copied"]
+    rounds = replay_from_dicts(run.events)
+    shown = " ".join(round_html(rounds, i, run.done.settings) for i in range(1, len(rounds)))
+    assert "hs-precision" in shown and "hs-accepted" not in shown, "the 4-bit model's accepted drafts: teal, as in the text"
+    assert "hs-step-precision" in shown and "Left edge, by level" in shown  # with its key
