@@ -82,8 +82,10 @@ def build_page(setup: Setup) -> SimpleNamespace:
 def _ask(p, setup: Setup) -> None:
     """The prompt, its examples, the buttons and the status, across the page."""
     examples = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
-    p.prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below",
-                          max_length=setup.max_prompt_chars, elem_id="hs-prompt")
+    # no max_length: the box would cut a long paste silently; serving names the limit and the length instead
+    p.prompt = gr.Textbox(label="Prompt", lines=4, elem_id="hs-prompt",
+                          placeholder=f"Ask something, or pick an example below (up to {setup.max_prompt_chars:,} "
+                                      "characters)")
     gr.Examples([[e["prompt"]] for e in examples], inputs=[p.prompt], example_labels=[e["kind"] for e in examples],
                 label="Examples")
     with gr.Row():

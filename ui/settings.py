@@ -71,8 +71,12 @@ def by_name(fn, inputs: dict, outputs: dict):
             named["settings"] = PageSettings(**given)
         return named | ({"request": request} if takes_request else {})
 
-    def sent(result):
-        return {outputs[name]: value for name, value in (result or {}).items()}
+    def sent(result):  # every output named (Gradio reads an empty dict as one value): skipped unless given
+        result = result or {}
+        unknown = set(result) - set(outputs)
+        if unknown:
+            raise KeyError(f"{getattr(fn, '__name__', fn)} returned outputs it is not wired to: {sorted(unknown)}")
+        return {component: result.get(name, gr.skip()) for name, component in outputs.items()}
 
     if inspect.isgeneratorfunction(fn):
         def handler(values: dict | None = None, request: gr.Request = None):

@@ -67,7 +67,13 @@ def plans_table(story: dict) -> str:
                "proposed, the full model decides. “(drafts on)”: after judging lookup's copy, the middle level drafts "
                "more tokens of its own where the copy ended, and the full model checks copy and drafts in one pass."
                "</p>")
-    return f"<table class='hs-stats' id='hs-why-plans'>{head}{''.join(rows)}</table>{key}"
+    return scrolling(f"<table class='hs-stats' id='hs-why-plans'>{head}{''.join(rows)}</table>") + key
+
+
+def scrolling(table: str) -> str:
+    """A wide table in a box that scrolls sideways, saying so on a narrow screen (assets/app.css)."""
+    return ("<div class='hs-scroll'>" + table + "</div><p class='hs-scroll-hint'>↔ This table is wider than the "
+            "screen: swipe it sideways to see every column.</p>")
 
 
 def _measured_row(story: dict) -> str:
@@ -148,8 +154,8 @@ def why_html(story: dict) -> str:
                     f"<td>{_pct(be) if be is not None else 'never'} → full</td><td>1.00×</td><td>estimate</td></tr>")
     if story.get("what_if"):  # a run with no fixed shape: its own list replayed at the sliders
         rows.append(_what_if_row(story["what_if"], story))
-    table = ("<table class='hs-stats' id='hs-why-table'><tr><th>figure</th><th>acceptance</th><th>× plain decoding</th>"
-             f"<th>kind</th></tr>{''.join(rows)}</table>")
+    table = scrolling("<table class='hs-stats' id='hs-why-table'><tr><th>figure</th><th>acceptance</th>"
+                      f"<th>× plain decoding</th><th>kind</th></tr>{''.join(rows)}</table>")
     notes = ""
     if story["differences"]:
         items = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in story["differences"])

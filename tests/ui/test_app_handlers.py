@@ -322,3 +322,16 @@ def test_the_status_says_done_once_at_the_very_end_when_plain_pairs_follow(serve
     done = [i for i, s in enumerate(statuses) if "Done" in s]
     assert done == [len(statuses) - 1], statuses
     assert any("timing plain decoding" in s for s in statuses), statuses
+
+
+def test_a_paste_over_the_limit_is_a_message_not_cut_silently(server):
+    """The prompt box has no max_length (the browser would cut a long paste without a word); the run names
+    the length and the limit instead (issue 49: a 30,000-character paste was cut to 8,192)."""
+    import app
+
+    limit = server.limits.max_prompt_chars
+    prompt = next(b for b in app.build(server, ["tiny"]).blocks.values() if getattr(b, "elem_id", "") == "hs-prompt")
+    assert prompt.max_length is None and f"{limit:,} characters" in prompt.placeholder
+    outs, _ = page_run(server, "x" * (limit + 1))
+    assert (f"The prompt is {limit + 1:,} characters, over this server's limit of {limit:,}; shorten it"
+            in html.unescape(outs[-1]["status"]))

@@ -1,0 +1,46 @@
+"""The page's settings as one value, and handlers wired by name (ui.settings)."""
+
+import gradio as gr
+import pytest
+
+from ui import labels
+from ui.settings import PageSettings, by_name
+
+
+class _Box:  # a stand-in for a component: hashable, compared by identity
+    def __init__(self, name):
+        self.name = name
+
+
+def test_the_settings_value_becomes_the_requests_fields():
+    raw = PageSettings("hi", "tiny", "LayerSkip (single exit)", 3, 5, 2, 4, 16, True, policy=labels.FIXED,
+                       levels="lookup,full@q4").request(baseline=2)
+    assert raw["method"] == "layerskip" and raw["policy"] == "fixed" and raw["max_new_tokens"] == 16
+    assert raw["levels"] is None, "the Levels box belongs to HiSpec"
+    assert raw["baseline"] == 2
+
+
+def test_a_handler_wired_by_name_gets_the_settings_whole_and_sends_every_output_by_name():
+    boxes = {name: _Box(name) for name in (*PageSettings.names(), "takes")}
+    out = {name: _Box(name) for name in ("status", "tokens", "last_run")}
+    seen = {}
+
+    def handler(settings, takes, request=None):
+        seen.update(settings=settings, takes=takes)
+        yield {}  # nothing changed yet
+        yield {"status": "Done"}
+
+    fn, inputs, outputs = by_name(handler, boxes, out)
+    values = {boxes[name]: value for name, value in {"prompt": "hi", "max_new": 9, "takes": 3}.items()}
+    sent = list(fn(values))
+    assert seen["settings"] == PageSettings(prompt="hi", max_new=9) and seen["takes"] == 3
+    assert inputs == set(boxes.values()) and outputs == list(out.values())
+    # every output is named in every answer (an empty dict is one value to Gradio): skipped unless given
+    assert all(set(s) == set(out.values()) for s in sent)
+    assert sent[1][out["status"]] == "Done" and isinstance(sent[1][out["tokens"]], type(gr.skip()))
+
+    def wrong(settings, takes):
+        return {"typo": 1}
+
+    with pytest.raises(KeyError, match="typo"):
+        by_name(wrong, boxes, out)[0](values)
