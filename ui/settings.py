@@ -57,12 +57,14 @@ class PageSettings:
 
 
 def by_name(fn, inputs: dict, outputs: dict):
-    """(handler, inputs, outputs) for Gradio: `fn` gets `settings` (a PageSettings, when any of its fields
-    is among `inputs`) and every other input by its name, and `request`; what it returns or yields is a
+    """(handler, inputs, outputs) for Gradio: `fn` gets `settings` (a PageSettings, when it takes one and any
+    of its fields is among `inputs`) and every other input by its name, and `request`; what it returns or yields is a
     dict by output name, sent on as a dict by component."""
     component_names = {component: name for name, component in inputs.items()}
-    takes_request = "request" in inspect.signature(fn).parameters
-    settings_names = set(PageSettings.names())
+    parameters = inspect.signature(fn).parameters
+    takes_request = "request" in parameters
+    # the settings travel whole to a handler that takes them; another gets each by its own name
+    settings_names = set(PageSettings.names()) if "settings" in parameters else set()
 
     def arguments(values: dict, request) -> dict:
         named = {component_names[c]: v for c, v in (values or {}).items()}

@@ -156,6 +156,8 @@ class LiveRun:
         if isinstance(ev, DoneEvent):
             self.done = ev
             self.set_levels(ev.settings.get("levels"))
+            # the method the run's settings name, as runner.run's stats say it (a served run starts unnamed)
+            self.stats.method = self.stats.method or ev.settings.get("method", "")
 
     def summary(self) -> dict:
         return self.stats.summary()

@@ -335,3 +335,9 @@ def test_a_paste_over_the_limit_is_a_message_not_cut_silently(server):
     outs, _ = page_run(server, "x" * (limit + 1))
     assert (f"The prompt is {limit + 1:,} characters, over this server's limit of {limit:,}; shorten it"
             in html.unescape(outs[-1]["status"]))
+
+
+def test_a_served_runs_stats_name_its_method(server):
+    """stats.method was empty in /generate's answer and the page's kept run (issue 49)."""
+    outs, view = page_run(server, "hi", max_new=6)
+    assert outs[-1]["last_run"]["stats"]["method"] == "hispec" == view.run.summary()["method"]

@@ -44,3 +44,14 @@ def test_a_handler_wired_by_name_gets_the_settings_whole_and_sends_every_output_
 
     with pytest.raises(KeyError, match="typo"):
         by_name(wrong, boxes, out)[0](values)
+
+
+def test_a_handler_that_takes_no_settings_gets_a_settings_field_by_its_own_name():
+    boxes = {"model": _Box("model"), "preset_choice": _Box("preset_choice")}
+    out = {"status": _Box("status")}
+
+    def preset(preset_choice, model):
+        return {"status": f"{preset_choice} on {model}"}
+
+    fn, _, _ = by_name(preset, boxes, out)
+    assert fn({boxes["model"]: "tiny", boxes["preset_choice"]: "Teaching"}) == {out["status"]: "Teaching on tiny"}
