@@ -210,8 +210,10 @@ class Handlers:
         roles = roles_of(last_run["settings"])
         if replay is not None:
             out["why_dv"] = gr.update(value=a_dv, label=f"Acceptance {pair_name(replay.dv_pair, roles)}"
-                                      if replay.dv_pair else "Acceptance draft → verify (no middle level in this run)")
-            out["why_vt"] = gr.update(value=a_vt, label=f"Acceptance {pair_name(replay.vt_pair, roles)}")
+                                      if replay.dv_pair else "Acceptance draft → verify (no middle level in this run)",
+                                      info="this run's own pair, measured: move it to ask what if")
+            out["why_vt"] = gr.update(value=a_vt, label=f"Acceptance {pair_name(replay.vt_pair, roles)}",
+                                      info="the full model's verdicts on what reaches it, measured on this run")
         return out
 
     # ---- after a run: its rounds, what each exit believed, every token's story ------------------
@@ -249,9 +251,9 @@ def _pairs(value) -> int:
 
 def what_if_words(replay: what_ifs.Replay) -> str:
     """The list a what-if will run, said above its button."""
-    middle = "the draft → verify slider for the middle level's verdicts, " if replay.dv_pair else ""
+    middle = "the left slider for the middle level's verdicts, " if replay.dv_pair else ""
     return (f"What if runs this run's own levels: {replay.words}, with verdicts drawn at the sliders' acceptance "
-            f"({middle}the → full model slider for the full model's, on whatever reaches it).")
+            f"({middle}the right one for the full model's, on whatever reaches it).")
 
 
 def stale_panels() -> dict:

@@ -218,14 +218,18 @@ def round_html(rounds: list[dict], i: int, settings: dict | None = None) -> str:
             f'<div class="hs-step-head">{html.escape(_SEP.join(head))}</div>'
             f'<ol class="hs-step-list">{"".join(steps)}</ol>'
             f'<div class="hs-step-summary">{html.escape(_SEP.join(summary))}</div>'
-            f'{step_key_html(roles)}'
+            f'{step_key_html(roles, "lookup" in tuple((settings or {}).get("levels") or ("lookup",)))}'
             f'{cache_table_html(rnd["cache_before"], rnd["cache_after"])}</div>')
 
 
-def step_key_html(roles: dict) -> str:
-    """The key of the steps' left edges (the same hue per level as the text and the depth strip)."""
+def step_key_html(roles: dict, lookup: bool = True) -> str:
+    """The key of the steps' left edges (the same hue per level as the text and the depth strip): the
+    run's own levels (`roles`: its exits by role; `lookup`: it has a lookup level)."""
+    exact = {role for role, level in roles.items() if "@" not in str(level)}
     cheap = [level for level in roles.values() if "@" in str(level)]
-    items = [("lookup", "lookup"), ("draft", "draft exit"), ("verify", "intermediate exit")]
+    items = [("lookup", "lookup")] if lookup else []
+    items += [(role, words) for role, words in (("draft", "draft exit"), ("verify", "intermediate exit"))
+              if role in exact or not roles]
     items += [("precision", level_words(cheap[0]).removeprefix("the "))] if cheap else []
     items += [("target", "full model")]
     return ('<div class="hs-step-key">Left edge, by level (the same colours as the text and the depth strip): '
