@@ -55,3 +55,13 @@ def test_a_handler_that_takes_no_settings_gets_a_settings_field_by_its_own_name(
 
     fn, _, _ = by_name(preset, boxes, out)
     assert fn({boxes["model"]: "tiny", boxes["preset_choice"]: "Teaching"}) == {out["status"]: "Teaching on tiny"}
+
+
+def test_a_presets_status_is_sentences_each_with_its_capital():
+    from types import SimpleNamespace
+
+    from ui import controls
+
+    fastest = SimpleNamespace(draft_layer=2, verify_layer=4, draft_len=1, verify_threshold=1)
+    status = controls.preset_values(controls.TEACHING, fastest)["status"]
+    assert "Preset: Teaching (drafts pile up). The same layers" in status, status
