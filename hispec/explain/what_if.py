@@ -1,7 +1,8 @@
 """What if the exits were better: the real engine with TIMING ONLY verdicts, against plain decoding.
 
-Each take is a pair run back to back on the same prompt: a real plain run, then a run of the chosen
-fixed plan whose verdicts are drawn at the asked acceptance (runs.timing_only). Both ignore
+Each take is a pair run back to back on the same prompt: a real plain run, then a run of the replayed
+run's own levels and policy (`replay_of`) whose verdicts are drawn at the asked acceptance
+(runs.timing_only). Both ignore
 end-of-text and run the whole budget, so the two are the same length, and both are timed by the one
 helper of every comparison (evaluation.pairs: set-up and prefill included in both). The synthetic run's text is NOT the model's; its events say so
 (settings' `timing_only`), and every view labels them. Takes give a median and a range.
@@ -125,7 +126,7 @@ class Summary:
 def what_if(lm, ids: list[int], config: DecodeConfig, rates: tuple[float, float], takes: int,
             stop: threading.Event) -> Iterator[object]:
     """Progress text, then per take: PlainTimed, TakeStarted, the synthetic run's engine events,
-    TakeDone; last a Summary. `config`: the resolved fixed plan; `rates`: (draft -> verify,
+    TakeDone; last a Summary. `config`: the resolved configuration replayed (levels, policy, lengths); `rates`: (draft -> verify,
     -> full model) per-token acceptance to draw at. Both runs of a take are timed by the helper every
     comparison uses (evaluation.pairs.timed: set-up and prefill included in both); a take cut short
     (a Stop, the time limit) is not counted."""
