@@ -93,7 +93,10 @@ def _wire_runs(p, h: Handlers) -> None:
         # two views after the run, each on its own: one failing leaves the other
         run.then(*after, api_name=False)
         run.then(h.after_run, [p.last_run], analysis, api_name=False)
-    p.compare_btn.click(*by_name(h.compare, settings | _named(p, "baselines", "repeats"),
+    # /compare's positional order, as before: the settings, the policy, then baselines, repeats, levels
+    compare = _named(p, *(n for n in PageSettings.names() if n not in ("baseline", "levels")), "baselines",
+                     "repeats", "levels")
+    p.compare_btn.click(*by_name(h.compare, compare,
                                  _named(p, "status", "compare_status", "compare_out", "compare_plot")),
                         concurrency_limit=None, api_name="compare")
     what_if = p.what_if_btn.click(*by_name(h.what_if, settings | _named(p, "last_run", "why_dv", "why_vt",

@@ -3,7 +3,8 @@
 `PageSettings` holds what the settings column and the prompt say, as the page labels them; it is passed
 whole from the page to the handlers, and `request()` gives serving's GenerateRequest fields (labels
 mapped to the engine's names). `by_name(fn, inputs, outputs)` wires a handler whose inputs arrive as
-keyword arguments named like the page's components and whose results are dicts by output name (a name
+keyword arguments named like the page's components (wired in the order given: an API's
+positional order) and whose results are dicts by output name (a name
 left out leaves its component as it is): no tuple counted by hand.
 """
 
@@ -60,14 +61,17 @@ def by_name(fn, inputs: dict, outputs: dict):
     """(handler, inputs, outputs) for Gradio: `fn` gets `settings` (a PageSettings, when it takes one and any
     of its fields is among `inputs`) and every other input by its name, and `request`; what it returns or yields is a
     dict by output name, sent on as a dict by component."""
-    component_names = {component: name for name, component in inputs.items()}
     parameters = inspect.signature(fn).parameters
     takes_request = "request" in parameters
     # the settings travel whole to a handler that takes them; another gets each by its own name
     settings_names = set(PageSettings.names()) if "settings" in parameters else set()
 
-    def arguments(values: dict, request) -> dict:
-        named = {component_names[c]: v for c, v in (values or {}).items()}
+    names = list(inputs)
+
+    def arguments(values: tuple, request) -> dict:
+        if len(values) > len(names):  # Gradio puts the request in its place in the signature, after the inputs
+            values, request = values[:len(names)], values[len(names)]
+        named = dict(zip(names, values))
         given = {n: named.pop(n) for n in list(named) if n in settings_names}
         if given:
             named["settings"] = PageSettings(**given)
@@ -81,11 +85,15 @@ def by_name(fn, inputs: dict, outputs: dict):
         return {component: result.get(name, gr.skip()) for name, component in outputs.items()}
 
     if inspect.isgeneratorfunction(fn):
-        def handler(values: dict | None = None, request: gr.Request = None):
+        def handler(*values, request: gr.Request = None):
             for result in fn(**arguments(values, request)):
                 yield sent(result)
     else:
-        def handler(values: dict | None = None, request: gr.Request = None):
+        def handler(*values, request: gr.Request = None):
             return sent(fn(**arguments(values, request)))
+    # the inputs in the order given (an API's positional order), by name, then the request Gradio fills in
+    handler.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+        + [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request)])
     handler.__name__ = getattr(fn, "__name__", "handler")
-    return handler, set(inputs.values()), list(outputs.values())
+    return handler, list(inputs.values()), list(outputs.values())

@@ -1,5 +1,7 @@
 """The page's settings as one value, and handlers wired by name (ui.settings)."""
 
+import inspect
+
 import gradio as gr
 import pytest
 
@@ -31,10 +33,18 @@ def test_a_handler_wired_by_name_gets_the_settings_whole_and_sends_every_output_
         yield {"status": "Done"}
 
     fn, inputs, outputs = by_name(handler, boxes, out)
-    values = {boxes[name]: value for name, value in {"prompt": "hi", "max_new": 9, "takes": 3}.items()}
-    sent = list(fn(values))
+    # Gradio sends the inputs positionally, in the order wired (an API's order)
+    values = [{"prompt": "hi", "max_new": 9, "takes": 3}.get(name, getattr(PageSettings(), name, None))
+              for name in boxes]
+    sent = list(fn(*values))
     assert seen["settings"] == PageSettings(prompt="hi", max_new=9) and seen["takes"] == 3
-    assert inputs == set(boxes.values()) and outputs == list(out.values())
+    assert inputs == list(boxes.values()) and outputs == list(out.values())
+    assert list(inspect.signature(fn).parameters)[:3] == ["prompt", "model", "method"]
+    # the request, which Gradio passes in its place after the inputs, reaches the handler (a Stop finds the run)
+    def asks(settings, takes, request=None):
+        return {"status": request}
+
+    assert by_name(asks, boxes, out)[0](*values, "the request")[out["status"]] == "the request"
     # every output is named in every answer (an empty dict is one value to Gradio): skipped unless given
     assert all(set(s) == set(out.values()) for s in sent)
     assert sent[1][out["status"]] == "Done" and isinstance(sent[1][out["tokens"]], type(gr.skip()))
@@ -43,7 +53,7 @@ def test_a_handler_wired_by_name_gets_the_settings_whole_and_sends_every_output_
         return {"typo": 1}
 
     with pytest.raises(KeyError, match="typo"):
-        by_name(wrong, boxes, out)[0](values)
+        by_name(wrong, boxes, out)[0](*values)
 
 
 def test_a_handler_that_takes_no_settings_gets_a_settings_field_by_its_own_name():
@@ -54,7 +64,7 @@ def test_a_handler_that_takes_no_settings_gets_a_settings_field_by_its_own_name(
         return {"status": f"{preset_choice} on {model}"}
 
     fn, _, _ = by_name(preset, boxes, out)
-    assert fn({boxes["model"]: "tiny", boxes["preset_choice"]: "Teaching"}) == {out["status"]: "Teaching on tiny"}
+    assert fn("tiny", "Teaching") == {out["status"]: "Teaching on tiny"}
 
 
 def test_a_presets_status_is_sentences_each_with_its_capital():
