@@ -35,7 +35,9 @@ from hispec.serving.session import Server
 from ui import bench_tab, controls, labels, stepper, token_story
 from ui.controller import Handlers, stale_panels
 from ui.model_view import model_defaults, model_info, settings_by_method, trained_layers
+from ui.generate_view import VIEWS, WHAT_IF_VIEWS
 from ui.page import Setup, build_page
+from ui.settings import PageSettings, by_name
 
 ASSETS = Path(__file__).parent / "assets"
 TITLE = "HiSpec: hierarchical speculative decoding"
@@ -64,37 +66,50 @@ def build(server: Server, model_choices: list[str] | None = None) -> gr.Blocks:
     return demo
 
 
+def _named(p, *names: str) -> dict:
+    """The page's components by name (the names of ui.page's attributes)."""
+    return {name: getattr(p, name) for name in names}
+
+
 def _wire_runs(p, h: Handlers) -> None:
-    """Generate, Compare, Stop and Load. Gradio starts every request at once (concurrency_limit=None):
+    """Generate, Compare, Stop and Load, by name. Gradio starts every request at once (concurrency_limit=None):
     serving queues them for the model's turn, so that a Stop reaches a job that is still waiting."""
-    settings = [p.prompt, p.model, p.method, p.draft_layer, p.verify_layer, p.draft_len, p.verify_threshold,
-                p.max_new, p.chat, p.temperature, p.top_k, p.top_p, p.seed]
-    views = [p.status, p.tokens, p.legend, p.final, p.stats, p.acc_plot, p.speed_plot, p.work_plot, p.last_run]
+    settings = _named(p, *(n for n in PageSettings.names()))
+    views = _named(p, *VIEWS)
     analysis = [p.rounds_state, p.step_round, p.step_view, p.beliefs_view, p.explain_all]
-    why_views = [p.why_dv, p.why_vt, p.why_out, p.why_plot]
-    stale = [p.what_if_status, p.what_if_tokens, p.what_if_stats, p.what_if_plot, p.what_if_result, p.compare_out,
-             p.compare_plot, p.why_out, p.why_plot]
+    stale = _named(p, "what_if_status", "what_if_tokens", "what_if_stats", "what_if_plot", "what_if_result",
+                   "compare_out", "compare_plot", "why_out", "why_plot", "stop_note")
+    after = by_name(h.why_after_run, _named(p, "last_run"), _named(p, "why_out", "why_plot", "what_if_levels",
+                                                                    "why_dv", "why_vt"))
     for trigger in (p.generate_btn.click, p.prompt.submit):
         trigger(stepper.cleared, None, analysis + [p.timer, p.play_btn], api_name=False, queue=False)
-        trigger(stale_panels, None, stale + [p.stop_note], api_name=False, queue=False)
-        run = trigger(h.generate, settings + [p.policy, p.baseline, p.levels], views, concurrency_limit=None,
-                      api_name=False)
+        trigger(*by_name(stale_panels, {}, stale), api_name=False, queue=False)
+        # busy: Generate waits for this run (and its timing pairs) to end
+        trigger(lambda: gr.update(interactive=False, value="Generating…"), None, [p.generate_btn], api_name=False,
+                queue=False)
+        run = trigger(*by_name(h.generate, settings, views), concurrency_limit=None, api_name=False)
+        run.then(lambda: gr.update(interactive=True, value="Generate"), None, [p.generate_btn], api_name=False,
+                 queue=False)
         # two views after the run, each on its own: one failing leaves the other
-        run.then(h.why_after_run, [p.last_run], why_views, api_name=False)
+        run.then(*after, api_name=False)
         run.then(h.after_run, [p.last_run], analysis, api_name=False)
-    p.compare_btn.click(h.compare, settings + [p.policy, p.baselines, p.repeats, p.levels],
-                        [p.status, p.compare_status, p.compare_out, p.compare_plot], concurrency_limit=None,
-                        api_name="compare")
-    what_if = p.what_if_btn.click(h.what_if, settings + [p.why_dv, p.why_vt, p.what_if_takes],
-                                  [p.what_if_status, p.what_if_tokens, p.what_if_stats, p.what_if_plot,
-                                   p.what_if_result], concurrency_limit=None, api_name=False)
+    # /compare's positional order, as before: the settings, the policy, then baselines, repeats, levels
+    compare = _named(p, *(n for n in PageSettings.names() if n not in ("baseline", "levels")), "baselines",
+                     "repeats", "levels")
+    p.compare_btn.click(*by_name(h.compare, compare,
+                                 _named(p, "status", "compare_status", "compare_out", "compare_plot")),
+                        concurrency_limit=None, api_name="compare")
+    what_if = p.what_if_btn.click(*by_name(h.what_if, settings | _named(p, "last_run", "why_dv", "why_vt",
+                                                                         "what_if_takes"), _named(p, *WHAT_IF_VIEWS)),
+                                  concurrency_limit=None, api_name=False)
     # its result joins the prediction and the measured run in one table
     what_if.then(h.why, [p.last_run, p.why_dv, p.why_vt, p.what_if_result], [p.why_out, p.why_plot], api_name=False)
     # outside the queue: a Stop is never refused, nor waits behind the jobs it stops
     # its reply goes beside the status, never into it: the run alone writes the status line
     p.stop_btn.click(h.stop, None, [p.stop_note], queue=False, api_name="stop")
-    p.load_btn.click(h.load, [p.model], [p.status, p.info, p.draft_layer, p.verify_layer, p.num_layers, p.draft_len,
-                                         p.verify_threshold, p.head_layers, p.method_settings, p.levels],
+    p.load_btn.click(*by_name(h.load, _named(p, "model"),
+                              _named(p, "status", "info", "draft_layer", "verify_layer", "num_layers", "draft_len",
+                                     "verify_threshold", "head_layers", "method_settings", "levels")),
                      concurrency_limit=None, api_name="load_model")
 
 
@@ -119,10 +134,9 @@ def _wire_controls(p, h: Handlers) -> None:
     for control in (p.method, p.draft_layer, p.verify_layer, p.num_layers, p.head_layers, p.levels):
         control.change(controls.depth, [p.num_layers, p.draft_layer, p.verify_layer, p.method, p.head_layers,
                                         p.levels], [p.depth], api_name=False, queue=False)
-    p.preset_choice.input(h.preset, [p.preset_choice, p.model], [p.status, p.method, p.policy, p.draft_layer,
-                                                                  p.verify_layer, p.draft_len, p.verify_threshold,
-                                                                  p.levels],
-                          api_name=False)
+    p.preset_choice.input(*by_name(h.preset, _named(p, "preset_choice", "model"),
+                                   _named(p, "status", "method", "policy", "draft_layer", "verify_layer", "draft_len",
+                                          "verify_threshold", "levels")), api_name=False)
     # a visitor's pick of a method sets its own defaults for this model (LayerSkip's exit is the benchmark's)
     # a list in the Levels box decides the exits, the adaptive policy the lengths: their sliders step aside
     for control in (p.method, p.levels, p.policy):

@@ -410,7 +410,7 @@ def test_no_package_over_2500_lines_and_the_decoder_reads_in_one_sitting(tmp_pat
 PAPER_NAMES = ("draft_layer", "verify_layer", "draft_len", "verify_threshold")
 PAPER_NAMES_ALLOWED = {
     "hispec/engine/config.py",  # the preset
-    "app.py", "ui/page.py", "ui/controller.py", "ui/controls.py", "ui/model_view.py",  # the sliders
+    "app.py", "ui/page.py", "ui/controller.py", "ui/controls.py", "ui/model_view.py", "ui/settings.py",  # the sliders
     "hispec/cli/main.py", "hispec/cli/parsers.py", "hispec/serving/api.py", "hispec/evaluation/sweep.py",  # typed
     "scripts/docs/figures_quotes.py", "scripts/docs/figures_tables.py",  # recorded artifacts, read back
 }
@@ -514,3 +514,25 @@ def test_whether_a_policy_adapts_is_asked_not_compared(tmp_path):
     (tmp_path / "ui").mkdir()
     (tmp_path / "ui" / "bad.py").write_text("def f(config):\n    return config.policy == 'auto'\n")
     assert len(policy_name_compares(tmp_path)) == 1
+def wide_signatures(paths, limit: int) -> list[str]:
+    """Functions taking more than `limit` parameters (self and cls not counted; *args and **kwargs are one each)."""
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(Path(path).read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)] + [
+                    x.arg for x in (a.vararg, a.kwarg) if x is not None]
+                count = len([n for n in names if n not in ("self", "cls")])
+                if count > limit:
+                    out.append(f"{Path(path).name}:{node.lineno} {node.name} ({count} parameters)")
+    return out
+
+
+def test_no_signature_in_the_ui_takes_more_than_8_parameters(tmp_path):
+    """The page's settings travel as one value (ui.settings.PageSettings), not spelled out in every handler."""
+    paths = [*sorted((ROOT / "ui").glob("*.py")), ROOT / "app.py"]
+    assert wide_signatures(paths, 8) == []
+    wide = tmp_path / "wide.py"  # the check is shown to catch what it checks
+    wide.write_text("def generate(self, prompt, model, method, d, v, n_d, n_i, max_new, chat):\n    pass\n")
+    assert wide_signatures([wide], 8) == ["wide.py:1 generate (9 parameters)"]

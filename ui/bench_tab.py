@@ -20,6 +20,7 @@ from hispec.serving.api import LIVE_SETS, MAX_LIVE_PROMPTS, MAX_LIVE_TOKENS, Ben
 from hispec.serving.session import Server
 from hispec.serving.updates import Output, Status
 
+from .labels import level_words
 from .render import message_html
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -60,9 +61,46 @@ def describe(report: dict) -> str:
     return " · ".join(html.escape(str(b)) for b in bits if b)
 
 
+WEIGHTS = {"fp32": "float32 model", "q4": "4-bit model", "bf16": "bfloat16 model"}
+POLICY = {"auto": "adaptive", "fixed": "fixed rounds"}
+METHOD = {"autoregressive": "plain decoding", "hispec": "HiSpec", "layerskip": "LayerSkip", "lookup": "lookup",
+          "hf_lookup": "transformers' prompt lookup", "hf_generate": "transformers' generate()",
+          "hf_early_exit": "transformers' early-exit assistant"}
+
+
+def method_words(key: str) -> str:
+    """A bench method key in the page's words: 'hispec/auto@fp32' -> 'HiSpec, adaptive, on the float32 model',
+    'lookup+full@a8/auto@q4' -> 'lookup → the 4-bit full model with int8 activations, adaptive, on the 4-bit
+    model', 'lookup+4/fixed' -> 'lookup → exit 4, fixed rounds' (an unknown part is passed on)."""
+    body, _, weights = key.rpartition("@") if key.count("@") and key.rsplit("@", 1)[1] in WEIGHTS else (key, "", "")
+    spec, _, policy = body.partition("/")
+    if "+" in spec or spec.split("@")[0].isdigit():
+        words = " → ".join(level_words(part) for part in spec.split("+"))
+    else:
+        words = METHOD.get(spec, spec)
+    return ", ".join(w for w in (words, POLICY.get(policy, policy), f"on the {WEIGHTS[weights]}" if weights else "")
+                     if w)
+
+
+def in_words(table: str, report: dict) -> str:
+    """The summary table with its method keys and level pairs in words (the key stays as a hint)."""
+    summary = report.get("summary") if isinstance(report.get("summary"), dict) else {}
+    keys = {m for m in report.get("methods") or () if isinstance(m, str)} | {
+        m for s in summary.values() if isinstance(s, dict) and isinstance(s.get("methods"), dict) for m in s["methods"]}
+    for key in sorted(keys, key=len, reverse=True):
+        shown = html.escape(key)
+        table = table.replace(f"<td>{shown}</td>",
+                              f"<td>{html.escape(method_words(key))} <span class='hs-hint'>({shown})</span></td>")
+        table = table.replace(f"vs {shown}", f"vs {html.escape(method_words(key))}")
+        table = table.replace(f"= {shown}", f"= {html.escape(method_words(key))}")
+    for role, words in (("lookup", "lookup"), ("draft", "draft"), ("verify", "middle level"), ("target", "full model")):
+        table = table.replace(f"{role}-&gt;", f"{words} → ").replace(f"→ {role} ", f"→ {words} ")
+    return table
+
+
 def render_report(report: dict) -> tuple[str, list]:
     """(HTML: description + summary table, Plotly figures) of a benchmark or sweep report."""
-    table = table_html(report).replace("<table>", '<table class="hs-stats hs-bench">')
+    table = in_words(table_html(report), report).replace("<table>", '<table class="hs-stats hs-bench">')
     kind = "Sweep" if report.get("kind") == "sweep" else "Benchmark"
     return f"<p><b>{kind}</b>: {describe(report)}</p>{table}", figures(report)
 

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from hispec.engine.levels import levels_by_role
 from hispec.runs.metrics import in_stack_order, pair_name
-from ui.labels import run_words
+from ui.labels import level_words, run_words
 
 _LAYOUT = dict(height=300, margin=dict(l=55, r=10, t=36, b=50), legend=dict(orientation="h", y=-0.3),
                template="plotly_white")
@@ -62,18 +62,22 @@ def speed_figure(history: list[dict], baselines: dict[str, float] | None = None,
     return fig
 
 
-def work_figure(work: dict) -> go.Figure:
+def work_figure(work: dict, levels=()) -> go.Figure:
+    """Layer-token work per level, each bar named by its level (the 4-bit model, exit 4, the full model),
+    never by a role it may not have played (a 4-bit model that drafted is not a "verify" stage)."""
     stages = [s for s in ("draft", "verify", "target") if s in work.get("by_stage", {})]
+    by_role = levels_by_role(tuple(levels or ()))
+    names = [("full model" if s == "target" else level_words(by_role[s]).removeprefix("the ") if s in by_role else s)
+             for s in stages]
     fig = go.Figure()
     for fate, color in (("useful", "#3fa34d"), ("wasted", "#d64545"), ("pending", "#bbbbbb")):
         values = [work["by_stage"][s].get(fate, 0) for s in stages]
         if any(values):
-            fig.add_trace(go.Bar(x=[s.replace("target", "full model") for s in stages], y=values, name=fate,
-                                 marker_color=color))
+            fig.add_trace(go.Bar(x=names, y=values, name=fate, marker_color=color))
     if not fig.data:
         _not_applicable(fig, "no layer pass yet")
-    fig.update_layout(title="Layer × token work by stage", barmode="stack", showlegend=True,
-                      xaxis=dict(title="stage (layers it runs)"), yaxis=dict(title="layer × token evaluations"),
+    fig.update_layout(title="Layer × token work by level", barmode="stack", showlegend=True,
+                      xaxis=dict(title="level (the layers it runs)"), yaxis=dict(title="layer × token evaluations"),
                       **_LAYOUT)
     return fig
 

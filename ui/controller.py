@@ -15,8 +15,8 @@ from hispec.engine.events import event_from_dict
 from hispec.engine.levels import exits_by_role
 from hispec.errors import HiSpecError
 from hispec.explain import what_if as what_ifs
+from hispec.runs.metrics import pair_name
 from hispec.runs.replay import replay_from_dicts
-from hispec.explain.speed_model import RoundShape, measured_pairs
 from hispec.explain.why import explained_costs, keep_costs, speed_story
 from hispec.runs.trace import Trace
 from hispec.serving.api import (BeliefsRequest, CompareRequest, CostsRequest, GenerateRequest, LoadRequest,
@@ -28,25 +28,16 @@ from hispec.text import sentence
 from ui import charts, controls, labels, render, stepper, token_story, why_view
 from ui.beliefs_view import beliefs_html
 from ui.generate_view import GenerateView, WhatIfView, cleared
+from ui.render import roles_of
+from ui.settings import PageSettings
 from ui.model_view import model_defaults, model_info, settings_by_method, trained_layers
 from ui.steps_view import round_html
 
 GENERATION_KINDS = ("generate", "compare", "what_if")  # what the page's Stop ends
 WHY_HINT = render.message_html("Generate once: the run's acceptance and this machine's pass costs then explain its "
                                "speed here.", "info")
-
-
-def page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens, chat,
-                 temperature=0.0, top_k=0, top_p=1.0, seed=-1, policy=labels.DEFAULT_POLICY_LABEL,
-                 baseline=0, levels="") -> dict:
-    """The page's values as GenerateRequest's raw fields (labels mapped to the engine's names)."""
-    return {"prompt": prompt, "model": model, "method": labels.method_name(method),
-            "policy": labels.policy_name(policy), "draft_layer": draft_layer, "verify_layer": verify_layer,
-            "draft_len": draft_len, "verify_threshold": verify_threshold, "max_new_tokens": max_new_tokens,
-            "chat": bool(chat), "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed,
-            "baseline": baseline,
-            # the Levels box belongs to HiSpec: the other methods have lists of their own
-            "levels": (labels.levels_name(levels) or None) if labels.method_name(method) == "hispec" else None}
+BUSY_HINT = render.message_html("The run is under way: why it was (or was not) faster shows here once it ends, after "
+                                "the timing pairs when asked for.", "info")
 
 
 class Handlers:
@@ -55,13 +46,11 @@ class Handlers:
         self.published = published_points or []
 
     # ---- generate, stop ---------------------------------------------------------------------------
-    def generate(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
-                 chat, temperature=0.0, top_k=0, top_p=1.0, seed=-1, policy=labels.DEFAULT_POLICY_LABEL,
-                 baseline=0, levels="", request: gr.Request = None):
+    def generate(self, settings: PageSettings, request: gr.Request = None):
+        """The run's views by name (generate_view.VIEWS), update by update."""
         yield cleared(render.message_html("Starting…", "info"))  # nothing of the last run stays
-        raw = page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
-                           max_new_tokens, chat, temperature, top_k, top_p, seed, policy, baseline, levels)
-        view = GenerateView(model, pairs=_pairs(raw["baseline"]))
+        raw = settings.request()
+        view = GenerateView(settings.model, pairs=_pairs(raw["baseline"]))
         for update in self.server.submit(self.server.caller(request), GenerateRequest, raw):
             yield view.update(update)
 
@@ -84,63 +73,72 @@ class Handlers:
             raise gr.Error(sentence(str(exc)), print_exception=False) from None
 
     # ---- what if, compare -----------------------------------------------------------------------
-    def what_if(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
-                chat, temperature, top_k, top_p, seed, a_dv, a_vt, takes=what_ifs.DEFAULT_TAKES,
-                request: gr.Request = None):
-        """The real engine with TIMING ONLY verdicts at the sliders' acceptance, each take after a
-        real plain run of the same length: what better exits would give on this machine."""
-        yield render.message_html("Starting a what-if run…", "info"), "", "", gr.Plot(None, visible=False), None
-        raw = {"generate": page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
-                                        max_new_tokens, chat, temperature, top_k, top_p, seed),
-               "a_dv": a_dv, "a_vt": a_vt, "takes": takes}
+    def what_if(self, settings: PageSettings, last_run=None, why_dv=0.5, why_vt=0.5,
+                what_if_takes=what_ifs.DEFAULT_TAKES, request: gr.Request = None):
+        """The real engine on the last run's own level list, policy and lengths, with TIMING ONLY verdicts
+        at the sliders' acceptance, each take after a real plain run: what better levels would give here.
+        A list the drawn verdicts cannot model is named, and nothing runs."""
+        try:
+            replay = what_ifs.replay_of((last_run or {}).get("settings"))
+        except HiSpecError as exc:
+            yield {"what_if_status": render.message_html(str(exc), "info")}
+            return
+        yield {"what_if_status": render.message_html(f"Starting a what-if run of {replay.words}…", "info"),
+               "what_if_tokens": "", "what_if_stats": "", "what_if_plot": gr.Plot(None, visible=False),
+               "what_if_result": None}
+        own = replay.request_fields() | {"draft_layer": None, "verify_layer": None, "draft_len": None,
+                                         "verify_threshold": None}  # the run's list and lengths, not the sliders'
+        raw = {"generate": settings.request(**own), "policy": replay.policy,
+               "a_dv": why_dv, "a_vt": why_vt, "takes": what_if_takes}
         view = WhatIfView()
         for update in self.server.submit(self.server.caller(request), WhatIfRequest, raw):
             yield view.update(update)
 
-    def compare(self, prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold, max_new_tokens,
-                chat, temperature, top_k, top_p, seed, policy=labels.DEFAULT_POLICY_LABEL,
-                baselines=("Autoregressive",), repeats=3, levels="", request: gr.Request = None):
-        """(top status, compare status, table, chart): the progress shows at the top of the page too."""
-        raw = {"generate": page_request(prompt, model, method, draft_layer, verify_layer, draft_len, verify_threshold,
-                                        max_new_tokens, chat, temperature, top_k, top_p, seed, policy,
-                                        levels=levels),
+    def compare(self, settings: PageSettings, baselines=("Autoregressive",), repeats=3, request: gr.Request = None):
+        """(top status, compare status, table, chart) by name: the progress shows at the top of the page too."""
+        raw = {"generate": settings.request(baseline=0),
                "baselines": [labels.BASELINES.get(b, b) for b in baselines or []], "repeats": repeats}
         starting = render.message_html("Compare: starting…", "info")
-        yield starting, starting, "", gr.Plot(None, visible=False)  # nothing of an earlier comparison stays
-        sampling, table, figure = bool(temperature), gr.skip(), gr.skip()
+        yield {"status": starting, "compare_status": starting, "compare_out": "",
+               "compare_plot": gr.Plot(None, visible=False)}  # nothing of an earlier comparison stays
+        temperature = settings.temperature
+        sampling, shown = bool(temperature), {}
         for update in self.server.submit(self.server.caller(request), CompareRequest, raw):
             if isinstance(update, Status):
                 status = render.message_html("Compare: " + labels.running_words(update.text), "info")
-                yield status, status, gr.skip(), gr.skip()
+                yield {"status": status, "compare_status": status}
             elif isinstance(update, Output):
                 for item in update.items:
-                    table = render.compare_table(item["rows"], sampling=sampling, order=item["order"])
-                    figure = gr.Plot(charts.compare_figure(item["rows"]), visible=True)
-                    yield gr.skip(), gr.skip(), table, figure
+                    shown = {"compare_out": render.compare_table(item["rows"], sampling=sampling, order=item["order"]),
+                             "compare_plot": gr.Plot(charts.compare_figure(item["rows"]), visible=True)}
+                    yield shown
             elif not update.ok:
                 error = render.message_html(update.message)
-                yield error, error, "", gr.Plot(None, visible=False)
+                yield {"status": error, "compare_status": error, "compare_out": "",
+                       "compare_plot": gr.Plot(None, visible=False)}
             else:  # the last update sends the result again: the stream ends on it (and its chart shown)
                 done = render.message_html("Comparison done." if update.outcome == "done" else update.message, "info")
-                yield done, done, table, figure
+                yield {"status": done, "compare_status": done} | shown
 
     # ---- the model ------------------------------------------------------------------------------
     def load(self, model, request: gr.Request = None):
-        """Load a model (the allow-list applies), then set the controls to its own settings."""
+        """Load a model (the allow-list applies), then set the controls (by name) to its own settings."""
         for update in self.server.submit(self.server.caller(request), LoadRequest, {"model": model}):
             if isinstance(update, Status):
-                yield (render.message_html(update.text, "info"),) + (gr.skip(),) * 9
+                yield {"status": render.message_html(update.text, "info")}
             elif isinstance(update, Output) and update.items:
                 lm = update.items[0]
                 L, preset = lm.ee.num_layers, model_defaults(lm)
-                yield (render.message_html(f"Loaded {model}.", "info"), model_info(model, lm),
-                       gr.update(maximum=L - 1, value=preset.draft_layer),
-                       gr.update(maximum=L - 1, value=preset.verify_layer), L,
-                       gr.update(value=preset.draft_len), gr.update(value=preset.verify_threshold),
-                       trained_layers(lm), settings_by_method(lm),
-                       labels.default_levels(lm.ee.formats()))  # a list this model can run (no 4-bit copy: its own)
+                yield {"status": render.message_html(f"Loaded {model}.", "info"), "info": model_info(model, lm),
+                       "draft_layer": gr.update(maximum=L - 1, value=preset.draft_layer),
+                       "verify_layer": gr.update(maximum=L - 1, value=preset.verify_layer), "num_layers": L,
+                       "draft_len": gr.update(value=preset.draft_len),
+                       "verify_threshold": gr.update(value=preset.verify_threshold),
+                       "head_layers": trained_layers(lm), "method_settings": settings_by_method(lm),
+                       # a list this model can run (no 4-bit copy: its own)
+                       "levels": labels.default_levels(lm.ee.formats())}
             elif isinstance(update, Ended) and not update.ok:
-                yield (render.message_html(update.message),) + (gr.skip(),) * 9
+                yield {"status": render.message_html(update.message)}
 
     def loaded(self, model):
         """A model already loaded, by a name the visitor may use (a preset reads its settings)."""
@@ -149,13 +147,13 @@ class Handlers:
             raise HiSpecError(f"model '{name}' is not loaded yet: press Load first")
         return self.server.registry.get(name)
 
-    def preset(self, choice, model):
-        """HiSpec with fixed rounds at a named setting of this model (controls.PRESETS)."""
+    def preset(self, preset_choice, model) -> dict:
+        """HiSpec with fixed rounds at a named setting of this model (controls.PRESETS), by control name."""
         try:
             lm = self.loaded(model)
         except HiSpecError as exc:
-            return (render.message_html(str(exc)),) + (gr.skip(),) * 7
-        return controls.preset_values(choice, model_defaults(lm))
+            return {"status": render.message_html(str(exc))}
+        return controls.preset_values(preset_choice, model_defaults(lm))
 
     # ---- why this speed -------------------------------------------------------------------------
     def why(self, run, a_dv, a_vt, what_if=None, request: gr.Request = None):
@@ -174,6 +172,11 @@ class Handlers:
             keep_costs(run, costs)  # the run (this page's state) keeps them from its first explanation on
             whose = "first"
         story = speed_story(run, costs, (float(a_dv), float(a_vt)), what_if, frozen=whose)
+        if story.get("shape") is None and what_if and tuple(what_if.get("rates") or ()) == (round(float(a_dv), 2),
+                                                                                           round(float(a_vt), 2)):
+            story["what_if"] = what_if  # a run with no fixed shape: the what-if's row still joins the table
+        story["pairs_asked"] = run.get("pairs_asked", 0)
+        story["run_acceptance"] = run["stats"].get("acceptance")
         view = why_view.why_html(story) + render.published_html(self.published)
         if not story.get("curves"):
             return view, gr.Plot(None, visible=False)
@@ -187,20 +190,37 @@ class Handlers:
             return known
         return self.server.result(self.server.caller(request), CostsRequest, {"model": model, "exits": exits_used})
 
-    def why_after_run(self, run, request: gr.Request = None):
-        """After a run: the sliders take the measured acceptance, and the view is redrawn."""
-        if not run:  # a new run starting, or an error: the last run's explanation goes too
-            return gr.skip(), gr.skip(), WHY_HINT, gr.Plot(None, visible=False)
-        a_dv, a_vt = measured_pairs(run["stats"]["acceptance"], RoundShape.from_settings(run["settings"]).kind)
+    def why_after_run(self, last_run, request: gr.Request = None) -> dict:
+        """After a run, by name: the sliders take the run's own measured pairs (named after them), the
+        what-if names the list it will run, and the view is redrawn."""
+        if not last_run:  # a new run starting, or an error: the last run's explanation goes too
+            return {"why_out": WHY_HINT, "why_plot": gr.Plot(None, visible=False), "what_if_levels": ""}
+        try:
+            replay = what_ifs.replay_of(last_run["settings"])
+        except HiSpecError as exc:
+            replay, measured, note = None, (None, None), render.message_html(f"What if: {exc}", "info")
+        else:
+            measured = replay.sliders(last_run["stats"]["acceptance"])
+            note = render.message_html(what_if_words(replay), "info")
+        a_dv, a_vt = measured
         a_vt = 0.5 if a_vt is None else round(a_vt, 2)
         a_dv = a_vt if a_dv is None else round(a_dv, 2)
-        return (a_dv, a_vt) + self.why(run, a_dv, a_vt, None, request)
+        view, plot = self.why(last_run, a_dv, a_vt, None, request)
+        out = {"why_out": view, "why_plot": plot, "what_if_levels": note}
+        roles = roles_of(last_run["settings"])
+        if replay is not None:
+            out["why_dv"] = gr.update(value=a_dv, label=f"Acceptance {pair_name(replay.dv_pair, roles)}"
+                                      if replay.dv_pair else "Acceptance draft → verify (no middle level in this run)",
+                                      info="this run's own pair, measured: move it to ask what if")
+            out["why_vt"] = gr.update(value=a_vt, label=f"Acceptance {pair_name(replay.vt_pair, roles)}",
+                                      info="the full model's verdicts on what reaches it, measured on this run")
+        return out
 
     # ---- after a run: its rounds, what each exit believed, every token's story ------------------
     def after_run(self, run, request: gr.Request = None):
         """(rounds, round slider, round view, beliefs view, token explanations) of a finished run."""
         if not run or not run.get("events"):
-            return stepper.cleared()[:5]
+            return stepper.idle()
         rounds = replay_from_dicts(run["events"])
         settings, token_ids = run["settings"], run["token_ids"]
         start = 1 if len(rounds) > 1 else 0  # the first decoding round (round 0 is the prompt's prefill)
@@ -229,9 +249,17 @@ def _pairs(value) -> int:
         return 0
 
 
-def stale_panels() -> tuple:
+def what_if_words(replay: what_ifs.Replay) -> str:
+    """The list a what-if will run, said above its button."""
+    middle = "the left slider for the middle level's verdicts, " if replay.dv_pair else ""
+    return (f"What if runs this run's own levels: {replay.words}, with verdicts drawn at the sliders' acceptance "
+            f"({middle}the right one for the full model's, on whatever reaches it).")
+
+
+def stale_panels() -> dict:
     """A new run starts: the last run's what-if, comparison and "Why this speed" panels are emptied,
-    not left beside it (what_if status, tokens, stats, chart, result; compare table, chart; why, chart;
-    the last Stop's reply)."""
-    return ("", "", "", gr.Plot(None, visible=False), None, "", gr.Plot(None, visible=False), WHY_HINT,
-            gr.Plot(None, visible=False), "")
+    not left beside it, and the last Stop's reply goes (by name)."""
+    hidden = gr.Plot(None, visible=False)
+    return {"what_if_status": "", "what_if_tokens": "", "what_if_stats": "", "what_if_plot": hidden,
+            "what_if_result": None, "compare_out": "", "compare_plot": hidden, "why_out": BUSY_HINT,
+            "why_plot": hidden, "stop_note": ""}

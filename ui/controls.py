@@ -119,7 +119,7 @@ def depth(L, d, v, method_label, heads=None, levels_label=""):
         if whole:  # a cheaper copy of the whole model: all layers, so the strip has no exit to mark for it
             words += f" ({' and '.join(whole)} {'runs' if len(whole) == 1 else 'run'} every layer, in a cheaper format)"
         used = tuple(depths)  # the exits, in any format, read their layer's head
-        strip = render.depth_html(int(L), d, v, method, caption=f"Levels: {words}")
+        strip = render.depth_html(int(L), d, v, method, caption=f"Levels: {words}", whole=tuple(whole))
     else:
         used = {"hispec": (int(d), int(v)), "layerskip": (int(d),)}.get(method, ())
         strip = render.depth_html(int(L), int(d), int(v), method)
@@ -134,11 +134,15 @@ def depth(L, d, v, method_label, heads=None, levels_label=""):
     return strip + warning
 
 
-def preset_values(choice, fastest) -> tuple:
-    """(status, method, policy, d, v, draft_len, verify_threshold, levels) of a preset; `fastest`: the
-    model's fixed HiSpec settings (model_view.model_defaults). A preset is HiSpec's own levels."""
+def preset_values(choice, fastest) -> dict:
+    """The controls a preset sets, by name (status, method, policy, draft_layer, verify_layer, draft_len,
+    verify_threshold, levels); `fastest`: the model's fixed HiSpec settings (model_view.model_defaults).
+    A preset is HiSpec's own levels."""
     if choice not in PRESETS:
-        return (gr.skip(),) * 8
+        return {}
     n_d, n_i = (fastest.draft_len, fastest.verify_threshold) if choice == FASTEST else PAPER_LENGTHS
-    return (render.message_html(f"Preset: {choice}. {PRESETS[choice]}", "info"), "HiSpec", labels.FIXED,
-            fastest.draft_layer, fastest.verify_layer, n_d, n_i, next(iter(labels.LEVELS)))
+    what = PRESETS[choice]
+    return {"status": render.message_html(f"Preset: {choice}. {what[0].upper()}{what[1:]}", "info"),
+            "method": "HiSpec", "policy": labels.FIXED, "draft_layer": fastest.draft_layer,
+            "verify_layer": fastest.verify_layer, "draft_len": n_d, "verify_threshold": n_i,
+            "levels": next(iter(labels.LEVELS))}

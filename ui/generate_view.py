@@ -19,13 +19,16 @@ from hispec.serving.answer import Generation
 from hispec.serving.updates import Ended, Output, Status
 from ui import charts, render
 
-OUTPUTS = 9
+VIEWS = ("status", "tokens", "legend", "final", "stats", "acc_plot", "speed_plot", "work_plot", "last_run",
+         "stop_note")
+WHAT_IF_VIEWS = ("what_if_status", "what_if_tokens", "what_if_stats", "what_if_plot", "what_if_result")
 CHARTS_EVERY_S = 1.0  # the charts are redrawn at most this often while a run streams
 
 
-def cleared(status: str) -> tuple:
-    """Views with nothing of an earlier run left: empty text, stats and charts, no run kept."""
-    return (status, render.tokens_html(Trace()), render.legend_html(), "", "", None, None, None, None)
+def cleared(status: str) -> dict:
+    """Views (by name, VIEWS) with nothing of an earlier run left: empty text, stats and charts, no run kept."""
+    return {"status": status, "tokens": render.tokens_html(Trace()), "legend": render.legend_html(), "final": "",
+            "stats": "", "acc_plot": None, "speed_plot": None, "work_plot": None, "last_run": None}
 
 
 def stopped_message(ended: Ended, new_tokens: int) -> str:
@@ -56,16 +59,17 @@ class GenerateView:
     def prompt_ids(self) -> list[int] | None:
         return self.fold.prompt_ids
 
-    def update(self, update) -> tuple:
+    def update(self, update) -> dict:
+        """The views (by name, VIEWS) this update changes."""
         if isinstance(update, Status):
-            return (render.message_html(update.text, "info"),) + (gr.skip(),) * (OUTPUTS - 1)
+            return {"status": render.message_html(update.text, "info")}
         if isinstance(update, Output):
             return self._output(update.items)
         return self._ended(update)
 
-    def _output(self, items: tuple) -> tuple:
+    def _output(self, items: tuple) -> dict:
         if not self.fold.add(items):
-            return (gr.skip(),) * OUTPUTS
+            return {}
         stats = self.run.summary()
         done = self.run.done is not None
         reason = render.reason_words(stats["finish_reason"]) if done else ""
@@ -74,21 +78,26 @@ class GenerateView:
                       f"it next ({self.pairs} pair{'s' if self.pairs != 1 else ''})…")
         else:
             status = f"Done: stopped by {reason}." if done else f"Generating… {stats['new_tokens']} tokens"
-        shown = (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),
-                 self.run.done.text if done else gr.skip(), render.stats_html(stats, levels=self._levels()))
-        return shown + self._charts(stats, done) + (gr.skip(),)
+        shown = {"status": render.message_html(status, "info"), "tokens": self.tokens(),
+                 "legend": render.legend_html(self.run.trace.counts()),
+                 "stats": render.stats_html(stats, levels=self._levels())}
+        if done:
+            shown["final"] = self.run.done.text
+        return shown | self._charts(stats, done)
 
-    def _ended(self, ended: Ended) -> tuple:
+    def _ended(self, ended: Ended) -> dict:
         if not ended.ok or self.run.done is None:
-            return cleared(render.message_html(ended.message, "error" if not ended.ok else "info"))
+            return cleared(render.message_html(ended.message, "error" if not ended.ok else "info")) | {"stop_note": ""}
         stats = self.run.summary()
         if ended.outcome == "done":
             status = f"Done: stopped by {render.reason_words(stats['finish_reason'])}."
         else:
             status = stopped_message(ended, stats["new_tokens"])
-        shown = (render.message_html(status, "info"), self.tokens(), render.legend_html(self.run.trace.counts()),
-                 self.run.done.text, render.stats_html(stats, self.vs_plain, levels=self._levels()))
-        return shown + self._charts(stats, True) + (self.kept(),)
+        shown = {"status": render.message_html(status, "info"), "tokens": self.tokens(),
+                 "legend": render.legend_html(self.run.trace.counts()), "final": self.run.done.text,
+                 "stats": render.stats_html(stats, self.vs_plain, levels=self._levels())}
+        # the run's last word stands alone: a Stop's "Stopping…" reply goes with it
+        return shown | self._charts(stats, True) | {"last_run": self.kept(), "stop_note": ""}
 
     def _levels(self) -> tuple:
         """The run's level list, known from its start (its roles are named by level)."""
@@ -98,20 +107,20 @@ class GenerateView:
         settings = self.run.done.settings if self.run.done else {}
         return render.tokens_html(self.run.trace, settings)
 
-    def _charts(self, stats: dict, force: bool) -> tuple:
+    def _charts(self, stats: dict, force: bool) -> dict:
         if not force and time.perf_counter() - self._charted < CHARTS_EVERY_S:
-            return (gr.skip(),) * 3
+            return {}
         self._charted = time.perf_counter()
         history = list(self.run.stats.history)
-        return (charts.acceptance_figure(history, self._levels()), charts.speed_figure(history),
-                charts.work_figure(stats["layer_tokens"]))
+        return {"acc_plot": charts.acceptance_figure(history, self._levels()), "speed_plot": charts.speed_figure(history),
+                "work_plot": charts.work_figure(stats["layer_tokens"], self._levels())}
 
     def kept(self) -> dict:
         """The finished run, for the views after it (why this speed, step through, beliefs, stories)."""
         done = self.run.done
         return {"model": self.model_name, "stats": self.run.summary(), "settings": done.settings,
                 "events": self.run.events, "prompt_ids": self.prompt_ids,
-                "token_ids": list(done.token_ids), "vs_plain": self.vs_plain}
+                "token_ids": list(done.token_ids), "vs_plain": self.vs_plain, "pairs_asked": self.pairs}
 
 
 class WhatIfView:
@@ -123,15 +132,17 @@ class WhatIfView:
         self.plain: what_ifs.PlainTimed | None = None
         self.done: list[what_ifs.TakeDone] = []
 
-    def update(self, update):
-        """(status, tokens, stats, chart, result): the result (for "Why this speed") once it ends."""
+    def update(self, update) -> dict:
+        """The views (by name, WHAT_IF_VIEWS) this update changes: the result (for "Why this speed") once it ends."""
         if isinstance(update, Status):
-            return (render.message_html("What if: " + update.text, "info"),) + (gr.skip(),) * 4
+            return {"what_if_status": render.message_html("What if: " + update.text, "info")}
         if isinstance(update, Ended):
             if not update.ok:
-                return render.message_html(update.message), "", "", gr.Plot(None, visible=False), None
+                return {"what_if_status": render.message_html(update.message), "what_if_tokens": "",
+                        "what_if_stats": "", "what_if_plot": gr.Plot(None, visible=False), "what_if_result": None}
             # the views are sent again with the summary, so that the stream ends with the chart shown
-            return (render.message_html(self._summary(update), "info"),) + self._views() + (self.result(),)
+            return ({"what_if_status": render.message_html(self._summary(update), "info")} | self._views()
+                    | {"what_if_result": self.result()})
         changed = False
         for item in update.items:
             if isinstance(item, what_ifs.TakeStarted):
@@ -144,7 +155,7 @@ class WhatIfView:
             elif isinstance(item, Event) and self.run is not None:
                 self.run.add(item)
                 changed = True
-        return (gr.skip(),) + self._views() + (gr.skip(),) if changed else (gr.skip(),) * 5
+        return self._views() if changed else {}
 
     def result(self) -> dict | None:
         """The takes' summary, as "Why this speed" puts it beside its estimates (None: no take ended)."""
@@ -158,13 +169,13 @@ class WhatIfView:
         median = f", median {summary.median:.2f}× a plain run" if summary.median else ""
         return f"What if: {len(self.done)} of {of} takes done{median} (synthetic, timing only)."
 
-    def _views(self):
+    def _views(self) -> dict:
         if self.run is None or not self.run.events:
-            return "", "", gr.Plot(None, visible=False)
+            return {"what_if_tokens": "", "what_if_stats": "", "what_if_plot": gr.Plot(None, visible=False)}
         rates = self.take.rates
         settings = self.run.done.settings if self.run.done else {}
         tokens = render.what_if_tokens(render.tokens_html(self.run.trace, settings), rates)
         stats = render.what_if_stats(self.run.summary(), rates, self.plain, self.done, self.take.of)
         lines = {"plain decoding (real, timed just before)": self.plain.tokens_per_s} if self.plain else {}
         figure = charts.speed_figure(list(self.run.stats.history), lines, synthetic=True)
-        return tokens, stats, gr.Plot(figure, visible=True)
+        return {"what_if_tokens": tokens, "what_if_stats": stats, "what_if_plot": gr.Plot(figure, visible=True)}

@@ -17,16 +17,11 @@ from hispec.evaluation import pairs
 from hispec.explain import what_if as what_ifs
 from hispec.runs.trace import Trace
 from hispec.serving.api import MAX_REPEATS
-from ui import controls, labels, render, stepper, token_story
+from ui import controls, front_door, labels, render, stepper, token_story
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 HOW_IT_WORKS = (ASSETS / "how_it_works.md").read_text(encoding="utf-8")
-INTRO = ("# HiSpec — hierarchical speculative decoding, token by token\n"
-         "A shallow exit drafts, an intermediate exit weeds out bad drafts early, the full model verifies what "
-         "survived. A level can also be the same model in a cheaper number format: on the embedded model the run "
-         "starts as lookup → the 4-bit model → the exact model (the Levels box under Settings). Every token is "
-         "coloured by what happened to it; click one to read its story. Below the text: the run round by round, why "
-         "it was (or was not) faster, and what each exit believed.")
+INTRO = front_door.intro()  # what the default runs and how fast, read from the shipped reports
 
 
 @dataclass(frozen=True)
@@ -87,8 +82,10 @@ def build_page(setup: Setup) -> SimpleNamespace:
 def _ask(p, setup: Setup) -> None:
     """The prompt, its examples, the buttons and the status, across the page."""
     examples = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
-    p.prompt = gr.Textbox(label="Prompt", lines=4, placeholder="Ask something, or pick an example below",
-                          max_length=setup.max_prompt_chars, elem_id="hs-prompt")
+    # no max_length: the box would cut a long paste silently; serving names the limit and the length instead
+    p.prompt = gr.Textbox(label="Prompt", lines=4, elem_id="hs-prompt",
+                          placeholder=f"Ask something, or pick an example below (up to {setup.max_prompt_chars:,} "
+                                      "characters)")
     gr.Examples([[e["prompt"]] for e in examples], inputs=[p.prompt], example_labels=[e["kind"] for e in examples],
                 label="Examples")
     with gr.Row():
@@ -196,10 +193,12 @@ def _why(p) -> None:
                                                 "then explain its speed here.", "info"), elem_id="hs-why")
         p.why_plot = gr.Plot(label="Predicted speedup vs acceptance", elem_id="hs-why-plot", visible=False)
         with gr.Column(elem_id="hs-what-if-box"):
-            gr.Markdown("**What if the exits were better?** Run the real engine on this prompt with verdicts drawn at "
-                        "the sliders' acceptance instead of the model's (timing only: every pass runs, the text is not "
+            gr.Markdown("**What if the levels agreed more (or less)?** Run the real engine on this prompt, on the "
+                        "run's own levels and policy, with verdicts drawn at the sliders' acceptance instead of the model's (timing only: every pass runs, the text is not "
                         "the model's), after a real plain run of the same length. Its figures stay here, labelled, "
                         "apart from the real ones.")
+            # the list it will run, named after each run (the run's own levels, or why it cannot)
+            p.what_if_levels = gr.HTML("", elem_id="hs-what-if-levels")
             with gr.Row(equal_height=True):
                 p.what_if_btn = gr.Button("What if: run at the sliders' acceptance (synthetic)",
                                           elem_id="hs-what-if-btn", scale=3)

@@ -54,8 +54,10 @@ def _title(token: TraceToken, roles: dict[str, int], winner: TraceToken | None =
     rounds) and, for a rejected token, what the position holds instead."""
     d, v = (roles.get(role, "?") for role in ("draft", "verify"))
     words = _STATE_WORDS[token.css_class].format(d=d, v=v)
-    for level in (d, v):  # a level in a cheaper format: 'exit full@q4' reads 'the 4-bit full model'
-        if "@" in str(level):
+    for level in (d, v):  # a level in a cheaper format is named by what it is, its verb says what it did:
+        if "@" in str(level):  # 'rejected by the 4-bit full model', not 'by the intermediate verifier (...)'
+            for role in ("the intermediate verifier", "the verifier", "the draft exit"):
+                words = words.replace(f"{role} (exit {level})", level_words(level))
             words = words.replace(f"exit {level}", level_words(level))
     story = life(token, d, v)
     if token.rejected and winner is not None and winner.serial != token.serial:
@@ -94,9 +96,10 @@ def message_html(text: str, kind: str = "error") -> str:
 
 
 def depth_html(num_layers: int, draft_exit: int | None, verify_exit: int | None, method: str,
-               caption: str | None = None) -> str:
-    """The model's depth as a strip of layers, coloured by the stage that runs them; `caption`: what
-    runs, in words, in place of the exits' marks (a level list)."""
+               caption: str | None = None, whole: tuple[str, ...] = ()) -> str:
+    """The model's depth as a strip of layers, coloured by the level that runs them (the text's hues);
+    `caption`: what runs, in words, in place of the exits' marks (a level list); `whole`: levels that run
+    every layer in a cheaper format ('the 4-bit full model'), each a row of its own above the strip."""
     if not num_layers:
         return ""
     stages = []
@@ -107,7 +110,8 @@ def depth_html(num_layers: int, draft_exit: int | None, verify_exit: int | None,
             stages.append("draft" if layer < (draft_exit or 0) else "target")
         else:
             stages.append("draft" if layer < (draft_exit or 0) else "verify" if layer < (verify_exit or 0) else "target")
-    cells = [f'<span class="hs-layer hs-stage-{stage}" title="layer {layer + 1}: {stage} stage"></span>'
+    names = {"draft": "draft exit", "verify": "intermediate exit", "target": "full model"}
+    cells = [f'<span class="hs-layer hs-stage-{stage}" title="layer {layer + 1}: {names[stage]}"></span>'
              for layer, stage in enumerate(stages)]
     marks = []
     if method != "autoregressive" and draft_exit:
@@ -118,9 +122,15 @@ def depth_html(num_layers: int, draft_exit: int | None, verify_exit: int | None,
     if caption:
         marks = [caption, f"{num_layers} layers"]
     key = "".join(f'<span class="hs-stage-key hs-stage-{stage}">{words}</span>' for stage, words in
-                  (("draft", "draft"), ("verify", "intermediate verify"), ("target", "full verification"))
+                  (("draft", "draft exit"), ("verify", "intermediate exit"), ("target", "full model"))
                   if stage in stages)  # a key for the colours on the strip only
-    return (f'<div class="hs-depth"><div class="hs-layers">{"".join(cells)}</div>'
+    rows = "".join('<div class="hs-layers">' + "".join(
+        f'<span class="hs-layer hs-stage-precision" title="layer {layer + 1}: {html.escape(words)}"></span>'
+        for layer in range(num_layers)) + "</div>" for words in whole)
+    if whole:
+        key = "".join(f'<span class="hs-stage-key hs-stage-precision">{html.escape(w.removeprefix("the "))} (every '
+                      "layer)</span>" for w in whole) + key
+    return (f'<div class="hs-depth">{rows}<div class="hs-layers">{"".join(cells)}</div>'
             f'<div class="hs-depth-caption">{html.escape(" · ".join(marks))} {key}</div></div>')
 
 

@@ -10,13 +10,22 @@ from ui.steps_view import round_html
 
 STEP_HINT = render.message_html("Generate once: each round of the run then shows here, step by step.", "info")
 BELIEFS_HINT = render.message_html("Generate once: what each exit predicted at every token then shows here.", "info")
+# while a run (and the timing pairs after it) is under way: it is coming, not to be asked for
+STEP_BUSY = render.message_html("The run is under way: its rounds show here, step by step, once it ends (after the "
+                                "timing pairs, when asked for).", "info")
+BELIEFS_BUSY = render.message_html("The run is under way: what each exit predicted shows here once it ends.", "info")
 
 
 def cleared():
     """A new run starts: nothing of the last run's analysis stays (rounds, slider, round view, beliefs
-    view, token stories, the Play timer and its button)."""
-    return (None, gr.update(value=0, maximum=1), STEP_HINT, BELIEFS_HINT, token_story.HINT,
+    view, token stories, the Play timer and its button); the views say the run is coming."""
+    return (None, gr.update(value=0, maximum=1), STEP_BUSY, BELIEFS_BUSY, token_story.HINT,
             gr.Timer(active=False), "Play ▶")
+
+
+def idle():
+    """No run to analyse (it failed, or none ran): (rounds, slider, round view, beliefs view, token stories)."""
+    return None, gr.update(value=0, maximum=1), STEP_HINT, BELIEFS_HINT, token_story.HINT
 
 
 def show_round(rounds, i, run):

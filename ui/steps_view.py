@@ -25,8 +25,9 @@ def round_label(rounds: list[dict], i: int) -> str:
     return f"Prefill (round 0 of {total})" if r == 0 else f"Round {r} of {total}"
 
 
-def _chip_class(token: dict, kind: str) -> str:
-    """The display class of a token in one of a step's lists (classes of ui/render.COLORS)."""
+def _chip_class(token: dict, kind: str, cheap: frozenset = frozenset()) -> str:
+    """The display class of a token in one of a step's lists (classes of ui/render.COLORS); `cheap`: the
+    roles held by a level in a cheaper format (their accepted drafts are the 4-bit model's, as in the text)."""
     state = token["state"]
     if kind == "proposed":
         return "drafted"
@@ -43,18 +44,20 @@ def _chip_class(token: dict, kind: str) -> str:
     # accepted by the full model: coloured by how it entered the sequence, as in the trace
     if token.get("born") == "verify_wrote":
         return "verify-wrote"
+    if token.get("origin") in cheap:
+        return "precision"
     return "copied" if token.get("origin") == "lookup" else "accepted"
 
 
-def _chip(token: dict, kind: str) -> str:
+def _chip(token: dict, kind: str, cheap: frozenset = frozenset()) -> str:
     text = html.escape(printable(token["text"]), quote=True)
     title = html.escape(f"token {token['index'] + 1} · id {token['token_id']} · {token['state'].replace('_', ' ')}"
                         f" · written by {token['origin']}", quote=True)
-    return f'<span class="hs-tok hs-{_chip_class(token, kind)}" title="{title}">{text}</span>'
+    return f'<span class="hs-tok hs-{_chip_class(token, kind, cheap)}" title="{title}">{text}</span>'
 
 
-def _chips(tokens: list[dict], kind: str) -> str:
-    return " ".join(_chip(t, kind) for t in tokens)
+def _chips(tokens: list[dict], kind: str, cheap: frozenset = frozenset()) -> str:
+    return " ".join(_chip(t, kind, cheap) for t in tokens)
 
 
 def _layers(start: int, end: int) -> str:
@@ -105,7 +108,7 @@ def _work(step: dict, head: str = "exit head") -> str:
     return words[0]
 
 
-def _outcome(step: dict) -> str:
+def _outcome(step: dict, cheap: frozenset = frozenset()) -> str:
     """What the step decided: chips after words."""
     stage, out = step["stage"], []
     if step["proposed"]:
@@ -116,7 +119,7 @@ def _outcome(step: dict) -> str:
         wrote = {t["serial"] for t in step["wrote"]}
         accepted = [t for t in step["committed"] if t["serial"] not in wrote]
         if accepted:
-            out.append(f"committed {_chips(accepted, 'committed')}")
+            out.append(f"committed {_chips(accepted, 'committed', cheap)}")
         if step["rejected"]:
             out.append(f"rejected {_chips(step['rejected'], 'rejected')}")
         if step["wrote"]:
@@ -139,8 +142,9 @@ def _step_name(step: dict, roles: dict[str, int]) -> str:
     if stage in ("draft", "verify"):
         level = roles.get(step.get("level") or stage)
         name = "Draft" if stage == "draft" else "Intermediate verify"
-        if isinstance(level, str) and "@" in level:  # a level in a cheaper format: 'by the 4-bit full model'
-            return f"{name} by {level_words(level)}"
+        if isinstance(level, str) and "@" in level:  # a level in a cheaper format, by what it did: 'Judged by
+            return f"{'Draft' if stage == 'draft' else 'Judged'} by {level_words(level)}"  # the 4-bit full model'
+
         layer = exit_layer or level
         return f"{name} at exit {layer}" if layer else name
     return {"prefill": "Prefill", "lookup": "Lookup", "target": "Full model", "stop": "Stopped"}.get(
@@ -157,9 +161,12 @@ def _step_html(k: int, step: dict, roles: dict[str, int]) -> str:
         level = roles.get(step.get("level") or step["stage"])
         head = "LM head" if str(level).startswith("full@") else "exit head"
         work = f"{_work(step, head)}, {_ms(step['seconds'])}"
-    outcome = _outcome(step)
+    cheap = frozenset(role for role, level in roles.items() if "@" in str(level))
+    outcome = _outcome(step, cheap)
     dash = f" — {outcome}" if outcome else ""
-    return (f'<li class="hs-step hs-step-{html.escape(step["stage"])}"><span class="hs-step-num">{_number(k)}</span> '
+    hue = "precision" if step.get("level") in cheap and step["stage"] in ("draft", "verify") else step["stage"]
+    return (f'<li class="hs-step hs-step-{html.escape(step["stage"])} hs-step-{html.escape(hue)}">'
+            f'<span class="hs-step-num">{_number(k)}</span> '
             f'<b>{name}</b>: {html.escape(work)}{dash}</li>')
 
 
@@ -211,4 +218,20 @@ def round_html(rounds: list[dict], i: int, settings: dict | None = None) -> str:
             f'<div class="hs-step-head">{html.escape(_SEP.join(head))}</div>'
             f'<ol class="hs-step-list">{"".join(steps)}</ol>'
             f'<div class="hs-step-summary">{html.escape(_SEP.join(summary))}</div>'
+            f'{step_key_html(roles, "lookup" in tuple((settings or {}).get("levels") or ("lookup",)))}'
             f'{cache_table_html(rnd["cache_before"], rnd["cache_after"])}</div>')
+
+
+def step_key_html(roles: dict, lookup: bool = True) -> str:
+    """The key of the steps' left edges (the same hue per level as the text and the depth strip): the
+    run's own levels (`roles`: its exits by role; `lookup`: it has a lookup level)."""
+    exact = {role for role, level in roles.items() if "@" not in str(level)}
+    cheap = [level for level in roles.values() if "@" in str(level)]
+    items = [("lookup", "lookup")] if lookup else []
+    items += [(role, words) for role, words in (("draft", "draft exit"), ("verify", "intermediate exit"))
+              if role in exact or not roles]
+    items += [("precision", level_words(cheap[0]).removeprefix("the "))] if cheap else []
+    items += [("target", "full model")]
+    return ('<div class="hs-step-key">Left edge, by level (the same colours as the text and the depth strip): '
+            + "".join(f'<span class="hs-step hs-step-{cls}">{html.escape(words)}</span>' for cls, words in items)
+            + "</div>")

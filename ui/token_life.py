@@ -15,19 +15,29 @@ JUDGED = {S.TENTATIVE: "kept by {who} (tentative)", S.VERIFY_REJECTED: "rejected
 
 
 def who(level: str, d, v) -> str:
-    """A stage by its role and layer: 'the draft exit (layer 2)', or, for a level in a cheaper format,
-    'the intermediate verifier (the 4-bit full model)'."""
+    """A stage by its role and layer: 'the draft exit (layer 2)', 'the intermediate verifier (exit 4)'; a
+    level in a cheaper format by what it is, 'the 4-bit full model', whatever its role: it drafts, judges
+    and drafts on, and the verb beside its name says which it did."""
     held = {"draft": d, "verify": v}.get(level)
-    if "@" in str(held):  # a level in a cheaper format: named in words, not as an exit layer
-        return {"draft": "the draft level", "verify": "the intermediate verifier"}[level] + f" ({level_words(held)})"
+    if "@" in str(held):  # a level in a cheaper format: named in words, not as an exit layer or a role
+        return level_words(held)
     return WHO.get(level, level).format(d=d, v=v)
+
+
+def drafter(level: str, d, v) -> str:
+    """Who drafted a token: a level by what it did. The verifier's exit drafting on is 'exit 4', not 'the
+    intermediate verifier': it did not verify that token."""
+    held = {"draft": d, "verify": v}.get(level)
+    if level == "verify" and held is not None and "@" not in str(held):
+        return f"exit {held}"
+    return who(level, d, v)
 
 
 def life(token: TraceToken, d, v) -> str:
     """How the token entered the sequence and every verdict on it, with rounds."""
     state, stage, r = token.history[0] if token.history else (token.born, token.origin, token.round)
     if state is S.DRAFTED:
-        born = "copied by the lookup level" if token.origin == "lookup" else f"drafted by {who(token.origin, d, v)}"
+        born = "copied by the lookup level" if token.origin == "lookup" else f"drafted by {drafter(token.origin, d, v)}"
     else:
         born = f"written by {who(token.origin, d, v)}"
     steps = [f"{born} in round {r}"]

@@ -11,7 +11,7 @@ from hispec.runs.trace import Trace, TraceToken
 from hispec.text import printable
 from ui.labels import level_words
 from ui.render import roles_of
-from ui.token_life import WHO
+from ui.token_life import drafter as _drafter
 from ui.token_life import life as _life
 from ui.token_life import who as _who
 
@@ -143,15 +143,16 @@ def explain_token(token: TraceToken, winner: TraceToken | None, fell_with_anothe
     an earlier token of its block was rejected."""
     roles = roles_of(settings)
     d, v = roles.get("draft"), roles.get("verify")
-    who = _who(token.origin, d, v)
+    who = _drafter(token.origin, d, v) if token.born is S.DRAFTED else _who(token.origin, d, v)
     fate = FATE.get(token.css_class, token.css_class).format(d=d, v=v)
-    for held in (d, v):
+    for held in (d, v):  # a level in a cheaper format by what it is: 'rejected by the 4-bit full model'
         if "@" in str(held):
+            fate = fate.replace(f"the intermediate verifier (exit {held})", level_words(held))
             fate = fate.replace(f"exit {held}", level_words(held))
     lines = [f"<p><b>{_tok(token.text, 'hs-' + token.css_class)}</b> · token {token.index + 1} · round "
              f"{token.round}</p>", f"<p>Proposed by <b>{html.escape(who)}</b>; {html.escape(fate)}.</p>"]
     if token.rejected and winner is not None:
-        by = WHO.get(winner.origin, winner.origin).format(d=d, v=v)
+        by = _who(winner.origin, d, v)
         lines.append(f"<p>Replaced by {_tok(winner.text, 'hs-' + winner.css_class)}, written by {html.escape(by)}.</p>")
     if fell_with_another:
         lines.append("<p class='hs-hint'>An earlier token of the same block was rejected first: this one fell with "

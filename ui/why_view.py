@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import html
 
-from hispec.engine.levels import levels_by_role
+from hispec.engine.levels import level_words, levels_by_role
 from hispec.evaluation import pairs
 from hispec.explain.speed_model import RoundShape
 from hispec.runs.metrics import in_stack_order, pair_name
-from hispec.engine.planning.round import DRAFTS_ON, DRAFTS_ON_MEANS
+from hispec.engine.planning.round import DRAFTS_ON_MEANS
 
 
 def _pct(x) -> str:
@@ -71,17 +71,28 @@ def plans_table(story: dict) -> str:
     head = ("<tr><th>plan</th><th>rounds</th><th>tokens</th><th>share of the time</th><th>acceptance</th>"
             "<th>tokens / s, measured</th><th>tokens / s, cost model</th><th>× plain, estimate at this acceptance</th>"
             "<th>× plain, expected when chosen</th><th>break-even acceptance</th></tr>")
-    key = ("Break-even: the acceptance of the pair named at which the plan's estimate reaches a plain step's, its "
+    key = ("Plan key: “a → b → full model”: a proposes, b judges what a proposed, the full model decides. "
+           "Break-even: the acceptance of the pair named at which the plan's estimate reaches a plain step's, its "
            "other pairs held at what it measured. Expected when chosen: the adaptive policy's estimate at the moment "
            "it picked the plan (median over its rounds), from the acceptance it had measured until then.")
-    if any(p["kind"].endswith(DRAFTS_ON) for p in story["plans"]):
+    if any(p["drafts_on"] for p in story["plans"]):
         key += " " + DRAFTS_ON_MEANS[0].upper() + DRAFTS_ON_MEANS[1:] + "."
-    return (f"<table class='hs-stats' id='hs-why-plans'>{head}{''.join(rows)}</table>"
-            f"<p class='hs-hint' id='hs-plan-key'>{html.escape(key)}</p>")
+    return (scrolling(f"<table class='hs-stats' id='hs-why-plans'>{head}{''.join(rows)}</table>")
+            + f"<p class='hs-hint' id='hs-plan-key'>{html.escape(key)}</p>")
+
+
+def scrolling(table: str) -> str:
+    """A wide table in a box that scrolls sideways, saying so on a narrow screen (assets/app.css)."""
+    return ("<div class='hs-scroll'>" + table + "</div><p class='hs-scroll-hint'>↔ This table is wider than the "
+            "screen: swipe it sideways to see every column.</p>")
 
 
 def _measured_row(story: dict) -> str:
     m = story["measured"]
+    if not m and story.get("pairs_asked"):  # asked for, but the run ended early (a Stop, the time limit)
+        return (f"<tr><td>this run, measured</td><td>–</td><td>not measured: the run was stopped before its "
+                f"{story['pairs_asked']} timing pair(s) against plain decoding (a run cut short is never timed)</td>"
+                "<td>–</td></tr>")
     if not m:
         return ("<tr><td>this run, measured</td><td>–</td><td>not measured: set “pairs” above 0 to time plain "
                 "decoding on this prompt</td><td>–</td></tr>")
@@ -91,17 +102,41 @@ def _measured_row(story: dict) -> str:
                 "<td>–</td></tr>")
     cut = f", {m['cut']} more cut short and not counted" if m.get("cut") else ""
     pairs = f"{m['runs']} pair{'s' if m['runs'] > 1 else ''} of runs, {m.get('new_tokens', '?')} tokens each{cut}"
-    main = story["plans"][0] if story["plans"] else None
+    # every pair the run measured (not only its main plan's): lookup may have written most tokens
+    every = {"acceptance": story.get("run_acceptance") or {}}
     return (f"<tr><td>this run, measured against plain decoding ({pairs}, prefill included in both)</td>"
-            f"<td>{html.escape(_plan_acceptance(main, story.get('levels'))) if main else '–'}</td>"
+            f"<td>{html.escape(_plan_acceptance(every, story.get('levels')))}</td>"
             f"<td><b>{html.escape(pairs_words(m))}</b></td><td>measured</td></tr>")
+
+
+def _what_if_row(w: dict, story: dict) -> str:
+    """The what-if's result on the run's own level list (synthetic verdicts at the sliders' acceptance)."""
+    a_dv, a_vt = w["rates"]
+    names = " → ".join([level_words(x).removeprefix("the ") for x in story.get("levels", ())] + ["full model"])
+    return (f"<tr><td>this run's levels ({html.escape(names)}), what-if run at the sliders ({w['takes']} takes, "
+            f"timing only)</td><td>{_pct(a_dv)} middle level, {_pct(a_vt)} → full</td>"
+            f"<td>{_x(w['median'], (w['low'], w['high']) if w['takes'] > 1 else None)}</td>"
+            "<td>measured, SYNTHETIC verdicts</td></tr>")
 
 
 def pairs_words(m: dict) -> str:
     """'1.31× (1.15–1.47×): 31% faster'; with too few pairs or a range holding 1×, no percentage."""
     if m["runs"] < pairs.MIN_PAIRS:
         return f"{m['median']:.2f}×, {m['verdict']}"
-    return f"{_x(m['median'], (m['low'], m['high']))}: {m['verdict']}"
+    return f"{_x(m['median'], (m['low'], m['high']))}: {m['verdict']}{spread_words(m)}"
+
+
+def spread_words(m: dict) -> str:
+    """The pairs' own spread beside a range widened to its floor (evaluation.pairs.summary): '; the range is
+    the floor, median ±20% (identical runs differ that much here); the 3 pairs themselves: 1.93–2.41×'."""
+    spread, floor = m.get("spread"), m.get("floor")
+    if not spread or not floor:
+        return ""
+    low, high = spread
+    floored = m["low"] < low or m["high"] > high
+    head = (f"; the range is the floor, median ±{floor:.0%} (identical runs differ that much here)" if floored
+            else f"; the range is the pairs' own spread (wider than the ±{floor:.0%} floor)")
+    return f"{head}; the {m['runs']} pairs themselves: {low:.2f}–{high:.2f}×" if floored else head
 
 
 def why_html(story: dict) -> str:
@@ -127,8 +162,10 @@ def why_html(story: dict) -> str:
         be = at["break_even"]
         rows.append(f"<tr><td>break-even of the same plan (draft → verify held at {_pct(at['a_dv'])})</td>"
                     f"<td>{_pct(be) if be is not None else 'never'} → full</td><td>1.00×</td><td>estimate</td></tr>")
-    table = ("<table class='hs-stats' id='hs-why-table'><tr><th>figure</th><th>acceptance</th><th>× plain decoding</th>"
-             f"<th>kind</th></tr>{''.join(rows)}</table>")
+    if story.get("what_if"):  # a run with no fixed shape: its own list replayed at the sliders
+        rows.append(_what_if_row(story["what_if"], story))
+    table = scrolling("<table class='hs-stats' id='hs-why-table'><tr><th>figure</th><th>acceptance</th>"
+                      f"<th>× plain decoding</th><th>kind</th></tr>{''.join(rows)}</table>")
     notes = ""
     if story["differences"]:
         items = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in story["differences"])
@@ -168,7 +205,7 @@ def speed_source_words(story: dict) -> str:
         rate = p["measured_tokens_per_s"]
         seconds = p["new_tokens"] / rate if rate else 0.0
         parts.append(f"{p['words']} wrote {_n(p['new_tokens'], 'token')} in {seconds:.1f} s")
-        if p["kind"] != "plain" and rate and plain and rate > plain:
+        if not p["plain"] and rate and plain and rate > plain:
             faster.append(f"{p['words']} ({rate / plain:.2f}×)")
     text = "Where the speed came from: " + "; ".join(parts) + ". "
     text += (f"Faster than {source}: {', '.join(faster)}." if faster

@@ -179,8 +179,8 @@ def explain_plans(rows, costs: CostModel | Lanes, num_layers: int, plain_tokens_
         r = row.round
         a_dv, a_vt = plan_acceptance(row.acceptance)
         swept = swept_pair(r)
-        item = {"kind": row.key, "words": r.kind.words, "round": r.words, "hierarchy": bool(r.judges) and
-                r.proposer.kind != LOOKUP, "rounds": row.rounds, "new_tokens": row.new_tokens, "share": row.share,
+        item = {"kind": row.key, "words": r.kind.words, "round": r.words, "plain": r.plain,
+                "drafts_on": r.kind.drafts_on, "hierarchy": bool(r.judges) and r.proposer.kind != LOOKUP, "rounds": row.rounds, "new_tokens": row.new_tokens, "share": row.share,
                 "measured_tokens_per_s": row.tokens_per_s, "a_dv": a_dv, "a_vt": a_vt,
                 "acceptance": dict(row.acceptance),  # every pair the plan measured, by role
                 "count": row.count, "verify_at": row.verify_at, "then": row.then,

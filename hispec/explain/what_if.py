@@ -1,7 +1,8 @@
 """What if the exits were better: the real engine with TIMING ONLY verdicts, against plain decoding.
 
-Each take is a pair run back to back on the same prompt: a real plain run, then a run of the chosen
-fixed plan whose verdicts are drawn at the asked acceptance (runs.timing_only). Both ignore
+Each take is a pair run back to back on the same prompt: a real plain run, then a run of the replayed
+run's own levels and policy (`replay_of`) whose verdicts are drawn at the asked acceptance
+(runs.timing_only). Both ignore
 end-of-text and run the whole budget, so the two are the same length, and both are timed by the one
 helper of every comparison (evaluation.pairs: set-up and prefill included in both). The synthetic run's text is NOT the model's; its events say so
 (settings' `timing_only`), and every view labels them. Takes give a median and a range.
@@ -15,12 +16,69 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from hispec.engine.config import DecodeConfig
+from hispec.engine.levels import LOOKUP, level_words, levels_by_role
+from hispec.errors import ConfigError
 from hispec.evaluation import pairs
 from hispec.runs.runner import RunResult, plain_config
 from hispec.runs.timing_only import SyntheticAcceptance
 
 DEFAULT_TAKES = 3
 MAX_TAKES = 5
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a what-if runs for a finished run: its own level list (bottom first, the full model left out),
+    policy and lengths, with verdicts drawn at two rates: the middle level's on what the bottom level
+    proposed (`a_dv`, absent without a middle level) and the full model's on whatever reaches it (`a_vt`)."""
+
+    levels: tuple
+    policy: str
+    lengths: tuple[int, int] | None  # a fixed round's (k, t); None: the adaptive policy plans its own
+    dv_pair: str | None  # the run's pair the middle level judges ("lookup->verify"), None: no middle level
+    vt_pair: str  # the run's pair the full model judges most ("verify->target")
+
+    @property
+    def words(self) -> str:
+        """'lookup → the 4-bit full model → the full model, adaptive'."""
+        names = [level_words(x) for x in self.levels] + ["the full model"]
+        policy = "adaptive" if self.policy == "auto" else "fixed"
+        if self.policy != "auto" and self.lengths:
+            k, t = self.lengths
+            policy += f" ({k} draft{'s' if k != 1 else ''} a round, the full model at {t} pending)"
+        return " → ".join(names) + f", {policy}"
+
+    def request_fields(self) -> dict:
+        """GenerateRequest's fields that make the run's own list (a list is HiSpec's; the page's exit and
+        length sliders are left out by the caller)."""
+        return {"method": "hispec", "levels": ",".join(map(str, self.levels)),
+                "lengths": ",".join(map(str, self.lengths)) if self.lengths else None}
+
+    def sliders(self, acceptance: dict) -> tuple[float | None, float | None]:
+        """The run's own measured acceptance for the two sliders (None: the run measured none there)."""
+        return (acceptance.get(self.dv_pair) if self.dv_pair else None), acceptance.get(self.vt_pair)
+
+
+def replay_of(settings: dict | None) -> Replay:
+    """The what-if of a finished run's settings; a ConfigError naming why where its drawn verdicts cannot
+    model the run (no run yet, no level that drafts, more than one level between the proposer and the full
+    model: the judges draw at one middle rate and one full-model rate)."""
+    if not settings:
+        raise ConfigError("Generate once: a what-if replays the run's own levels with drawn verdicts.")
+    levels = tuple(settings.get("levels") or ())
+    if not levels:
+        raise ConfigError("this run drafted nothing (plain decoding): a what-if has no verdicts to draw.")
+    if len(levels) > 2:
+        names = " → ".join(level_words(x) for x in levels)
+        raise ConfigError(f"a what-if draws verdicts at two rates (one middle level's, the full model's); this run's "
+                          f"list {names} → the full model has {len(levels) - 1} levels between its proposer and the "
+                          "full model, so it cannot be modelled here. Pick a list with at most one (the Teaching "
+                          "preset, or lookup → the 4-bit full model).")
+    roles = {str(level): role for role, level in levels_by_role(levels).items()}
+    names = [LOOKUP if x == LOOKUP else roles[str(x)] for x in levels]
+    lengths = tuple(settings["lengths"]) if settings.get("policy") == "fixed" and settings.get("lengths") else None
+    return Replay(levels, settings.get("policy") or "fixed", lengths,
+                  f"{names[0]}->{names[1]}" if len(names) == 2 else None, f"{names[-1]}->target")
 
 
 @dataclass(frozen=True)
@@ -68,7 +126,7 @@ class Summary:
 def what_if(lm, ids: list[int], config: DecodeConfig, rates: tuple[float, float], takes: int,
             stop: threading.Event) -> Iterator[object]:
     """Progress text, then per take: PlainTimed, TakeStarted, the synthetic run's engine events,
-    TakeDone; last a Summary. `config`: the resolved fixed plan; `rates`: (draft -> verify,
+    TakeDone; last a Summary. `config`: the resolved configuration replayed (levels, policy, lengths); `rates`: (draft -> verify,
     -> full model) per-token acceptance to draw at. Both runs of a take are timed by the helper every
     comparison uses (evaluation.pairs.timed: set-up and prefill included in both); a take cut short
     (a Stop, the time limit) is not counted."""

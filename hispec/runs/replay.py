@@ -23,8 +23,9 @@ JSON-ready dict per round, round 0 being the prefill:
     token = {"serial", "index", "text", "token_id", "origin", "state", "born"}  # born: its first state
 
 A round's stages in order: the proposal (lookup: a zero-cost step; an exit: one "draft" step that
-merges its one-token passes, listed under "passes"), each intermediate judge ("verify"), the full
-model ("target") when it ran, and a "stop" step holding the tokens discarded by a Stop.
+merges its one-token passes, listed under "passes"), each intermediate judge ("verify"), followed by
+its own drafts when it drafted on after judging, the full model ("target") when it ran, and a "stop"
+step holding the tokens discarded by a Stop.
 
 The engine drains a round's passes before its token events, so passes are matched to stages by
 the order they ran in: every stage runs the stack up to its own level (catching up the stages
@@ -104,16 +105,20 @@ def _steps_of(r: int, tokens: list[TokenEvent]) -> list[_Step]:
                 steps.setdefault(("lookup", "lookup"), _Step("lookup", "lookup", need=0))
             else:
                 steps.setdefault(("draft", ev.origin), _Step("draft", ev.origin, need=0)).need += 1
-    propose = list(steps.values())
     judges: dict[str, _Step] = {}
     for ev in tokens:
         if ev.state in _JUDGED:
             judges.setdefault(ev.stage, _Step("verify", ev.stage))
+    # a level that judged this round and drafted too drafted on after judging ("lookup 5 -> full@q4 +3"):
+    # its drafts are listed after its verdicts, in the order they ran
+    after: dict[str, _Step] = {level: steps.pop(("draft", level)) for level in judges if ("draft", level) in steps}
+    propose = list(steps.values())
+    ordered = [step for level, judge in judges.items() for step in (judge, after.get(level)) if step is not None]
     target = [_Step("target", "target")] if any(
         ev.state in _BY_TARGET or (ev.state is S.DISCARDED and ev.stage == "target") for ev in tokens) else []
     stop = [_Step("stop", "stop", need=0)] if any(
         ev.state is S.DISCARDED and ev.stage == "stop" for ev in tokens) else []
-    return propose + list(judges.values()) + target + stop
+    return propose + ordered + target + stop
 
 
 def _step_for(ev: TokenEvent, steps: list[_Step]) -> _Step:

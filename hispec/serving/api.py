@@ -219,7 +219,7 @@ class CompareRequest(_OfAGeneration):
 
 @dataclass(frozen=True)
 class WhatIfRequest(_OfAGeneration):
-    generate: GenerateRequest  # its method must have exits (hispec or layerskip); rounds are fixed
+    generate: GenerateRequest  # its method must have exits (hispec or layerskip); its policy: the field "policy"
     a_dv: float = 0.5  # per-token acceptance draft -> verify to draw at
     a_vt: float = 0.5  # per-token acceptance -> full model to draw at
     takes: int = what_ifs.DEFAULT_TAKES
@@ -229,7 +229,8 @@ class WhatIfRequest(_OfAGeneration):
 
     @classmethod
     def parse(cls, raw: dict, limits: Limits) -> WhatIfRequest:
-        generate = GenerateRequest.parse(dict(raw["generate"], policy="fixed"), limits)
+        # the run's own policy when the page names it (a what-if replays the run it follows); else fixed rounds
+        generate = GenerateRequest.parse(dict(raw["generate"], policy=raw.get("policy", "fixed")), limits)
         if generate.method not in ("hispec", "layerskip"):
             raise ConfigError("a what-if run needs HiSpec or LayerSkip (they have exits to accept drafts); "
                               f"the method chosen is {generate.method}")

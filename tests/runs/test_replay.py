@@ -174,3 +174,35 @@ def test_nothing_to_replay(tiny_llama):
     assert replay(events) == []
     one = replay(list(decode(ee_of(tiny_llama), PROMPT, preset("hispec", max_new_tokens=1))))
     assert len(one) == 1 and len(one[0]["steps"][0]["committed"]) == 1
+
+
+def test_a_level_that_judged_then_drafted_on_is_listed_in_that_order(tiny_llama):
+    """A round "lookup 5 -> exit 4 +2": exit 4 judges lookup's copy first, then drafts on where the copy
+    ended; the replay lists its verdicts before its drafts (issue 49: the step-through listed the drafting
+    first, and gave the judging pass to the drafting step)."""
+    from dataclasses import replace
+
+    from hispec.engine.decoding import Decoder
+    from hispec.engine.policy import FixedPolicy
+
+    class DraftsOn(FixedPolicy):
+        def plan(self, room, pending, match):
+            plan = super().plan(room, pending, match)
+            return replace(plan, then=2, choice=plan.choice + " +2") if plan.choice.startswith("lookup") else plan
+
+    config = preset("hispec", levels=("lookup", 4), draft_len=2, verify_threshold=1, max_new_tokens=16,
+                    policy="fixed")
+    decoder = Decoder(ee_of(tiny_llama), PROMPT * 2, config)
+    decoder.policy = decoder.judge.policy = DraftsOn(decoder.levels, (2, 1), decoder.config.lookup_len)
+    rounds = replay(list(decoder.events()))
+    on = [r for r in rounds if any(s["stage"] == "lookup" for s in r["steps"])
+          and any(s["stage"] == "draft" for s in r["steps"]) and any(s["stage"] == "verify" for s in r["steps"])]
+    assert on, [[s["stage"] for s in r["steps"]] for r in rounds]
+    for r in on:
+        stages = [(s["stage"], s["level"]) for s in r["steps"]]
+        assert stages.index(("verify", "verify")) < stages.index(("draft", "verify")), stages
+        judged = next(s for s in r["steps"] if s["stage"] == "verify")
+        drafted = next(s for s in r["steps"] if s["stage"] == "draft")
+        # the judging pass ran over the copy (and one more); each draft is a pass of its own
+        assert judged["passes"] and judged["passes"][-1]["tokens"] >= 1
+        assert drafted["runs"] == len(drafted["proposed"]) >= 1

@@ -241,7 +241,7 @@ def test_the_time_limit_and_a_stop_each_end_with_their_own_reason_and_message():
     assert done_of(cut).reason == "time_limit" and 0 < len(done_of(cut).token_ids) < 200
     page = GenerateView("tiny")
     shown = [page.update(u) for u in cut][-1]
-    status, stats = html.unescape(shown[0]), shown[4]
+    status, stats = html.unescape(shown["status"]), shown["stats"]
     assert "Cut at this server's time limit of 0.4 s on the model per request, after " in status, status
     assert re.search(r"stopped by</td><td>time limit<", stats), stats
 

@@ -23,7 +23,8 @@ from hispec.serving.api import CompareRequest, WhatIfRequest
 from hispec.serving.caller import LOCAL
 from hispec.serving.updates import Output
 from ui import controls, labels, render, token_story
-from ui.controller import Handlers, page_request
+from ui.controller import Handlers
+from ui.settings import PageSettings
 from ui.model_view import settings_by_method
 
 
@@ -38,13 +39,17 @@ def plain(fragment: str) -> str:
 
 # ---- what if: timing-only verdicts, measured against a plain run --------------------------------
 def what_if(server, settings=("HiSpec", 2, 4, 2, 4), max_new=30, rates=(1.0, 1.0), takes=1):
+    """The what-if after a fixed run of these settings (its own levels, policy and lengths replayed)."""
     h = Handlers(server)
-    return list(h.what_if("hello", "tiny", *settings, max_new, True, 0.0, 0, 1.0, -1, *rates, takes=takes))
+    method, d, v, k, t = settings
+    levels = () if method == "Autoregressive" else (d,) if v is None else (d, v)
+    run = {"settings": {"levels": levels, "policy": "fixed", "lengths": (k, t)}}
+    return list(h.what_if(PageSettings("hello", "tiny", *settings, max_new, True), run, *rates, takes))
 
 
 def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(server):
     lm = server.registry.get("tiny")
-    raw = {"generate": page_request("hello", "tiny", "HiSpec", 2, 4, 2, 4, 30, True), "a_dv": 1.0, "a_vt": 1.0,
+    raw = {"generate": PageSettings("hello", "tiny", "HiSpec", 2, 4, 2, 4, 30, True).request(), "a_dv": 1.0, "a_vt": 1.0,
            "takes": 1}
     items = [i for u in server.submit(LOCAL, WhatIfRequest, raw) if isinstance(u, Output) for i in u.items]
     plain_run = next(i for i in items if isinstance(i, what_ifs.PlainTimed))
@@ -57,7 +62,9 @@ def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(server):
     plain_config = runner.plain_config(preset("hispec", 2, 4, 2, 4, 30, policy="fixed")).resolve_for(lm.ee)
     assert plain_config.levels == (), "the baseline is plain decoding: no exit drafts in it"
     outs = what_if(server)
-    status, tokens, stats, plot, result = outs[-1]
+    last = outs[-1]
+    status, tokens, stats, plot, result = (last[f"what_if_{name}"] for name in ("status", "tokens", "stats", "plot",
+                                                                                  "result"))
     assert result["rates"] == (1.0, 1.0) and result["takes"] == 1 and result["median"] > 0
     assert "1 of 1 takes done" in plain(status) and plot.visible
     rows = re.findall(r"<tr><td>(.*?)</td>", stats)
@@ -70,33 +77,34 @@ def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(server):
 
 def test_what_if_at_zero_acceptance_rejects_every_draft(server):
     outs = what_if(server, ("LayerSkip (single exit)", 2, None, 3, 4), 12, (0.0, 0.0))
-    stats = outs[-1][2]
+    stats = outs[-1]["what_if_stats"]
     assert "acceptance draft → full model</td><td>0%" in stats
     assert "new tokens</td><td>12<" in stats
 
 
 def test_what_if_takes_repeat_plain_then_synthetic_and_give_a_median(server):
     outs = what_if(server, max_new=12, rates=(0.9, 0.9), takes=3)
-    statuses = [plain(o[0]) for o in outs if isinstance(o[0], str)]
+    statuses = [plain(o["what_if_status"]) for o in outs if "what_if_status" in o]
     assert any("Take 1 of 3: timing plain decoding" in st for st in statuses)
     assert any("Take 3 of 3: timing plain decoding" in st for st in statuses)
     assert "3 of 3 takes done, median" in statuses[-1] and "synthetic" in statuses[-1]
-    stats = plain(outs[-1][2])
+    stats = plain(outs[-1]["what_if_stats"])
     assert "median of 3 of 3 takes" in stats and "(this take)" in stats
     each = re.search(r"each take, synthetic / real plain tokens / s \(tokens\)(.*?)SYNTHETIC", stats).group(1)
     assert len(re.findall(r"[\d.]+ / [\d.]+ \(12\)", each)) == 3, each
-    one = plain(what_if(server, max_new=12, rates=(0.9, 0.9), takes=1)[-1][2])
+    one = plain(what_if(server, max_new=12, rates=(0.9, 0.9), takes=1)[-1]["what_if_stats"])
     assert "median of" not in one and "(this take)" not in one and "more takes give a median" in one
-    assert "Takes must be from 1 to 5 (got 0)" in plain(what_if(server, takes=0)[-1][0])
-    assert "needs HiSpec or LayerSkip" in plain(what_if(server, ("Autoregressive", 2, 4, 2, 4))[-1][0])
+    assert "Takes must be from 1 to 5 (got 0)" in plain(what_if(server, takes=0)[-1]["what_if_status"])
+    assert "drafted nothing" in plain(what_if(server, ("Autoregressive", 2, 4, 2, 4))[-1]["what_if_status"])
 
 
 def test_why_puts_the_what_ifs_gap_in_numbers(server):
     """A what-if's result keeps its time split and plain rate; "Why this speed" at the same sliders
     shows them, its ratio step by step, and calls what is left unexplained."""
     h = Handlers(server)
-    run = list(h.generate("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0))[-1][-1]
-    result = what_if(server, max_new=12, rates=(0.9, 0.9), takes=2)[-1][-1]
+    settings = PageSettings("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0)
+    run = list(h.generate(settings))[-1]["last_run"]
+    result = what_if(server, max_new=12, rates=(0.9, 0.9), takes=2)[-1]["what_if_result"]
     assert result["takes"] == 2 and result["plain_tokens_per_s"] > 0
     assert set(result["synthetic_split"]) == {"wall_s", "setup_s", "prefill_s", "passes_s", "other_s"}
     view, _ = h.why(run, 0.9, 0.9, result)
@@ -109,20 +117,20 @@ def test_why_puts_the_what_ifs_gap_in_numbers(server):
 def test_a_real_run_keeps_its_trace_and_prompt(server):
     lm = server.registry.get("tiny")
     h = Handlers(server)
-    outs = list(h.generate("hello", "tiny", "HiSpec", 2, 4, 2, 4, 16, True, policy=labels.FIXED, baseline=0))
-    kept = outs[-1][-1]
+    outs = list(h.generate(PageSettings("hello", "tiny", "HiSpec", 2, 4, 2, 4, 16, True, policy=labels.FIXED, baseline=0)))
+    kept = outs[-1]["last_run"]
     assert kept["prompt_ids"] == lm.encode("hello", chat=True)
     assert kept["events"][-1]["type"] == "done" and len(kept["events"][-1]["token_ids"]) == 16
     assert "timing_only" not in kept["settings"] and kept["vs_plain"] is None
     trace = Trace()
     for data in kept["events"]:
         trace.add(event_from_dict(data))
-    assert render.tokens_html(trace, kept["settings"]) == outs[-1][1]
+    assert render.tokens_html(trace, kept["settings"]) == outs[-1]["tokens"]
 
 
 # ---- Compare: repeats, their spread and their order ----------------------------------------------
 def compare_rows(server, settings=("HiSpec", 2, 5, 2, 4), baselines=("autoregressive",), repeats=3):
-    raw = {"generate": page_request("hello", "tiny", *settings, 12, True, policy=labels.FIXED),
+    raw = {"generate": PageSettings("hello", "tiny", *settings, 12, True, policy=labels.FIXED).request(),
            "baselines": list(baselines), "repeats": repeats}
     return next(i for u in server.submit(LOCAL, CompareRequest, raw) if isinstance(u, Output) for i in u.items)
 
@@ -168,8 +176,8 @@ def test_loading_a_model_sets_the_levels_box_to_a_list_it_can_run(server):
     no 4-bit copy (any other) gets its own list, not a run that fails on full@q4."""
     h = Handlers(server, [])
     *_, last = h.load("tiny")
-    assert len(last) == 10 and last[0].count("Loaded tiny") == 1
-    assert last[-1] == labels.default_levels(server.registry.get("tiny").ee.formats()) == next(iter(labels.LEVELS))
+    assert len(last) == 10 and last["status"].count("Loaded tiny") == 1
+    assert last["levels"] == labels.default_levels(server.registry.get("tiny").ee.formats()) == next(iter(labels.LEVELS))
     assert labels.default_levels(("q4",)) == "lookup → 4-bit full model → full (precision level)"
 
 
@@ -273,11 +281,13 @@ def test_a_list_in_the_levels_box_decides_the_exits_and_the_sliders_step_aside()
     strip = plain(controls.depth(30, 2, 4, "HiSpec", [2, 4], precision))
     assert "Levels: lookup → the 4-bit full model → full model (the 4-bit full model runs every layer" in strip
     assert "draft exit after layer" not in strip
-    # its key names only the colours on the strip: every layer is the full model's here
-    assert strip.endswith("30 layers full verification"), strip
-    assert plain(controls.depth(30, 2, 4, "HiSpec", [2, 4])).endswith("layers draftintermediate verifyfull verification")
-    assert plain(controls.depth(30, 2, 4, "Autoregressive", [2, 4])).endswith("layers full verification")
-    assert "hs-stage-draft" in controls.depth(30, 2, 4, "HiSpec", [2, 4], "lookup,3@q4,full@q4").split("hs-layers")[1]
+    # its key names only the colours on the strip: the 4-bit model's row (every layer), the full model's
+    assert strip.endswith("30 layers 4-bit full model (every layer)full model"), strip
+    assert controls.depth(30, 2, 4, "HiSpec", [2, 4], precision).count("hs-stage-precision") == 30 + 1
+    assert plain(controls.depth(30, 2, 4, "HiSpec", [2, 4])).endswith("layers draft exitintermediate exitfull model")
+    assert plain(controls.depth(30, 2, 4, "Autoregressive", [2, 4])).endswith("layers full model")
+    mixed = controls.depth(30, 2, 4, "HiSpec", [2, 4], "lookup,3@q4,full@q4")
+    assert "hs-stage-draft" in mixed.split("hs-layers")[2] and "hs-stage-precision" in mixed.split("hs-layers")[1]
     typed = controls.depth(30, 2, 4, "HiSpec", [2, 4, 6], "lookup,2,5")
     assert "Levels: lookup → exit 2 → exit 5 → full model" in plain(typed) and "Exit 5 has no trained head" in plain(typed)
     assert "draft exit after layer 2" in plain(controls.depth(30, 2, 4, "HiSpec", [2, 4], own))
@@ -302,10 +312,11 @@ def test_published_points_carry_sources_and_convert_to_per_token_acceptance(tmp_
 def test_why_tells_an_adaptive_run_plan_by_plan_against_measured_plain_decoding(server):
     h = Handlers(server)
     prompt = "abcabcabcabcabcabcabcabc"  # repeats itself: the lookup level has something to copy
-    outs = list(h.generate(prompt, "tiny", "HiSpec", 2, 4, 2, 4, 24, False, policy=labels.ADAPTIVE, baseline=2))
-    kept = outs[-1][-1]
+    settings = PageSettings(prompt, "tiny", "HiSpec", 2, 4, 2, 4, 24, False, policy=labels.ADAPTIVE, baseline=2)
+    outs = list(h.generate(settings))
+    kept = outs[-1]["last_run"]
     assert kept["vs_plain"]["runs"] == 2 and kept["vs_plain"]["new_tokens"] == 24
-    assert "speed vs plain decoding, measured" in plain(outs[-1][4]), "the stats state the measured ratio"
+    assert "speed vs plain decoding, measured" in plain(outs[-1]["stats"]), "the stats state the measured ratio"
     view, plot = h.why(kept, 0.9, 0.9)
     text = plain(view)
     assert text.startswith("Acceptance, everywhere on this page:"), "defined where it first appears"
@@ -319,8 +330,9 @@ def test_why_tells_an_adaptive_run_plan_by_plan_against_measured_plain_decoding(
     for kind in kept["stats"]["policy_choices"]:
         assert f"{labels.plan_words(kind)} wrote" in source or kind == "plain", (kind, source)
     assert "plain decoding measured here" in source and ("Faster than" in source or "No plan beat" in source)
-    fixed = list(h.generate("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0))
-    view, _ = h.why(fixed[-1][-1], 0.5, 0.5)
+    settings = PageSettings("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0)
+    fixed = list(h.generate(settings))
+    view, _ = h.why(fixed[-1]["last_run"], 0.5, 0.5)
     assert "not measured" in plain(view) and "estimated from its plans" not in plain(view)
     assert re.findall(r"<tr><td>(exit 2 → exit 4 → full model)</td>", view), "a fixed run is one plan"
 
@@ -371,8 +383,8 @@ def test_why_explains_a_run_with_the_costs_it_kept_whatever_later_runs_teach(ser
 
     h = Handlers(server)
     lm = server.registry.get("tiny")
-    kept = list(h.generate("abcabcabcabc", "tiny", "HiSpec", 2, 4, 2, 4, 12, False, policy=labels.ADAPTIVE,
-                           baseline=0))[-1][-1]
+    kept = list(h.generate(PageSettings("abcabcabcabc", "tiny", "HiSpec", 2, 4, 2, 4, 12, False, policy=labels.ADAPTIVE,
+                           baseline=0)))[-1]["last_run"]
     done = kept["events"][-1]
     assert done["type"] == "done" and done["costs_ms"]["layer"], "the run kept no costs"
     before = h.why(kept, 0.9, 0.9)[0]
@@ -415,7 +427,7 @@ def test_a_plan_the_cost_model_cannot_estimate_has_no_break_even_either():
     row = {"kind": "full@q4", "words": "4-bit full model → full model", "rounds": 4, "new_tokens": 43, "share": 0.52,
            "a_dv": None, "a_vt": 1.0, "acceptance": {"verify->target": 1.0}, "measured_tokens_per_s": 35.3,
            "predicted_tokens_per_s": None, "predicted": None, "break_even": None,
-           "break_even_pair": "4-bit full model → full model", "expected_gain": None}
+           "break_even_pair": "4-bit full model → full model", "expected_gain": None, "drafts_on": False}
     exact = {**row, "kind": "exit 2", "words": "exit 2 → full model", "a_vt": 0.1, "predicted_tokens_per_s": 9.0,
              "predicted": 0.5, "range": (0.4, 0.6), "break_even_pair": "draft → full model"}
     cells = [re.findall(r"<td>(.*?)</td>", tr) for tr in plans_table({"plans": [row, exact]}).split("<tr>")[2:]]
@@ -431,7 +443,8 @@ def test_the_plan_table_names_every_pair_a_plan_measured():
     row = {"kind": "lookup -> full@q4", "words": "lookup → 4-bit full model → full model", "rounds": 7,
            "new_tokens": 37, "share": 0.39, "a_dv": None, "a_vt": 1.0,
            "acceptance": {"verify->target": 1.0, "lookup->verify": 0.36}, "measured_tokens_per_s": 43.8,
-           "predicted_tokens_per_s": None, "predicted": None, "break_even": None, "break_even_pair": None}
+           "predicted_tokens_per_s": None, "predicted": None, "break_even": None, "break_even_pair": None,
+           "drafts_on": False}
     cells = re.findall(r"<td>(.*?)</td>", plans_table({"plans": [row], "levels": ("lookup", "full@q4")}))
     assert cells[4] == "lookup → 4-bit full model 36%, 4-bit full model → full model 100%", cells
     exits = {**row, "kind": "exit 2 -> exit 4", "acceptance": {"draft->verify": 0.4, "verify->target": 0.6}}

@@ -20,7 +20,8 @@ from hispec.serving.jobs import Job
 from hispec.serving.limits import Limits
 from hispec.text import Detokenizer
 from ui import charts, labels, render
-from ui.controller import Handlers, page_request
+from ui.controller import Handlers
+from ui.settings import PageSettings
 from ui.generate_view import GenerateView
 
 HISPEC = ("HiSpec", 2, 5, 2, 3)
@@ -38,7 +39,7 @@ def spans(fragment: str):
 
 def page_run(server, prompt="hello there", settings=HISPEC, max_new=30, chat=True, policy=labels.FIXED, **kw):
     """The page's generate handler: every output tuple it yields, and the view it folded."""
-    raw = page_request(prompt, "tiny", *settings, max_new, chat, policy=policy, **kw)
+    raw = PageSettings(prompt, "tiny", *settings, max_new, chat, policy=policy, **kw).request()
     view = GenerateView("tiny")
     outs = [view.update(u) for u in server.submit(LOCAL, GenerateRequest, raw)]
     return outs, view
@@ -47,7 +48,9 @@ def page_run(server, prompt="hello there", settings=HISPEC, max_new=30, chat=Tru
 def test_the_page_matches_the_engines_events(server):
     lm = server.registry.get("tiny")
     outs, view = page_run(server)
-    status, tokens_html, _, final_text, stats_html, *_, kept = outs[-1]
+    last = outs[-1]
+    status, tokens_html, final_text, stats_html, kept = (last[k] for k in ("status", "tokens", "final", "stats",
+                                                                           "last_run"))
     assert "Done" in status and kept is not None
     # the status names what ended it in the stats' words (not the engine's "eos" / "max_new_tokens")
     assert "Done: stopped by the token limit." in status or "Done: stopped by end of text." in status, status
@@ -108,7 +111,7 @@ def test_the_acceptance_chart_names_each_pair_as_the_stats_do():
 
 def test_the_text_grows_as_the_run_streams(server):
     outs, _ = page_run(server, "abc", ("LayerSkip (single exit)", 3, 5, 3, 4), 40, chat=False)
-    counts = [len(spans(o[1])) for o in outs if isinstance(o[1], str)]
+    counts = [len(spans(o["tokens"])) for o in outs if "tokens" in o]
     assert len(counts) > 3 and counts == sorted(counts) and counts[0] < counts[-1]
 
 
@@ -118,8 +121,8 @@ def test_the_text_grows_as_the_run_streams(server):
 ])
 def test_impossible_layers_are_messages(server, settings, message):
     outs, _ = page_run(server, "hi", settings, 10)
-    assert message in outs[-1][0] and "hs-msg-error" in outs[-1][0]
-    assert outs[-1][-1] is None, "no run is kept"
+    assert message in outs[-1]["status"] and "hs-msg-error" in outs[-1]["status"]
+    assert outs[-1]["last_run"] is None, "no run is kept"
 
 
 @pytest.mark.parametrize("values, message", [
@@ -131,7 +134,7 @@ def test_impossible_layers_are_messages(server, settings, message):
     (dict(policy="Greedy"), "unknown policy 'Greedy'; choose from"),
 ])
 def test_bad_settings(values, message):
-    raw = page_request("hi", "tiny", *HISPEC, 10, True)
+    raw = PageSettings("hi", "tiny", *HISPEC, 10, True).request()
     raw.update({k: labels.method_name(v) if k == "method" else v for k, v in values.items()})
     with pytest.raises(HiSpecError, match=re.escape(message)):
         GenerateRequest.parse(raw, Limits())
@@ -149,12 +152,12 @@ def test_empty_settings_take_the_models_own():
 @pytest.mark.parametrize("prompt", ["", "   \n"])
 def test_empty_prompt(server, prompt):
     outs, _ = page_run(server, prompt)
-    assert "The prompt is empty: type something or pick an example." in outs[-1][0]
+    assert "The prompt is empty: type something or pick an example." in outs[-1]["status"]
 
 
 def test_prompt_too_long_for_the_model(server):
     outs, _ = page_run(server, "x" * 100, max_new=200, chat=False)
-    assert "exceeds the model's context of 256 tokens" in html.unescape(outs[-1][0])
+    assert "exceeds the model's context of 256 tokens" in html.unescape(outs[-1]["status"])
 
 
 def test_stop_keeps_what_was_generated_and_says_how_much(server):
@@ -172,7 +175,7 @@ def test_stop_keeps_what_was_generated_and_says_how_much(server):
             time.sleep(0.01)
         return original(hidden, start, end, cache)
 
-    raw = page_request("hi", "tiny", *HISPEC, 200, False, policy=labels.FIXED)
+    raw = PageSettings("hi", "tiny", *HISPEC, 200, False, policy=labels.FIXED).request()
     view, out = GenerateView("tiny"), None
     caller = LOCAL
     lm.ee.run_layers = slowed
@@ -183,11 +186,11 @@ def test_stop_keeps_what_was_generated_and_says_how_much(server):
                 server.stop(caller)
     finally:
         del lm.ee.run_layers
-    kept = out[-1]
+    kept = out["last_run"]
     assert kept["stats"]["finish_reason"] == "stopped"
     n = kept["stats"]["new_tokens"]
     assert 5 <= n < 200
-    assert f"Stopped after {n} tokens." in out[0]
+    assert f"Stopped after {n} tokens." in out.get("status", "")
     assert not server.registry.turns("tiny").busy
 
 
@@ -197,13 +200,13 @@ def test_a_stop_while_waiting_says_so(server):
     assert turns.hold(holder, 1.0)
     try:
         outs = []
-        for out in Handlers(server).generate("hi", "tiny", *HISPEC, 5, True, policy=labels.FIXED):
+        for out in Handlers(server).generate(PageSettings("hi", "tiny", *HISPEC, 5, True, policy=labels.FIXED)):
             outs.append(out)
-            if "Waiting" in out[0]:
+            if "Waiting" in out.get("status", ""):
                 server.stop(LOCAL)
     finally:
         turns.release(holder)
-    assert "Stopped before the generation started." in outs[-1][0]
+    assert "Stopped before the generation started." in outs[-1]["status"]
 
 
 def test_an_exception_inside_generation_is_a_message_and_frees_the_model(server, monkeypatch):
@@ -214,22 +217,23 @@ def test_an_exception_inside_generation_is_a_message_and_frees_the_model(server,
 
     monkeypatch.setattr(lm.ee, "exit_logits", boom)
     outs, _ = page_run(server, "hi", max_new=10)
-    assert "The generation failed (RuntimeError: simulated out of memory)" in outs[-1][0]
+    assert "The generation failed (RuntimeError: simulated out of memory)" in outs[-1]["status"]
     assert not server.registry.turns("tiny").busy
     monkeypatch.undo()
     outs, _ = page_run(server, "hi", max_new=10)
-    assert "Done" in outs[-1][0] and outs[-1][-1] is not None
+    assert "Done" in outs[-1]["status"] and outs[-1]["last_run"] is not None
 
 
 def test_compare_checks_identical_output(server):
-    outs = list(Handlers(server).compare("hello", "tiny", *HISPEC, 24, True, 0.0, 0, 1.0, -1, labels.FIXED,
-                                         ["Autoregressive", "LayerSkip (single exit)"], 1))
-    table = outs[-1][2]
+    settings = PageSettings("hello", "tiny", *HISPEC, 24, True, 0.0, 0, 1.0, -1, labels.FIXED)
+    outs = list(Handlers(server).compare(settings, ["Autoregressive", "LayerSkip (single exit)"], 1))
+    table = outs[-1]["compare_out"]
     rows = re.findall(r"<tr><td>(HiSpec, fixed|Autoregressive|LayerSkip \(single exit\))</td>", table)
     assert rows == ["HiSpec, fixed", "Autoregressive", "LayerSkip (single exit)"], table  # the page's names
     assert table.count("✓ same tokens") == 3 and "DIFFERENT" not in table
-    assert "Comparison done" in outs[-1][0] and "Comparison done" in outs[-1][1], "the top status says it too"
-    assert any("Compare: Running HiSpec, fixed…" in o[0] for o in outs if isinstance(o[0], str)), "progress at the top"
+    assert "Comparison done" in outs[-1]["status"] and "Comparison done" in outs[-1]["compare_status"], \
+        "the top status says it too"
+    assert any("Compare: Running HiSpec, fixed…" in o.get("status", "") for o in outs), "progress at the top"
     assert "fixed rounds, 2 drafts per round, the full model at 3 tentative" in table and "the reference" in table
 
 
@@ -263,7 +267,7 @@ def test_legend_names_every_colour():
 def test_policy_labels_and_one_default():
     assert labels.policy_name(labels.DEFAULT_POLICY_LABEL) == DEFAULT_POLICY
     assert labels.method_name("Lookup (copies earlier text)") == "lookup"
-    raw = page_request("hi", "tiny", "Lookup (copies earlier text)", 2, 5, 2, 4, 10, True, policy=labels.ADAPTIVE)
+    raw = PageSettings("hi", "tiny", "Lookup (copies earlier text)", 2, 5, 2, 4, 10, True, policy=labels.ADAPTIVE).request()
     request = GenerateRequest.parse(raw, Limits())
     assert (request.method, request.policy) == ("lookup", "auto")
 
@@ -313,8 +317,27 @@ def test_the_status_says_done_once_at_the_very_end_when_plain_pairs_follow(serve
     """With pairs against plain decoding, "Done" appears once, after the pairs, not when the tokens are in."""
     h = Handlers(server)
     # baseline as the page's slider sends it (a float)
-    statuses = [out[0] for out in h.generate("hello there", "tiny", *HISPEC, 12, True, policy=labels.FIXED,
-                                             baseline=1.0) if isinstance(out[0], str)]
+    settings = PageSettings("hello there", "tiny", *HISPEC, 12, True, policy=labels.FIXED, baseline=1.0)
+    statuses = [out["status"] for out in h.generate(settings) if "status" in out]
     done = [i for i, s in enumerate(statuses) if "Done" in s]
     assert done == [len(statuses) - 1], statuses
     assert any("timing plain decoding" in s for s in statuses), statuses
+
+
+def test_a_paste_over_the_limit_is_a_message_not_cut_silently(server):
+    """The prompt box has no max_length (the browser would cut a long paste without a word); the run names
+    the length and the limit instead (issue 49: a 30,000-character paste was cut to 8,192)."""
+    import app
+
+    limit = server.limits.max_prompt_chars
+    prompt = next(b for b in app.build(server, ["tiny"]).blocks.values() if getattr(b, "elem_id", "") == "hs-prompt")
+    assert prompt.max_length is None and f"{limit:,} characters" in prompt.placeholder
+    outs, _ = page_run(server, "x" * (limit + 1))
+    assert (f"The prompt is {limit + 1:,} characters, over this server's limit of {limit:,}; shorten it"
+            in html.unescape(outs[-1]["status"]))
+
+
+def test_a_served_runs_stats_name_its_method(server):
+    """stats.method was empty in /generate's answer and the page's kept run (issue 49)."""
+    outs, view = page_run(server, "hi", max_new=6)
+    assert outs[-1]["last_run"]["stats"]["method"] == "hispec" == view.run.summary()["method"]

@@ -46,7 +46,7 @@ def test_the_saved_default_report_renders_as_table_and_charts():
     table, figs = load_report(SAVED)
     assert '<table class="hs-stats hs-bench">' in table and "<b>Benchmark</b>: default · 30 layers" in table
     for method in ("autoregressive", "hf_generate", "layerskip", "hispec"):  # the methods that report ran
-        assert f"<td>{method}</td>" in table
+        assert f"<td>{html.escape(bench_tab.method_words(method))} <span class='hs-hint'>({method})</span></td>" in table
     assert "heldout-sharegpt" in table
     assert len(figs) == 3 and figs[0].layout.title.text.startswith("Tokens per second")
 
@@ -77,7 +77,7 @@ def test_newest_report_first_and_a_sweep_renders_heatmaps(registry, server, tmp_
     table, *plots = tab.show_saved("broken.json")
     assert "Could not read the report broken.json" in table and not any(p["visible"] for p in plots)
     table, *plots = tab.show_saved("old.json")
-    assert "<td>hispec</td>" in table and [p["visible"] for p in plots] == [True, True, True, False]
+    assert "<td>HiSpec <span class='hs-hint'>(hispec)</span></td>" in table and [p["visible"] for p in plots] == [True, True, True, False]
     empty = BenchTab(server, folder=tmp_path / "none")
     assert "No saved report" in empty.show_saved(None)[0]
 
@@ -88,7 +88,7 @@ def test_live_tiny_run_through_the_handler(server):
     status, table, *plots = tab.run_live("tiny", "examples", 2, ["hispec", "autoregressive"], 8,
                                          progress=progress)
     assert "Done: 2 prompt(s) × 2 method(s), 8 new tokens each." in status
-    assert "<td>hispec</td>" in table and "<td>autoregressive</td>" in table and "<td>yes</td>" in table
+    assert "<td>HiSpec <span class='hs-hint'>(hispec)</span></td>" in table and "<td>plain decoding <span class='hs-hint'>(autoregressive)</span></td>" in table and "<td>yes</td>" in table
     assert "NO" not in table  # every greedy output equals the autoregressive one
     assert [p["visible"] for p in plots] == [True] * bench_tab.LIVE_PLOTS
     fractions = [f for f, _ in progress.calls]
@@ -138,7 +138,7 @@ def test_stop_before_the_start_and_after_a_prompt(server):
     status, table, *_ = tab.run_live("tiny", "examples", 3, ["autoregressive", "hispec"], 4,
                                      progress=stop_after_the_first)
     assert "Stopped: showing the 1 of 3 prompt(s) done." in status, status
-    assert table.count("<td>hispec</td>") >= 1
+    assert table.count("<td>HiSpec <span class='hs-hint'>(hispec)</span></td>") >= 1
 
 
 @pytest.mark.parametrize("args, message", [
@@ -174,3 +174,17 @@ def test_the_app_has_the_benchmark_tab(server):
     tabs = [b for b in demo.blocks.values() if isinstance(b, gr.Tab)]
     assert [t.label for t in tabs] == ["Demo", "Benchmark"]
     assert "benchmark" in {fn.api_name for fn in demo.fns.values()}
+
+
+def test_the_saved_reports_methods_and_pairs_are_in_words():
+    """The Benchmark tab speaks words, not engine keys (issue 49: `hispec/auto@fp32`, `verify->target`)."""
+    import json
+
+    from ui.bench_tab import BENCH_DIR, method_words, render_report
+
+    assert method_words("hispec/auto@fp32") == "HiSpec, adaptive, on the float32 model"
+    assert method_words("lookup+4/fixed") == "lookup → exit 4, fixed rounds"
+    assert method_words("autoregressive@q4") == "plain decoding, on the 4-bit model"
+    table, _ = render_report(json.loads((BENCH_DIR / "precision_default_cpu_report.json").read_text()))
+    assert "<td>HiSpec, adaptive, on the float32 model <span class='hs-hint'>(hispec/auto@fp32)</span></td>" in table
+    assert "-&gt;" not in table and "vs plain decoding, on the float32 model" in table

@@ -107,6 +107,9 @@ def test_three_identical_runs_under_load_agree_and_say_done_once(page, served):
 
 def test_the_estimate_a_what_if_and_the_measured_ratio_sit_in_one_table(page):
     generate(page, "Hey there", pairs=1)
+    # the what-if names the list it will run: the run's own (issue 49: it ran another hierarchy, unnamed)
+    expect(page.locator("#hs-what-if-levels")).to_contain_text("What if runs this run's own levels: exit ")
+    expect(page.locator("#hs-what-if-levels")).to_contain_text("fixed")
     for slider in ("hs-a-dv", "hs-a-vt"):
         set_number(page, slider, 0.9)
     page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('90% → full')")
@@ -132,22 +135,31 @@ def test_an_adaptive_run_is_explained_plan_by_plan_lookup_included(page):
     assert "adaptive plans (rounds)" in stats and "lookup → full model" in stats
     assert "->" not in stats + plans.inner_text()  # the page's names of plans, never the engine's
     assert "share of the time" in plans.inner_text() and "break-even acceptance" in plans.inner_text()
+    # HiSpec's own adaptive list (lookup under two exits): the what-if says why it cannot model it, and runs nothing
+    expect(page.locator("#hs-what-if-levels")).to_contain_text("cannot be modelled")
 
 
 def test_stop_ends_on_how_many_tokens_were_kept(page, served):
     _, lm = served
     with slow_full_model(lm, 0.03):
         page.get_by_label("Prompt", exact=True).fill("Yo")
-        set_number(page, "hs-baseline", 0)
+        set_number(page, "hs-baseline", 2)
         page.get_by_role("button", name="Generate", exact=True).click()
         page.wait_for_function("() => document.querySelectorAll('#hs-tokens .hs-tok').length > 3")
+        # while it runs, Generate waits for it, and the views below say the run is coming (not "Generate once")
+        expect(page.locator("#hs-generate")).to_be_disabled()
+        assert "Generate once" not in page.inner_text("#hs-why") + page.inner_text("#hs-step-view")
         page.get_by_role("button", name="Stop", exact=True).click()
         wait_for_status(page, "Stopped after")
     assert re.search(r"Stopped after \d+ tokens?\.", page.inner_text("#hs-status"))
-    # the Stop's own reply sits beside the status, whenever it arrives: the status has one writer
-    page.wait_for_function("() => (document.querySelector('#hs-stop-note')?.innerText || '').includes('Stopping')")
-    page.wait_for_timeout(1500)  # nothing overwrites it afterwards
+    # the run's last word stands alone: the Stop's "Stopping…" reply goes with the run's end (issue 49)
+    page.wait_for_function("() => (document.querySelector('#hs-stop-note')?.innerText || '') === ''")
+    page.wait_for_timeout(1500)  # nothing overwrites the status afterwards
     assert "Stopped after" in page.inner_text("#hs-status")
+    expect(page.locator("#hs-generate")).to_be_enabled()
+    # the pairs were asked for: the Why says the run was stopped before them, not "set pairs above 0"
+    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('stopped before its')")
+    assert "above 0" not in page.inner_text("#hs-why")
     # a Stop after the end leaves the run's last word and says that nothing was running
     page.get_by_role("button", name="Stop", exact=True).click()
     page.wait_for_function("() => (document.querySelector('#hs-stop-note')?.innerText || '').includes('Nothing to stop')")

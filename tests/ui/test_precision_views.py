@@ -10,7 +10,7 @@ from hispec.runs.runner import LiveRun, events as run_events
 from hispec.runs.trace import LEGEND
 from hispec.model.early_exit import EarlyExitModel
 from ui import labels, render
-from ui.controller import page_request
+from ui.settings import PageSettings
 from ui.steps_view import round_html
 
 q4 = pytest.importorskip("hispec.model.formats.q4")
@@ -73,11 +73,11 @@ def test_the_step_through_names_the_4bit_level(run):
 def test_the_levels_box_reaches_the_request_for_hispec_only():
     own, precision = list(labels.LEVELS)[:2]
     args = ("hi", "tiny", "HiSpec", 2, 4, 3, 2, 16, True)
-    assert page_request(*args, levels=own)["levels"] is None
-    assert page_request(*args, levels=precision)["levels"] == "lookup,full@q4"
-    assert page_request(*args, levels="lookup,2,4")["levels"] == "lookup,2,4"  # typed by hand
+    assert PageSettings(*args, levels=own).request()["levels"] is None
+    assert PageSettings(*args, levels=precision).request()["levels"] == "lookup,full@q4"
+    assert PageSettings(*args, levels="lookup,2,4").request()["levels"] == "lookup,2,4"  # typed by hand
     lookup = ("hi", "tiny", "Lookup (copies earlier text)", 2, 4, 3, 2, 16, True)
-    assert page_request(*lookup, levels=precision)["levels"] is None
+    assert PageSettings(*lookup, levels=precision).request()["levels"] is None
 
 
 def test_a_4bit_plan_whose_run_kept_no_4bit_costs_is_measured_only_and_says_why(run):
@@ -129,7 +129,8 @@ def test_where_the_speed_came_from_names_the_faster_plans_and_a_hierarchy_that_b
     from ui.why_view import speed_source_words
 
     def plan(kind, new_tokens, rate, rounds, hierarchy=False):
-        return {"kind": kind, "words": labels.plan_words(kind), "hierarchy": hierarchy, "new_tokens": new_tokens,
+        return {"kind": kind, "words": labels.plan_words(kind), "hierarchy": hierarchy, "plain": kind == "plain",
+                "drafts_on": False, "new_tokens": new_tokens,
                 "measured_tokens_per_s": rate, "rounds": rounds}
 
     story = {"policy": "auto", "adapts": True,
@@ -157,3 +158,52 @@ def test_a_4bit_tokens_story_names_the_level_in_words(run):
 
     html_all = token_story.explain_all_html(run.trace, None, run.done.settings)
     assert "exit full@q4" not in html_all and "4-bit" in html_all
+
+
+def test_a_4bit_draft_is_named_by_what_the_4bit_model_did(run):
+    """Under lookup, the 4-bit model is the middle level (the verifier's role) but drafts where lookup has
+    no copy: its drafts' tooltips and stories say they were drafted by the 4-bit model, never by "the
+    intermediate verifier" (issue 49)."""
+    from ui import token_story
+
+    model = tiny_model("llama", layers=8, seed=3)
+    ee = ee_of(model)
+    ee.add_format("q4", lambda: EarlyExitModel(q4.q4_copy(model)))
+    live = LiveRun()
+    config = DecodeConfig(levels=("lookup", "full@q4"), policy="fixed", max_new_tokens=16,
+                          lengths=(3, 1)).resolve_for(ee)
+    for ev in run_events(_LM(ee), [5, 17, 33, 5, 17], config):
+        live.add(ev)
+    drafted = [t for t in live.trace if t.origin == "verify" and t.born.value == "drafted"]
+    assert drafted, "the 4-bit model drafted where lookup had nothing to copy"
+    tips = render.tokens_html(live.trace, live.done.settings)
+    assert "drafted by the 4-bit full model" in tips
+    assert "intermediate verifier (the 4-bit" not in tips and "drafted by the intermediate verifier" not in tips
+    story = token_story.explain_all_html(live.trace, None, live.done.settings)
+    assert "Proposed by <b>the 4-bit full model</b>" in story
+    assert "intermediate verifier (the 4-bit" not in story
+
+
+def test_one_hue_per_level_across_the_text_the_step_through_and_the_depth_strip(run):
+    """The 4-bit model teal, the full model blue, the draft exit green, the intermediate exit orange, lookup
+    purple: the same colour in the text (render.COLORS), the steps' left edges and the depth strip (issue 49:
+    the step-through painted 4-bit drafts green, the strip painted drafting blue, the full model's colour)."""
+    import re
+    from pathlib import Path
+
+    css = (Path(render.__file__).resolve().parent.parent / "assets" / "app.css").read_text()
+
+    def colour(selector: str, prop: str) -> str:
+        return re.search(re.escape(selector) + r"[^{]*\{[^}]*?" + prop + r":\s*(#[0-9a-f]{6})", css)[1]
+
+    for text, level in (("precision", "precision"), ("target-wrote", "target"), ("accepted", "draft"),
+                        ("verify-wrote", "verify")):
+        hue = render.COLORS[text]
+        assert colour(f".hs-{text}", "background") == hue
+        assert colour(f".hs-stage-{level}", "background") == hue, level
+        assert colour(f".hs-step-{level}", "border-left-color") == hue, level
+    assert colour(".hs-step-lookup", "border-left-color") == render.COLORS["copied"]
+    rounds = replay_from_dicts(run.events)
+    shown = " ".join(round_html(rounds, i, run.done.settings) for i in range(1, len(rounds)))
+    assert "hs-precision" in shown and "hs-accepted" not in shown, "the 4-bit model's accepted drafts: teal, as in the text"
+    assert "hs-step-precision" in shown and "Left edge, by level" in shown  # with its key

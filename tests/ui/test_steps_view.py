@@ -111,7 +111,7 @@ def test_a_round_says_its_plan_and_a_cheaper_full_model_ends_at_its_lm_head_in_t
     assert "plan: the 4-bit full model drafts 12 (expected 2.81x a plain step)" in fragment
     steps = _steps(fragment)
     assert steps[0].startswith("① Draft by exit 1 in 4-bit: layer 1 + exit head ran 2×")  # an exit: its head
-    assert steps[1].startswith("② Intermediate verify by the 4-bit full model: layer 2 + LM head on 2 tokens")
+    assert steps[1].startswith("② Judged by the 4-bit full model: layer 2 + LM head on 2 tokens")
     exits = build_levels((2, 4), 8)
     rs[1]["plan"] = {"choice": "exit 2 x2 -> exit 4, full at 4", "words": Round(exits[0], exits[2], 2, (exits[1],), 4).words,
                      "reason": None}

@@ -1,0 +1,34 @@
+"""What a what-if replays of a finished run: its own levels, policy and lengths, or why it cannot."""
+
+import pytest
+
+from hispec.errors import ConfigError
+from hispec.explain.what_if import replay_of
+
+
+def test_the_default_run_is_replayed_on_its_own_list_with_its_own_pairs():
+    """Issue 49: What-if on the default run ran exit 2 -> exit 4 with fixed rounds, unnamed."""
+    settings = {"levels": ("lookup", "full@q4"), "policy": "auto", "lengths": (1, 1)}
+    replay = replay_of(settings)
+    assert replay.request_fields() == {"method": "hispec", "levels": "lookup,full@q4", "lengths": None}
+    assert replay.policy == "auto" and replay.words == "lookup → the 4-bit full model → the full model, adaptive"
+    acceptance = {"verify->target": 1.0, "lookup->verify": 0.4, "lookup->target": 0.1}
+    assert replay.sliders(acceptance) == (0.4, 1.0)
+
+
+def test_a_fixed_run_keeps_its_lengths_and_a_single_level_has_no_middle_slider():
+    teaching = replay_of({"levels": (2, 4), "policy": "fixed", "lengths": (2, 4)})
+    assert teaching.request_fields()["lengths"] == "2,4" and "fixed (2 drafts a round, the full model at 4" in teaching.words
+    assert teaching.sliders({"draft->verify": 0.6, "verify->target": 0.4}) == (0.6, 0.4)
+    single = replay_of({"levels": (4,), "policy": "fixed", "lengths": (3, 1)})
+    assert single.dv_pair is None and single.sliders({"draft->target": 0.3}) == (None, 0.3)
+
+
+@pytest.mark.parametrize("settings, words", [
+    (None, "Generate once"),
+    ({"levels": (), "policy": "fixed"}, "drafted nothing"),
+    ({"levels": ("lookup", 2, 4), "policy": "auto"}, "cannot be modelled"),
+])
+def test_a_list_it_cannot_model_is_said_not_swapped_for_another(settings, words):
+    with pytest.raises(ConfigError, match=words):
+        replay_of(settings)
