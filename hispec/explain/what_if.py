@@ -17,6 +17,7 @@ from typing import Iterator
 
 from hispec.engine.config import DecodeConfig
 from hispec.engine.levels import LOOKUP, level_words, levels_by_role
+from hispec.engine.planning.policy import POLICIES, adapts
 from hispec.errors import ConfigError
 from hispec.evaluation import pairs
 from hispec.runs.runner import RunResult, plain_config
@@ -42,8 +43,8 @@ class Replay:
     def words(self) -> str:
         """'lookup → the 4-bit full model → the full model, adaptive'."""
         names = [level_words(x) for x in self.levels] + ["the full model"]
-        policy = "adaptive" if self.policy == "auto" else "fixed"
-        if self.policy != "auto" and self.lengths:
+        policy = "adaptive" if adapts(self.policy) else "fixed"
+        if not adapts(self.policy) and self.lengths:
             k, t = self.lengths
             policy += f" ({k} draft{'s' if k != 1 else ''} a round, the full model at {t} pending)"
         return " → ".join(names) + f", {policy}"
@@ -76,7 +77,8 @@ def replay_of(settings: dict | None) -> Replay:
                           "preset, or lookup → the 4-bit full model).")
     roles = {str(level): role for role, level in levels_by_role(levels).items()}
     names = [LOOKUP if x == LOOKUP else roles[str(x)] for x in levels]
-    lengths = tuple(settings["lengths"]) if settings.get("policy") == "fixed" and settings.get("lengths") else None
+    adaptive = settings.get("policy") in POLICIES and adapts(settings["policy"])
+    lengths = tuple(settings["lengths"]) if not adaptive and settings.get("lengths") else None
     return Replay(levels, settings.get("policy") or "fixed", lengths,
                   f"{names[0]}->{names[1]}" if len(names) == 2 else None, f"{names[-1]}->target")
 

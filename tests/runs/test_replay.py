@@ -183,12 +183,13 @@ def test_a_level_that_judged_then_drafted_on_is_listed_in_that_order(tiny_llama)
     from dataclasses import replace
 
     from hispec.engine.decoding import Decoder
-    from hispec.engine.policy import FixedPolicy
+    from hispec.engine.planning.policy import FixedPolicy
 
     class DraftsOn(FixedPolicy):
         def plan(self, room, pending, match):
             plan = super().plan(room, pending, match)
-            return replace(plan, then=2, choice=plan.choice + " +2") if plan.choice.startswith("lookup") else plan
+            copies = plan.round.proposer.kind == "lookup"
+            return replace(plan, round=replace(plan.round, then=2)) if copies else plan
 
     config = preset("hispec", levels=("lookup", 4), draft_len=2, verify_threshold=1, max_new_tokens=16,
                     policy="fixed")
