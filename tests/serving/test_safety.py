@@ -161,7 +161,8 @@ def test_limits_from_env_and_hosted_default(monkeypatch):
     assert Limits.from_env({}).allowed_models == ("default",)  # unset: the embedded default only
     assert Limits.from_env({}).allowing("my/model").allowed_models == ("default", "my/model")
     monkeypatch.setenv("SPACE_ID", "someone/hispec")
-    assert Limits.from_env({}).trusted_proxies == ("*",)  # Spaces' proxy is the only way in
+    # Spaces' proxy is the only way in, and hops inside its private network are skipped (serving.proxies)
+    assert Limits.from_env({}).trusted_proxies == ("*", "private")
     with pytest.raises(ConfigError, match="HISPEC_RATE_LIMIT='many' is not a number"):
         Limits.from_env({"HISPEC_RATE_LIMIT": "many"})
 
