@@ -456,6 +456,32 @@ def test_the_load_test_fails_when_a_stop_is_lost(capsys, monkeypatch):
     assert '"ran_in_full": 0' not in report and "a Stop ran in full" in report, report
 
 
+def test_the_load_test_fails_when_a_live_client_is_ended_as_left(capsys, monkeypatch):
+    """The check is shown to catch what it checks: with a first-open grace shorter than its late readers'
+    delay (the old unread rule did the same to live clients on a busy host), the late readers end as
+    "the client left": counted, and the run fails."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import load_test
+    from hispec.model.early_exit import EarlyExitModel
+    from hispec.serving import presence
+
+    original = EarlyExitModel.run_layers
+
+    def slowed(self, *args, **kwargs):  # each run lasts beyond the grace
+        time.sleep(0.05)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(EarlyExitModel, "run_layers", slowed)
+    monkeypatch.setattr(presence, "FIRST_OPEN_S", 0.5)
+    monkeypatch.setattr(load_test, "LATE_S", (3.0, 3.0))
+    monkeypatch.setattr(load_test, "KINDS", {"normal": 1, "late": 2})
+    code = load_test.main(["--sessions", "3", "--requests", "2", "--max-new-tokens", "30", "--seed", "3"])
+    out = capsys.readouterr().out
+    report = json.JSONDecoder().raw_decode(out[out.index("{\n"):])[0]
+    assert code == 1, report
+    assert report["by_kind"]["late"] and report["left"] == report["by_kind"]["late"], report
+
+
 def test_the_load_test_says_what_is_stuck(capsys, monkeypatch):
     """The check is shown to catch what it checks: with the model's turn never handed back, the
     sessions behind the first request never finish; the run fails and reports what serving holds."""
