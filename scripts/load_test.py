@@ -158,6 +158,10 @@ def one_request(client, kind: str, prompt: str, max_new: int, rng: random.Random
                 client.predict(**{**named, **change}, api_name="/generate")
                 record.update(outcome="failed", message=f"accepted a malformed input ({words})")
             except AppError as exc:
+                if "a Stop of this session that found nothing running arrived" in str(exc):  # serving.jobs.AHEAD_S
+                    record.update(outcome="stopped_ahead", message=str(exc)[:200])
+                    record["latency_s"] = round(time.monotonic() - t0, 3)
+                    return record
                 ok = words in str(exc)
                 record.update(outcome="refused_as_expected" if ok else "failed", message=str(exc)[:160])
         else:
@@ -171,12 +175,16 @@ def one_request(client, kind: str, prompt: str, max_new: int, rng: random.Random
             try:
                 out = job.result(timeout=3600)
             except AppError as exc:  # a Stop that reached the request before it started
-                if "The client left" in str(exc):
-                    record.update(outcome="failed", finish="left", message=f"ended as the client left: {exc}")
-                    record["latency_s"] = round(time.monotonic() - t0, 3)
-                    return record
                 if kind == "stop" and "Stopped before the generation started" in str(exc):
                     record.update(outcome="completed", message="stopped before it started", finish="stopped")
+                    record["latency_s"] = round(time.monotonic() - t0, 3)
+                    return record
+                if "a Stop of this session that found nothing running arrived" in str(exc):  # serving.jobs.AHEAD_S
+                    record.update(outcome="stopped_ahead", finish="stopped", message=str(exc)[:200])
+                    record["latency_s"] = round(time.monotonic() - t0, 3)
+                    return record
+                if "The client left" in str(exc):
+                    record.update(outcome="failed", finish="left", message=f"ended as the client left: {exc}")
                     record["latency_s"] = round(time.monotonic() - t0, 3)
                     return record
                 raise
@@ -193,9 +201,10 @@ def one_request(client, kind: str, prompt: str, max_new: int, rng: random.Random
 
 
 def levels_of(out: dict) -> str | None:
-    """The level list a generation ran, e.g. "lookup -> full@q4 -> full"."""
-    levels = (out.get("settings") or {}).get("levels")
-    return " -> ".join(str(level) for level in levels) if levels else None
+    """The level list a generation ran, e.g. "lookup -> full@q4 -> full" (the exact model, the last word, is
+    not in the settings' list)."""
+    levels = [str(level) for level in (out.get("settings") or {}).get("levels") or ()]
+    return " -> ".join(levels + ["full"] * (levels[-1:] != ["full"])) if levels else None
 
 
 def send_stop(client, job, delay_s: float | None) -> dict:
@@ -322,8 +331,9 @@ def default_run(records: list[dict]) -> str | None:
 
 
 def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dict:
+    # stopped_ahead: sent right after a Stop of its session that found nothing, and stopped by it (serving.jobs.AHEAD_S)
     count = {k: sum(r["outcome"] == k for r in records) for k in ("completed", "refused_as_expected", "crossed",
-                                                                  "failed")}
+                                                                  "failed", "stopped_ahead")}
     from hispec.evaluation.record import code_version
 
     return {"command": "python scripts/load_test.py " + " ".join(sys.argv[1:]), "code": code_version(),

@@ -40,6 +40,7 @@ class Job:
     kind: str
     stop: threading.Event = field(default_factory=threading.Event)
     reason: str | None = None  # the first reason it was told to end (None: it was not)
+    overtaken_by: float | None = None  # stopped by a Stop that found nothing this many seconds before it arrived
     visitor: str = ""  # whose turn this is when the model is shared out (the client address); "": the session
 
     def end(self, reason: str) -> None:
@@ -76,20 +77,23 @@ class Jobs:
             if meant:  # the Stop found the request it was sent after: it overtook none
                 for key in ((session, kind), (session, ALL_KINDS)):
                     self._ahead.pop(key, None)
-            if meant or self._overtaken(session, kind, submitted):
+            ahead = None if meant else self._overtaken(session, kind, submitted)
+            if meant or ahead is not None:
+                job.overtaken_by = ahead
                 job.end(STOPPED)
         return job
 
-    def _overtaken(self, session: str, kind: str, submitted: float | None) -> bool:
-        """Whether a Stop that found nothing arrived at most AHEAD_S before this request (it is used up)."""
+    def _overtaken(self, session: str, kind: str, submitted: float | None) -> float | None:
+        """How long before this request a Stop that found nothing arrived, if at most AHEAD_S (it is
+        used up); None when none did."""
         if submitted is None:
-            return False
+            return None
         for key in ((session, kind), (session, ALL_KINDS)):
             at = self._ahead.get(key)
             if at is not None and 0.0 <= submitted - at <= AHEAD_S:
                 del self._ahead[key]
-                return True
-        return False
+                return submitted - at
+        return None
 
     def close(self, job: Job) -> None:
         with self._lock:

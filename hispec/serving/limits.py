@@ -138,6 +138,7 @@ class Limits:
                    if self.global_rate_per_minute else "")
         joins = (f" · {self.join_rate_per_minute} calls per minute per address into the queue"
                  if self.join_rate_per_minute else "")
+        joins += f" · {self.stop_rate_per_minute} Stops per minute per address" if self.stop_rate_per_minute else ""
         return (f"Limits: prompt ≤ {self.max_prompt_tokens} tokens ({self.max_prompt_chars:,} characters) · "
                 f"≤ {self.max_new_tokens} new tokens · ≤ {self.max_seconds:g} s on the model per request "
                 f"(waiting not counted) · {rate}{overall}{joins} · {self.queue_size} requests may wait · one job at a "

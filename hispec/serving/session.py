@@ -180,6 +180,9 @@ class Server:
                  TIME_LIMIT: f"Cut at this server's time limit of {self.limits.max_seconds:g} s on the model per "
                              "request"}
         message = words.get(outcome, "Done")
+        if job.overtaken_by is not None:  # serving.jobs.AHEAD_S: say which Stop, so a client can tell
+            when += (f": a Stop of this session that found nothing running arrived {job.overtaken_by:.2f} s before "
+                     "this request, and a Stop that overtakes its request still stops it; send it again")
         return Ended(outcome, f"{message} {when}." if when else f"{message}.")
 
 

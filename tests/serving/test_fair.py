@@ -113,7 +113,8 @@ def test_a_stop_that_overtook_its_request_stops_it_and_only_it():
     assert jobs.stop("tab", ("generate",), at=100.0) == 0  # found nothing
     assert not jobs.open("other-tab", "generate", submitted=100.2).stop.is_set()
     assert not jobs.open("tab", "bench", submitted=100.2).stop.is_set()
-    assert jobs.open("tab", "generate", submitted=100.3).reason == "stopped"  # the request it overtook
+    overtaken = jobs.open("tab", "generate", submitted=100.3)
+    assert overtaken.reason == "stopped" and overtaken.overtaken_by == pytest.approx(0.3)  # the request it overtook
     assert not jobs.open("tab", "generate", submitted=100.4).stop.is_set()  # used up: only the first
     jobs.stop("tab", ("generate",), at=101.0)  # finds the one running: nothing is kept for later
     assert not jobs.open("tab", "generate", submitted=101.1).stop.is_set()
@@ -123,6 +124,16 @@ def test_a_stop_that_overtook_its_request_stops_it_and_only_it():
     jobs.stop("late", None, at=102.0)
     now[0] = 104.0
     assert not jobs.open("late", "generate", submitted=102.0 + jobs_module.AHEAD_S + 0.1).stop.is_set()
+
+
+def test_a_request_stopped_by_a_stop_that_overtook_it_says_so():
+    """The client can tell it from its own Stop: the ending names the Stop that found nothing and says to send it again."""
+    server = tiny_server()
+    assert server.stop(ME, ("generate",)) == 0
+    updates = list(server.submit(ME, GenerateRequest, gen(max_new=6)))
+    assert updates[-1].outcome == "stopped" and "a Stop of this session that found nothing running arrived" in \
+        updates[-1].message and "send it again" in updates[-1].message, updates[-1]
+    assert done_of(list(server.submit(ME, GenerateRequest, gen(max_new=6)))).token_ids  # the next one runs
 
 
 def test_remembered_stops_cost_bounded_memory(monkeypatch):
