@@ -203,6 +203,16 @@ def test_a_request_whose_client_never_opens_its_stream_is_dropped_within_seconds
         assert generate(Client(url, verbose=False))["stats"]["finish_reason"] == "max_new_tokens"
 
 
+def posted_event(url: str, **fields) -> str:
+    """POST /generate on the REST route (its stream not opened): the event id."""
+    import httpx
+
+    posted = httpx.post(f"{url}gradio_api/call/generate", json={"data": api_data(prompt="Hey", **fields)},
+                        timeout=TIMEOUT_S)
+    assert posted.status_code == 200, posted.text
+    return posted.json()["event_id"]
+
+
 def sse_result(response) -> dict | str:
     """The last data of a /call stream: the answer (complete) or the error's message."""
     event, last = None, None
@@ -223,10 +233,7 @@ def test_a_client_that_opens_its_stream_late_is_not_dropped():
 
     with app_on_loopback() as (url, server):
         with slow(server.registry.get("tiny"), 0.05):
-            posted = httpx.post(f"{url}gradio_api/call/generate", json={"data": api_data(prompt="Hey",
-                                                                                        max_new_tokens=150)},
-                                timeout=TIMEOUT_S)
-            event = posted.json()["event_id"]
+            event = posted_event(url, max_new_tokens=150)
             time.sleep(6.5)  # running all the while: dozens of updates wait for it
             assert server.jobs.of() and server.jobs.of()[0].reason is None, "it ended before its client read"
             with httpx.stream("GET", f"{url}gradio_api/call/generate/{event}", timeout=TIMEOUT_S) as stream:
@@ -242,10 +249,7 @@ def test_a_client_whose_stream_closed_is_gone_after_a_while(monkeypatch):
     monkeypatch.setattr(presence, "ABSENT_S", 1.0)
     with app_on_loopback() as (url, server):
         with slow(server.registry.get("tiny"), 0.1):
-            posted = httpx.post(f"{url}gradio_api/call/generate", json={"data": api_data(prompt="Hey",
-                                                                                        max_new_tokens=200)},
-                                timeout=TIMEOUT_S)
-            event = posted.json()["event_id"]
+            event = posted_event(url, max_new_tokens=200)
             with httpx.stream("GET", f"{url}gradio_api/call/generate/{event}", timeout=TIMEOUT_S) as stream:
                 next(stream.iter_lines())
                 job = server.jobs.of()[0]
