@@ -61,6 +61,7 @@ BAD = [({"prompt": ""}, "prompt is empty"), ({"levels": "5,3"}, "exit layers mus
 # (its last update is sent up to the server's throttle after its last round); one that ran on longer was
 # running when the Stop was answered, and should have stopped
 STOP_MARGIN_S = 1.0
+CONNECT_TIMEOUT_S = 120.0  # a session's HTTP calls (gradio_client's default of 5 s failed 23 of 50 connects, load 18)
 KINDS = {"normal": 5, "stop": 3, "bad": 1, "late": 2}  # how often each kind of request is sent (weights)
 LATE_S = (2.0, 8.0)  # a late reader opens its stream this many seconds after its request (beyond the old 5 s rule)
 STOP_WHEN = ("at once", "0 ms", "later")  # a Stop: as submit() returns, 0 ms after the join was answered, or 0-1 s
@@ -272,8 +273,9 @@ def session(url, i, n_requests, lengths, long_share, rng, expected, deadline, ou
     """Session i's requests; `lengths`: (short, long) new tokens; `expected`: greedy output by prompt."""
     from gradio_client import Client
 
-    try:
-        client = Client(url, verbose=False, headers={"X-Forwarded-For": address(i)})
+    try:  # every session connects at once: on a busy host the app's config and API page take a while to serve
+        client = Client(url, verbose=False, headers={"X-Forwarded-For": address(i)},
+                        httpx_kwargs={"timeout": CONNECT_TIMEOUT_S})
     except Exception as exc:
         with lock:
             out.append({"kind": "connect", "outcome": "failed", "message": f"{type(exc).__name__}: {exc}"})
