@@ -13,8 +13,7 @@ So a Stop sent right after a request can never be lost in the gap before the job
 A Stop can also reach the server before the request it means: gradio_client's `submit()` returns
 before the request is sent, and a Stop sent at once may overtake it. So a Stop that found nothing
 of its session (and kind) to end also ends the first such request that arrives within AHEAD_S after
-it, and only that one, unless a job of that session and kind ended within AHEAD_S before it (then it
-came late for that job, and a request sent after its reply must run). A request sent later than that is not touched by it; an API client that must
+it, and only that one. A request sent later than that is not touched by it; an API client that must
 be sure waits for its request's event id (the join answered) before it sends its Stop.
 """
 
@@ -64,7 +63,6 @@ class Jobs:
         self._stops: OrderedDict[tuple[str, str], float] = OrderedDict()  # (session, kind) -> the last Stop's time
         # (session, kind) -> the time of a Stop that found nothing, for the request that may arrive just after it
         self._ahead: OrderedDict[tuple[str, str], float] = OrderedDict()
-        self._ended: OrderedDict[tuple[str, str], float] = OrderedDict()  # (session, kind) -> when its last job ended
 
     def open(self, session: str, kind: str, submitted: float | None = None, visitor: str = "") -> Job:
         """Register a job; `submitted`: when its request arrived (time.monotonic()). A Stop of its
@@ -99,12 +97,7 @@ class Jobs:
 
     def close(self, job: Job) -> None:
         with self._lock:
-            if self._jobs.pop(job.id, None) is not None:
-                key = (job.session, job.kind)
-                self._ended.pop(key, None)
-                self._ended[key] = now = self._clock()  # the newest end
-                while now - next(iter(self._ended.values())) > AHEAD_S:  # only the last second's ends are kept
-                    self._ended.popitem(last=False)
+            self._jobs.pop(job.id, None)
 
     def stop(self, session: str, kinds: Iterable[str] | None = None, at: float | None = None) -> int:
         """End the session's jobs of these kinds (all kinds: None), and remember the Stop (made `at`,
@@ -118,10 +111,7 @@ class Jobs:
                 self._stops[key] = max(at, self._stops.pop(key, at))  # moved to the newest end
             self._forget(self._clock())
             hit = [j for j in self._jobs.values() if j.session == session and (kinds is None or j.kind in kinds)]
-            # it found nothing: it may have overtaken its request, unless it came late for one that just ended
-            late = any(session == s and (kinds is None or k in kinds) and at - end <= AHEAD_S
-                       for (s, k), end in self._ended.items())
-            if not hit and not late:
+            if not hit:  # it may have overtaken its request
                 for kind in (ALL_KINDS,) if kinds is None else sorted(kinds):
                     self._ahead.pop((session, kind), None)
                     self._ahead[(session, kind)] = at
