@@ -129,7 +129,9 @@ def test_a_stop_that_overtook_its_request_stops_it_and_only_it():
 def test_a_request_stopped_by_a_stop_that_overtook_it_says_so():
     """The client can tell it from its own Stop: the ending names the Stop that found nothing and says to send it again."""
     server = tiny_server()
-    assert server.stop(ME, ("generate",)) == 0
+    assert server.stop(ME, ("generate",)) == 0  # in-process: it overtakes nothing
+    assert done_of(list(server.submit(ME, GenerateRequest, gen(max_new=6)))).token_ids
+    assert server.stop(Caller(ME.session, ME.address, time.monotonic()), ("generate",)) == 0  # over HTTP
     updates = list(server.submit(ME, GenerateRequest, gen(max_new=6)))
     assert updates[-1].outcome == "stopped" and "a Stop of this session that found nothing running arrived" in \
         updates[-1].message and "send it again" in updates[-1].message, updates[-1]
