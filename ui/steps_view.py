@@ -10,7 +10,7 @@ import html
 
 from hispec.engine.levels import levels_by_role
 from hispec.text import printable
-from ui.labels import choice_words, level_words
+from ui.labels import level_words
 
 _SEP = " · "
 
@@ -199,7 +199,7 @@ def round_html(rounds: list[dict], i: int, settings: dict | None = None) -> str:
     head = [round_label(rounds, i)]
     plan = rnd.get("plan")
     if plan:
-        head.append("plan: " + choice_words(plan["choice"]) + (f" ({plan['reason']})" if plan.get("reason") else ""))
+        head.append("plan: " + plan["words"] + (f" ({plan['reason']})" if plan.get("reason") else ""))
     steps = [_step_html(k, step, roles) for k, step in enumerate(rnd["steps"], 1)]
     summary = [f"{_plural(rnd['committed_total'], 'token')} committed so far",
                f"{rnd['tentative']} pending", f"layers ran {_ms(rnd['seconds'])}"]

@@ -9,7 +9,7 @@ from hispec.engine.levels import levels_by_role
 from hispec.evaluation import pairs
 from hispec.explain.speed_model import RoundShape
 from hispec.runs.metrics import in_stack_order, pair_name
-from ui.labels import plan_words
+from hispec.engine.planning.round import DRAFTS_ON, DRAFTS_ON_MEANS
 
 
 def _pct(x) -> str:
@@ -44,24 +44,40 @@ def _plan_acceptance(plan: dict, levels: tuple = ()) -> str:
                      for key in in_stack_order(measured) if measured[key] is not None) or "–"
 
 
+def _break_even(p: dict) -> str:
+    """'23% lookup → 4-bit full model': the acceptance of the plan's swept pair at which it pays, its other
+    pairs held at what it measured; 'never' when even 100% does not; '–' for a plain step or no estimate."""
+    if p["break_even_pair"] is None or p["predicted"] is None:
+        return "–"
+    if p["break_even"] is None:
+        return f"never ({p['break_even_pair']})"
+    if p["break_even"] == 0:  # e.g. a copy judged by the 4-bit model: its own token and drafts carry the round
+        return f"any {p['break_even_pair']} (pays even at 0%)"
+    return f"{_pct(p['break_even'])} {p['break_even_pair']}"
+
+
 def plans_table(story: dict) -> str:
     rows = []
     for p in story["plans"]:
         measured = p["measured_tokens_per_s"]
         estimate = p["predicted_tokens_per_s"]
-        be = p["break_even"]
         model_rate = "–" if estimate is None else f"{estimate:.1f} <span class='hs-hint'>estimate</span>"
-        # a plan with no estimate (a level in a cheaper format) has no break-even either: '–', not 'never'
-        even = "–" if p["kind"] == "plain" or p["predicted"] is None else _pct(be) if be is not None else "never"
         rows.append(
-            f"<tr><td>{html.escape(plan_words(p['kind']))}</td><td>{p['rounds']}</td><td>{p['new_tokens']}</td>"
+            f"<tr><td>{html.escape(p['words'])}</td><td>{p['rounds']}</td><td>{p['new_tokens']}</td>"
             f"<td>{_pct(p['share'])}</td><td>{html.escape(_plan_acceptance(p, story.get('levels')))}</td>"
             f"<td>{'–' if measured is None else f'{measured:.1f}'}</td><td>{model_rate}</td>"
-            f"<td>{_x(p['predicted'], p.get('range'))}</td><td>{even}</td></tr>")
+            f"<td>{_x(p['predicted'], p.get('range'))}</td><td>{_x(p.get('expected_gain'))}</td>"
+            f"<td>{html.escape(_break_even(p))}</td></tr>")
     head = ("<tr><th>plan</th><th>rounds</th><th>tokens</th><th>share of the time</th><th>acceptance</th>"
-            "<th>tokens / s, measured</th><th>tokens / s, cost model</th><th>× plain, estimate</th>"
-            "<th>break-even acceptance</th></tr>")
-    return f"<table class='hs-stats' id='hs-why-plans'>{head}{''.join(rows)}</table>"
+            "<th>tokens / s, measured</th><th>tokens / s, cost model</th><th>× plain, estimate at this acceptance</th>"
+            "<th>× plain, expected when chosen</th><th>break-even acceptance</th></tr>")
+    key = ("Break-even: the acceptance of the pair named at which the plan's estimate reaches a plain step's, its "
+           "other pairs held at what it measured. Expected when chosen: the adaptive policy's estimate at the moment "
+           "it picked the plan (median over its rounds), from the acceptance it had measured until then.")
+    if any(p["kind"].endswith(DRAFTS_ON) for p in story["plans"]):
+        key += " " + DRAFTS_ON_MEANS[0].upper() + DRAFTS_ON_MEANS[1:] + "."
+    return (f"<table class='hs-stats' id='hs-why-plans'>{head}{''.join(rows)}</table>"
+            f"<p class='hs-hint' id='hs-plan-key'>{html.escape(key)}</p>")
 
 
 def _measured_row(story: dict) -> str:
@@ -118,10 +134,10 @@ def why_html(story: dict) -> str:
         items = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in story["differences"])
         notes = ("<p>The estimate lies outside the measured range. By how much, and why they may differ:</p>"
                  f"<ul class='hs-why-notes'>{items}</ul>")
-    if any("@" in p["kind"] for p in story["plans"]):
-        notes += ("<p class='hs-hint'>Plans with a level in a cheaper format (the 4-bit model: full@q4) are "
-                  "measured only: this page's cost model holds the exact format's pass costs, so it gives them no "
-                  "estimate. They are exact all the same: the exact model decides every token.</p>")
+    if any(p["predicted"] is None and p["new_tokens"] for p in story["plans"]):
+        notes += ("<p class='hs-hint'>A plan shown '–' has no estimate: the run kept no pass costs for one of its "
+                  "levels, or no formula covers its shape (a copy judged by two levels). It is measured all the "
+                  "same, and exact: the full model decides every token.</p>")
     plain = story["plain"]
     calibration = ""
     if plain["measured_decode_tokens_per_s"]:
@@ -151,16 +167,16 @@ def speed_source_words(story: dict) -> str:
     for p in sorted(plans, key=lambda p: -p["new_tokens"]):
         rate = p["measured_tokens_per_s"]
         seconds = p["new_tokens"] / rate if rate else 0.0
-        parts.append(f"{plan_words(p['kind'])} wrote {_n(p['new_tokens'], 'token')} in {seconds:.1f} s")
+        parts.append(f"{p['words']} wrote {_n(p['new_tokens'], 'token')} in {seconds:.1f} s")
         if p["kind"] != "plain" and rate and plain and rate > plain:
-            faster.append(f"{plan_words(p['kind'])} ({rate / plain:.2f}×)")
+            faster.append(f"{p['words']} ({rate / plain:.2f}×)")
     text = "Where the speed came from: " + "; ".join(parts) + ". "
     text += (f"Faster than {source}: {', '.join(faster)}." if faster
              else f"No plan beat {source} in this run.")
     rounds = sum(p["rounds"] for p in story["plans"])
-    hierarchy = sum(p["rounds"] for p in story["plans"] if p["kind"].startswith("exit") and "->" in p["kind"])
+    hierarchy = sum(p["rounds"] for p in story["plans"] if p["hierarchy"])
     two_exits = sum(isinstance(x, int) for x in story.get("levels", (2, 4))) >= 2  # the list has a hierarchy of exits
-    if story["policy"] == "auto" and two_exits and rounds and hierarchy / rounds < 0.1:
+    if story.get("adapts") and two_exits and rounds and hierarchy / rounds < 0.1:
         text += (f" The exits' hierarchy (draft exit, then verifier exit, then the full model) ran in {hierarchy} of "
                  f"{rounds} rounds: to watch it at work, pick the Teaching preset (fixed rounds).")
     return text
@@ -177,7 +193,7 @@ def _costs_words(story: dict) -> str:
 
 
 def _policy_words(story: dict) -> str:
-    if story["policy"] == "auto":
+    if story.get("adapts"):
         return "the adaptive policy chose a plan every round from the acceptance measured so far and these costs"
     return "fixed rounds: one plan throughout"
 

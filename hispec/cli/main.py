@@ -9,7 +9,7 @@ from dataclasses import replace
 from hispec.cli.parsers import build_parser
 from hispec.engine.config import METHODS, preset
 from hispec.engine.levels import parse_method
-from hispec.engine.policy import DEFAULT_POLICY
+from hispec.engine.planning.policy import DEFAULT_POLICY
 from hispec.errors import HiSpecError
 
 
@@ -210,6 +210,7 @@ def _one_format(args) -> str:
 
 
 HELDOUT_SPECS = ("heldout", "heldout-tune", "heldout-report")  # see data.prompts (the split)
+FRESH_NAME = "heldout-fresh"  # data.prompts.FRESH_NAME: the split no development touches (no sweeps on it)
 
 
 def _bench_inputs(args, weights: str | None = None):
@@ -266,6 +267,9 @@ def cmd_sweep(args) -> int:
     if args.methods is not None or args.layerskip_exit is not None:
         raise HiSpecError("--methods and --layerskip-exit do not apply to --sweep: a sweep runs hispec at every "
                           "grid point and autoregressive as the reference")
+    if FRESH_NAME in args.prompts:
+        raise HiSpecError(f"a sweep chooses settings, and nothing is chosen on {FRESH_NAME}: it is the split no "
+                          "development touches; sweep on heldout-tune")
     grids = build_grids(args.sweep or "", args.draft_layers, args.verify_layers, args.draft_lens,
                         args.verify_thresholds)
     base, sets, lm = _bench_inputs(args)
@@ -335,7 +339,7 @@ def cmd_train_ee(args) -> int:
 REPOSITORY_TOOLS = {
     "figures": "the README's generated figures are repository tooling: run `python scripts/figures.py` "
                "(or `python scripts/figures.py --check`) from a checkout",
-    "load-test": "the load test is repository tooling: run `python scripts/load_test.py --help` from a checkout",
+    "load-test": "the load test is repository tooling: run `python scripts/measure/load_test.py --help` from a checkout",
 }
 
 

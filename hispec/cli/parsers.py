@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from hispec.engine.config import DEFAULT_DRAFT_LEN, DEFAULT_LAYERS, DEFAULT_VERIFY_THRESHOLD, DecodeConfig, METHODS
-from hispec.engine.policy import DEFAULT_POLICY, POLICIES
+from hispec.engine.planning.policy import DEFAULT_POLICY, POLICIES
 from hispec.evaluation.bench import BENCH_METHODS
 from hispec.training.heads import command as train_exits
 from hispec.training.layerskip import command as train_ee
@@ -98,7 +98,7 @@ def engine_options() -> argparse.ArgumentParser:
     g.add_argument("--cuda-graphs", action="store_true",
                    help="replay the decode loop's layer passes (up to 16 new tokens) from CUDA graphs: one launch "
                         "per pass instead of one per kernel (CUDA and the lean path only; off by default; measured on "
-                        "one GPU so far: README, Results)")
+                        "one GPU so far: docs/gpu.md)")
     return p
 
 

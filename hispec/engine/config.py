@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from hispec.engine.levels import LOOKUP, build_levels, exits_by_role, parse_levels
-from hispec.engine.policy import DEFAULT_POLICY, POLICIES
+from hispec.engine.planning.policy import DEFAULT_POLICY, POLICIES, adapts
 from hispec.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class Preset:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
 
-    def levels(self, num_layers: int, rec: dict, policy: str) -> tuple:
+    def levels(self, num_layers: int, rec: dict, adaptive: bool) -> tuple:
         """The level list this preset means on a model of `num_layers` layers."""
         L = num_layers
         if self.method == "autoregressive":
@@ -97,14 +97,14 @@ class Preset:
             exit_layer = _first(self.draft_layer, rec.get("layerskip_exit"), default_exits(L)[1])
             _check_layers(L, exit_layer)
             return (exit_layer,)
-        if policy == "auto" and self.draft_layer is None and self.verify_layer is None and rec.get("levels"):
+        if adaptive and self.draft_layer is None and self.verify_layer is None and rec.get("levels"):
             return tuple(rec["levels"])  # no exit named: the model's recommended list (recommended_levels)
         d = _first(self.draft_layer, rec.get("draft"), default_exits(L)[0])
         v = self.verify_layer
         if v is None:
             v = rec["verify"] if self.draft_layer is None and "verify" in rec else max(d + 1, default_exits(L)[1])
         _check_layers(L, d, v)
-        return (LOOKUP, d, v) if policy == "auto" else (d, v)
+        return (LOOKUP, d, v) if adaptive else (d, v)
 
     def as_method(self, method: str, exit_layer: int | None = None) -> Preset:
         """Another method with this preset's lengths: hispec keeps the layers; layerskip runs at
@@ -174,7 +174,7 @@ class DecodeConfig:
     # The level list, bottom first, the full model implied: e.g. ("lookup", 2, 4), (), ("lookup", "full@q4");
     # None: the preset's list (the default preset: hispec at the model's recommended exits).
     levels: tuple | None = None
-    policy: str = DEFAULT_POLICY  # auto: planned per round (hispec.engine.policy); fixed: the lengths below
+    policy: str = DEFAULT_POLICY  # auto: planned per round (hispec.engine.planning.policy); fixed: the lengths below
     # A fixed round's lengths: (tokens the lowest level that runs layers drafts per round, tentative tokens
     # that call the full model), e.g. (2, 4); None, or None in a place: the preset's, else the model's.
     lengths: tuple | None = None
@@ -190,6 +190,11 @@ class DecodeConfig:
     # Not a field of replace(): a configuration changed after resolving is resolved (and checked) again.
     resolved: int | None = field(default=None, init=False, compare=False, repr=False)
     checked: bool = field(default=False, init=False, compare=False, repr=False)  # validate() passed (as resolved)
+
+    @property
+    def adapts(self) -> bool:
+        """The policy plans each round from what it measures (engine.planning.policy.adapts); checked by validate."""
+        return adapts(self.policy)
 
     @property
     def method(self) -> str:
@@ -229,7 +234,7 @@ class DecodeConfig:
             return self
         if not self.checked:
             self.validate()
-        if self.policy == "auto" and self.temperature > 0 and self.seed is not None:
+        if self.adapts and self.temperature > 0 and self.seed is not None:
             # A seed asks for a reproducible run; the auto policy's plans follow timings, which
             # differ from run to run, and the draws follow the plans. Seeded sampling runs fixed rounds.
             fixed = replace(self, policy="fixed")
@@ -240,7 +245,7 @@ class DecodeConfig:
             levels = parse_levels(self.levels)
             build_levels(levels, L)  # checks the layers
         else:
-            levels = given.levels(L, rec, self.policy)
+            levels = given.levels(L, rec, self.adapts)
         lengths = given.lengths(levels, tuple(self.lengths or (None, None)), rec)
         described = replace(Preset.describing(levels, given.method), draft_len=lengths and lengths[0],
                             verify_threshold=lengths and lengths[1])
@@ -278,6 +283,11 @@ class DecodeConfig:
                      "lookup_len"):
             out[name] = getattr(self, name)
         return out
+
+
+def run_name(method: str, policy: str | None) -> str:
+    """A run's name as the comparisons and stats give it: 'hispec (auto)', 'autoregressive', 'hispec' (fixed)."""
+    return f"{method} ({policy})" if policy in POLICIES and adapts(policy) else method
 
 
 def recorded_lengths(settings: dict) -> tuple[int, int]:

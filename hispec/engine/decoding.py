@@ -9,7 +9,7 @@ Named presets:
 - lookup: [lookup, full], prompt lookup verified by the full model.
 
 Every list runs on a StageStack, so KV caches and hidden states of a shallower exit are reused by
-the deeper one; a policy (hispec.engine.policy) plans each round. Greedy selection throughout gives the
+the deeper one; a policy (hispec.engine.planning.policy) plans each round. Greedy selection throughout gives the
 target's own greedy output; sampling stays lossless at every level.
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 import torch
 
 from hispec.engine.config import DecodeConfig, check_prompt
-from hispec.engine.costs import CostLearner
+from hispec.engine.planning.costs import CostLearner
 from hispec.engine.device_drafts import DeviceDrafts
 from hispec.engine.events import DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent, TokenState
 from hispec.engine.gate import give_way
@@ -31,8 +31,8 @@ from hispec.engine.ledger import Ledger
 from hispec.engine.levels import LOOKUP, build_levels
 from hispec.engine.judging import Judge
 from hispec.engine.lookup import LookupIndex
-from hispec.engine.policy import Plan, Policy, make_policy
-from hispec.engine.priors import acceptance_priors
+from hispec.engine.planning.policy import Plan, Policy, adapts, make_policy
+from hispec.engine.planning.priors import acceptance_priors
 from hispec.engine.sampling import SamplingParams, Selector, Verdict
 from hispec.text import Detokenizer
 
@@ -62,11 +62,12 @@ class Decoder:
         self.syncs = 0  # device-to-host transfers of decisions (drafts, verdicts, target tokens)
         self.selector = Selector(SamplingParams(float(cfg.temperature), cfg.top_k, float(cfg.top_p)), cfg.seed)
         self.levels = build_levels(cfg.levels, ee.num_layers)
+        self._adapts, self._index = adapts(cfg.policy), {level: i for i, level in enumerate(self.levels)}
         # Where each level that runs layers stops: (its lane, i.e. its number format; the boundary index
         # in that lane's stack). The lookup level runs none. Each format's copy of the model and costs.
         self._layout, self._stops = lane_layout(self.levels)
         self._models = {None: ee, **{p: ee.in_format(p) for p in self._layout if p is not None}}
-        self.costs = CostLearner({p: self._models[p] for p in self._layout}, self.levels, cfg.policy == "auto")
+        self.costs = CostLearner({p: self._models[p] for p in self._layout}, self.levels, self._adapts)
         self.policy: Policy = make_policy(cfg.policy, self.levels, cfg, self.costs.lanes,
                                           acceptance_priors(ee, self.levels))
         self.judge = Judge(self.selector, self.ledger, self.policy, judge)  # judge: timing-only decisions
@@ -97,42 +98,43 @@ class Decoder:
 
     def _decode(self) -> Iterator[Event]:
         """One loop for every level list: propose, judge level by level, verify with the full model."""
-        levels, top, led = self.levels, len(self.levels) - 1, self.ledger
+        led = self.ledger
         yield from self._prefill()
         stack = self.stack
         while not self._finished():
             led.round += 1
             t_round, committed = self._clock(), led.committed
             plan = self._plan()
+            rnd, at = plan.round, self._index  # the round's levels -> their place in the list
             # 1. The proposer proposes: lookup copies, an exit drafts, the full model takes a plain step.
             first = len(stack)
-            if levels[plan.proposer].kind == LOOKUP:  # a point mass on each copied token (lossless)
+            if rnd.proposer.kind == LOOKUP:  # a point mass on each copied token (lossless)
                 led.place_copies(plan.tokens, f"lookup:{self._lookup_ngram}")
-            elif plan.proposer != top:
-                yield from self._draft(plan.proposer, plan.count)
+            elif not rnd.plain:
+                yield from self._draft(at[rnd.proposer], rnd.count)
                 if self._finished():
                     break
-            # 2. Each intermediate level above the proposer judges this round's proposals, bottom up,
-            #    from the saved hidden states of the level below (no layer runs twice).
-            for j in plan.judges:
+            # 2. Each intermediate level above the proposer judges this round's proposals, bottom up, from the
+            #    saved hidden states of the level below (no layer runs twice).
+            for j in (at[judge] for judge in rnd.judges):
                 if len(stack) > first:
                     h = stack.run_to(self._stops[j], len(stack) - 1)
                     self._judge_at(j, first, self._logits(h[0, first - len(stack) :], j))
             #    With `then`, the last judge drafts on where the copy it judged ended (lookup, a cheap lane).
-            if plan.then and plan.judges and stack.tokens[-1] not in self.eos:
-                yield from self._draft(plan.judges[-1], min(plan.then, led.room()))
+            if rnd.then and rnd.judges and stack.tokens[-1] not in self.eos:
+                yield from self._draft(at[rnd.judges[-1]], min(rnd.then, led.room()))
                 if self._finished():
                     break
             # 3. The full model, once enough tokens are pending, or the sequence must end.
             pending = stack.tokens[led.committed :]
-            if (plan.proposer == top or len(pending) >= plan.verify_at or led.room() == 0
+            if (rnd.plain or len(pending) >= rnd.verify_at or led.room() == 0
                     or any(t in self.eos for t in pending)):
                 self._verify_with_target()
             yield from self._end_round()
             self.policy.observe_round(plan, led.committed - committed, self._clock() - t_round)
 
     def _plan(self) -> Plan:
-        """The policy's plan for this round (and its PolicyEvent when the policy is adaptive)."""
+        """The policy's plan for this round, and its PolicyEvent (fixed rounds too: the round is a value)."""
         led, match = self.ledger, ([], 0)
         if self._lookup is not None and led.room() > 0:
             if self._device.waiting:
@@ -145,9 +147,8 @@ class Decoder:
         plan = self.policy.plan(led.room(), len(self.stack) - led.committed, match)
         if plan.tokens:
             self._lookup_ngram = match[1]
-        if self.config.policy == "auto":
-            led.out.append(PolicyEvent(led.round, plan.choice, plan.count, plan.verify_at, plan.reason,
-                                       dict(plan.estimates), self._clock()))
+        led.out.append(PolicyEvent(led.round, plan.choice, plan.round.count, plan.round.verify_at, plan.reason,
+                                   dict(plan.estimates), self._clock(), plan.round, plan.expected_gain, self._adapts))
         return plan
 
     # ---- stages ------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from hispec.engine.planning.round import Round
+
 
 class TokenState(str, Enum):
     DRAFTED = "drafted"
@@ -75,15 +77,19 @@ class RoundEvent:
 
 @dataclass(frozen=True)
 class PolicyEvent:
-    """The adaptive policy's plan for a round: what it chose and the estimate behind it."""
+    """The policy's plan for a round (every round, fixed or adaptive): the round as a value
+    (engine.planning.round.Round), and, from the adaptive policy, the estimate behind it."""
 
     round: int
-    choice: str  # e.g. "plain", "lookup 4", "exit 4 x2", "exit 2 x1 -> exit 4, full at 2"
+    choice: str  # the round's label (Round.label), e.g. "plain", "lookup 4", "exit 2 x1 -> exit 4, full at 2"
     count: int  # tokens proposed
     verify_at: int  # pending tokens that trigger the full model
     reason: str
-    estimates: dict  # candidate -> expected committed tokens per second (the best few, and plain)
+    estimates: dict  # candidate label -> expected committed tokens per second (the best few, and plain)
     t: float
+    plan: Round | None = None  # the round itself; None in traces recorded before rounds travelled as values
+    expected_gain: float | None = None  # expected tokens/s over a plain step's when chosen (adaptive)
+    adaptive: bool = True  # planned by an adaptive policy (False: a fixed round, the same every time)
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,8 @@ def event_to_dict(ev: Event) -> dict:
     out = {"type": _TYPE_OF[type(ev)]}
     for name in ev.__dataclass_fields__:
         value = getattr(ev, name)
-        out[name] = value.value if isinstance(value, TokenState) else list(value) if isinstance(value, tuple) else value
+        out[name] = (value.value if isinstance(value, TokenState) else list(value) if isinstance(value, tuple)
+                     else value.to_dict() if isinstance(value, Round) else value)
     return out
 
 
@@ -129,6 +136,8 @@ def event_from_dict(data: dict) -> Event:
         raise ValueError(f"{kind} event has unknown fields: {', '.join(sorted(unknown))}")
     if kind == "token":
         fields["state"] = TokenState(fields["state"])
+    if kind == "policy" and isinstance(fields.get("plan"), dict):
+        fields["plan"] = Round.from_dict(fields["plan"])
     for name in ("serials", "cache_lengths", "token_ids"):
         if name in fields:
             fields[name] = tuple(fields[name])

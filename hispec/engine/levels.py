@@ -49,18 +49,6 @@ def level_words(level) -> str:
     return text if text == LOOKUP or text.startswith("exit") else f"exit {text}"
 
 
-def plan_words(kind: str) -> str:
-    """A plan kind (the stats' policy choices, explain.plans) in words, bottom up with arrows and the full
-    model at the top: 'exit 2 -> exit 4' -> 'exit 2 → exit 4 → full model', 'lookup' -> 'lookup → full model',
-    'lookup -> full@q4 (drafts on)' -> 'lookup → 4-bit full model → full model (drafts on)', 'plain' ->
-    'plain step (full model)'."""
-    if kind == "plain":
-        return "plain step (full model)"
-    body, on, note = kind.partition(" (")
-    parts = [level_words(part.strip()).removeprefix("the ") for part in body.split("->")]
-    return " → ".join([*parts, "full model"]) + (f" ({note}" if on else "")
-
-
 # Cheaper formats of the same weights a level may run in (the exact format is the model's own: None).
 # q4: the GGUF file's own 4-bit blocks through the batch-invariant kernel (hispec/model/formats/q4.py);
 # a8: the same blocks with int8 activations per block of 32 (the kernel's act8 products), cheaper still.

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from hispec.engine.costs import CostModel
+from hispec.engine.planning.costs import CostModel
 from hispec.engine.config import METHODS, DecodeConfig, Preset, default_exits, recommended_settings
 from hispec.engine.levels import LOOKUP, parse_method, split_level
 from hispec.errors import ConfigError
@@ -118,7 +118,7 @@ def _preset(lm: LoadedModel, method: str, base: DecodeConfig, layerskip_exit: in
 
 
 class CostSnapshot:
-    """One calibrated cost model (engine.costs) that every method of a benchmark starts from.
+    """One calibrated cost model (engine.planning.costs) that every method of a benchmark starts from.
 
     Left alone, the model's cost model is shared and refined by every pass of every method, so a
     method's estimates would depend on which methods ran before it. Here it is calibrated once, for

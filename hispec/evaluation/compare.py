@@ -14,7 +14,7 @@ import threading
 from dataclasses import replace
 from typing import Iterator
 
-from hispec.engine.config import DecodeConfig
+from hispec.engine.config import DecodeConfig, run_name
 from hispec.engine.levels import level_words
 from hispec.evaluation import pairs as timed_pairs
 from hispec.runs.runner import plain_config
@@ -31,7 +31,7 @@ def compare_configs(config: DecodeConfig, baselines: list[str], ee) -> list[Deco
 
 
 def label(config: DecodeConfig) -> str:
-    return config.method if config.policy == "fixed" else f"{config.method} ({config.policy})"
+    return run_name(config.method, config.policy)
 
 
 def what_ran(config: DecodeConfig) -> str:
@@ -39,7 +39,7 @@ def what_ran(config: DecodeConfig) -> str:
     if config.method == "autoregressive":
         return "the full model, one token per pass"
     levels = " → ".join([level_words(x).removeprefix("the ") for x in (config.levels or ())] + ["full model"])
-    if config.policy == "auto":
+    if config.adapts:
         return f"{levels}; adaptive policy (plans chosen each round)"
     k, t = config.lengths or (1, 1)
     lengths = f"{k} draft{'s' * (k != 1)} per round"

@@ -1,7 +1,7 @@
 """The adaptive policy's acceptance priors, measured in real generations (scripts/measure_priors.py).
 
 The policy starts each generation from a prior per (proposer, judge) pair and moves towards what it
-measures (engine.policy.Acceptance). All of them are measured here, per token, in order up to each
+measures (engine.planning.policy.Acceptance). All of them are measured here, per token, in order up to each
 block's first rejection (the policy's own estimate of a), in generations with fixed rounds on the
 tuning split: a lookup copy by the full model, by n-gram length of the match ([lookup, full], every
 match proposed whole); each exit's drafts by the full model ([exit, full]); exit d's drafts by exit v

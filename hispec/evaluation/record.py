@@ -59,11 +59,11 @@ def environment(lm) -> dict:
 
 
 def priors(ee) -> dict:
-    """The acceptance the adaptive policy starts from with this model's exit heads (engine.policy):
+    """The acceptance the adaptive policy starts from with this model's exit heads (engine.planning.policy):
     the measured priors the heads' manifest ships (by level pair, and for lookup by match length), the
     heads' held-out agreement it falls back on where a pair has none, the prior of a pair with nothing
     measured, and how many judged tokens a prior counts as."""
-    from hispec.engine.policy import LOOKUP_UNMEASURED, PRIOR_WEIGHT, UNKNOWN_PRIOR
+    from hispec.engine.planning.policy import LOOKUP_UNMEASURED, PRIOR_WEIGHT, UNKNOWN_PRIOR
 
     info = getattr(ee, "exit_info", None) or {}
     shipped = info.get("policy_priors") or {}

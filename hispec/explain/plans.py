@@ -2,11 +2,13 @@
 took and how often their drafts were accepted (from the run's events alone).
 
 An adaptive run mixes plans (the lookup level's copy, drafts at one exit, the hierarchy, a plain
-step; engine.policy); a fixed run is one plan throughout. Each plan's rounds are folded apart:
+step; engine.planning.policy); a fixed run is one plan throughout. Each plan's rounds are folded apart:
 `rounds`, `new_tokens` committed in them, `seconds` of wall time (from the end of the previous
 round to the end of this one: bookkeeping included), its share of the decode time (the prompt's
-prefill apart), its per-token acceptance per level pair, and the lengths it used (the median
-`count` and `verify_at`), which is what its prediction and break-even need.
+prefill apart), its per-token acceptance per level pair, the lengths it used (the median `count`,
+`verify_at` and `then`), which is what its prediction and break-even need, and the gain over a plain step
+the adaptive policy expected when it chose it. Rounds are read as values (PolicyEvent.plan), never from
+their labels (a trace recorded before that is read once, by engine.planning.round.Round.from_label).
 """
 
 from __future__ import annotations
@@ -16,15 +18,15 @@ from dataclasses import dataclass, field
 
 from hispec.engine.config import recorded_lengths
 from hispec.engine.events import DoneEvent, Event, PolicyEvent, RoundEvent, TokenEvent
-from hispec.engine.levels import levels_by_role
+from hispec.engine.levels import Level, build_levels, parse_levels
+from hispec.engine.planning.round import Round, RoundKind
 from hispec.runs.metrics import StatsCollector
-
-PLAIN = "plain"
 
 
 @dataclass
 class PlanRow:
-    kind: str  # "plain", "lookup", "exit 4", "exit 2 -> exit 4"
+    kind: RoundKind  # who proposed, who judged, whether the judge drafted on
+    top: Level  # the run's full model
     rounds: int = 0
     new_tokens: int = 0
     seconds: float = 0.0
@@ -33,50 +35,49 @@ class PlanRow:
     judged: dict[str, int] = field(default_factory=dict)  # tokens judged per pair (up to first rejections)
     count: int = 1  # median proposed tokens per round
     verify_at: int = 1  # median pending tokens that called the full model
+    then: int = 0  # median tokens the judge drafted on
+    expected_gain: float | None = None  # median gain over a plain step the policy expected when it chose it
+
+    @property
+    def key(self) -> str:
+        return self.kind.key
+
+    @property
+    def round(self) -> Round:
+        """The plan's typical round: its kind at its median lengths."""
+        return Round(self.kind.proposer, self.top, self.count, self.kind.judges, self.verify_at,
+                     self.then if self.kind.drafts_on else 0)
 
     @property
     def tokens_per_s(self) -> float | None:
         return self.new_tokens / self.seconds if self.seconds > 0 else None
 
 
-def fixed_kind(settings: dict) -> str:
-    """The one plan a fixed run runs, named as the adaptive policy names its plans."""
-    levels = tuple(settings.get("levels") or ())
-    roles = levels_by_role(levels)  # exits by their layer, levels in a cheaper format by their spec ('full@q4')
-    roles = {role: level if isinstance(level, str) else f"exit {level}" for role, level in roles.items()}
-    if not roles:
-        return "lookup" if "lookup" in levels else PLAIN
-    kind = " -> ".join(roles[r] for r in ("draft", "verify") if r in roles)
-    # with a level in a cheaper format the lookup level is named too ('lookup -> full@q4'); exact lists keep
-    # the names their rounds always had ('exit 2 -> exit 4')
-    cheap = any("@" in level for level in roles.values())
-    return f"lookup -> {kind}" if cheap and "lookup" in levels else kind
+def run_levels(settings: dict) -> tuple[Level, ...]:
+    """The run's levels with their roles, from its settings (levels, num_layers)."""
+    return build_levels(parse_levels(settings.get("levels") or ()), settings.get("num_layers"))
 
 
-def _lengths(choice: str) -> tuple[int, int]:
-    """(count, verify_at) of a plan label: 'lookup 4', 'exit 2 x3', 'exit 2 x1 -> exit 4, full at 2'."""
-    k, at = 1, 1
-    for part in choice.replace(",", " ").split():
-        if part.startswith("x") and part[1:].isdigit():
-            k = int(part[1:])
-    words = choice.split()
-    if words and words[0] == "lookup" and len(words) > 1 and words[1].isdigit():
-        k = int(words[1])
-    if "full at" in choice:
-        at = int(choice.rsplit("full at", 1)[1].split()[0])
-    return k, at
+def fixed_round(levels: tuple[Level, ...], settings: dict) -> Round:
+    """The round a fixed run without PolicyEvents runs (a trace recorded before every round was an event):
+    the bottom level proposes, the levels above judge, the full model after t pending (1 without a judge)."""
+    k, t = recorded_lengths(settings)
+    top, judges = levels[-1], levels[1:-1]
+    if len(levels) == 1:
+        return Round.plain_step(top)
+    return Round(levels[0], top, k, judges, t if judges else 1)
 
 
 def plan_rows(events: list[Event], settings: dict) -> list[PlanRow]:
-    """One row per plan that ran, most time first."""
-    choice_of: dict[int, str] = {ev.round: ev.choice for ev in events if isinstance(ev, PolicyEvent)}
-    fixed = None if choice_of else fixed_kind(settings)
-    if fixed is not None:  # fixed rounds: the settings' lengths every round
-        k, at = recorded_lengths(settings)
-    rows: dict[str, PlanRow] = {}
-    collectors: dict[str, StatsCollector] = {}
-    lengths: dict[str, list[tuple[int, int]]] = {}
-    kind_of: dict[int, str] = {}
+    """One row per kind of plan that ran, most time first."""
+    levels = run_levels(settings)
+    plans: dict[int, PolicyEvent] = {ev.round: ev for ev in events if isinstance(ev, PolicyEvent)}
+    fallback = None if plans else fixed_round(levels, settings)
+    rows: dict[RoundKind, PlanRow] = {}
+    collectors: dict[RoundKind, StatsCollector] = {}
+    shapes: dict[RoundKind, list[tuple[int, int, int]]] = {}
+    gains: dict[RoundKind, list[float]] = {}
+    kind_of: dict[int, RoundKind] = {}
     prev_t, decode_s = 0.0, 0.0
     for ev in events:
         if isinstance(ev, RoundEvent) and ev.round == 0:
@@ -87,11 +88,14 @@ def plan_rows(events: list[Event], settings: dict) -> list[PlanRow]:
             continue
         kind = kind_of.get(r)
         if kind is None:
-            choice = choice_of.get(r)
-            kind = fixed if fixed is not None else StatsCollector.choice_kind(choice) if choice else PLAIN
-            kind_of[r] = kind
-            lengths.setdefault(kind, []).append((k, at) if fixed is not None else _lengths(choice or PLAIN))
-        row = rows.setdefault(kind, PlanRow(kind))
+            policy = plans.get(r)
+            chosen = (fallback if policy is None else policy.plan if policy.plan is not None
+                      else Round.from_label(policy.choice, levels))
+            kind = kind_of[r] = chosen.kind
+            shapes.setdefault(kind, []).append((chosen.count, chosen.verify_at, chosen.then))
+            if policy is not None and policy.expected_gain is not None:
+                gains.setdefault(kind, []).append(policy.expected_gain)
+        row = rows.setdefault(kind, PlanRow(kind, levels[-1]))
         collectors.setdefault(kind, StatsCollector()).add(ev)
         if isinstance(ev, RoundEvent):
             row.rounds += 1
@@ -104,6 +108,8 @@ def plan_rows(events: list[Event], settings: dict) -> list[PlanRow]:
         row.share = row.seconds / decode_s if decode_s > 0 else 0.0
         row.acceptance = collectors[kind].acceptance()
         row.judged = {key: n for key, (_, n) in collectors[kind].in_order.items()}
-        ks, ats = zip(*lengths[kind])
-        row.count, row.verify_at = int(statistics.median(ks)), int(statistics.median(ats))
+        ks, ats, thens = zip(*shapes[kind])
+        row.count, row.verify_at, row.then = (int(statistics.median(x)) for x in (ks, ats, thens))
+        if gains.get(kind):
+            row.expected_gain = statistics.median(gains[kind])
     return sorted(rows.values(), key=lambda row: -row.seconds)

@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import statistics
 
-from hispec.engine.costs import CostModel
+from hispec.engine.planning.costs import CostModel
 from hispec.engine.events import event_from_dict
-from hispec.engine.policy import plain_rate
+from hispec.engine.planning.policy import adapts
+from hispec.engine.planning.round import plain_rate
 from hispec.explain.plans import plan_rows
 from hispec.explain.speed_model import (
+    Lanes,
     RoundShape,
     SpeedModel,
     acceptance_interval,
     explain_plans,
-    plan_shape,
+    measured_acceptance,
+    pair_key,
     run_prediction,
 )
 from hispec.explain.what_if import gap
@@ -50,18 +53,23 @@ def shape_of(settings: dict) -> RoundShape | None:
     return shape if shape.kind in ("exit", "hierarchy") else None
 
 
-def _interval_prediction(model: SpeedModel, plan: dict, judged: dict) -> tuple[float, float] | None:
-    r = plan_shape(plan["kind"], plan["count"], plan["verify_at"])
-    if r is None or r.kind == "plain" or plan["a_vt"] is None:
+def _interval_prediction(row, lanes: Lanes) -> tuple[float, float] | None:
+    """The estimate's range over each measured pair's 90% interval (every pair at its low end, then at its
+    high end); None for a plain step or a plan without an estimate."""
+    r = row.round
+    if r.plain:
         return None
-    to_full = next((k for k in judged if k.endswith("->target")), None)
-    vt = acceptance_interval(plan["a_vt"], judged.get(to_full, 0))
-    dv = acceptance_interval(plan["a_dv"], judged.get("draft->verify", 0)) if plan["a_dv"] is not None else None
-    if vt is None:
+    ends = []
+    for side in (0, 1):
+        bounds = {}
+        for low, high in r.kind.pairs(r.top):
+            key = pair_key(low, high)
+            interval = acceptance_interval(row.acceptance.get(key), row.judged.get(key, 0))
+            bounds[key] = None if interval is None else interval[side]
+        ends.append(r.speedup(lanes, measured_acceptance(bounds)))
+    if None in ends:
         return None
-    low = model.speedup(r, dv[0] if dv else vt[0], vt[0])
-    high = model.speedup(r, dv[1] if dv else vt[1], vt[1])
-    return min(low, high), max(low, high)
+    return min(ends), max(ends)
 
 
 def _differences(measured: dict, predicted: float, stats: dict) -> list[tuple[str, str]]:
@@ -82,6 +90,14 @@ def _differences(measured: dict, predicted: float, stats: dict) -> list[tuple[st
     else:
         out.append(("noise", "one pair of runs is noisy: more pairs give a range"))
     return out
+
+
+def frozen_lanes(run: dict) -> dict[str, CostModel]:
+    """The pass costs of each cheaper-format lane a run kept at its end (DoneEvent.costs_ms['lanes']): what
+    its policy planned its 4-bit rounds with, by format ({} when it kept none)."""
+    done = next((e for e in reversed(run.get("events") or []) if e.get("type") == "done"), None)
+    lanes = ((done or {}).get("costs_ms") or {}).get("lanes") or {}
+    return {fmt: CostModel.from_figures_ms(figures) for fmt, figures in lanes.items()}
 
 
 def frozen_costs(run: dict, exits: tuple[int, ...] = ()) -> CostModel | None:
@@ -115,6 +131,39 @@ def keep_costs(run: dict, costs: CostModel) -> None:
     run["costs_ms"] = costs.figures_ms()
 
 
+def _measured(run: dict) -> dict | None:
+    measured = run.get("vs_plain")
+    if measured is not None and not measured.get("runs"):  # asked for, every pair cut short: nothing measured
+        measured = dict(measured, median=None)
+    return measured
+
+
+def _plain_decode(measured: dict | None) -> float | None:
+    """Plain decoding's tokens/s after the first token, measured by the run's pairs (median)."""
+    return statistics.median(measured["plain_decode_tokens_per_s"]) if measured and measured["median"] else None
+
+
+def _plans(run: dict, lanes: dict, measured: dict | None) -> list[dict]:
+    """The run plan by plan (explain_plans) with each estimate's range, on these lane costs."""
+    settings = run["settings"]
+    rows = plan_rows([event_from_dict(d) for d in run.get("events") or []], settings)
+    plain_decode = _plain_decode(measured)
+    plans = explain_plans(rows, lanes, settings.get("num_layers"), plain_decode, tuple(settings.get("levels") or ()))
+    for plan, row in zip(plans, rows):
+        plan["range"] = _interval_prediction(row, lanes) if None in lanes else None
+    return plans
+
+
+def plan_table(run: dict) -> list[dict]:
+    """The plan table the page shows, as data (/generate's answer: `plans`): each plan that ran, its words,
+    rounds, tokens, measured tokens/s (and ratio to plain decoding, when pairs measured it), its estimate
+    with range, break-even and the gain expected when chosen, on the costs the run kept (every lane). A
+    run that kept none (fixed rounds on a model never timed) has measurements only."""
+    exact = frozen_costs(run)
+    lanes = {} if exact is None else {None: exact, **frozen_lanes(run)}
+    return _plans(run, lanes, _measured(run))
+
+
 def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_if: dict | None = None,
                 frozen: str | None = None) -> dict:
     """Every figure of "Why this speed" for a finished run (the page's kept run: stats, settings,
@@ -123,25 +172,19 @@ def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_
     None: the model's cost model as it stands now."""
     settings, stats = run["settings"], run["stats"]
     L = settings.get("num_layers")
-    events = [event_from_dict(d) for d in run.get("events") or []]
-    rows = plan_rows(events, settings)
-    measured = run.get("vs_plain")
-    if measured is not None and not measured.get("runs"):  # asked for, every pair cut short: nothing measured
-        measured = dict(measured, median=None)
-    plain_decode = (statistics.median(measured["plain_decode_tokens_per_s"]) if measured and measured["median"]
-                    else None)
-    plans = explain_plans(rows, costs, L, plain_decode)
+    measured = _measured(run)
+    plans = _plans(run, {None: costs, **frozen_lanes(run)}, measured)
     model = SpeedModel(costs, L)
-    for plan, row in zip(plans, rows):
-        plan["range"] = _interval_prediction(model, plan, row.judged)
     predicted = run_prediction(plans)
     low = run_prediction([dict(p, predicted=p["range"][0]) if p.get("range") else p for p in plans])
     high = run_prediction([dict(p, predicted=p["range"][1]) if p.get("range") else p for p in plans])
-    story = {"definition": DEFINITION, "method": settings.get("method"), "policy": settings.get("policy"),
+    policy = settings.get("policy")
+    story = {"definition": DEFINITION, "method": settings.get("method"), "policy": policy,
+             "adapts": policy is not None and adapts(policy),
              "levels": tuple(settings.get("levels") or ()),
              "measured": measured, "plans": plans, "predicted": predicted,
              "predicted_range": (low, high) if low is not None and high is not None else None,
-             "plain": {"measured_decode_tokens_per_s": plain_decode, "model_tokens_per_s": plain_rate(costs, L)},
+             "plain": {"measured_decode_tokens_per_s": _plain_decode(measured), "model_tokens_per_s": plain_rate(costs, L)},
              "differences": [], "shape": None, "costs_frozen": frozen}
     if (measured and measured["median"] and predicted is not None
             and not measured["low"] <= predicted <= measured["high"]):

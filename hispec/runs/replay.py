@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hispec.engine.events import DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent, TokenEvent, event_from_dict
+from hispec.engine.levels import build_levels, parse_levels
+from hispec.engine.planning.round import Round
 from hispec.engine.events import TokenState as S
 
 _LISTS = ("proposed", "kept", "rejected", "wrote", "committed", "discarded")
@@ -208,8 +210,9 @@ def replay(events: list[Event]) -> list[dict]:
         step_dicts = [s.to_dict(born) for s in steps]
         rounds.append({
             "round": r,
-            "plan": None if policy is None else {"choice": policy.choice, "reason": policy.reason,
-                                                 "count": policy.count, "verify_at": policy.verify_at},
+            "plan": None if policy is None else {"choice": policy.choice, "words": _plan_words(policy, done),
+                                                 "reason": policy.reason, "count": policy.count,
+                                                 "verify_at": policy.verify_at, "expected_gain": policy.expected_gain},
             "steps": step_dicts,
             "cache_before": before,
             "cache_after": list(cache),
@@ -220,6 +223,19 @@ def replay(events: list[Event]) -> list[dict]:
             "complete": round_ev is not None or (r == 0 and bool(tokens)),
         })
     return rounds
+
+
+def _plan_words(policy: PolicyEvent, done: DoneEvent | None) -> str:
+    """The round in the page's words (engine.planning.round.Round.words); a trace recorded before rounds travelled as
+    values is read from its label against the run's levels, else its label is shown as it is."""
+    if policy.plan is not None:
+        return policy.plan.words
+    settings = done.settings if done is not None else {}
+    try:
+        levels = build_levels(parse_levels(settings.get("levels") or ()), settings["num_layers"])
+        return Round.from_label(policy.choice, levels).words
+    except (KeyError, TypeError, ValueError):
+        return policy.choice
 
 
 def _num_layers(events: list[Event], done: DoneEvent | None) -> int:

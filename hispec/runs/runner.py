@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Generator, Iterable, Iterator
 
-from hispec.engine.config import DecodeConfig, default_exits, recommended_settings
+from hispec.engine.config import DecodeConfig, default_exits, recommended_settings, run_name
 from hispec.engine.levels import LOOKUP
 from hispec.errors import HiSpecError
 from hispec.engine.decoding import Decoder
@@ -115,7 +115,7 @@ def warm_up(lm, progress: Callable[[str], None] | None = None) -> float:
     """Short untimed generations of a freshly loaded model, so that neither a visitor's first run nor the
     first run of a timed pair pays for one-off work: the model's default configuration (hispec/auto at its
     recommended levels: on the default model its 4-bit copy is built and its kernel loaded) and its exits
-    under the auto policy, each calibrating the pass costs the adaptive policy plans with (engine.costs).
+    under the auto policy, each calibrating the pass costs the adaptive policy plans with (engine.planning.costs).
     Seen before: a Compare on a fresh app timed its first run at 6 tokens/s against 34 for the next two,
     and called a 2.2x ratio "no measurable difference". Returns the seconds it took."""
     t0 = time.perf_counter()
@@ -156,6 +156,8 @@ class LiveRun:
         if isinstance(ev, DoneEvent):
             self.done = ev
             self.set_levels(ev.settings.get("levels"))
+            if not self.stats.method:  # the run's own name ('hispec (auto)'), when the caller gave none
+                self.stats.method = run_name(ev.settings.get("method", ""), ev.settings.get("policy"))
 
     def summary(self) -> dict:
         return self.stats.summary()

@@ -107,7 +107,7 @@ class RecordedAcceptance:
 
     @classmethod
     def load(cls, path: str | Path, pattern: str) -> RecordedAcceptance:
-        """One named pattern of a file written by scripts/record_acceptance.py."""
+        """One named pattern of a file written by scripts/gpu/record_acceptance.py."""
         data = json.loads(Path(path).read_text())
         if pattern not in data.get("patterns", {}):
             raise ValueError(f"{path} has no acceptance pattern '{pattern}'; it has: "

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Iterator
 
 from hispec.engine.events import Event
 from hispec.errors import HiSpecError
+from hispec.explain.why import plan_table
 from hispec.runs.runner import LiveRun
 from hispec.serving.updates import Ended, Output, Status
 
@@ -40,13 +41,15 @@ class Generation:
 
     def response(self, html: str) -> dict:
         """What /generate returns: text, token_ids, html (the coloured tokens), stats (with `vs_plain`
-        when a baseline was measured), settings and trace (every engine event, in order)."""
+        when a baseline was measured), settings, plans (the page's "Why this speed" plan table as data:
+        explain.why.plan_table) and trace (every engine event, in order)."""
         done = self.run.done
         stats = self.run.summary()
         if self.vs_plain is not None:
             stats["vs_plain"] = self.vs_plain
+        kept = {"settings": done.settings, "events": self.run.events, "stats": stats, "vs_plain": self.vs_plain}
         return {"text": done.text, "token_ids": list(done.token_ids), "html": html, "stats": stats,
-                "settings": done.settings, "trace": self.run.events}
+                "settings": done.settings, "plans": plan_table(kept), "trace": self.run.events}
 
 
 def api_answer(updates: Iterable[object], html_of: Callable[[LiveRun], str]) -> Iterator[dict]:

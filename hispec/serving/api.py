@@ -26,10 +26,10 @@ from functools import cached_property, partial
 from pathlib import Path
 
 from hispec.engine.config import METHODS, DecodeConfig, check_prompt, preset
-from hispec.engine.costs import model_costs
+from hispec.engine.planning.costs import model_costs
 from hispec.engine.events import DoneEvent
 from hispec.engine.levels import parse_levels
-from hispec.engine.policy import DEFAULT_POLICY, POLICIES
+from hispec.engine.planning.policy import DEFAULT_POLICY, POLICIES
 from hispec.errors import ConfigError
 from hispec.evaluation import bench, compare as comparing
 from hispec.runs import runner
@@ -315,7 +315,7 @@ class LoadRequest(Request):
 # ---- follow-ups of a run: this machine's pass costs, what each exit believes -----------------------
 @dataclass(frozen=True)
 class CostsRequest(Request):
-    """The model's pass costs on this machine (engine.costs), calibrated for these exits if they are
+    """The model's pass costs on this machine (engine.planning.costs), calibrated for these exits if they are
     not yet: the numbers "Why this speed" explains a run with."""
 
     model: str | None = None

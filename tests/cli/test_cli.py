@@ -74,7 +74,7 @@ def test_one_runs_stats_name_its_plans_in_words_and_its_set_up_apart(folder, cap
     policy's one-off timing, and 'adaptive plans (rounds) full@q4 2' in the engine's names."""
     import time
 
-    from hispec.engine import costs
+    from hispec.engine.planning import costs
     from hispec.runs.metrics import stats_rows
 
     calibrate = costs.CostModel.calibrate

@@ -83,7 +83,7 @@ def test_one_default_policy_for_the_engine_and_the_cli():
     """The engine's and the CLI's defaults are the one DEFAULT_POLICY (auto: on held-out prompts,
     `bench` measured hispec/auto at 1.33x autoregressive and hispec/fixed at 1.08x, every output equal)."""
     from hispec.cli.parsers import build_parser
-    from hispec.engine.policy import DEFAULT_POLICY, POLICIES
+    from hispec.engine.planning.policy import DEFAULT_POLICY, POLICIES
 
     assert DEFAULT_POLICY == "auto" and DEFAULT_POLICY in POLICIES
     assert DecodeConfig().policy == DEFAULT_POLICY

@@ -3,14 +3,15 @@
 import pytest
 from helpers import ee_of, hf_greedy, identity_layer_model, tiny_model
 
-from hispec.engine.costs import CostModel
+from hispec.engine.planning.costs import CostModel
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.decoding import Decoder
 from hispec.errors import ConfigError
 from hispec.engine.events import PolicyEvent, TokenEvent, TokenState
 from hispec.engine.levels import build_levels, parse_levels, parse_method
 from hispec.engine.lookup import LookupIndex
-from hispec.engine.policy import AutoPolicy, expected_run
+from hispec.engine.planning.policy import AutoPolicy
+from hispec.engine.planning.round import expected_run
 from hispec.runs.runner import run
 
 LISTS = [(), ("lookup",), (3,), (2, 5), ("lookup", 4), ("lookup", 2, 5), ("lookup", 1, 7)]
@@ -167,7 +168,7 @@ def test_auto_takes_a_long_copy_when_copies_are_accepted_and_verification_is_che
     for _ in range(20):
         policy.observe("lookup:2", "target", True)
     plan = policy.plan(room=50, pending=0, match=([1, 2, 3, 4, 5, 6], 2))
-    assert plan.choice == "lookup 6" and plan.judges == () and plan.tokens == (1, 2, 3, 4, 5, 6)
+    assert plan.choice == "lookup 6" and plan.round.judges == () and plan.tokens == (1, 2, 3, 4, 5, 6)
     assert plan.estimates["lookup 6"] > plan.estimates["plain"]
 
 
@@ -180,7 +181,7 @@ def test_auto_falls_back_to_plain_steps_when_nothing_pays():
     for _ in range(30):
         policy.observe("draft", "verify", False)
     plan = policy.plan(room=50, pending=0, match=([7, 7], 1))
-    assert plan.choice == "plain" and plan.count == 0 and "plain step" in plan.reason
+    assert plan.choice == "plain" and plan.round.count == 0 and "plain step" in plan.reason
 
 
 def test_auto_piles_tentative_tokens_up_when_the_verifier_is_trusted():
@@ -192,7 +193,7 @@ def test_auto_piles_tentative_tokens_up_when_the_verifier_is_trusted():
     policy = AutoPolicy(levels, _flat_costs(head=0.0), {("draft", "verify"): 0.9, ("verify", "target"): 1.0,
                                                         ("draft", "target"): 0.0}, lookup_len=8)
     plan = policy.plan(room=50, pending=0, match=([], 0))
-    assert plan.judges == (1,) and plan.verify_at > 1, plan
+    assert plan.round.judges == (levels[1],) and plan.round.verify_at > 1, plan
     # while tentative tokens pile up, the plan holds until the full model runs
     assert policy.plan(room=40, pending=2, match=([], 0)) == plan
 

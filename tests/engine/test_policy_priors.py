@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers import tiny_model
 
-from hispec.engine import policy
+from hispec.engine.planning import policy
 from hispec.engine.config import preset
 from hispec.engine.decoding import Decoder
 from hispec.engine.levels import build_levels
@@ -86,7 +86,7 @@ def test_the_shipped_manifest_carries_measured_priors_and_says_where_its_default
 
 
 def test_the_measurement_counts_what_the_full_model_accepted(tiny_loaded):
-    """scripts/measure_priors.py's counts: in the [exit d, full] run, the tokens the full model
+    """scripts/measure/measure_priors.py's counts: in the [exit d, full] run, the tokens the full model
     accepted are exactly the ACCEPTED tokens of the same generation's event stream; every rate is
     accepted / judged; the priors it ships are read off the right runs."""
     from dataclasses import replace
@@ -122,7 +122,7 @@ def test_a_plan_measured_worse_than_plain_is_dropped_then_tried_again():
     actually runs are slow (a busy machine). After EVIDENCE_ROUNDS of them it is a suspect: plain steps
     run to measure plain decoding here (a probe, said in their reason); measured against those, it is
     dropped, the reason says why, and plain steps follow; DROP_ROUNDS later it is tried again."""
-    from hispec.engine.costs import CostModel
+    from hispec.engine.planning.costs import CostModel
     from hispec.engine.levels import build_levels
 
     levels = build_levels((2,), 8)
@@ -152,7 +152,7 @@ def test_a_plan_slower_than_the_models_plain_rate_but_faster_than_plain_measured
     (Judged against the model's plain rate, it was dropped: 1.04x over plain decoding on the summaries
     in assets/bench/precision_cpu_report.json, where the 4-bit model's drafts were dropped after a
     900-token prompt.)"""
-    from hispec.engine.costs import CostModel
+    from hispec.engine.planning.costs import CostModel
     from hispec.engine.levels import build_levels
 
     levels = build_levels((2,), 8)
@@ -171,7 +171,7 @@ def test_a_plan_slower_than_the_models_plain_rate_but_faster_than_plain_measured
 
 
 def test_a_plan_measured_as_fast_as_estimated_is_kept():
-    from hispec.engine.costs import CostModel
+    from hispec.engine.planning.costs import CostModel
     from hispec.engine.levels import build_levels
 
     levels = build_levels((2,), 8)
@@ -186,7 +186,7 @@ def test_a_plan_measured_as_fast_as_estimated_is_kept():
 def test_a_plan_expected_only_a_little_faster_than_plain_is_not_chosen():
     """Estimates are optimistic (policy.MIN_GAIN says by how much, measured): exit 2 expected at ~1.1x a
     plain step loses to it, and the reason names the margin; expected at ~1.5x it is chosen."""
-    from hispec.engine.costs import CostModel
+    from hispec.engine.planning.costs import CostModel
     from hispec.engine.levels import build_levels
 
     levels = build_levels((2,), 8)
@@ -209,7 +209,7 @@ def test_a_lookup_copy_clears_a_smaller_margin_than_an_exit():
     """A copy checked by the full model alone needs only LOOKUP_MIN_GAIN (its estimate held, and it costs no
     drafting): expected at ~1.1x a plain step it is chosen, where an exit plan expected at ~1.1x is not
     (the test above); below its own margin the plain step wins and the reason names that margin."""
-    from hispec.engine.costs import CostModel
+    from hispec.engine.planning.costs import CostModel
     from hispec.engine.levels import build_levels
 
     assert 1.0 < policy.LOOKUP_MIN_GAIN < policy.MIN_GAIN

@@ -12,7 +12,8 @@ from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, RoundEvent, TokenEvent, TokenState
 from hispec.engine.lanes import Lanes, lane_layout
 from hispec.engine.levels import build_levels, describe_spec, levels_by_role, parse_levels
-from hispec.engine.policy import Plan
+from hispec.engine.planning.policy import Plan
+from hispec.engine.planning.round import Round
 from hispec.errors import ConfigError
 from hispec.runs.runner import run
 from hispec.model.early_exit import EarlyExitModel
@@ -181,16 +182,16 @@ class _DraftOn:
 
     name, lookup_len = "fixed", 6
 
-    def __init__(self, then):
-        self.then, self.plans = then, []
+    def __init__(self, then, levels):
+        self.then, self.plans, self.levels = then, [], levels
 
     def lookup_limit(self, room):
         return min(self.lookup_len, room)
 
     def plan(self, room, pending, match):
-        tokens = tuple(match[0])
-        plan = (Plan(0, len(tokens), (1,), 1, f"lookup {len(tokens)} -> full@q4 +{self.then}", tokens=tokens,
-                     then=self.then) if tokens else Plan(1, min(2, room), (), 1, "full@q4 x2"))
+        tokens, (lookup, cheap, top) = tuple(match[0]), self.levels
+        plan = (Plan(Round(lookup, top, len(tokens), (cheap,), 1, self.then), tokens=tokens) if tokens
+                else Plan(Round(cheap, top, min(2, room))))
         self.plans.append(plan)
         return plan
 
@@ -212,8 +213,8 @@ def test_lookup_judged_then_drafted_on_by_the_cheap_lane_is_exact(pair, monkeypa
     model, ee = pair
     policies = []
 
-    def make(*a, **k):
-        policies.append(_DraftOn(then))
+    def make(name, levels, *a, **k):
+        policies.append(_DraftOn(then, levels))
         return policies[-1]
 
     monkeypatch.setattr(decoding, "make_policy", make)
@@ -240,8 +241,8 @@ def test_the_policy_plans_the_three_level_round_when_the_cheap_lane_agrees():
     """With the 4-bit full model agreeing with the exact one and a lookup match at hand, the adaptive
     policy's best plan copies, judges with full@q4 and drafts on (a 'lookup k -> full@q4 +m' round),
     and that kind is told apart from the plain judged copy for the drop rule."""
-    from hispec.engine.costs import CostModel
-    from hispec.engine.policy import AutoPolicy, plan_kind
+    from hispec.engine.planning.costs import CostModel
+    from hispec.engine.planning.policy import AutoPolicy, plan_kind
 
     levels = build_levels(("lookup", "full@q4"), 30)
     rows = (1, 8, 16)
@@ -251,6 +252,6 @@ def test_the_policy_plans_the_three_level_round_when_the_cheap_lane_agrees():
     priors = {("verify", "target"): 1.0, ("lookup:3", "verify"): 0.6, ("lookup:3", "target"): 0.6}
     policy = AutoPolicy(levels, {None: exact, "q4": cheap}, priors, lookup_len=6)
     plan = policy.plan(64, 0, ([11, 12, 13, 14], 3))
-    assert plan.tokens and plan.judges == (1,) and plan.then > 0, plan.choice
+    assert plan.tokens and plan.round.judges == (levels[1],) and plan.round.then > 0, plan.choice
     assert plan.choice.startswith("lookup ") and "-> full@q4 +" in plan.choice
-    assert plan_kind(plan) != plan_kind(Plan(0, 4, (1,), 1, "lookup 4 -> full@q4", tokens=(1, 2, 3, 4)))
+    assert plan_kind(plan) != plan_kind(Plan(Round(levels[0], levels[2], 4, (levels[1],)), tokens=(1, 2, 3, 4)))

@@ -43,11 +43,12 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 import hispec.engine.sampling as sampling
-from hispec.engine import policy
-from hispec.engine.costs import CostModel
+from hispec.engine.planning import policy
+from hispec.engine.planning.costs import CostModel
 from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, PolicyEvent, TokenEvent, TokenState
+from hispec.engine.planning.round import Round
 from hispec.model.early_exit import EarlyExitModel
 
 V = 48
@@ -130,10 +131,10 @@ class Sample:
     policy: str = ""
 
 
-def plan_kind(choice: str) -> str:
-    if choice == "plain":
+def plan_kind(r: Round) -> str:
+    if r.plain:
         return "plain"
-    return "lookup" if choice.startswith("lookup") else "hierarchy" if "->" in choice else "exit"
+    return "lookup" if r.proposer.kind == "lookup" else "hierarchy" if r.judges else "exit"
 
 
 def compute_bound(measured: CostModel) -> CostModel:
@@ -166,7 +167,7 @@ def generate(ee, prompt, config: DecodeConfig, runs: int, seeded: bool) -> list[
                     sample.bonus.add(ev.index)
                 prev = ev
             elif isinstance(ev, PolicyEvent):
-                sample.plans.append(plan_kind(ev.choice))
+                sample.plans.append(plan_kind(ev.plan))
             elif isinstance(ev, DoneEvent):
                 sample.tokens = list(ev.token_ids)
         assert len(sample.tokens) == config.max_new_tokens

@@ -4,10 +4,10 @@ judgement returns, and the typed point mass a lookup proposal is drawn from."""
 import pytest
 import torch
 
-from hispec.engine.costs import CostModel
+from hispec.engine.planning.costs import CostModel
 from hispec.engine.config import DecodeConfig
 from hispec.engine.levels import build_levels
-from hispec.engine.policy import AutoPolicy, FixedPolicy, Plan, Policy, make_policy
+from hispec.engine.planning.policy import AutoPolicy, FixedPolicy, Plan, Policy, make_policy
 from hispec.engine.sampling import PointMass, SamplingParams, Selector, Verdict, residual
 
 COSTS = CostModel.given({1: 1e-3, 8: 1.2e-3}, {(e, n): 1e-4 for e in (2, 4, 8) for n in (1, 8)})

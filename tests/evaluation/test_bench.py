@@ -165,7 +165,7 @@ def test_compare_outputs_script_counts_divergences(tmp_path):
     first = report(tmp_path / "a.json", [("p", "autoregressive", [1, 2, 3]), ("q", "autoregressive", [4, 5, 6])])
     second = report(tmp_path / "b.json", [("p", "hispec", [1, 2, 3]), ("q", "hispec", [4, 9, 6]),
                                           ("r", "hispec", [7])])  # r is not in the first run: not compared
-    script = Path(__file__).resolve().parents[2] / "scripts" / "compare_outputs.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "measure" / "compare_outputs.py"
     out = subprocess.run([sys.executable, str(script), first, second, "--against", "hispec"],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "1 of 2 differ, median first difference at token 2" in out.stdout
@@ -207,7 +207,7 @@ def test_autoregressive_is_the_fixed_plain_loop_under_any_policy(lm):
 
 
 def test_every_method_starts_from_one_calibrated_cost_model(lm, monkeypatch):
-    from hispec.engine.costs import CostModel
+    from hispec.engine.planning.costs import CostModel
     from hispec.evaluation import bench
 
     calibrations, seen = [], []

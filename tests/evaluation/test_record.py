@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from hispec.engine.config import preset
-from hispec.engine.policy import PRIOR_WEIGHT, UNKNOWN_PRIOR
+from hispec.engine.planning.policy import PRIOR_WEIGHT, UNKNOWN_PRIOR
 from hispec.evaluation import record
 from hispec.evaluation.profile import profile
 

@@ -7,7 +7,7 @@ from test_speed_model import flat_costs
 
 from hispec.engine.config import preset
 from hispec.engine.events import event_to_dict
-from hispec.explain.plans import fixed_kind, plan_rows
+from hispec.explain.plans import fixed_round, plan_rows, run_levels
 from hispec.runs.runner import run
 from hispec.explain.speed_model import RoundShape, SpeedModel
 from hispec.explain.why import speed_story
@@ -33,7 +33,7 @@ def kept(r, events, vs_plain=None) -> dict:
 def test_a_fixed_run_is_one_plan_with_the_runs_own_acceptance(ee):
     r, events = traced(ee, [5, 6, 7, 8], preset("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
     rows = plan_rows(events, r.settings)
-    assert [row.kind for row in rows] == ["exit 2 -> exit 4"] == [fixed_kind(r.settings)]
+    assert [row.key for row in rows] == ["exit 2 -> exit 4"] == [fixed_round(run_levels(r.settings), r.settings).kind.key]
     row = rows[0]
     # the prefill commits the first token (round 0); the plan's rounds commit the rest
     assert row.rounds == r.stats["rounds"] and row.new_tokens == r.stats["new_tokens"] - 1
@@ -45,13 +45,13 @@ def test_an_adaptive_run_is_told_plan_by_plan_lookup_included(ee):
     prompt = [5, 6, 7, 8, 9] * 6  # a prompt that repeats itself: the lookup level has something to copy
     r, events = traced(ee, prompt, preset("hispec", 2, 4, max_new_tokens=40, policy="auto"))
     rows = plan_rows(events, r.settings)
-    kinds = {row.kind for row in rows}
+    kinds = {row.key for row in rows}
     assert kinds == set(r.stats["policy_choices"]), (kinds, r.stats["policy_choices"])
     assert sum(row.rounds for row in rows) == r.stats["rounds"]
     assert sum(row.share for row in rows) == pytest.approx(1.0)
     assert sum(row.new_tokens for row in rows) <= r.stats["new_tokens"]
     if "lookup" in kinds:
-        lookup = next(row for row in rows if row.kind == "lookup")
+        lookup = next(row for row in rows if row.key == "lookup")
         assert set(lookup.acceptance) == {"lookup->target"}
 
 
@@ -115,3 +115,51 @@ def test_the_what_ifs_gap_is_taken_step_by_step_and_the_rest_called_unexplained(
     assert gap(w, 1.38)["unexplained"] == pytest.approx(1.38 / (2.3 / 1.5) - 1)
     assert gap({"synthetic_split": None, "plain_split": w["plain_split"]}, 1.8) is None
     assert gap(w, None) is None
+
+
+def test_the_plan_table_as_data_estimates_every_plan_of_an_adaptive_run_from_its_kept_costs(ee):
+    """/generate's `plans`: the page's table as JSON-ready data, each plan estimated on the costs the run
+    kept (its policy's, every lane), with a break-even named by its pair; a run that kept none is measured
+    only (no invented estimate)."""
+    import json
+
+    from hispec.explain.why import plan_table
+
+    prompt = [5, 6, 7, 8, 9] * 6
+    r, events = traced(ee, prompt, preset("hispec", 2, 4, max_new_tokens=40, policy="auto"))
+    plans = plan_table(kept(r, events))
+    json.dumps(plans)
+    assert {p["kind"] for p in plans} == set(r.stats["policy_choices"])
+    for p in plans:
+        assert p["predicted"] is not None and p["words"], p
+        assert (p["break_even_pair"] is None) == (p["kind"] == "plain"), p
+        assert p["expected_gain"] is not None, p  # what the policy expected when it chose it
+    run = kept(r, events)
+    done = next(e for e in run["events"] if e["type"] == "done")
+    done["costs_ms"] = {}  # as a fixed run on a model never timed
+    assert all(p["predicted"] is None for p in plan_table(run))
+
+
+@pytest.mark.real_model
+def test_the_default_runs_plans_each_get_an_estimate_on_the_default_model(real_model_threads):
+    """The default model's default run (lookup -> the 4-bit model -> the exact model, adaptive): every plan
+    that ran gets a numeric estimate and break-even from the costs the run kept for each lane."""
+    from hispec.engine.config import DecodeConfig
+    from hispec.explain.why import plan_table
+    from hispec.model.loading import load_model
+    from hispec.runs.runner import run, warm_up
+
+    lm = load_model("default", device="cpu")
+    warm_up(lm)
+    ids = lm.encode("Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox", chat=True)
+    config = DecodeConfig(max_new_tokens=48).resolve_for(lm.ee)
+    assert tuple(config.levels) == ("lookup", "full@q4")
+    events = []
+    r = run(lm.ee, ids, config, lm.eos_ids, on_event=events.append)
+    plans = plan_table(kept(r, events))
+    ran = [p for p in plans if p["new_tokens"]]
+    assert any("full@q4" in p["kind"] for p in ran), plans
+    for p in ran:
+        assert p["predicted"] is not None, p
+        if p["kind"] != "plain":
+            assert p["break_even_pair"] is not None, p

@@ -14,7 +14,7 @@ from hispec.errors import ConfigError
 from hispec.runs.runner import run
 from hispec.model.formats import q4_kernel, q4_layer
 from hispec.model.early_exit import EarlyExitModel
-from hispec.model.formats.q4 import Q4_1, QuantizedMatrix, q4_copy, to_q4
+from hispec.model.formats.q4 import Q4_1, QuantizedMatrix, q4_copy, quantize_q8_0, to_q4
 
 REASON = q4_kernel.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"4-bit kernel unavailable here: {REASON}")
@@ -194,3 +194,120 @@ def test_attention_rows_wider_than_the_hidden_size():
     ref, _ = _run(a8, ids, [12], layers=2)
     out, _ = _run(a8, ids, [5, 1, 6], layers=2)
     assert torch.isfinite(ref).all() and torch.equal(out, ref)
+
+
+# ---- one kernel for every pass width: a row's bits never depend on how many rows share the pass -------
+WIDTHS = range(1, 17)
+
+
+def _head(N, K, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return quantize_q8_0(torch.randn(N, K, generator=g) * 0.05)
+
+
+def _product(lib, w, x, threads):
+    """x @ W.T through the packed int8 entry points (what the a8 layers and head call)."""
+    N, K = w.shape
+    out = torch.empty(x.shape[0], N)
+    packed = q4_layer.packed_a8(lib, w) if w.kind == Q4_1 else q4_layer.A8Head(lib, w).packed
+    fn = lib.hispec_q41_matmul_a8p if w.kind == Q4_1 else lib.hispec_q80_matmul_a8p
+    fn(x.data_ptr(), x.shape[0], K, packed.data_ptr(), N, out.data_ptr(), N, threads)
+    return out
+
+
+def width_mismatches(lib, threads: int) -> list[str]:
+    """Every (matrix, width k, row) whose k-row product differs in any bit from the same row alone, for
+    k = 1..16 and two placements of the window (the pass's first rows, its last rows). Matrices: Q4_1 with
+    a partial last column group and an odd block count, and a Q8_0 head."""
+    bad = []
+    for name, w in (("q41 96x80", _matrix(80, 96, seed=1)), ("q41 544x64", _matrix(64, 544, seed=2)),
+                    ("q80 head 64x200", _head(200, 64))):
+        x = torch.randn(16, w.shape[1], generator=torch.Generator().manual_seed(5))
+        x[3, :32] = 0  # an all-zero block
+        alone = torch.cat([_product(lib, w, x[i : i + 1].contiguous(), threads) for i in range(16)])
+        for k in WIDTHS:
+            for lo in (0, 16 - k):
+                y = _product(lib, w, x[lo : lo + k].contiguous(), threads)
+                bad += [f"{name} k={k} row {lo + i}" for i in range(k) if not torch.equal(y[i], alone[lo + i])]
+    return bad
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("isa", ISAS)
+def test_k_row_products_equal_one_row_products_bit_for_bit(isa, threads):
+    assert width_mismatches(q4_kernel.load(isa), threads) == []
+
+
+def test_the_q8_head_computes_its_definition():
+    """The a8 LM head (Q8_0 weights, signed: dpbusd takes w + 128 and takes 128 * sum(xq) off) against a
+    float64 reference of the same quantisation, weights at both ends of the byte range included."""
+    w = _head(72, 96)
+    w.qs[0, :8] = torch.tensor([-128, 127, -127, 0, 5, -1, 1, -128], dtype=torch.int8)
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(8))
+    xb = x.double().view(5, 3, 32)
+    dx = xb.abs().amax(-1, keepdim=True) / 127
+    xq = torch.round(xb / dx).clamp(-127, 127)
+    ref = (torch.einsum("rbi,nbi->rnb", xq, w.qs.view(72, 3, 32).double())
+           * w.d.view(torch.float16).double()[None] * dx[..., 0][:, None]).sum(-1)
+    for isa in ISAS:
+        y = _product(q4_kernel.load(isa), w, x, 2)
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+def _a8_view(isa, layers=4, seed=9):
+    q4 = EarlyExitModel(to_q4(tiny_model("llama", layers=layers, seed=seed)))
+    a8 = q4_layer.a8_copy(q4)
+    a8.lean.native = q4_layer.NativeLayers(a8.lean, isa, act8=True)
+    head = q4.lean.lm_head
+    a8.lean.lm_head = q4_layer.A8Head(a8.lean.native.lib, head.matrix, head.bias)
+    return a8
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("isa", ISAS)
+def test_k_token_logits_equal_one_token_logits_bit_for_bit(isa, threads):
+    """The a8 view's whole pass (layers, cache, LM head) over k = 1..16 new tokens after a prompt: each
+    row's logits equal, bit for bit, those of the same position decoded one token at a time."""
+    a8, prompt, ids = _a8_view(isa), [5, 9, 14, 3, 22, 7], list(range(30, 46))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cache = a8.new_cache(64)
+        a8.run_layers(a8.embed(prompt), 0, a8.num_layers, cache)
+        one = []
+        for t in ids:
+            one.append(a8.exit_logits(a8.run_layers(a8.embed([t]), 0, a8.num_layers, cache), a8.num_layers)[0, 0])
+        for k in WIDTHS:
+            for layer in range(a8.num_layers):
+                cache.crop(layer, len(prompt))
+            logits = a8.exit_logits(a8.run_layers(a8.embed(ids[:k]), 0, a8.num_layers, cache), a8.num_layers)[0]
+            assert all(torch.equal(logits[i], one[i]) for i in range(k)), k
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_the_a8_view_runs_its_lm_head_in_int8():
+    q4, a8 = _views()
+    assert isinstance(a8.lean.lm_head, q4_layer.A8Head) and not isinstance(q4.lean.lm_head, q4_layer.A8Head)
+    h = torch.randn(1, 3, q4.lean.lm_head.matrix.shape[1])
+    rel = ((a8.lean.lm_head(h) - q4.lean.lm_head(h)).norm() / q4.lean.lm_head(h).norm()).item()
+    assert 0 < rel < 0.05
+    with pytest.raises(TypeError, match="a8 LM head takes float32"):
+        a8.lean.lm_head(h.double())
+
+
+ROW_DEPENDENT = ("            acc[r] = vfma(s, vmul(dw, vset1(x.dx[r * nb + b])), acc[r]);",
+                 "            acc[r] = vfma(s, vmul(dw, vset1(x.dx[r * nb + b])), acc[r]);\n"
+                 "            if constexpr (R > 1) acc[r] = vmul(acc[r], vset1(1.0000001f));  // rows in company drift")
+
+
+def test_the_width_check_catches_a_row_dependent_kernel(tmp_path):
+    """The check above fails on a build whose arithmetic depends on the tile's row count (a deliberate
+    change compiled from a copy of the source): the bit check can fail."""
+    source = q4_kernel.SOURCE.read_text()
+    assert ROW_DEPENDENT[0] in source, "the kernel's a8 accumulation line moved: update ROW_DEPENDENT"
+    broken = tmp_path / "q4_kernel.cpp"
+    broken.write_text(source.replace(ROW_DEPENDENT[0], ROW_DEPENDENT[1]))
+    lib = q4_kernel.open_library(q4_kernel.build(q4_kernel.host_isa(), source=broken))
+    bad = width_mismatches(lib, 1)
+    assert bad and all(int(b.split("k=")[1].split()[0]) > 1 for b in bad)

@@ -59,7 +59,7 @@ def test_cache_is_reused(lm):
 
 
 def test_recorded_acceptance_of_the_default_model_replays_its_own_verdicts(lm):
-    """scripts/record_acceptance.py's recording on the real model and its shipped exit heads: the
+    """scripts/gpu/record_acceptance.py's recording on the real model and its shipped exit heads: the
     runs it writes reproduce the real verdicts when replayed with the same settings."""
     import sys
     from pathlib import Path
@@ -69,7 +69,7 @@ def test_recorded_acceptance_of_the_default_model_replays_its_own_verdicts(lm):
     from hispec.runs.timing_only import RecordedAcceptance
     from hispec.training.heads.prompts import heldout_prompts
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "gpu"))
     import record_acceptance
 
     prompt = next(iter(heldout_prompts(lm).values()))[0]

@@ -79,7 +79,7 @@ def test_training_improves_held_out_agreement(trained):
 
 
 def test_speed_estimate_follows_agreement():
-    from hispec.engine.costs import CostModel
+    from hispec.engine.planning.costs import CostModel
     from hispec.training.heads.estimate import Sequence, estimate
 
     target = list(range(200))

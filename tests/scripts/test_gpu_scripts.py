@@ -19,7 +19,7 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
     # one thread: its shapes are tiny, and two threads spin-wait badly beside a busy test process
     # (the same run took 115 s alone and 386-538 s inside the suite with two)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--quick",
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "gpu_check.py"), "--device", "cpu", "--quick",
                            "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -44,7 +44,7 @@ def test_gpu_check_smoke_run_on_cpu(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_gpu_check_refuses_cuda_without_a_gpu(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path / "x.json")],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "gpu_check.py"), "--out", str(tmp_path / "x.json")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no CUDA device" in proc.stderr
 
@@ -54,12 +54,12 @@ def test_gpu_profile_smoke_run_on_cpu_records_its_run(tmp_path):
     records what ran (command, commit, versions), so a GPU session's profile can be cited."""
     out = tmp_path / "profile.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_profile.py"), "--device", "cpu", "--shape",
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "gpu_profile.py"), "--device", "cpu", "--shape",
                            "small", "--new", "6", "--out", str(out)], capture_output=True, text=True, timeout=600,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert report["command"].startswith("python scripts/gpu_profile.py") and "--shape small" in report["command"]
+    assert report["command"].startswith("python scripts/gpu/gpu_profile.py") and "--shape small" in report["command"]
     assert report["code"]["commit"] and report["env"]["torch"] == torch.__version__ and report["env"]["gpu"] is None
     assert set(report["runs"]) == {"autoregressive", "layerskip@0.9", "hispec@0.9/0.9"}
     assert all(len(v) == 3 and min(v) > 0 for v in report["runs"].values())

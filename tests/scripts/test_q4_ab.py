@@ -1,4 +1,4 @@
-"""scripts/q4_ab.py: two kernel builds in one process. Switching routes every product through the
+"""scripts/measure/q4_ab.py: two kernel builds in one process. Switching routes every product through the
 build asked for, and the bit check tells builds with the same sums from builds with different ones."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""scripts/repeat_under_load.py counts what it says: a test that fails once in the series fails the
+"""scripts/measure/repeat_under_load.py counts what it says: a test that fails once in the series fails the
 series, a skipped run is not a pass, and the report records every run and the load it ran under."""
 
 import importlib.util
@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("repeat_under_load", ROOT / "scripts" / "repeat_under_load.py")
+spec = importlib.util.spec_from_file_location("repeat_under_load", ROOT / "scripts" / "measure" / "repeat_under_load.py")
 repeat = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(repeat)
 

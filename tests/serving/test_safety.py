@@ -269,7 +269,7 @@ def test_a_model_is_warmed_up_before_anyone_is_served_with_it(monkeypatch):
     the default list or of the exits, where a model not warmed up does (the check shown to catch it)."""
     from helpers import EOS, char_tokenizer, tiny_model
 
-    from hispec.engine import costs
+    from hispec.engine.planning import costs
     from hispec.engine.config import DecodeConfig, preset
     from hispec.model.early_exit import EarlyExitModel
     from hispec.model.loading import LoadedModel
@@ -402,9 +402,9 @@ def test_terminal_output_is_inert():
     assert "\\x1b[31mRED" in out and "<script>" in out  # shown as text
 
 
-# ---- load (short form; the full run is scripts/load_test.py) -----------------------------------------
+# ---- load (short form; the full run is scripts/measure/load_test.py) -----------------------------------------
 def test_load_short_form(capsys):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "measure"))
     import load_test
 
     code = load_test.main(["--sessions", "12", "--requests", "2", "--max-new-tokens", "12", "--max-seconds", "90",
@@ -417,7 +417,7 @@ def test_load_short_form(capsys):
 def test_the_load_test_fails_when_answers_cross(capsys, monkeypatch):
     """The check is shown to catch what it checks: with every prompt's expected answer replaced by the
     next prompt's, each normal answer is another session's and must be counted as crossed."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "measure"))
     import load_test
 
     original = load_test.serve
@@ -438,7 +438,7 @@ def test_the_load_test_fails_when_a_stop_is_lost(capsys, monkeypatch):
     """The check is shown to catch what it checks: with every Stop lost (the server's stop reaches
     nothing) and runs slow enough to go on long after the Stop's reply, each stop request that runs
     in full is a failure."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "measure"))
     import load_test
     from hispec.model.early_exit import EarlyExitModel
 
@@ -460,7 +460,7 @@ def test_the_load_test_fails_when_a_live_client_is_ended_as_left(capsys, monkeyp
     """The check is shown to catch what it checks: with a first-open grace shorter than its late readers'
     delay (the old unread rule did the same to live clients on a busy host), the late readers end as
     "the client left": counted, and the run fails."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "measure"))
     import load_test
     from hispec.model.early_exit import EarlyExitModel
     from hispec.serving import presence
@@ -485,7 +485,7 @@ def test_the_load_test_fails_when_a_live_client_is_ended_as_left(capsys, monkeyp
 def test_the_load_test_says_what_is_stuck(capsys, monkeypatch):
     """The check is shown to catch what it checks: with the model's turn never handed back, the
     sessions behind the first request never finish; the run fails and reports what serving holds."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "measure"))
     import load_test
     from hispec.serving.turns import Turns
 
@@ -502,7 +502,7 @@ def test_the_load_test_says_what_is_stuck(capsys, monkeypatch):
 def test_the_load_tests_judge_catches_a_cut_that_does_not_say_so():
     """Each of the load test's verdicts, shown on made-up answers: a run cut short must say it was
     stopped; a Stop that ran in full long after its reply is lost; another prompt's answer is crossed."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "measure"))
     import load_test
 
     expected = {"a": [1, 2, 3, 4, 5], "b": [6, 7, 8, 9, 10]}

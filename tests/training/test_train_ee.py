@@ -1,5 +1,5 @@
 """LayerSkip-style early-exit training as LoRA adapters (hispec/training/layerskip/, model/lora.py,
-gguf_pack.py, scripts/gpu_train_ee.py), on tiny random models."""
+gguf_pack.py, scripts/gpu/gpu_train_ee.py), on tiny random models."""
 
 from __future__ import annotations
 
@@ -238,7 +238,7 @@ def test_dequantization_matches_gguf_py():
 
 
 def _gpu_script():
-    spec = importlib.util.spec_from_file_location("gpu_train_ee", ROOT / "scripts" / "gpu_train_ee.py")
+    spec = importlib.util.spec_from_file_location("gpu_train_ee", ROOT / "scripts" / "gpu" / "gpu_train_ee.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -367,7 +367,7 @@ def test_why_explains_a_run_with_the_costs_it_kept_whatever_later_runs_teach(ser
     after it) no longer moves its estimate either."""
     import copy
 
-    from hispec.engine.costs import CostModel
+    from hispec.engine.planning.costs import CostModel
 
     h = Handlers(server)
     lm = server.registry.get("tiny")
@@ -412,13 +412,15 @@ def test_a_plan_the_cost_model_cannot_estimate_has_no_break_even_either():
     acceptance could make them pay, when the page simply has no estimate for a cheaper format."""
     from ui.why_view import plans_table
 
-    row = {"kind": "full@q4", "rounds": 4, "new_tokens": 43, "share": 0.52, "a_dv": None, "a_vt": 1.0,
-           "acceptance": {"verify->target": 1.0},
-           "measured_tokens_per_s": 35.3, "predicted_tokens_per_s": None, "predicted": None, "break_even": None}
-    exact = {**row, "kind": "exit 2", "a_vt": 0.1, "predicted_tokens_per_s": 9.0, "predicted": 0.5, "range": (0.4, 0.6)}
+    row = {"kind": "full@q4", "words": "4-bit full model → full model", "rounds": 4, "new_tokens": 43, "share": 0.52,
+           "a_dv": None, "a_vt": 1.0, "acceptance": {"verify->target": 1.0}, "measured_tokens_per_s": 35.3,
+           "predicted_tokens_per_s": None, "predicted": None, "break_even": None,
+           "break_even_pair": "4-bit full model → full model", "expected_gain": None}
+    exact = {**row, "kind": "exit 2", "words": "exit 2 → full model", "a_vt": 0.1, "predicted_tokens_per_s": 9.0,
+             "predicted": 0.5, "range": (0.4, 0.6), "break_even_pair": "draft → full model"}
     cells = [re.findall(r"<td>(.*?)</td>", tr) for tr in plans_table({"plans": [row, exact]}).split("<tr>")[2:]]
-    assert cells[0][0] == "4-bit full model → full model" and cells[0][6:] == ["–", "–", "–"], cells[0]
-    assert "estimate" in cells[1][6] and cells[1][8] == "never", cells[1]  # an exact plan that never pays says so
+    assert cells[0][0] == "4-bit full model → full model" and cells[0][6:] == ["–", "–", "–", "–"], cells[0]
+    assert "estimate" in cells[1][6] and cells[1][9] == "never (draft → full model)", cells[1]  # never pays: said
 
 
 def test_the_plan_table_names_every_pair_a_plan_measured():
@@ -426,9 +428,10 @@ def test_the_plan_table_names_every_pair_a_plan_measured():
     lookup's 36% into the 4-bit model, and which model judged, were missing."""
     from ui.why_view import plans_table
 
-    row = {"kind": "lookup -> full@q4", "rounds": 7, "new_tokens": 37, "share": 0.39, "a_dv": None, "a_vt": 1.0,
-           "acceptance": {"verify->target": 1.0, "lookup->verify": 0.36},
-           "measured_tokens_per_s": 43.8, "predicted_tokens_per_s": None, "predicted": None, "break_even": None}
+    row = {"kind": "lookup -> full@q4", "words": "lookup → 4-bit full model → full model", "rounds": 7,
+           "new_tokens": 37, "share": 0.39, "a_dv": None, "a_vt": 1.0,
+           "acceptance": {"verify->target": 1.0, "lookup->verify": 0.36}, "measured_tokens_per_s": 43.8,
+           "predicted_tokens_per_s": None, "predicted": None, "break_even": None, "break_even_pair": None}
     cells = re.findall(r"<td>(.*?)</td>", plans_table({"plans": [row], "levels": ("lookup", "full@q4")}))
     assert cells[4] == "lookup → 4-bit full model 36%, 4-bit full model → full model 100%", cells
     exits = {**row, "kind": "exit 2 -> exit 4", "acceptance": {"draft->verify": 0.4, "verify->target": 0.6}}

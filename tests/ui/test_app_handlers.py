@@ -10,7 +10,7 @@ from helpers import tiny_server
 
 from hispec.engine.config import DecodeConfig, Preset, preset
 from hispec.engine.events import TokenEvent
-from hispec.engine.policy import DEFAULT_POLICY
+from hispec.engine.planning.policy import DEFAULT_POLICY
 from hispec.errors import HiSpecError
 from hispec.runs.runner import run
 from hispec.runs.trace import LEGEND

@@ -26,7 +26,7 @@ from hispec.engine.events import event_from_dict  # noqa: E402
 from hispec.runs.runner import run  # noqa: E402
 from hispec.runs.trace import Trace  # noqa: E402
 from hispec.engine.config import preset  # noqa: E402
-from hispec.engine.policy import DEFAULT_POLICY  # noqa: E402
+from hispec.engine.planning.policy import DEFAULT_POLICY  # noqa: E402
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits  # noqa: E402
 from hispec.serving.registry import ModelRegistry  # noqa: E402
 from hispec.text import Detokenizer  # noqa: E402

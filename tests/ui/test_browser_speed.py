@@ -92,7 +92,7 @@ def test_three_identical_runs_under_load_agree_and_say_done_once(page, served):
     page.evaluate(COUNT_DONE)
     with busy_cores(1):
         # One run first, not counted: the cost model the policy plans with is refined by every pass of
-        # every run (engine.costs), so the first run after the slowdown starts plans with the costs of
+        # every run (engine.planning.costs), so the first run after the slowdown starts plans with the costs of
         # the unslowed model; a server in use plans with costs already learned.
         default_run(page, served[1])
         for _ in range(3):

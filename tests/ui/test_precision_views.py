@@ -80,36 +80,62 @@ def test_the_levels_box_reaches_the_request_for_hispec_only():
     assert page_request(*lookup, levels=precision)["levels"] is None
 
 
-def test_why_this_speed_explains_a_run_with_the_4bit_level_measured_only(run):
-    """The plan table lists the 4-bit plans measured, with no estimate, and says why; nothing breaks on
-    a kind such as 'lookup -> full@q4'."""
-    from hispec.explain.plans import plan_rows
-    from hispec.explain.speed_model import explain_plans, plan_shape
+def test_a_4bit_plan_whose_run_kept_no_4bit_costs_is_measured_only_and_says_why(run):
+    """A fixed run on a model never timed keeps no pass costs: explained with the exact model's costs alone,
+    its 4-bit plan is measured, with no estimate and no break-even, and the page says why."""
     from hispec.explain.why import speed_story
-    from hispec.engine.costs import CostModel
+    from hispec.engine.planning.costs import CostModel
     from ui.why_view import why_html
 
-    assert plan_shape("lookup -> full@q4 (drafts on)", 3, 1) is None and plan_shape("full@q4", 3, 1) is None
     costs = CostModel.given({n: 1e-3 for n in (1, 4, 16)}, {(8, n): 1e-4 for n in (1, 4, 16)})
     kept = {"settings": run.done.settings, "stats": run.summary(), "events": run.events, "vs_plain": None}
     story = speed_story(kept, costs, (0.5, 0.5))
-    kinds = [p["kind"] for p in story["plans"]]
-    assert any("full@q4" in k for k in kinds), kinds
-    assert all(p["predicted"] is None for p in story["plans"] if "@" in p["kind"])
+    q4 = [p for p in story["plans"] if p["kind"] == "full@q4"]
+    assert q4 and all(p["predicted"] is None and p["break_even"] is None for p in q4), story["plans"]
     assert story["shape"] is None  # no slider curves for a list with a cheaper format
-    assert "measured only" in why_html(story)
-    rows = plan_rows([__import__("hispec.engine.events", fromlist=["event_from_dict"]).event_from_dict(d)
-                      for d in run.events], run.done.settings)
-    assert explain_plans(rows, costs, 8)  # and the kinds of a list with a cheaper format parse
+    assert "kept no pass costs for one of its levels" in why_html(story)
+
+
+def test_every_plan_of_an_adaptive_precision_run_gets_an_estimate_and_a_break_even():
+    """The default list's run (lookup, the 4-bit model, the exact model; adaptive) keeps each lane's costs
+    with it: every plan that ran is estimated, with a break-even named by its pair."""
+    import re
+
+    from hispec.explain.why import frozen_costs, speed_story
+    from ui.why_view import plans_table
+
+    model = tiny_model("llama", layers=8, seed=3)
+    ee = ee_of(model)
+    ee.add_format("q4", lambda: EarlyExitModel(q4.q4_copy(model)))
+    live = LiveRun()
+    config = DecodeConfig(levels=("lookup", "full@q4"), policy="auto", max_new_tokens=40).resolve_for(ee)
+    for ev in run_events(_LM(ee), [5, 17, 33, 5, 17, 33, 5, 17, 33, 5, 17], config):
+        live.add(ev)
+    kept = {"settings": live.done.settings, "stats": live.summary(), "events": live.events, "vs_plain": None}
+    assert "lanes" in live.done.costs_ms and "q4" in live.done.costs_ms["lanes"]
+    story = speed_story(kept, frozen_costs(kept), (0.5, 0.5), frozen="run")
+    ran = [p for p in story["plans"] if p["new_tokens"]]
+    assert any("full@q4" in p["kind"] for p in ran), story["plans"]
+    for p in ran:
+        assert p["predicted"] is not None, p
+        assert (p["break_even_pair"] is None) == (p["kind"] == "plain"), p
+    for p, tr in zip(story["plans"], plans_table(story).split("<tr>")[2:]):
+        cells = re.findall(r"<td>(.*?)</td>", tr)
+        if p["new_tokens"] and p["kind"] != "plain":  # an estimate and a break-even on the page, not '–'
+            assert cells[7] != "–" and cells[9] != "–", cells
 
 
 def test_where_the_speed_came_from_names_the_faster_plans_and_a_hierarchy_that_barely_ran():
     from ui.why_view import speed_source_words
 
-    story = {"policy": "auto", "plain": {"measured_decode_tokens_per_s": 20.0, "model_tokens_per_s": 30.0},
-             "plans": [{"kind": "lookup", "new_tokens": 40, "measured_tokens_per_s": 50.0, "rounds": 10},
-                       {"kind": "exit 2 -> exit 4", "new_tokens": 3, "measured_tokens_per_s": 10.0, "rounds": 1},
-                       {"kind": "plain", "new_tokens": 20, "measured_tokens_per_s": 20.0, "rounds": 20}]}
+    def plan(kind, new_tokens, rate, rounds, hierarchy=False):
+        return {"kind": kind, "words": labels.plan_words(kind), "hierarchy": hierarchy, "new_tokens": new_tokens,
+                "measured_tokens_per_s": rate, "rounds": rounds}
+
+    story = {"policy": "auto", "adapts": True,
+             "plain": {"measured_decode_tokens_per_s": 20.0, "model_tokens_per_s": 30.0},
+             "plans": [plan("lookup", 40, 50.0, 10), plan("exit 2 -> exit 4", 3, 10.0, 1, hierarchy=True),
+                       plan("plain", 20, 20.0, 20)]}
     words = speed_source_words(story)
     assert "lookup → full model wrote 40 tokens in 0.8 s" in words
     assert "Faster than plain decoding measured here: lookup → full model (2.50×)" in words

@@ -4,6 +4,8 @@ import re
 
 from hispec.engine.events import DoneEvent, PassEvent, RoundEvent, TokenEvent
 from hispec.engine.events import TokenState as S
+from hispec.engine.levels import build_levels
+from hispec.engine.planning.round import Round
 from hispec.runs.replay import replay
 from ui.render import COLORS
 from ui.steps_view import cache_table_html, round_html, round_label
@@ -102,26 +104,18 @@ def test_a_round_says_its_plan_and_a_cheaper_full_model_ends_at_its_lm_head_in_t
     4-bit full model drafting. The plan is said in words, and a full model in a cheaper format ends at its
     LM head. (The hand-built run's passes stand in for the 4-bit model's: the wording follows the roles.)"""
     rs = rounds()
-    rs[1]["plan"] = {"choice": "full@q4 x12", "reason": "expected 2.81x a plain step"}
+    levels = build_levels(("1@q4", "full@q4"), 4)
+    rs[1]["plan"] = {"choice": "full@q4 x12", "words": Round(levels[1], levels[2], 12).words,
+                     "reason": "expected 2.81x a plain step"}
     fragment = round_html(rs, 1, {"levels": ("1@q4", "full@q4"), "num_layers": 4})
     assert "plan: the 4-bit full model drafts 12 (expected 2.81x a plain step)" in fragment
     steps = _steps(fragment)
     assert steps[0].startswith("① Draft by exit 1 in 4-bit: layer 1 + exit head ran 2×")  # an exit: its head
     assert steps[1].startswith("② Intermediate verify by the 4-bit full model: layer 2 + LM head on 2 tokens")
-    rs[1]["plan"] = {"choice": "exit 2 x2 -> exit 4, full at 4", "reason": None}
+    exits = build_levels((2, 4), 8)
+    rs[1]["plan"] = {"choice": "exit 2 x2 -> exit 4, full at 4", "words": Round(exits[0], exits[2], 2, (exits[1],), 4).words,
+                     "reason": None}
     assert "plan: exit 2 drafts 2, exit 4 judges, the full model runs at 4 pending<" in round_html(rs, 1, SETTINGS)
-
-
-def test_the_policys_plan_labels_in_words():
-    from ui.labels import choice_words
-
-    assert choice_words("plain") == "plain step (full model)"
-    assert choice_words("lookup 5") == "lookup copies 5"
-    assert choice_words("lookup 5 -> full@q4 +3") == "lookup copies 5, the 4-bit full model judges them and drafts 3 more"
-    assert choice_words("lookup 2 -> full@q4") == "lookup copies 2, the 4-bit full model judges them"
-    assert choice_words("exit 4@q4 x3") == "exit 4 in 4-bit drafts 3"
-    assert choice_words("exit 2 x1") == "exit 2 drafts 1"
-    assert choice_words("something new") == "something new"  # passed on, never lost
 
 
 def test_chips_use_the_trace_classes():

@@ -190,11 +190,26 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.hispec_q80_rows.argtypes = [p, i64, i64, p, p, p]
     lib.hispec_q80_rows.restype = None
     lib.hispec_q4_isa.restype = ctypes.c_char_p
-    # the whole decoder layer (q4_layer.py declares the structures it takes)
-    lib.hispec_q4_layers.argtypes = [p, i64, p, p, i64, i64, p, p, ctypes.c_int]
+    # the whole decoder layer (q4_layer.py declares the structures it takes); the last argument, the a8
+    # packings, is new: a build of before it ignores it (scripts/q4_ab.py loads such builds)
+    lib.hispec_q4_layers.argtypes = [p, i64, p, p, i64, i64, p, p, ctypes.c_int, p]
     lib.hispec_q4_layers.restype = None
     lib.hispec_q4_profile.argtypes = [ctypes.c_int, ctypes.c_int, p]
     lib.hispec_q4_profile.restype = None
+    if not hasattr(lib, "hispec_q41_pack_a8"):  # a build of before the packed int8 products (q4_ab.py)
+        return lib
+    lib.hispec_q41_packed_bytes.argtypes = [i64, i64]
+    lib.hispec_q41_packed_bytes.restype = i64
+    lib.hispec_q41_pack_a8.argtypes = [p, p, p, i64, i64, p]
+    lib.hispec_q41_pack_a8.restype = None
+    lib.hispec_q41_matmul_a8p.argtypes = [p, i64, i64, p, i64, p, i64, ctypes.c_int]
+    lib.hispec_q41_matmul_a8p.restype = None
+    lib.hispec_q80_packed_bytes.argtypes = [i64, i64]
+    lib.hispec_q80_packed_bytes.restype = i64
+    lib.hispec_q80_pack_a8.argtypes = [p, p, i64, i64, p]
+    lib.hispec_q80_pack_a8.restype = None
+    lib.hispec_q80_matmul_a8p.argtypes = [p, i64, i64, p, i64, p, i64, ctypes.c_int]
+    lib.hispec_q80_matmul_a8p.restype = None
     return lib
 
 

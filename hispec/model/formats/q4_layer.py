@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from hispec.model.formats import q4_kernel
-from hispec.model.formats.q4 import Q4_1, Q4Projection
+from hispec.model.formats.q4 import Q4_1, Q8_0, Q4Projection
 
 _p, _i64, _f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -100,7 +100,9 @@ class NativeLayers:
     def __init__(self, lean, isa: str | None = None, act8: bool = False):
         """`isa`: the kernel build to run ('avx512', 'avx2'; default the host's, ``q4_kernel.host_isa``);
         `act8`: the products take int8 activations per block of 32 (the 'a8' precision level, a cheaper
-        drafter of the same weights; the kernel's header says how), else float32 (the exact 4-bit route)."""
+        drafter of the same weights, integer dot products in one kernel for every pass width; the kernel's
+        a8 section says how), else float32 (the exact 4-bit route). With act8 each matrix's blocks are
+        repacked once for the build's column groups (``packed_a8``: a copy as large as the file's blocks)."""
         reason = support(lean)
         if reason:
             raise ValueError(f"the native 4-bit route cannot run this model: {reason}")
@@ -114,12 +116,17 @@ class NativeLayers:
         self.dims = _Dims(self.E, self.H, self.KV, self.D, self.I, _eps(first.input_norm), qk_eps, first.scaling,
                           int(self.act8))
         self.table = (_Layer * len(lean.layers))()
-        self.keep = []  # tensors whose pointers the table holds
-        for slot, w in zip(self.table, lean.layers):
-            for name, proj in (("qkv", w.qkv), ("o", w.o), ("gate_up", w.gate_up), ("down", w.down)):
+        self.packed = (_p * (4 * len(lean.layers)))()  # act8: each layer's 4 packings (hispec_q4_layers' last argument)
+        self.keep = []  # tensors whose pointers the tables hold
+        for i, (slot, w) in enumerate(zip(self.table, lean.layers)):
+            for j, (name, proj) in enumerate((("qkv", w.qkv), ("o", w.o), ("gate_up", w.gate_up), ("down", w.down))):
                 m = proj.matrix
                 setattr(slot, name, _Mat(m.qs.data_ptr(), m.d.data_ptr(), m.m.data_ptr(), *m.shape))
                 self.keep += [m.qs, m.d, m.m]
+                if self.act8:
+                    packed = packed_a8(self.lib, m)
+                    self.packed[4 * i + j] = packed.data_ptr()
+                    self.keep.append(packed)
                 if proj.bias is not None:
                     bias = proj.bias.detach().float().contiguous()
                     self.keep.append(bias)
@@ -160,10 +167,19 @@ class NativeLayers:
         self.lib.hispec_q4_layers(ctypes.addressof(self.table) + start * self.stride, end - start,
                                   ctypes.addressof(self.dims), out.data_ptr(), q, past,
                                   rotary.cos.data_ptr() + past * row, rotary.sin.data_ptr() + past * row,
-                                  q4_kernel.threads())
+                                  q4_kernel.threads(), ctypes.addressof(self.packed) + start * 4 * ctypes.sizeof(_p))
         for idx in range(start, end):
             cache.lengths[idx] = past + q
         return out
+
+
+def packed_a8(lib, matrix) -> torch.Tensor:
+    """A Q4_1 matrix's blocks repacked for `lib`'s int8-activation products (hispec_q41_pack_a8: groups of
+    as many columns as the build's vector lanes, the same bytes in another order; csrc/q4_kernel.cpp)."""
+    N, K = matrix.shape
+    out = torch.empty(int(lib.hispec_q41_packed_bytes(N, K)), dtype=torch.uint8)
+    lib.hispec_q41_pack_a8(matrix.qs.data_ptr(), matrix.d.data_ptr(), matrix.m.data_ptr(), N, K, out.data_ptr())
+    return out
 
 
 def set_enabled(ee, on: bool, isa: str | None = None) -> bool:
@@ -177,9 +193,11 @@ def set_enabled(ee, on: bool, isa: str | None = None) -> bool:
 
 def a8_copy(ee):
     """A second view of a 4-bit EarlyExitModel whose decoder layers run with int8 activations (the 'a8'
-    level): the same modules and 4-bit blocks, its own lean path and native table in act8 mode. Exit
-    heads and the LM head are as in `ee` (float32 activations). Raises ConfigError where the native
-    route cannot run (the a8 products exist only there)."""
+    level): the same modules and 4-bit blocks, its own lean path and native table in act8 mode, and its
+    LM head in the same arithmetic (``A8Head``: int8 activations, integer dot products). Trained exit
+    heads are as in `ee` (float32 activations). The packed blocks are the a8 view's own copy (as many
+    bytes as the file's blocks). Raises ConfigError where the native route cannot run (the a8 products
+    exist only there)."""
     from hispec.errors import ConfigError
 
     twin = type(ee)(ee.model)  # an EarlyExitModel (its class taken from `ee`: this module sits below it)
@@ -188,7 +206,37 @@ def a8_copy(ee):
                support(twin.lean) if twin.lean is not None else "the lean path is off")
         raise ConfigError(f"a8 levels run in the native 4-bit route, which cannot run here ({why})")
     twin.lean.native = NativeLayers(twin.lean, act8=True)
+    head = twin.lean.lm_head
+    if getattr(getattr(head, "matrix", None), "kind", None) in (Q4_1, Q8_0):
+        twin.lean.lm_head = A8Head(twin.lean.native.lib, head.matrix, head.bias)
     return twin
+
+
+class A8Head:
+    """An LM head (Q8_0 or Q4_1 blocks) with int8 activations per block of 32 and integer dot products, as
+    the a8 layers compute: x (..., K) float32 -> logits (..., N) float32, each row's bits independent of
+    the rows beside it. Its blocks are packed once (``hispec_q80_pack_a8`` / ``hispec_q41_pack_a8``)."""
+
+    def __init__(self, lib, matrix, bias: torch.Tensor | None = None):
+        self.lib, self.shape, self.bias = lib, matrix.shape, bias
+        N, K = matrix.shape
+        if matrix.kind == Q8_0:
+            self.packed = torch.empty(int(lib.hispec_q80_packed_bytes(N, K)), dtype=torch.uint8)
+            lib.hispec_q80_pack_a8(matrix.qs.data_ptr(), matrix.d.data_ptr(), N, K, self.packed.data_ptr())
+            self.fn = lib.hispec_q80_matmul_a8p
+        else:
+            self.packed, self.fn = packed_a8(lib, matrix), lib.hispec_q41_matmul_a8p
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        N, K = self.shape
+        if x.dtype != torch.float32 or not x.is_cpu or x.shape[-1] != K:
+            raise TypeError(f"the a8 LM head takes float32 inputs on the CPU with {K} features "
+                            f"(got {x.dtype}, {tuple(x.shape)}, on {x.device})")
+        rows = x.reshape(-1, K).contiguous()
+        out = torch.empty(rows.shape[0], N)
+        self.fn(rows.data_ptr(), rows.shape[0], K, self.packed.data_ptr(), N, out.data_ptr(), N, q4_kernel.threads())
+        out = out.view(*x.shape[:-1], N)
+        return out if self.bias is None else out + self.bias
 
 
 def unavailable_reason() -> str | None:

@@ -12,7 +12,7 @@ exit at every position (teacher-forced), this module replays the engine's rounds
   unknown: those tokens are wrong by construction (the target discards them), and the verifier
   accepts a draft there with the overall draft-verifier agreement rate (seeded coin).
 
-Time comes from the engine's cost model (hispec.engine.costs.CostModel: seconds per decoder layer
+Time comes from the engine's cost model (hispec.engine.planning.costs.CostModel: seconds per decoder layer
 for a pass of n new tokens, and per exit head, its attention step included, for n rows): measured
 on this machine with the trained heads attached (``measured_costs``), or given (another machine's
 figures, a test's). The result is an estimate to rank settings, not a measurement: confirm with
@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from hispec.engine.costs import CostModel
+from hispec.engine.planning.costs import CostModel
 
 
 @dataclass

@@ -342,189 +342,383 @@ const char *hispec_q4_isa(void) { return HISPEC_ISA; }
 
 
 // ==================================================================================================
-// int8 activations (the 'a8' precision level: the same Q4_1 weights, a cheaper product). Each row of x
-// is quantised per block of 32: dx_b = amax_b / 127, xq_i = round(x_i / dx_b) in int8 (what llama.cpp
-// computes for Q4_1 x Q8_1). Per output element and block, the 32 products q_i * xq_i are summed
-// exactly in integers (VNNI's dpbusd where the build has it, else maddubs + madd: the same integers),
-// then acc = fma(float(sums), d_b * dx_b, acc) lane by lane, blocks in order, and at the end the lanes'
-// fixed tree plus the minimum term sum_b m_b * sum(x_b) over the float block sums of x (the unquantised
-// row: more accurate than llama.cpp's dx_b * sum(xq_b)). Every element is accumulated in its own
-// registers from its own row's quantisation, so this product is batch-invariant too.
+// int8 activations (the 'a8' precision level: the same Q4_1 weights, integer dot products). Each row of
+// x is quantised on its own per block of 32, as llama.cpp quantises for Q4_1 x Q8_1: dx_b = amax_b / 127,
+// xq_i = round(x_i * 127 / amax_b) in int8 (round half to even, clamped to +-127; an all-zero block gets
+// dx_b = 0 and xq = 0). Per output element and block b, the 32 products q_i * xq_i are summed exactly in
+// integers, S_b; then, blocks in order, one float accumulator per element:
+//     acc = fma(float(S_b), d_b * dx_b, acc);  acc = fma(m_b, sx_b, acc)
+// where sx_b is the float sum of the row's unquantised block (its minimum term: more accurate than
+// llama.cpp's dx_b * sum(xq_b)). float(S_b) is exact (|S_b| <= 32 * 15 * 127), so the integer part's
+// order is free (any split of the 32 products gives the same integer); the float part is a fixed chain
+// over b per element. Nothing in it depends on the other rows of the pass, the tile a row falls in or
+// the thread that runs it: the product is batch-invariant by construction, one code path for 1 row and
+// for 16 (tiles of rows only decide which rows share an unpacked block).
 //
-// Layout of a quantised row (quantize_row): AVX-512 takes two blocks per 512-bit vector, so the bytes
-// of a pair of blocks (b, b + 1) are stored [b 0..15 | b+1 0..15 | b 16..31 | b+1 16..31], the order
-// in which two blocks' nibbles unpack (low nibbles = weights 0..15, high = 16..31); a last odd block
-// keeps its natural order. dxe holds, per pair, the 16 lanes' activation scales
-// [dx_b x4 | dx_b+1 x4 | dx_b x4 | dx_b+1 x4] (and, per odd last block, dx_b x16). AVX2 takes one
-// block per 256-bit vector in natural order; dxe holds dx_b per block.
+// The k-token pass: lanes are output columns, not weights. The weights are repacked once (at load) in
+// groups of G = VL columns: per group and block, 4 vectors of G lanes x 4 bytes (lane j: bytes 4k..4k+3
+// of column j's block, i.e. weights 4k..4k+3 in the low nibbles and 16+4k..16+4k+3 in the high ones),
+// then the G columns' d and m as float16. Unpacking one block for G columns (3 operations per vector)
+// serves every row of the pass; per row and block, 8 dot products of 4 bytes (dpbusd with the row's 4
+// activations broadcast; without VNNI maddubs summed in int16, which cannot overflow: 8 x 2 x 15 x 127
+// < 32767, then madd) give S_b for all G columns at once, then 4 float operations. The packed bytes are
+// exactly the file's (20 per 32 weights), so a 1-row pass reads what the float route reads.
 // ==================================================================================================
 
 namespace {
 
-constexpr int64_t DXE_PER_PAIR = VL == 16 ? 16 : 2;  // floats of dxe per pair of blocks
+constexpr int64_t G8 = VL;                      // columns per packed group
+constexpr int64_t REC = G8 * 20;                // bytes per group and block: 16 G nibbles, G d, G m
+constexpr int A8_ROWS = VL == 16 ? 16 : 4;      // rows per tile (registers)
 
-inline int64_t dxe_len(int64_t nb) { return (nb / 2) * DXE_PER_PAIR + (nb % 2) * (VL == 16 ? 16 : 1); }
+inline int64_t a8_groups(int64_t N) { return (N + G8 - 1) / G8; }
+inline int64_t a8_packed_bytes(int64_t N, int64_t K) { return a8_groups(N) * (K / QK) * REC; }
 
-inline void quantize_row(const float *x, int64_t K, int8_t *xq, float *dxe) {
+// Q4_1 [N, K] -> the packed groups (columns past N in the last group: zero weights, d = m = 0)
+void pack_a8(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int64_t N, int64_t K, uint8_t *out) {
     const int64_t nb = K / QK;
-    int8_t blk[QK];
-    float dx[2] = {0, 0};
-    for (int64_t b = 0; b < nb; b++) {
+    memset(out, 0, a8_packed_bytes(N, K));
+    for (int64_t g = 0; g < a8_groups(N); g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *rec = out + (g * nb + b) * REC;
+            for (int64_t j = 0; j < G8 && g * G8 + j < N; j++) {
+                const int64_t n = g * G8 + j;
+                const uint8_t *src = qs + (n * nb + b) * (QK / 2);
+                for (int k = 0; k < 4; k++) memcpy(rec + (k * G8 + j) * 4, src + 4 * k, 4);
+                memcpy(rec + 16 * G8 + 2 * j, d + n * nb + b, 2);
+                memcpy(rec + 18 * G8 + 2 * j, m + n * nb + b, 2);
+            }
+        }
+}
+
+// Lane by lane, exactly the scalar definition: amax (a max: order-free), then xq_i = lrintf(x_i * id)
+// (cvtps rounds half to even, as lrintf in the default mode), clamped to +-127.
+inline void quantize_row(const float *x, int64_t K, int8_t *xq, float *dx) {
+    for (int64_t b = 0; b < K / QK; b++) {
         const float *p = x + b * QK;
+        vf mx = vzero();
+        for (int j = 0; j < NV; j++) {
+            vf v = vload(p + j * VL);
+            mx = vmax(mx, vmax(v, vsub(vzero(), v)));
+        }
+        float lanes[VL];
+        vstore(lanes, mx);
         float amax = 0.0f;
-        for (int i = 0; i < QK; i++) {
-            float a = fabsf(p[i]);
-            amax = a > amax ? a : amax;
-        }
+        for (int i = 0; i < VL; i++) amax = lanes[i] > amax ? lanes[i] : amax;
         const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int i = 0; i < QK; i++) {
-            long v = lrintf(p[i] * id);
-            blk[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+        int32_t q[QK];
+        for (int j = 0; j < NV; j++) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+            __m512i v = _mm512_cvtps_epi32(vmul(vload(p + j * VL), vset1(id)));
+            v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+            _mm512_storeu_si512((void *)(q + j * VL), v);
+#else
+            __m256i v = _mm256_cvtps_epi32(vmul(vload(p + j * VL), vset1(id)));
+            v = _mm256_max_epi32(_mm256_min_epi32(v, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+            _mm256_storeu_si256((__m256i *)(q + j * VL), v);
+#endif
         }
-        const float d = amax / 127.0f;
-        if (VL == 16 && (b % 2 == 0) && b + 1 < nb) {  // first of a pair
-            memcpy(xq + b * QK, blk, 16);
-            memcpy(xq + b * QK + 32, blk + 16, 16);
-            dx[0] = d;
-        } else if (VL == 16 && b % 2 == 1) {  // second of a pair
-            memcpy(xq + (b - 1) * QK + 16, blk, 16);
-            memcpy(xq + (b - 1) * QK + 48, blk + 16, 16);
-            dx[1] = d;
-            float *e = dxe + (b / 2) * DXE_PER_PAIR;
-            for (int i = 0; i < 16; i++) e[i] = dx[(i / 4) % 2];
-        } else {  // natural order: AVX2, or AVX-512's odd last block
-            memcpy(xq + b * QK, blk, QK);
-            if (VL == 16)
-                for (int i = 0; i < 16; i++) dxe[(nb / 2) * DXE_PER_PAIR + i] = d;
-            else
-                dxe[b] = d;
-        }
+        for (int i = 0; i < QK; i++) xq[b * QK + i] = (int8_t)q[i];
+        dx[b] = amax / 127.0f;
     }
+}
+
+inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx) {
+    for (int64_t r = 0; r < M; r++) quantize_row(x + r * K, K, xq + r * K, dx + r * (K / QK));
+}
+
+inline int32_t quad(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-inline __m512i dot_u8s8(__m512i w, __m512i x) {  // 16 lanes, each the sum of 4 adjacent u8 * s8 products
+typedef __m512i vi;
+inline vi vi_load(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
+inline vi vi_low4(vi v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
+inline vi vi_high4(vi v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
+inline vf half_lanes(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+inline vf vi_float(vi s) { return _mm512_cvtepi32_ps(s); }
+inline vi vi_set1(int32_t a) { return _mm512_set1_epi32(a); }
+inline vi vi_maddubs(vi u, vi s) { return _mm512_maddubs_epi16(u, s); }  // u8 x s8, adjacent pairs into 16 bits
+inline vi vi_add16(vi a, vi b) { return _mm512_add_epi16(a, b); }
+inline vi vi_pairs32(vi a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }  // adjacent 16-bit pairs into 32
 #if defined(__AVX512VNNI__)
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
+// S (32-bit lanes) = sum over the 8 vectors w[k] of each lane's 4 u8 x s8 products with the row's quads.
+// Integer sums: any grouping gives the same S; `two_chains` only sets how many dependency chains overlap (two
+// where few rows share a block, one where the rows' own chains already keep the unit busy).
+template <bool two_chains>
+inline vi block_dot(const vi w[8], const int8_t *x) {
+    if constexpr (two_chains) {
+        vi s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(quad(x)));
+        vi s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], _mm512_set1_epi32(quad(x + 16)));
+        for (int k = 1; k < 4; k++) {
+            s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(quad(x + 4 * k)));
+            s1 = _mm512_dpbusd_epi32(s1, w[4 + k], _mm512_set1_epi32(quad(x + 16 + 4 * k)));
+        }
+        return _mm512_add_epi32(s0, s1);
+    }
+    vi s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(quad(x)));
+    for (int k = 1; k < 8; k++) s = _mm512_dpbusd_epi32(s, w[k], _mm512_set1_epi32(quad(x + 4 * k)));
+    return s;
+}
 #else
-    return _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1));
+#define HISPEC_A8_MADDUBS 1
 #endif
+#else
+typedef __m256i vi;
+inline vi vi_load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+inline vi vi_low4(vi v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+inline vi vi_high4(vi v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
+inline vf half_lanes(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+inline vf vi_float(vi s) { return _mm256_cvtepi32_ps(s); }
+inline vi vi_set1(int32_t a) { return _mm256_set1_epi32(a); }
+inline vi vi_maddubs(vi u, vi s) { return _mm256_maddubs_epi16(u, s); }
+inline vi vi_add16(vi a, vi b) { return _mm256_add_epi16(a, b); }
+inline vi vi_pairs32(vi a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
+#define HISPEC_A8_MADDUBS 1
+#endif
+
+#if defined(HISPEC_A8_MADDUBS)
+// Without VNNI: maddubs pairs summed in 16 bits (8 x 2 x 15 x 127 < 32767: no overflow), then into 32.
+template <bool>
+inline vi block_dot(const vi w[8], const int8_t *x) {
+    vi s = vi_maddubs(w[0], vi_set1(quad(x)));
+    for (int k = 1; k < 8; k++) s = vi_add16(s, vi_maddubs(w[k], vi_set1(quad(x + 4 * k))));
+    return vi_pairs32(s);
+}
+#endif
+
+// ---- the LM head in the same arithmetic: Q8_0 weights (signed bytes w, a float16 scale d per block) ----
+// S_b = sum_i w_i * xq_i exactly in integers; acc = fma(float(S_b), d_b * dx_b, acc), blocks in order.
+// dpbusd multiplies unsigned by signed bytes, so it takes w + 128 and the row's block sum of xq times 128
+// is taken off (|S| < 2^24: float(S_b) exact); without VNNI, |w| times xq with w's sign (maddubs pairs
+// stay below 2 x 128 x 127 < 32767), then madd, summed in 32 bits. Packed like Q4_1: per group of G
+// columns and block, 8 vectors of G lanes x 4 bytes (lane j: bytes 4k..4k+3 of column j's block), then G d.
+constexpr int64_t REC8 = G8 * 34;
+
+inline int64_t a8_packed_bytes_q8(int64_t N, int64_t K) { return a8_groups(N) * (K / QK) * REC8; }
+
+void pack_a8_q8(const int8_t *qs, const uint16_t *d, int64_t N, int64_t K, uint8_t *out) {
+    const int64_t nb = K / QK;
+    memset(out, 0, a8_packed_bytes_q8(N, K));
+    for (int64_t g = 0; g < a8_groups(N); g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *rec = out + (g * nb + b) * REC8;
+            for (int64_t j = 0; j < G8 && g * G8 + j < N; j++) {
+                const int64_t n = g * G8 + j;
+                for (int k = 0; k < 8; k++) memcpy(rec + (k * G8 + j) * 4, qs + n * K + b * QK + 4 * k, 4);
+                memcpy(rec + 32 * G8 + 2 * j, d + n * nb + b, 2);
+            }
+        }
 }
 
-template <int R>
-inline __attribute__((always_inline)) void column_a8(const int8_t *xq, int64_t K, const float *dxe, int64_t lde,
-                                                     const float *sx, const Q41 &w, int64_t n, float *out,
-                                                     int64_t ldo) {
-    const int64_t nb = w.nb;
-    const uint8_t *qs = w.qs + n * nb * (QK / 2);
-    const uint16_t *d = w.d + n * nb;
-    const __m512i lanes = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m256i low4 = _mm256_set1_epi8(15);
-    vf acc[R];
-    for (int r = 0; r < R; r++) acc[r] = vzero();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + b * (QK / 2)));
-        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-        int32_t dd;
-        memcpy(&dd, d + b, 4);
-        __m512 dw = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(dd))));
-        for (int r = 0; r < R; r++) {
-            __m512i s = dot_u8s8(wq, _mm512_loadu_si512((const void *)(xq + r * K + b * QK)));
-            acc[r] = vfma(_mm512_cvtepi32_ps(s), vmul(dw, vload(dxe + r * lde + (b / 2) * DXE_PER_PAIR)), acc[r]);
-        }
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline vi block_dot_q8(const vi w[8], const int8_t *x, int32_t xsum) {
+#if defined(__AVX512VNNI__)
+    vi s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    for (int k = 0; k < 4; k++) {  // w[k] already holds w + 128
+        s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(quad(x + 4 * k)));
+        s1 = _mm512_dpbusd_epi32(s1, w[4 + k], _mm512_set1_epi32(quad(x + 16 + 4 * k)));
     }
-    if (b < nb) {  // an odd last block: its 32 weights in the vector's low half, the high half zero
-        __m128i v = _mm_loadu_si128((const __m128i *)(qs + b * (QK / 2)));
-        __m128i lo = _mm_and_si128(v, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15));
-        __m512i wq = _mm512_zextsi256_si512(_mm256_set_m128i(hi, lo));
-        vf dw = vset1(half(d[b]));
-        for (int r = 0; r < R; r++) {
-            __m512i x = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(xq + r * K + b * QK)));
-            acc[r] = vfma(_mm512_cvtepi32_ps(dot_u8s8(wq, x)), vmul(dw, vload(dxe + r * lde + (b / 2) * DXE_PER_PAIR)),
-                          acc[r]);
-        }
+    return _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * xsum));
+#else
+    (void)xsum;
+    vi s = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k++) {
+        vi xv = _mm512_set1_epi32(quad(x + 4 * k));
+        xv = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w[k]), _mm512_setzero_si512(), xv);  // x * sign(w)
+        s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w[k]), xv),
+                                                  _mm512_set1_epi16(1)));
     }
-    for (int r = 0; r < R; r++) out[r * ldo + n] = vsum(acc[r]) + min_term(w.m + n * nb, sx + r * nb, nb);
+    return s;
+#endif
+}
+inline vi q8_prepare(vi v) {
+#if defined(__AVX512VNNI__)
+    return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+#else
+    return v;
+#endif
 }
 #else
-template <int R>
-inline __attribute__((always_inline)) void column_a8(const int8_t *xq, int64_t K, const float *dxe, int64_t lde,
-                                                     const float *sx, const Q41 &w, int64_t n, float *out,
-                                                     int64_t ldo) {
-    const int64_t nb = w.nb;
-    const uint8_t *qs = w.qs + n * nb * (QK / 2);
-    const uint16_t *d = w.d + n * nb;
-    const __m128i low4 = _mm_set1_epi8(15);
-    const __m256i ones = _mm256_set1_epi16(1);
+inline vi block_dot_q8(const vi w[8], const int8_t *x, int32_t) {
+    vi s = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        const vi xv = _mm256_sign_epi8(_mm256_set1_epi32(quad(x + 4 * k)), w[k]);  // x * sign(w) (0 where w = 0)
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), xv), _mm256_set1_epi16(1)));
+    }
+    return s;
+}
+inline vi q8_prepare(vi v) { return v; }
+#endif
+
+// How each packed format's block unpacks and sums (the rest of the arithmetic is shared, group_a8).
+struct PackedQ41 {
+    static constexpr int64_t rec = REC, d_at = 16 * G8, m_at = 18 * G8;
+    static constexpr bool has_min = true;
+    static inline void unpack(const uint8_t *r, vi w[8]) {
+        for (int k = 0; k < 4; k++) {
+            vi v = vi_load(r + k * G8 * 4);
+            w[k] = vi_low4(v);
+            w[4 + k] = vi_high4(v);
+        }
+    }
+    template <int R>
+    static inline vi dot(const vi w[8], const int8_t *x, int32_t) { return block_dot<(R < 4)>(w, x); }
+};
+struct PackedQ80 {
+    static constexpr int64_t rec = REC8, d_at = 32 * G8, m_at = 0;
+    static constexpr bool has_min = false;
+    static inline void unpack(const uint8_t *r, vi w[8]) {
+        for (int k = 0; k < 8; k++) w[k] = q8_prepare(vi_load(r + k * G8 * 4));
+    }
+    template <int R>
+    static inline vi dot(const vi w[8], const int8_t *x, int32_t xsum) { return block_dot_q8(w, x, xsum); }
+};
+
+// A tile's quantised rows: row r's int8 values at xq + r * K, its scales dx and block sums sx (float,
+// Q4_1's minimum term) and xs (of xq, the Q8_0 head's offset) at r * nb.
+struct A8Rows {
+    const int8_t *xq;
+    const float *dx, *sx;
+    const int32_t *xs;
+    A8Rows at(int64_t r0, int64_t K) const {
+        const int64_t nb = K / QK;
+        return {xq + r0 * K, dx + r0 * nb, sx ? sx + r0 * nb : nullptr, xs ? xs + r0 * nb : nullptr};
+    }
+};
+
+// One packed group (G columns) for a tile of R rows; writes `valid` columns of each row to out[r * ldo + j].
+template <int R, class P>
+inline __attribute__((always_inline)) void group_a8(const A8Rows &x, int64_t K, const uint8_t *pk, float *out,
+                                                    int64_t ldo, int64_t valid) {
+    const int64_t nb = K / QK;
     vf acc[R];
     for (int r = 0; r < R; r++) acc[r] = vzero();
     for (int64_t b = 0; b < nb; b++) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(qs + b * (QK / 2)));
-        __m256i wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_and_si128(v, low4));
-        const float dw = half(d[b]);
+        const uint8_t *rec = pk + b * P::rec;
+        vi w[8];
+        P::unpack(rec, w);
+        const vf dw = half_lanes(rec + P::d_at);
+        const vf mw = P::has_min ? half_lanes(rec + P::m_at) : vzero();
         for (int r = 0; r < R; r++) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + r * K + b * QK));
-            __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
-            acc[r] = vfma(_mm256_cvtepi32_ps(s), vset1(dw * dxe[r * lde + b]), acc[r]);
+            const vf s = vi_float(P::template dot<R>(w, x.xq + r * K + b * QK, x.xs ? x.xs[r * nb + b] : 0));
+            acc[r] = vfma(s, vmul(dw, vset1(x.dx[r * nb + b])), acc[r]);
+            if constexpr (P::has_min) acc[r] = vfma(mw, vset1(x.sx[r * nb + b]), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r * ldo + n] = vsum(acc[r]) + min_term(w.m + n * nb, sx + r * nb, nb);
+    for (int r = 0; r < R; r++) {
+        if (valid == G8) {
+            vstore(out + r * ldo, acc[r]);
+        } else {
+            float tmp[G8];
+            vstore(tmp, acc[r]);
+            memcpy(out + r * ldo, tmp, sizeof(float) * valid);
+        }
+    }
 }
-#endif
 
-template <int R>
-void columns_a8(const int8_t *xq, int64_t K, const float *dxe, int64_t lde, const float *sx, const Q41 &w, int64_t n0,
-                int64_t n1, float *out, int64_t ldo) {
-    for (int64_t n = n0; n < n1; n++) column_a8<R>(xq, K, dxe, lde, sx, w, n, out, ldo);
+template <int R, class P>
+void groups_a8(const A8Rows &x, int64_t K, const uint8_t *packed, int64_t N, int64_t n0, int64_t n1, float *out,
+               int64_t ldo) {
+    const int64_t nb = K / QK;
+    for (int64_t g = n0 / G8; g * G8 < n1; g++) {
+        const int64_t c = g * G8, valid = (N - c < G8 ? N - c : G8);
+        group_a8<R, P>(x, K, packed + g * nb * P::rec, out + c, ldo, valid);
+    }
 }
 
-// Columns [n0, n1) of the quantised rows (M of them) times a Q4_1 matrix, rows in tiles of up to 4.
-inline void product_cols_a8(const int8_t *xq, const float *dxe, int64_t M, const float *sx, const Q41 &w, int64_t n0,
-                            int64_t n1, float *out, int64_t ldo) {
-    const int64_t K = w.nb * QK, lde = dxe_len(w.nb);
-    for (int64_t r0 = 0; r0 < M; r0 += 4) {
-        const int R = (int)(M - r0 < 4 ? M - r0 : 4);
-        const int8_t *x = xq + r0 * K;
-        const float *e = dxe + r0 * lde, *s = sx + r0 * w.nb;
+// Columns [n0, n1) (n0 a multiple of G) of M quantised rows times a packed matrix [N, K] (P: its format),
+// rows in tiles of up to A8_ROWS.
+template <class P>
+void product_cols_a8(const A8Rows &rows, int64_t M, const uint8_t *packed, int64_t N, int64_t K, int64_t n0,
+                     int64_t n1, float *out, int64_t ldo) {
+    for (int64_t r0 = 0; r0 < M; r0 += A8_ROWS) {
+        const int R = (int)(M - r0 < A8_ROWS ? M - r0 : A8_ROWS);
+        const A8Rows x = rows.at(r0, K);
         float *o = out + r0 * ldo;
+#define HISPEC_A8_CASE(n) \
+    case n: groups_a8<(n <= A8_ROWS ? n : 1), P>(x, K, packed, N, n0, n1, o, ldo); break;
         switch (R) {
-        case 1: columns_a8<1>(x, K, e, lde, s, w, n0, n1, o, ldo); break;
-        case 2: columns_a8<2>(x, K, e, lde, s, w, n0, n1, o, ldo); break;
-        case 3: columns_a8<3>(x, K, e, lde, s, w, n0, n1, o, ldo); break;
-        default: columns_a8<4>(x, K, e, lde, s, w, n0, n1, o, ldo); break;
+            HISPEC_A8_CASE(1) HISPEC_A8_CASE(2) HISPEC_A8_CASE(3) HISPEC_A8_CASE(4) HISPEC_A8_CASE(5) HISPEC_A8_CASE(6)
+            HISPEC_A8_CASE(7) HISPEC_A8_CASE(8) HISPEC_A8_CASE(9) HISPEC_A8_CASE(10) HISPEC_A8_CASE(11)
+            HISPEC_A8_CASE(12) HISPEC_A8_CASE(13) HISPEC_A8_CASE(14) HISPEC_A8_CASE(15) HISPEC_A8_CASE(16)
         }
+#undef HISPEC_A8_CASE
     }
 }
 
-inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *dxe) {
-    for (int64_t r = 0; r < M; r++) quantize_row(x + r * K, K, xq + r * K, dxe + r * dxe_len(K / QK));
+// x[M, K] (float rows) @ W.T for a packed matrix: each row quantised on its own, with the block sums its
+// format needs (float sums of x for Q4_1's minimum term, integer sums of xq for the Q8_0 head's offset),
+// then column tasks split over the threads.
+template <class P>
+void matmul_a8(const float *x, int64_t M, int64_t K, const uint8_t *packed, int64_t N, float *out, int64_t ldo,
+               int nthreads) {
+    const int64_t nb = K / QK;
+    int8_t *xq = (int8_t *)malloc(M * K);
+    float *dx = (float *)malloc(sizeof(float) * M * nb);
+    float *sx = P::has_min ? (float *)malloc(sizeof(float) * M * nb) : nullptr;
+    int32_t *xs = P::has_min ? nullptr : (int32_t *)malloc(sizeof(int32_t) * M * nb);
+    quantize_rows(x, M, K, xq, dx);
+    if (sx) block_sums(x, M, K, sx);
+    for (int64_t i = 0; xs && i < M * nb; i++) {
+        int32_t s = 0;
+        for (int j = 0; j < QK; j++) s += xq[i * QK + j];
+        xs[i] = s;
+    }
+    const int64_t tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
+        product_cols_a8<P>(A8Rows{xq, dx, sx, xs}, M, packed, N, K, n0, n1, out, ldo);
+    }
+    free(xq);
+    free(dx);
+    free(sx);
+    free(xs);
 }
 
 }  // namespace
 
 extern "C" {
 
-// out[M, ldo] (its first N columns) = x[M, K] @ W[N, K].T, W in Q4_1, x quantised to int8 per block of 32.
+// Bytes of a Q4_1 [N, K] matrix packed for the int8-activation products (this build's group width).
+int64_t hispec_q41_packed_bytes(int64_t N, int64_t K) { return a8_packed_bytes(N, K); }
+
+void hispec_q41_pack_a8(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int64_t N, int64_t K,
+                        uint8_t *out) {
+    pack_a8(qs, d, m, N, K, out);
+}
+
+// out[M, ldo] (its first N columns) = x[M, K] @ W[N, K].T, W packed (hispec_q41_pack_a8), x quantised to
+// int8 per block of 32.
+void hispec_q41_matmul_a8p(const float *x, int64_t M, int64_t K, const uint8_t *packed, int64_t N, float *out,
+                           int64_t ldo, int nthreads) {
+    matmul_a8<PackedQ41>(x, M, K, packed, N, out, ldo, nthreads);
+}
+
+// The same from the file's Q4_1 arrays (packed for the call: for tests and one-off products).
 void hispec_q41_matmul_a8(const float *x, int64_t M, int64_t K, const uint8_t *qs, const uint16_t *d,
                           const uint16_t *m, int64_t N, float *out, int64_t ldo, int nthreads) {
-    Q41 w{qs, d, m, K / QK};
-    const int64_t nb = K / QK;
-    int8_t *xq = (int8_t *)malloc(M * K);
-    float *dxe = (float *)malloc(sizeof(float) * M * dxe_len(nb));
-    float *sx = (float *)malloc(sizeof(float) * M * nb);
-    quantize_rows(x, M, K, xq, dxe);
-    block_sums(x, M, K, sx);
-    int64_t tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
-    for (int64_t t = 0; t < tasks; t++) {
-        int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
-        product_cols_a8(xq, dxe, M, sx, w, n0, n1, out, ldo);
-    }
-    free(xq);
-    free(dxe);
-    free(sx);
+    uint8_t *packed = (uint8_t *)malloc(a8_packed_bytes(N, K));
+    pack_a8(qs, d, m, N, K, packed);
+    matmul_a8<PackedQ41>(x, M, K, packed, N, out, ldo, nthreads);
+    free(packed);
+}
+
+int64_t hispec_q80_packed_bytes(int64_t N, int64_t K) { return a8_packed_bytes_q8(N, K); }
+
+void hispec_q80_pack_a8(const int8_t *qs, const uint16_t *d, int64_t N, int64_t K, uint8_t *out) {
+    pack_a8_q8(qs, d, N, K, out);
+}
+
+// out[M, ldo] (its first N columns) = x[M, K] @ W[N, K].T, W a Q8_0 matrix packed (hispec_q80_pack_a8),
+// x quantised to int8 per block of 32 (the a8 level's LM head).
+void hispec_q80_matmul_a8p(const float *x, int64_t M, int64_t K, const uint8_t *packed, int64_t N, float *out,
+                           int64_t ldo, int nthreads) {
+    matmul_a8<PackedQ80>(x, M, K, packed, N, out, ldo, nthreads);
 }
 
 // 1 when this build's int8 products use VNNI (dpbusd), 0 for maddubs + madd (the same integers)
@@ -537,7 +731,6 @@ int hispec_q4_vnni(void) {
 }
 
 }  // extern "C"
-
 // ==================================================================================================
 // The whole decoder layer (the 4-bit path's native route, hispec/model/q4_layer.py): for layers
 // [0, n_layers) of `layers`, over q new rows (positions past .. past + q - 1) of hidden (q, E), in
@@ -633,11 +826,12 @@ inline void product_cols(const float *x, int64_t M, const float *sx, const Mat &
     }
 }
 
-// product_cols, or with act8 its int8-activation twin over the rows' quantisation (xq, dxe)
+// product_cols, or with act8 its int8-activation twin over the rows' quantisation (xq, dxe) and the
+// matrix's packing pk (hispec_q41_pack_a8)
 inline void product(bool act8, const float *x, const int8_t *xq, const float *dxe, int64_t M, const float *sx,
-                    const Mat &w, int64_t n0, int64_t n1, float *out, int64_t ldo) {
+                    const Mat &w, const uint8_t *pk, int64_t n0, int64_t n1, float *out, int64_t ldo) {
     if (act8)
-        product_cols_a8(xq, dxe, M, sx, Q41{w.qs, w.d, w.m, w.K / QK}, n0, n1, out, ldo);
+        product_cols_a8<PackedQ41>(A8Rows{xq, dxe, sx, nullptr}, M, pk, w.N, w.K, n0, n1, out, ldo);
     else
         product_cols(x, M, sx, w, n0, n1, out, ldo);
 }
@@ -690,9 +884,12 @@ extern "C" {
 
 // Layers [0, n_layers) of `layers` over hidden[q, E] (in place), the rows at positions past .. past+q-1.
 // cos/sin: the rotary table's rows for those positions ([q, D]). Each layer's cache must hold past
-// positions and room for q more (the caller grows it first).
+// positions and room for q more (the caller grows it first). packed (act8 only, else ignored): per layer
+// the int8 packings of qkv, o, gate_up and down (4 pointers a layer; an argument of its own, so that the
+// layer table keeps its layout for builds of before it).
 void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec_dims *dims, float *hidden, int64_t q,
-                      int64_t past, const float *cos, const float *sin, int nthreads) {
+                      int64_t past, const float *cos, const float *sin, int nthreads,
+                      const uint8_t *const *packed) {
     const int64_t E = dims->hidden, H = dims->heads, KV = dims->kv_heads, D = dims->head_dim, I = dims->inter;
     const int64_t NQKV = (H + 2 * KV) * D, total = past + q, group = H / KV;
     float *qkv = (float *)malloc(sizeof(float) * q * NQKV);
@@ -707,9 +904,9 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
         float *xn = (float *)malloc(sizeof(float) * q * maxk);  // this thread's normed rows
         float *sx = (float *)malloc(sizeof(float) * q * (maxk / QK + 1));
         float *scores = (float *)malloc(sizeof(float) * (total + 2 * D));
-        const bool act8 = dims->act8 != 0;  // each thread quantises every row into its own buffers
+        const bool act8 = dims->act8 != 0 && packed;  // each thread quantises every row into its own buffers
         int8_t *xq = act8 ? (int8_t *)malloc(q * maxk) : nullptr;
-        float *dxe = act8 ? (float *)malloc(sizeof(float) * q * dxe_len(maxk / QK)) : nullptr;
+        float *dxe = act8 ? (float *)malloc(sizeof(float) * q * (maxk / QK)) : nullptr;
         float *rot = scores + total;  // D floats of scratch (rotary), D more (attention accumulators)
         const bool lead = omp_get_thread_num() == 0;
         double t0 = prof && lead ? now() : 0;
@@ -722,6 +919,7 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
         };
         for (int64_t l = 0; l < n_layers; l++) {
             const hispec_layer &L = layers[l];
+            const uint8_t *const *pk = act8 ? packed + 4 * l : nullptr;  // qkv, o, gate_up, down
             // 1. input norm (every thread, all rows) and the fused q/k/v product (columns split)
             for (int64_t r = 0; r < q; r++) rms_norm_row(hidden + r * E, L.in_norm, E, dims->eps, xn + r * E);
             block_sums_rows(xn, q, E, sx);
@@ -730,7 +928,7 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(NQKV); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < NQKV ? n0 + COLS_PER_TASK : NQKV;
-                product(act8, xn, xq, dxe, q, sx, L.qkv, n0, n1, qkv, NQKV);
+                product(act8, xn, xq, dxe, q, sx, L.qkv, pk ? pk[0] : nullptr, n0, n1, qkv, NQKV);
                 if (L.qkv_bias)
                     for (int64_t r = 0; r < q; r++)
                         for (int64_t n = n0; n < n1; n++) qkv[r * NQKV + n] = qkv[r * NQKV + n] + L.qkv_bias[n];
@@ -799,7 +997,7 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(E); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                product(act8, attn, xq, dxe, q, sx, L.o, n0, n1, tmp, E);
+                product(act8, attn, xq, dxe, q, sx, L.o, pk ? pk[1] : nullptr, n0, n1, tmp, E);
                 for (int64_t r = 0; r < q; r++)
                     for (int64_t n = n0; n < n1; n++) {
                         float y = tmp[r * E + n];
@@ -817,12 +1015,13 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
             for (int64_t t = 0; t < ntasks(I); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < I ? n0 + COLS_PER_TASK : I;
                 // gate columns into tmp[:, n], up columns into act[:, n] (row stride I each)
-                product(act8, xn, xq, dxe, q, sx, L.gate_up, n0, n1, tmp, I);
+                product(act8, xn, xq, dxe, q, sx, L.gate_up, pk ? pk[2] : nullptr, n0, n1, tmp, I);
                 Mat up = L.gate_up;
                 up.qs += I * (up.K / 2);
                 up.d += I * (up.K / QK);
                 up.m += I * (up.K / QK);
-                product(act8, xn, xq, dxe, q, sx, up, n0, n1, act, I);
+                const uint8_t *pk_up = pk ? pk[2] + I * (up.K / QK) * 20 : nullptr;  // I / G whole groups of G
+                product(act8, xn, xq, dxe, q, sx, up, pk_up, n0, n1, act, I);
                 for (int64_t r = 0; r < q; r++) {  // n1 - n0 = 32 (the intermediate size is whole blocks)
                     if (L.gate_up_bias)
                         for (int64_t n = n0; n < n1; n++) {
@@ -841,7 +1040,7 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(E); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                product(act8, act, xq, dxe, q, sx, L.down, n0, n1, tmp, E);
+                product(act8, act, xq, dxe, q, sx, L.down, pk ? pk[3] : nullptr, n0, n1, tmp, E);
                 for (int64_t r = 0; r < q; r++)
                     for (int64_t n = n0; n < n1; n++) {
                         float y = tmp[r * E + n];

@@ -1,0 +1,85 @@
+"""Makes assets/prompts/fresh_split.json: the report split no development has touched ('heldout-fresh').
+
+Its prompts come from the offline sets (HumanEval, ShareGPT, the summaries; MT-Bench has none left:
+its 80 questions were all among the exit heads' training prompts) and are, at the commit that made it:
+
+- not among the exit heads' training prompts (their manifest's `prompt_spec`, drawn as train-exits drew it);
+- in no JSON under assets/ in the whole git history, neither by id nor by the first 80 characters of
+  their text (every benchmark, sweep, prior, load test and recording the repository ever committed);
+- not empty, and (but the summaries, documents of 180-720 words) at most 256 tokens under the chat
+  template (what train-exits admitted as prompts);
+- the first N of each set in the order of the SHA-256 of their ids (8 HumanEval, 8 ShareGPT, and every
+  summary left: 12).
+
+No development may touch this split: no setting, threshold, prior or default may be chosen on it,
+and no run on it may be committed except the reports it lists (`reported_in`); tests/data/
+test_fresh_split.py fails on any other artifact that holds one of its prompts.
+
+    python scripts/data/fresh_split.py [--out assets/prompts/fresh_split.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from hispec.data.prompts import (FRESH_FILE, FRESH_NAME, FRESH_SOURCES, load_humaneval,  # noqa: E402
+                                 load_sets, load_sharegpt, load_summarize)
+
+COUNTS = {"humaneval": 8, "sharegpt": 8, "summarize": 12}
+MAX_PROMPT_TOKENS = 256
+
+
+def committed_json() -> str:
+    """Every version of every JSON artifact under assets/ in the repository's history, as one text."""
+    listing = subprocess.run(["git", "rev-list", "--all", "--objects", "--", "assets"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    blobs = [line.split(" ", 1)[0] for line in listing if line.endswith((".json", ".jsonl"))]
+    return "\n".join(subprocess.run(["git", "cat-file", "-p", sha], cwd=ROOT, capture_output=True, text=True,
+                                    check=True).stdout for sha in blobs)
+
+
+def seen(prompt, text: str) -> bool:
+    snippet = prompt.text.strip()[:80]
+    return any(s and (s in text or json.dumps(s)[1:-1] in text) for s in (prompt.id, snippet))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(FRESH_FILE))
+    args = parser.parse_args(argv)
+    from hispec.model.loading import load_model
+
+    lm = load_model("default", device="cpu")
+    spec = lm.ee.exit_info["training"]["prompt_spec"]
+    trained = {p.id for ps in load_sets(spec, seed=int(lm.ee.exit_info["training"].get("seed", 0))).values() for p in ps}
+    history = committed_json()
+    pools = {"humaneval": load_humaneval(), "sharegpt": load_sharegpt(), "summarize": load_summarize()}
+    sets = {}
+    for name, prompts in pools.items():
+        fresh = [p for p in prompts if p.text.strip() and p.id not in trained and not seen(p, history)
+                 and (name == "summarize" or len(lm.encode(p.text, chat=p.chat)) <= MAX_PROMPT_TOKENS)]
+        fresh.sort(key=lambda p: hashlib.sha256(p.id.encode("utf-8")).hexdigest())
+        sets[name] = [p.id for p in fresh[:COUNTS[name]]]
+        print(f"{name}: {len(prompts)} prompts, {len(fresh)} untouched, {len(sets[name])} taken", file=sys.stderr)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    out = {"name": FRESH_NAME, "sources": FRESH_SOURCES,
+           "rule": "not among the exit heads' training prompts; in no JSON under assets/ in the git history "
+                   "(by id or by the first 80 characters of the text); at most 256 tokens under the chat template (but the summaries); "
+                   "the first of each set by the SHA-256 of the id",
+           "policy": "no development may touch this split: nothing is tuned, chosen or committed on it except "
+                     "the reports listed in reported_in",
+           "made_at": commit, "command": "python scripts/data/fresh_split.py", "sets": sets, "reported_in": []}
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
