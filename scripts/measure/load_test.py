@@ -340,7 +340,7 @@ def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dic
 
     return {"command": "python scripts/measure/load_test.py " + " ".join(sys.argv[1:]), "code": code_version(),
             "machine": machine(),
-            "host": args.host_note, "model": args.model, "default_run": default_run(records),
+            "host_note": args.host_note, "model": args.model, "default_run": default_run(records),
             "sessions": args.sessions, "requests_per_session": args.requests,
             "max_new_tokens": args.max_new_tokens, "long_tokens": args.long_tokens, "long_share": args.long_share,
             "visitors": "one client address per session",
