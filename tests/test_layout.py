@@ -403,6 +403,17 @@ def test_no_package_over_2500_lines_and_the_decoder_reads_in_one_sitting(tmp_pat
     assert class_lines(tmp_path / "hispec/big/b.py", "Decoder") == 301
 
 
+def test_the_server_reads_in_one_screen_and_serving_has_no_long_function(tmp_path):
+    """Issue 48: serving's Server at most 220 lines, like the Decoder; no function in serving/ over 60."""
+    assert class_lines(ROOT / "hispec/serving/session.py", "Server") <= 220
+    assert long_functions(sorted((ROOT / "hispec/serving").glob("*.py")), 60) == []
+    # the checks are shown to catch what they check
+    (tmp_path / "session.py").write_text("class Server:\n" + "    x = 1\n" * 220 + "    def serve(self):\n"
+                                         + "        x = 1\n" * 60)
+    assert class_lines(tmp_path / "session.py", "Server") == 282
+    assert long_functions([tmp_path / "session.py"], 60) == ["session.py:222 serve (61 lines)"]
+
+
 # Where the paper's four names (draft_layer, verify_layer, draft_len, verify_threshold) may appear outside tests
 # (issue 33): the preset itself, where a person gives them (the page's sliders and their wiring, the CLI's
 # flags, /generate's preset fields, the sweep's grids) and where recorded artifacts are read back under them (the

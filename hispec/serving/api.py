@@ -38,6 +38,7 @@ from hispec.explain.beliefs import exit_beliefs
 from hispec.data.prompts import LOADERS, Prompt, load_sets
 from hispec.serving import inputs
 from hispec.serving.limits import Limits
+from hispec.serving.protocol import Request
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 MAX_LAYER = 10_000  # a bound at the edge; the model's own depth is checked once it is known
@@ -65,7 +66,7 @@ def _encode(lm, prompt: str, chat: bool, max_new_tokens: int, limits: Limits) ->
 
 # ---- one generation -------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class GenerateRequest:
+class GenerateRequest(Request):
     """One generation. Layers and lengths left out (None) take the model's recommended settings."""
 
     prompt: str
@@ -182,7 +183,7 @@ def api_signature() -> inspect.Signature:
 
 
 # ---- compare, what if, benchmark, load ------------------------------------------------------------
-class _OfAGeneration:
+class _OfAGeneration(Request):
     """A request built around a GenerateRequest (its prompt, settings and model)."""
 
     generate: GenerateRequest
@@ -254,7 +255,7 @@ def live_prompts(set_name: str, count: int, seed: int = 0) -> dict[str, list[Pro
 
 
 @dataclass(frozen=True)
-class BenchRequest:
+class BenchRequest(Request):
     set_name: str = "examples"
     count: int = 2
     methods: tuple[str, ...] = ("autoregressive", "layerskip", "hispec")
@@ -297,7 +298,7 @@ class BenchRequest:
 
 
 @dataclass(frozen=True)
-class LoadRequest:
+class LoadRequest(Request):
     model: str | None = None
 
     kind = "load"
@@ -314,7 +315,7 @@ class LoadRequest:
 
 # ---- follow-ups of a run: this machine's pass costs, what each exit believes -----------------------
 @dataclass(frozen=True)
-class CostsRequest:
+class CostsRequest(Request):
     """The model's pass costs on this machine (engine.planning.costs), calibrated for these exits if they are
     not yet: the numbers "Why this speed" explains a run with."""
 
@@ -341,7 +342,7 @@ class CostsRequest:
 
 
 @dataclass(frozen=True)
-class BeliefsRequest:
+class BeliefsRequest(Request):
     """What every exit predicted at every generated position of a finished run (explain.beliefs)."""
 
     model: str | None = None

@@ -7,10 +7,11 @@ figure when everyone together is over it), the model allow-list; the prompt's le
 once it is tokenized. The time limit counts a request's own time on the model, from when it gets
 its turn: waiting behind other visitors is not counted against it.
 
-The client address comes from the proxy hops the operator trusts (HISPEC_TRUSTED_PROXIES: the
-proxies' addresses, or "*" when the server can be reached only through its proxy, the default on
-Hugging Face Spaces, whose proxy appends the visitor's address to X-Forwarded-For); unset, no
-forwarded header is believed, from loopback either (serving.caller).
+The client address comes from the proxy chain the operator states (serving.proxies):
+HISPEC_TRUSTED_PROXIES (the proxies' addresses or ranges, "private", or "*" when the server can be
+reached only through its proxy; on Hugging Face Spaces "*,private" by default) or HISPEC_PROXY_HOPS
+(how many proxies stand in front of the server); unset, no forwarded header is believed, from
+loopback either.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hispec.errors import ConfigError, ModelLoadError
+from hispec.serving.proxies import ANY, PRIVATE, ProxyChain
 
 DEFAULT_MODEL_NAME = "default"
 LAYERSKIP_CHECKPOINT = "facebook/layerskip-llama3.2-1B"
@@ -45,10 +47,12 @@ class Limits:
     rate_per_minute: int = 12  # requests per client address per minute (0 = no limit)
     allowed_models: tuple[str, ...] = (DEFAULT_MODEL_NAME,)  # what visitors may choose; "*": any hub id
     global_rate_per_minute: int = 60  # beyond this many a minute from everyone, each address its fair share (0: off)
-    trusted_proxies: tuple[str, ...] = ()  # peers whose X-Forwarded-For names the client ("*": any)
+    trusted_proxies: tuple[str, ...] = ()  # proxies whose X-Forwarded-For is believed (serving.proxies)
+    proxy_hops: int = 0  # or: exactly this many proxies stand in front of the server (0: read `trusted_proxies`)
     # requests per address per minute that may join the HTTP queue (the page sends 3 per run; 0 = no limit):
     # counted at the edge, before anything is queued (serving.edge)
     join_rate_per_minute: int = 120
+    stop_rate_per_minute: int = 60  # Stops per address per minute at the edge's /hispec/stop (0 = no limit)
 
     @classmethod
     def from_env(cls, env=None) -> Limits:
@@ -77,9 +81,22 @@ class Limits:
                    number("HISPEC_RATE_LIMIT", cls.rate_per_minute),
                    names("HISPEC_ALLOWED_MODELS", cls.allowed_models),
                    number("HISPEC_GLOBAL_RATE_LIMIT", cls.global_rate_per_minute),
-                   # Spaces serves through its own proxy, the only way in: its forwarded address is the visitor's
-                   names("HISPEC_TRUSTED_PROXIES", ("*",) if on_spaces() else ()),
-                   number("HISPEC_JOIN_RATE_LIMIT", cls.join_rate_per_minute))
+                   # Spaces serves through its own proxy, the only way in; hops inside its network are skipped
+                   names("HISPEC_TRUSTED_PROXIES", (ANY, PRIVATE) if on_spaces() else ()),
+                   number("HISPEC_PROXY_HOPS", cls.proxy_hops),
+                   number("HISPEC_JOIN_RATE_LIMIT", cls.join_rate_per_minute),
+                   number("HISPEC_STOP_RATE_LIMIT", cls.stop_rate_per_minute))
+
+    def __post_init__(self):
+        try:
+            self.proxies
+        except ValueError as exc:
+            raise ConfigError(f"HISPEC_TRUSTED_PROXIES: {exc}") from None
+
+    @property
+    def proxies(self) -> ProxyChain:
+        """The proxy chain in front of the server: which forwarded address is the client's."""
+        return ProxyChain(self.trusted_proxies, self.proxy_hops)
 
     def allowing(self, *models: str) -> Limits:
         """These limits with the operator's own models (loaded at start) allowed too."""
@@ -121,6 +138,7 @@ class Limits:
                    if self.global_rate_per_minute else "")
         joins = (f" · {self.join_rate_per_minute} calls per minute per address into the queue"
                  if self.join_rate_per_minute else "")
+        joins += f" · {self.stop_rate_per_minute} Stops per minute per address" if self.stop_rate_per_minute else ""
         return (f"Limits: prompt ≤ {self.max_prompt_tokens} tokens ({self.max_prompt_chars:,} characters) · "
                 f"≤ {self.max_new_tokens} new tokens · ≤ {self.max_seconds:g} s on the model per request "
                 f"(waiting not counted) · {rate}{overall}{joins} · {self.queue_size} requests may wait · one job at a "

@@ -4,7 +4,10 @@ Serves the app in this process (the tiny random test model, or the real default 
 --model default) and runs N concurrent gradio_client sessions, each a visitor of its own (its own
 client address, forwarded by a proxy the server trusts), each sending R requests through the
 public API with named inputs: short and long greedy generations, Stops at random moments from the
-same session, and malformed inputs. It checks every answer:
+same session (a third of them sent the moment gradio_client's submit() returns, before its request
+may have reached the server), late readers (a REST client that posts /generate and opens its update
+stream LATE_S seconds later, as a live client on a busy host does), and malformed inputs. It checks
+every answer:
 
   normal   (short, --max-new-tokens) and long (--long-tokens, a --long-share of the generations)
            must complete, and its token ids must equal the engine's own greedy output for its prompt
@@ -14,11 +17,15 @@ same session, and malformed inputs. It checks every answer:
            done with all of it only when it was done before the Stop was sent or ended within
            STOP_MARGIN_S of the Stop's reply: a run that goes on to its end long after its Stop was
            answered is a Stop that was lost, a failure. Every Stop's reply and timing is recorded.
+  late     like normal: a live client that reads late must get its whole answer, never "the client left"
   bad      must be refused with a readable message (an AppError), never a crash or a hang
+
+Any request of a live client that ends as "the client left" is counted (`left`) and fails the run,
+and so does a Stop that was lost (`stops.ran_in_full`).
 
 The limits are set so that no normal request may be refused (queue and time limit above the load,
 no rate limit): a refusal of a normal request is a failure. Exit code 0 only when nothing failed,
-nothing crossed and every session finished. The JSON report holds the counts, p50/p90/p99 latency,
+nothing crossed and every session finished (so a failed request fails the run). The JSON report holds the counts, p50/p90/p99 latency,
 the machine and every failure; a short request's latency is reported apart from a long one's (with
 the model shared round by round, a short request should not wait for the long ones to finish). If a
 session never finishes, the report says what serving still holds (its jobs, the model's turn) and the
@@ -54,6 +61,10 @@ BAD = [({"prompt": ""}, "prompt is empty"), ({"levels": "5,3"}, "exit layers mus
 # (its last update is sent up to the server's throttle after its last round); one that ran on longer was
 # running when the Stop was answered, and should have stopped
 STOP_MARGIN_S = 1.0
+CONNECT_TIMEOUT_S = 120.0  # a session's HTTP calls (gradio_client's default of 5 s failed 23 of 50 connects, load 18)
+KINDS = {"normal": 5, "stop": 3, "bad": 1, "late": 2}  # how often each kind of request is sent (weights)
+LATE_S = (2.0, 8.0)  # a late reader opens its stream this many seconds after its request (beyond the old 5 s rule)
+STOP_WHEN = ("at once", "0 ms", "later")  # a Stop: as submit() returns, 0 ms after the join was answered, or 0-1 s
 
 
 def machine() -> str:
@@ -112,7 +123,9 @@ def judge(kind: str, prompt: str, ids: list[int] | None, finish: str | None, exp
     """(outcome, message) of one answer: completed | crossed | failed; `stop`: a stop request's
     record of its Stop (done_before_stop, result_after_reply_s, stop_reply)."""
     want = expected[prompt]
-    if kind in ("normal", "long"):
+    if finish == "left":
+        return "failed", "ended as \"the client left\" while its client was there, reading"
+    if kind in ("normal", "long", "late"):
         if ids == want:
             return "completed", ""
         other = next((p for p, w in expected.items() if p != prompt and w == ids), None)
@@ -146,13 +159,18 @@ def one_request(client, kind: str, prompt: str, max_new: int, rng: random.Random
                 client.predict(**{**named, **change}, api_name="/generate")
                 record.update(outcome="failed", message=f"accepted a malformed input ({words})")
             except AppError as exc:
+                if "a Stop of this session that found nothing running arrived" in str(exc):  # serving.jobs.AHEAD_S
+                    record.update(outcome="stopped_ahead", message=str(exc)[:200])
+                    record["latency_s"] = round(time.monotonic() - t0, 3)
+                    return record
                 ok = words in str(exc)
                 record.update(outcome="refused_as_expected" if ok else "failed", message=str(exc)[:160])
         else:
             job = client.submit(**named, api_name="/generate")
             stop, replied_at = None, None
             if kind == "stop":
-                stop = send_stop(client, job, rng.choice([0.0, rng.uniform(0.0, 1.0)]))  # half of them at 0 ms
+                when = rng.choice(STOP_WHEN)
+                stop = send_stop(client, job, {"at once": None, "0 ms": 0.0}.get(when, rng.uniform(0.0, 1.0)))
                 replied_at = stop.pop("replied_at")
                 record.update(stop)
             try:
@@ -162,30 +180,88 @@ def one_request(client, kind: str, prompt: str, max_new: int, rng: random.Random
                     record.update(outcome="completed", message="stopped before it started", finish="stopped")
                     record["latency_s"] = round(time.monotonic() - t0, 3)
                     return record
+                if "a Stop of this session that found nothing running arrived" in str(exc):  # serving.jobs.AHEAD_S
+                    record.update(outcome="stopped_ahead", finish="stopped", message=str(exc)[:200])
+                    record["latency_s"] = round(time.monotonic() - t0, 3)
+                    return record
+                if "The client left" in str(exc):
+                    record.update(outcome="failed", finish="left", message=f"ended as the client left: {exc}")
+                    record["latency_s"] = round(time.monotonic() - t0, 3)
+                    return record
                 raise
             if stop:
                 stop["result_after_reply_s"] = record["result_after_reply_s"] = round(time.monotonic() - replied_at, 3)
             outcome, message = judge(kind, prompt, out.get("token_ids"), out["stats"].get("finish_reason"), expected,
                                      stop)
             record.update(outcome=outcome, message=message, finish=out["stats"].get("finish_reason"),
-                          new_tokens=len(out.get("token_ids") or []))
+                          new_tokens=len(out.get("token_ids") or []), levels=levels_of(out))
     except Exception as exc:  # a refusal of a normal request, a crash or a timeout: all failures
         record.update(outcome="failed", message=f"{type(exc).__name__}: {str(exc)[:200]}")
     record["latency_s"] = round(time.monotonic() - t0, 3)
     return record
 
 
-def send_stop(client, job, delay_s: float) -> dict:
+def levels_of(out: dict) -> str | None:
+    """The level list a generation ran, e.g. "lookup -> full@q4 -> full" (the exact model, the last word, is
+    not in the settings' list)."""
+    levels = [str(level) for level in (out.get("settings") or {}).get("levels") or ()]
+    return " -> ".join(levels + ["full"] * (levels[-1:] != ["full"])) if levels else None
+
+
+def send_stop(client, job, delay_s: float | None) -> dict:
     """Stop `job` `delay_s` after it was sent (its queue join answered: the request is at the server,
-    so the Stop comes after it); what the Stop found and said."""
+    so the Stop comes after it), or at once (None: as submit() returned, before the request may have
+    been sent); what the Stop found and said."""
     t0 = time.monotonic()
-    while getattr(job.communicator, "event_id", None) is None and not job.done() and time.monotonic() - t0 < 60:
+    while (delay_s is not None and getattr(job.communicator, "event_id", None) is None and not job.done()
+           and time.monotonic() - t0 < 60):
         time.sleep(0.001)
-    time.sleep(delay_s)
+    time.sleep(delay_s or 0.0)
     done = job.done()
     reply = client.predict(api_name="/stop")
-    return {"stop_after_s": round(delay_s, 3), "done_before_stop": done, "replied_at": time.monotonic(),
+    return {"stop_after_s": None if delay_s is None else round(delay_s, 3), "done_before_stop": done, "replied_at": time.monotonic(),
             "stop_reply": re.sub(r"<[^>]+>", "", str(reply)).strip()[:120]}
+
+
+def late_request(url: str, visitor: str, prompt: str, max_new: int, rng: random.Random, expected: dict) -> dict:
+    """A REST client that posts /generate, opens its update stream LATE_S later and reads it to the end."""
+    import httpx
+
+    from hispec.serving.api import api_signature
+
+    record = {"kind": "late", "prompt": prompt, "late_s": round(rng.uniform(*LATE_S), 2)}
+    fields = {name: p.default for name, p in api_signature().parameters.items()}
+    fields.update(prompt=prompt, max_new_tokens=max_new, temperature=0.0)
+    headers = {"X-Forwarded-For": visitor}
+    t0 = time.monotonic()
+    try:
+        posted = httpx.post(f"{url}gradio_api/call/generate", json={"data": list(fields.values())}, headers=headers,
+                            timeout=60)
+        posted.raise_for_status()
+        time.sleep(record["late_s"])
+        with httpx.stream("GET", f"{url}gradio_api/call/generate/{posted.json()['event_id']}", headers=headers,
+                          timeout=3600) as stream:
+            event, answer = None, None
+            for line in stream.iter_lines():
+                if line.startswith("event:"):
+                    event = line.split(":", 1)[1].strip()
+                elif line.startswith("data:") and event in ("complete", "error"):
+                    answer = (event, json.loads(line.split(":", 1)[1]))
+                    break
+        if answer is None or answer[0] != "complete":
+            message = str(answer[1] if answer else "the stream ended without an answer")
+            left = "The client left" in message
+            record.update(outcome="failed", finish="left" if left else None, message=message[:200])
+        else:
+            out = answer[1][0]
+            finish = out["stats"].get("finish_reason")
+            outcome, message = judge("late", prompt, out.get("token_ids"), finish, expected)
+            record.update(outcome=outcome, message=message, finish=finish, new_tokens=len(out.get("token_ids") or []),
+                          levels=levels_of(out))
+    except Exception as exc:
+        record.update(outcome="failed", message=f"{type(exc).__name__}: {str(exc)[:200]}")
+    record["latency_s"] = round(time.monotonic() - t0, 3)
+    return record
 
 
 def address(i: int) -> str:
@@ -197,8 +273,9 @@ def session(url, i, n_requests, lengths, long_share, rng, expected, deadline, ou
     """Session i's requests; `lengths`: (short, long) new tokens; `expected`: greedy output by prompt."""
     from gradio_client import Client
 
-    try:
-        client = Client(url, verbose=False, headers={"X-Forwarded-For": address(i)})
+    try:  # every session connects at once: on a busy host the app's config and API page take a while to serve
+        client = Client(url, verbose=False, headers={"X-Forwarded-For": address(i)},
+                        httpx_kwargs={"timeout": CONNECT_TIMEOUT_S})
     except Exception as exc:
         with lock:
             out.append({"kind": "connect", "outcome": "failed", "message": f"{type(exc).__name__}: {exc}"})
@@ -206,12 +283,15 @@ def session(url, i, n_requests, lengths, long_share, rng, expected, deadline, ou
     for _ in range(n_requests):
         if time.monotonic() > deadline:
             break
-        kind = rng.choices(["normal", "stop", "bad"], weights=[6, 2, 2])[0]
+        kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
         if kind == "normal" and rng.random() < long_share:
             kind = "long"
         max_new = lengths[kind == "long"]
         want = {p: ids[:max_new] for p, ids in expected.items()}  # greedy output is a prefix of a longer one
-        record = one_request(client, kind, rng.choice(PROMPTS), max_new, rng, want)
+        if kind == "late":
+            record = late_request(url, address(i), rng.choice(PROMPTS), max_new, rng, want)
+        else:
+            record = one_request(client, kind, rng.choice(PROMPTS), max_new, rng, want)
         with lock:
             out.append(record)
 
@@ -246,19 +326,30 @@ def print_stacks() -> None:
         traceback.print_stack(frame, file=sys.stderr)
 
 
+def default_run(records: list[dict]) -> str | None:
+    """The level list the generations ran (the most common one), e.g. "lookup -> full@q4 -> full"."""
+    runs = [r["levels"] for r in records if r.get("levels")]
+    return max(set(runs), key=runs.count) if runs else None
+
+
 def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dict:
+    # stopped_ahead: sent right after a Stop of its session that found nothing, and stopped by it (serving.jobs.AHEAD_S)
     count = {k: sum(r["outcome"] == k for r in records) for k in ("completed", "refused_as_expected", "crossed",
-                                                                  "failed")}
+                                                                  "failed", "stopped_ahead")}
     from hispec.evaluation.record import code_version
 
     return {"command": "python scripts/measure/load_test.py " + " ".join(sys.argv[1:]), "code": code_version(),
             "machine": machine(),
-            "model": args.model, "sessions": args.sessions, "requests_per_session": args.requests,
+            "host_note": args.host_note, "model": args.model, "default_run": default_run(records),
+            "sessions": args.sessions, "requests_per_session": args.requests,
             "max_new_tokens": args.max_new_tokens, "long_tokens": args.long_tokens, "long_share": args.long_share,
             "visitors": "one client address per session",
             "seconds": round(seconds, 1), "requests": len(records), **count,
             "unfinished_sessions": unfinished, **({"stuck": stuck()} if unfinished else {}),
-            "by_kind": {k: sum(r["kind"] == k for r in records) for k in ("normal", "long", "stop", "bad")},
+            "by_kind": {k: sum(r["kind"] == k for r in records) for k in ("normal", "long", "stop", "bad", "late")},
+            # live clients' requests ended as "the client left" (each a failure too)
+            "left": sum(r.get("finish") == "left" for r in records),
+            "late_s": list(LATE_S),
             "stops": stop_counts([r for r in records if r["kind"] == "stop"]),
             # normal: the short generations (--max-new-tokens); long: --long-tokens
             "latency_s_normal": latency(records, "normal"), "latency_s_long": latency(records, "long"),
@@ -269,7 +360,8 @@ def stop_counts(stops: list[dict]) -> dict:
     """What the Stops did: stopped (before or while running), done before the Stop was sent or
     reached it, ran in full long after their reply (lost: failures)."""
     ran_in_full = [r for r in stops if "a Stop ran in full" in r.get("message", "")]
-    return {"sent": len(stops), "at_0_ms": sum(r.get("stop_after_s") == 0.0 for r in stops),
+    return {"sent": len(stops), "at_once": sum(r.get("stop_after_s") is None for r in stops),
+            "at_0_ms": sum(r.get("stop_after_s") in (None, 0.0) for r in stops),
             "stopped": sum(r.get("finish") == "stopped" for r in stops),
             "done_before_it": sum(r.get("outcome") == "completed" and r.get("finish") != "stopped" for r in stops),
             "ran_in_full": len(ran_in_full)}
@@ -289,6 +381,7 @@ def main(argv=None) -> int:
     parser.add_argument("--grace-seconds", type=float, default=600,
                         help="how long after --max-seconds a session may take to finish before it counts as stuck")
     parser.add_argument("--json", default=None, help="write the report (with every record) here")
+    parser.add_argument("--host-note", default="", help="what else ran on the host (timings are only read with it)")
     args = parser.parse_args(argv)
     if args.long_tokens is None:
         args.long_tokens = 4 * args.max_new_tokens
@@ -318,8 +411,8 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({**report, "records": records}, indent=1) + "\n")
-    ok = (report["failed"] == 0 and report["crossed"] == 0 and report["unfinished_sessions"] == 0
-          and len(records) == args.sessions * args.requests)
+    ok = (report["failed"] == 0 and report["crossed"] == 0 and report["unfinished_sessions"] == 0 and report["left"] == 0
+          and report["stops"]["ran_in_full"] == 0 and len(records) == args.sessions * args.requests)
     return 0 if ok else 1
 
 

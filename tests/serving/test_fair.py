@@ -93,14 +93,49 @@ def test_a_stop_reaches_a_request_that_arrived_before_it_and_reached_serving_aft
 
 
 def test_a_request_made_after_a_stop_runs_and_a_stop_of_another_kind_or_tab_does_not_reach_it():
-    """Control: a remembered Stop ends only what was submitted before it, of its kinds and session."""
+    """Control: a remembered Stop ends only what was submitted before it (or just after it, serving.jobs.AHEAD_S),
+    of its kinds and session."""
     server = tiny_server()
-    server.stop(ME, ("generate",))
+    server.stop(Caller(ME.session, ME.address, time.monotonic() - 2 * jobs_module.AHEAD_S), ("generate",))
     server.stop(OTHER)
     server.stop(Caller(ME.session, ME.address, time.monotonic() + 60), ("bench",))  # a later Stop, of benchmarks
     updates = list(server.submit(ME, GenerateRequest, gen(max_new=6)))
     assert updates[-1] == Ended("done", "Done.")
     assert done_of(updates).token_ids
+
+
+def test_a_stop_that_overtook_its_request_stops_it_and_only_it():
+    """gradio_client's submit() returns before the request is sent: a Stop sent at once may reach the
+    server first and find nothing. It ends the first request of its session arriving within AHEAD_S
+    after it; a second one, a later one, another tab's, or one after a Stop that found its job, run."""
+    now = [100.0]
+    jobs = Jobs(clock=lambda: now[0])
+    assert jobs.stop("tab", ("generate",), at=100.0) == 0  # found nothing
+    assert not jobs.open("other-tab", "generate", submitted=100.2).stop.is_set()
+    assert not jobs.open("tab", "bench", submitted=100.2).stop.is_set()
+    overtaken = jobs.open("tab", "generate", submitted=100.3)
+    assert overtaken.reason == "stopped" and overtaken.overtaken_by == pytest.approx(0.3)  # the request it overtook
+    assert not jobs.open("tab", "generate", submitted=100.4).stop.is_set()  # used up: only the first
+    jobs.stop("tab", ("generate",), at=101.0)  # finds the one running: nothing is kept for later
+    assert not jobs.open("tab", "generate", submitted=101.1).stop.is_set()
+    jobs.stop("meant", ("generate",), at=101.5)  # found nothing: its request is not registered yet
+    assert jobs.open("meant", "generate", submitted=101.4).reason == "stopped"  # sent before it: the one meant
+    assert not jobs.open("meant", "generate", submitted=101.6).stop.is_set()  # so it overtook none
+    jobs.stop("late", None, at=102.0)
+    now[0] = 104.0
+    assert not jobs.open("late", "generate", submitted=102.0 + jobs_module.AHEAD_S + 0.1).stop.is_set()
+
+
+def test_a_request_stopped_by_a_stop_that_overtook_it_says_so():
+    """The client can tell it from its own Stop: the ending names the Stop that found nothing and says to send it again."""
+    server = tiny_server()
+    assert server.stop(ME, ("generate",)) == 0  # in-process: it overtakes nothing
+    assert done_of(list(server.submit(ME, GenerateRequest, gen(max_new=6)))).token_ids
+    assert server.stop(Caller(ME.session, ME.address, time.monotonic()), ("generate",)) == 0  # over HTTP
+    updates = list(server.submit(ME, GenerateRequest, gen(max_new=6)))
+    assert updates[-1].outcome == "stopped" and "a Stop of this session that found nothing running arrived" in \
+        updates[-1].message and "send it again" in updates[-1].message, updates[-1]
+    assert done_of(list(server.submit(ME, GenerateRequest, gen(max_new=6)))).token_ids  # the next one runs
 
 
 def test_remembered_stops_cost_bounded_memory(monkeypatch):

@@ -161,7 +161,8 @@ def test_limits_from_env_and_hosted_default(monkeypatch):
     assert Limits.from_env({}).allowed_models == ("default",)  # unset: the embedded default only
     assert Limits.from_env({}).allowing("my/model").allowed_models == ("default", "my/model")
     monkeypatch.setenv("SPACE_ID", "someone/hispec")
-    assert Limits.from_env({}).trusted_proxies == ("*",)  # Spaces' proxy is the only way in
+    # Spaces' proxy is the only way in, and hops inside its private network are skipped (serving.proxies)
+    assert Limits.from_env({}).trusted_proxies == ("*", "private")
     with pytest.raises(ConfigError, match="HISPEC_RATE_LIMIT='many' is not a number"):
         Limits.from_env({"HISPEC_RATE_LIMIT": "many"})
 
@@ -453,6 +454,32 @@ def test_the_load_test_fails_when_a_stop_is_lost(capsys, monkeypatch):
     report = capsys.readouterr().out
     assert code == 1, report
     assert '"ran_in_full": 0' not in report and "a Stop ran in full" in report, report
+
+
+def test_the_load_test_fails_when_a_live_client_is_ended_as_left(capsys, monkeypatch):
+    """The check is shown to catch what it checks: with a first-open grace shorter than its late readers'
+    delay (the old unread rule did the same to live clients on a busy host), the late readers end as
+    "the client left": counted, and the run fails."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "measure"))
+    import load_test
+    from hispec.model.early_exit import EarlyExitModel
+    from hispec.serving import presence
+
+    original = EarlyExitModel.run_layers
+
+    def slowed(self, *args, **kwargs):  # each run lasts beyond the grace
+        time.sleep(0.05)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(EarlyExitModel, "run_layers", slowed)
+    monkeypatch.setattr(presence, "FIRST_OPEN_S", 0.5)
+    monkeypatch.setattr(load_test, "LATE_S", (3.0, 3.0))
+    monkeypatch.setattr(load_test, "KINDS", {"normal": 1, "late": 2})
+    code = load_test.main(["--sessions", "3", "--requests", "2", "--max-new-tokens", "30", "--seed", "3"])
+    out = capsys.readouterr().out
+    report = json.JSONDecoder().raw_decode(out[out.index("{\n"):])[0]
+    assert code == 1, report
+    assert report["by_kind"]["late"] and report["left"] == report["by_kind"]["late"], report
 
 
 def test_the_load_test_says_what_is_stuck(capsys, monkeypatch):

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from helpers import EOS, char_tokenizer, tiny_model
+from helpers import EOS, char_tokenizer, tiny_model, tiny_server
 
 from hispec.engine.config import preset
 from hispec.engine.events import DoneEvent
@@ -345,3 +345,21 @@ def test_loading_a_model_does_not_wait_behind_a_generation(server):
         updates = list(server.submit(ME, LoadRequest, {"model": "tiny"}))
         assert time.monotonic() - t0 < 1
     assert updates[-1].outcome == "done" and updates[-2].items[0] is server.registry.get("tiny")
+
+
+def test_a_waiting_client_hears_its_place_only_when_it_changes():
+    """A job waiting behind a long one got its place twice a second (5 unread updates in 2.5 s were
+    what ended live clients); now it hears it once, and again only when it changes."""
+    server = tiny_server()
+    first = Caller("tab-1", "10.0.0.1")
+    with slow(server.registry.get("tiny"), 0.05):
+        running = server.submit(first, GenerateRequest, {"prompt": "Hey", "max_new_tokens": 100})
+        next(running)  # it holds the model now (its first update comes from its turn)
+        waiting = server.submit(Caller("tab-2", "10.0.0.1"), GenerateRequest, {"prompt": "Hey", "max_new_tokens": 2})
+        seen, t0 = [], time.monotonic()
+        while time.monotonic() - t0 < 2.5:
+            seen.append(next(waiting))
+        server.stop(first)
+        places = [u.text for u in seen if isinstance(u, Status) and u.text.startswith("Waiting")]
+        list(running), list(waiting)
+    assert places == ["Waiting for the model: 1 request ahead of this one (one runs at a time)."], seen
