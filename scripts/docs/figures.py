@@ -113,7 +113,7 @@ def provenance(block: Block, artifacts: list[dict]) -> str:
 
 BLOCKS: dict[str, Block] = {
     # the README's one table: the default's run, then llama.cpp's (until one run on heldout-fresh holds all)
-    "headline": Block(("assets/bench/precision_default_cpu_report.json", "assets/bench/q4_cpu_default.json"),
+    "headline": Block(("assets/bench/headline_cpu_fresh.json", "assets/bench/q4_cpu_default.json"),
                       headline_table),
     "levels-report": Block(("assets/bench/levels_cpu_report.json",), levels_table),
     "levels": Block(("assets/bench/levels_cpu_default.json",), levels_table, LEVELS_COMMAND),

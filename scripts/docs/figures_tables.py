@@ -769,7 +769,8 @@ def headline_table(*reports: dict) -> str:
         prompts = len({(r["set"], r["prompt_id"]) for r in report["records"]})
         spec = re.search(r"--prompts (\S+)", report.get("command", ""))
         commit = ((report.get("code") or {}).get("commit") or "not recorded")[:12]
-        notes.append(f"run {run}: {prompts} prompts (`{spec[1] if spec else '?'}`), commit {commit}")
+        order = "a balanced order" if report.get("order") else "rotating"  # recorded since the balanced order
+        notes.append(f"run {run}: {prompts} prompts (`{spec[1] if spec else '?'}`), methods in {order}, commit {commit}")
         tps = q.ratios(report)["tokens_per_s"]
         for method, what in HEADLINE_ROWS:
             shown = any(r[0] == method for r in rows)
@@ -793,7 +794,7 @@ def headline_table(*reports: dict) -> str:
     head = ["method@weights", "what runs", "tokens/s (median)", "vs plain float32, same prompts",
             "output equal to plain float32"] + (["run"] if len(reports) > 1 else [])
     return (_table(head, rows) + "\n\nRatios: the geometric mean over the run's prompts of per-prompt ratios, "
-            "greedy, 128 new tokens, one process, methods rotating. " + "; ".join(notes) + ".")
+            "greedy, 128 new tokens, one process. " + "; ".join(notes) + ".")
 
 
 def _differs(report: dict, method: str) -> list[bool]:
