@@ -9,6 +9,7 @@ type: a list where a string belongs is an error like any other.
 from __future__ import annotations
 
 import math
+import re
 from typing import Iterable
 
 from hispec.errors import ConfigError
@@ -31,8 +32,8 @@ def whole(name: str, value, low: int, high: int | None) -> int:
         number = value
     elif isinstance(value, float):
         number = int(value) if math.isfinite(value) and value == int(value) else None
-    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit() and len(value) < 30:
-        number = int(value.strip())
+    elif isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]{1,29}", value.strip()):  # ASCII digits only:
+        number = int(value.strip())  # '²' is a digit to str.isdigit, and int() refuses it
     else:
         number = None
     if number is None:

@@ -517,3 +517,12 @@ def test_the_load_tests_judge_catches_a_cut_that_does_not_say_so():
     assert outcome == "failed" and "a Stop ran in full" in message, message
     assert load_test.judge("stop", "a", [1, 2, 3, 4, 5], "max_new_tokens", expected,
                            dict(lost, result_after_reply_s=0.2))[0] == "completed"  # it ended as the Stop came
+
+
+@pytest.mark.parametrize("text", ["²", "٣", "+-5", "1" * 30])
+def test_a_number_in_text_is_ascii_digits_or_named_as_wrong(text):
+    """Found by the property test above: '²' is a digit to str.isdigit() and int() refused it (a crash,
+    not a message). Any other text is named, with what is allowed."""
+    with pytest.raises(HiSpecError, match="(?i)max new tokens must be a whole number"):
+        GenerateRequest.parse(dict(prompt="hi", method="hispec", max_new_tokens=text), Limits())
+    assert GenerateRequest.parse(dict(prompt="hi", method="hispec", max_new_tokens=" 7 "), Limits()).max_new_tokens == 7
