@@ -27,7 +27,7 @@ def ee():
 
 
 def test_each_pair_gets_its_own_measured_prior(ee):
-    from hispec.engine import priors as engine_priors
+    from hispec.engine.planning import priors as engine_priors
 
     priors = engine_priors.acceptance_priors(ee, build_levels(("lookup", 2, 5), 8))
     assert priors[("draft", "verify")] == 0.599  # the pair's agreement, not exit 2's with the final layer
