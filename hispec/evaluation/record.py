@@ -94,3 +94,10 @@ def finish(report: dict) -> dict:
     """The end of a run: the load average again (a shared machine changes during a run)."""
     report["environment"]["loadavg_end"] = loadavg()
     return report
+
+
+def write(path: str | None, report: dict) -> None:
+    """A measurement's JSON, where its --json asked (folders made; nothing when None)."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=1) + "\n")

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hispec.evaluation import host  # noqa: E402
+from hispec.evaluation import record  # noqa: E402
 from hispec.evaluation.record import code_version  # noqa: E402
 from hispec.model.formats import q4_kernel  # noqa: E402
 
@@ -125,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                   "steps": compare(lm.ee, libs, context, args.rounds)}
     host.finish(report["host"])
     print(json.dumps({k: v for k, v in report.items() if k != "host"}, indent=1))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    record.write(args.json, report)
     return 0
 
 

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hispec.evaluation import host  # noqa: E402
+from hispec.evaluation import record  # noqa: E402
 from hispec.evaluation.record import code_version  # noqa: E402
 from hispec.model import kernel as K  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
@@ -235,9 +236,7 @@ def main() -> int:
     print(json.dumps(results, indent=1))
     print("load", report["loadavg_start"], report["loadavg_end"], "q4 kernel", report["host"].get("q4_kernel_isa"),
           file=sys.stderr)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    record.write(args.json, report)
     return 0
 
 

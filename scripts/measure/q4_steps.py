@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from hispec.evaluation import host  # noqa: E402
+from hispec.evaluation import host, record  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
 
 TOKENS = (1, 2, 4, 8, 16)
@@ -98,9 +98,7 @@ def main() -> int:
     print("host:", report["host"]["cpu"], "avx512" if report["host"]["avx512"] else "no avx512",
           "torch", report["host"]["torch_cpu_capability"], "q4 kernel", report["host"]["q4_kernel_isa"],
           "bandwidth", report["host"]["bandwidth_start"], file=sys.stderr)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    record.write(args.json, report)
     return 0
 
 

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hispec.evaluation import host  # noqa: E402
+from hispec.evaluation import record  # noqa: E402
 from hispec.evaluation.record import code_version  # noqa: E402
 from hispec.model.formats import q4_kernel, q4_layer  # noqa: E402
 from hispec.model.loading import load_model  # noqa: E402
@@ -189,9 +190,7 @@ def main() -> int:
                 row["step_over_roofline"] = round(row["step_ms"] / bound, 3)
     report["threads"] = results
     print(json.dumps({"roofline": report["roofline"], "threads": results}, indent=1))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    record.write(args.json, report)
     return 0
 
 
