@@ -174,7 +174,9 @@ def cmd_bench(args) -> int:
     for fmt, b in (report.get("memory_bound") or {}).items():
         if b.get("step_ms"):
             print(f"{fmt}: plain step {b['step_ms']:.2f} ms = {b['step_over_bound']:.2f}x its memory bound "
-                  f"({b['weight_bytes'] / 1e6:.1f} MB at {b['read_gbs']:.1f} GB/s read = {b['bound_ms']:.2f} ms)")
+                  f"({b['weight_bytes'] / 1e6:.1f} MB at {b['read_gbs']:.1f} GB/s read = {b['bound_ms']:.2f} ms)"
+                  + (f", {b['step_over_matvec_bound']:.2f}x its float32 products' bound ({b['matvec_gbs']:.1f} GB/s "
+                     f"through torch.mv = {b['matvec_bound_ms']:.2f} ms)" if b.get("step_over_matvec_bound") else ""))
     if not report["summary"]["all"]["all_outputs_equal"] and lm.dtype != "float32":
         print(f"note: in {lm.dtype}, passes over different numbers of tokens can round a "
               "near-tie differently, so outputs may differ from autoregressive; exactness holds in float32",

@@ -64,6 +64,28 @@ def bandwidth(repeats: int = 7) -> dict:
             "bytes": BANDWIDTH_BYTES, "threads": torch.get_num_threads()}
 
 
+MATVEC_SHAPE = (49152, 576)  # the default model's LM head: a float32 matrix-vector product of a step's kind
+
+
+def matvec(repeats: int = 7, shape: tuple[int, int] = MATVEC_SHAPE) -> dict:
+    """GB/s of float32 weights streamed through a matrix-vector product (torch.mv, this process's threads):
+    what bounds the float32 step when the product, not the read, is the slower of the two. On a host of this
+    project's kind a 2-thread read streamed about 50 GB/s where a float32 product of the model's size reached
+    16.5 (issue 51): the read bandwidth alone overstates how fast the float32 step can be."""
+    w = torch.randn(*shape)
+    x = torch.randn(shape[1])
+    torch.mv(w, x)  # warm
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(8):
+            torch.mv(w, x)
+        ts.append((time.perf_counter() - t) / 8)
+    nbytes = w.numel() * 4
+    return {"gbs": round(nbytes / statistics.median(ts) / 1e9, 2), "gbs_best": round(nbytes / min(ts) / 1e9, 2),
+            "shape": list(shape), "threads": torch.get_num_threads()}
+
+
 def describe(measure_bandwidth: bool = True) -> dict:
     from hispec.model.formats import q4_kernel
 
@@ -75,6 +97,7 @@ def describe(measure_bandwidth: bool = True) -> dict:
             "loadavg_start": loadavg()}
     if measure_bandwidth:
         info["bandwidth_start"] = bandwidth()
+        info["matvec_fp32_start"] = matvec()
     return info
 
 
@@ -91,6 +114,7 @@ def finish(host: dict, measure_bandwidth: bool = True) -> dict:
     host["loadavg_end"] = loadavg()
     if measure_bandwidth:
         host["bandwidth_end"] = bandwidth()
+        host["matvec_fp32_end"] = matvec()
     return host
 
 
@@ -104,15 +128,21 @@ def memory_bound(report: dict, weight_bytes: dict[str, int]) -> dict:
     if not reads:
         return {}
     read = max(reads)
+    products = [host.get(k, {}).get("gbs") for k in ("matvec_fp32_start", "matvec_fp32_end")]
+    products = [g for g in products if g]
     per = (report.get("summary") or {}).get("all", {}).get("methods", {})
     out = {}
     for fmt, nbytes in weight_bytes.items():
         bound_ms = nbytes / (read * 1e9) * 1e3
         entry = {"weight_bytes": nbytes, "read_gbs": read, "bound_ms": round(bound_ms, 3)}
+        if fmt == "fp32" and products:  # the float32 weights through float32 products: the other floor
+            entry.update(matvec_gbs=max(products), matvec_bound_ms=round(nbytes / (max(products) * 1e9) * 1e3, 3))
         ar = per.get(f"autoregressive@{fmt}") or (per.get("autoregressive") if len(weight_bytes) == 1 else None)
         if ar and ar.get("tokens_per_s"):
             step = 1e3 / ar["tokens_per_s"]
             entry.update(step_ms=round(step, 3), step_over_bound=round(step / bound_ms, 3))
+            if "matvec_bound_ms" in entry:
+                entry["step_over_matvec_bound"] = round(step / entry["matvec_bound_ms"], 3)
         out[fmt] = entry
     return out
 

@@ -88,3 +88,19 @@ def test_a_profile_json_records_the_run(tiny_loaded):
     assert {"command", "code", "environment", "priors", "config", "counts"} <= set(out)
     assert out["config"]["method"] == "layerskip" and out["counts"] == [1, 2]
     json.dumps(out)
+
+
+def test_the_float32_step_is_stated_against_its_products_bound_too():
+    """Issue 51: beside the read bandwidth, every run records the host's float32 matrix-vector rate, and the
+    float32 plain step is stated against the floor it sets (the product, not the read, bounds that step)."""
+    from hispec.evaluation import host
+
+    rate = host.matvec(repeats=2, shape=(512, 64))
+    assert rate["gbs"] > 0 and rate["shape"] == [512, 64]
+    report = {"host": {"bandwidth_start": {"read_gbs": 50.0}, "matvec_fp32_start": {"gbs": 10.0}},
+              "summary": {"all": {"methods": {"autoregressive@fp32": {"tokens_per_s": 20.0},
+                                              "autoregressive@q4": {"tokens_per_s": 100.0}}}}}
+    bound = host.memory_bound(report, {"fp32": 500_000_000, "q4": 100_000_000})
+    assert bound["fp32"]["matvec_bound_ms"] == 50.0 and bound["fp32"]["step_over_matvec_bound"] == 1.0
+    assert bound["fp32"]["bound_ms"] == 10.0 and bound["fp32"]["step_over_bound"] == 5.0
+    assert "matvec_bound_ms" not in bound["q4"]  # the 4-bit step's products are the kernel's, not torch.mv
