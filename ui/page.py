@@ -181,13 +181,13 @@ def _stepper(p) -> None:
 def _why(p) -> None:
     with gr.Accordion("Why this speed: the cost model of this machine", open=True, elem_id="hs-why-box"):
         gr.Markdown("Speculation pays when a round commits more tokens per second than plain steps. After a run, the "
-                    "sliders hold its measured acceptance; move them to see what better (or worse) exits would give "
-                    "with the costs measured here.")
+                    "sliders hold its measured acceptance; move them to see what better (or worse) agreement between its "
+                    "levels would give with the costs measured here.")
         with gr.Row():
             p.why_dv = gr.Slider(0, 1, value=0.5, step=0.01, label="Acceptance draft → verify",
-                                 info="HiSpec: how often the verifier exit keeps a draft", elem_id="hs-a-dv")
+                                 info="how often the middle level keeps what the level below it proposed", elem_id="hs-a-dv")
             p.why_vt = gr.Slider(0, 1, value=0.5, step=0.01, label="Acceptance → full model",
-                                 info="how often the full model keeps what the exit below it proposed",
+                                 info="how often the full model keeps what the level below it proposed",
                                  elem_id="hs-a-vt")
         p.why_out = gr.HTML(render.message_html("Generate once: the run's acceptance and this machine's pass costs "
                                                 "then explain its speed here.", "info"), elem_id="hs-why")
