@@ -35,7 +35,11 @@ class Hold:
         self.registry, self.job = registry, job
         self.name: str | None = None  # the model leased (None: none yet)
         self.turns: Turns | None = None  # the model's turns, once the job waits for one or holds it
-        self._lock = threading.Lock()
+        # Re-entrant: a client's abandoned update stream is finalised by the garbage collector, in whatever thread
+        # allocates next, and its `finally` (Server._forget) takes this lock: inside this very lock, a plain Lock
+        # deadlocked every request (seen in a CI-like run of the load test: Jobs.open -> the collector -> Server.serve's
+        # finally -> Jobs.close, the same thread waiting for itself).
+        self._lock = threading.RLock()
         self._released = False
         self._working = False  # a worker thread has the hold: it releases it
 

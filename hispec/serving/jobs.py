@@ -64,7 +64,11 @@ class Jobs:
     def __init__(self, clock=time.monotonic):
         self._jobs: dict[int, Job] = {}
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        # Re-entrant: a client's abandoned update stream is finalised by the garbage collector, in whatever thread
+        # allocates next, and its `finally` (Server._forget) takes this lock: inside this very lock, a plain Lock
+        # deadlocked every request (seen in a CI-like run of the load test: Jobs.open -> the collector -> Server.serve's
+        # finally -> Jobs.close, the same thread waiting for itself).
+        self._lock = threading.RLock()
         self._clock = clock
         self._stops: OrderedDict[tuple[str, str], float] = OrderedDict()  # (session, kind) -> the last Stop's time
         # (session, kind) -> the time of a Stop that found nothing, for the request that may arrive just after it

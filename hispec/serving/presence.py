@@ -28,7 +28,7 @@ FORGET_S = 600.0  # a close older than this is forgotten (a client so long gone 
 class Streams:
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant, as Jobs' (a stream finalised by the collector)
         self._open: dict[str, int] = {}  # session -> streams open now
         self._closed: OrderedDict[str, float] = OrderedDict()  # session -> when its last stream closed
 

@@ -335,3 +335,24 @@ def test_the_model_is_handed_on_before_the_last_update_whatever_the_consumer_doe
     assert last == Ended("stopped", "Stopped before the generation started."), last
     assert not turns.busy, "the stopped job still holds the model's turn"
     assert server.jobs.of() == []
+
+
+def test_a_stream_finalised_by_the_collector_inside_a_jobs_own_lock_does_not_deadlock(monkeypatch):
+    """Seen in a CI-like run: the garbage collector finalised an abandoned update stream (its `finally`
+    closes its job) while the same thread held the jobs' lock inside Jobs.open; with a plain Lock that thread
+    waited for itself and every request after it. Here the finaliser is made to run at that very moment."""
+    jobs = Jobs()
+    first = jobs.open("a", "generate")
+    real_job = jobs_module.Job
+
+    def job_then_finaliser(*args, **kwargs):  # as the collector does, in the middle of Jobs.open
+        made = real_job(*args, **kwargs)
+        jobs.close(first)
+        return made
+
+    monkeypatch.setattr(jobs_module, "Job", job_then_finaliser)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (jobs.open("b", "generate"), done.set()), daemon=True)
+    worker.start()
+    assert done.wait(5), "Jobs.open waited for its own lock: a finaliser inside it deadlocks the server"
+    assert [j.session for j in jobs.of()] == ["b"]
