@@ -37,7 +37,7 @@ class ModelRegistry:
         self.device, self.dtype, self.max_loaded = device, dtype, max_loaded
         self._loader, self._prepare = loader, prepare
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        self._lock = threading.Lock()  # the table only, never held while loading
+        self._lock = threading.RLock()  # the table only, never held while loading; re-entrant as Jobs' (a finaliser)
         self._loading: dict[str, threading.Lock] = {}
 
     def add(self, name: str, lm: LoadedModel, pinned: bool = True) -> None:

@@ -191,7 +191,7 @@ class WaitingRoom:
 
     def __init__(self, size: int):
         self.size, self.waiting = size, 0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant as Jobs' (a stream finalised by the collector leaves the room)
 
     @contextlib.contextmanager
     def entered(self):
