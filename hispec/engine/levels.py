@@ -163,6 +163,12 @@ def build_levels(spec: tuple[str | int, ...], num_layers: int) -> tuple[Level, .
     return tuple(levels) + (Level(FULL, num_layers, "target"),)
 
 
+def recorded_levels(settings: dict) -> tuple[Level, ...]:
+    """A run's levels with their roles, from its recorded settings (`levels`, `num_layers`: a DoneEvent's, a
+    report's). Raises KeyError without `num_layers`, ConfigError for a list it cannot be."""
+    return build_levels(parse_levels(settings.get("levels") or ()), settings["num_layers"])
+
+
 def _exit_roles(spec: tuple) -> list[str]:
     """The role names of a parsed list's middle levels, bottom up: two are draft and verify; a single
     one drafts, unless the lookup level is below it, which makes it the verifier."""

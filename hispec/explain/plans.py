@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from hispec.engine.config import recorded_lengths
 from hispec.engine.events import DoneEvent, Event, PolicyEvent, RoundEvent, TokenEvent
-from hispec.engine.levels import Level, build_levels, parse_levels
+from hispec.engine.levels import Level, recorded_levels
 from hispec.engine.planning.round import Round, RoundKind
 from hispec.runs.metrics import StatsCollector
 
@@ -53,11 +53,6 @@ class PlanRow:
         return self.new_tokens / self.seconds if self.seconds > 0 else None
 
 
-def run_levels(settings: dict) -> tuple[Level, ...]:
-    """The run's levels with their roles, from its settings (levels, num_layers)."""
-    return build_levels(parse_levels(settings.get("levels") or ()), settings.get("num_layers"))
-
-
 def fixed_round(levels: tuple[Level, ...], settings: dict) -> Round:
     """The round a fixed run without PolicyEvents runs (a trace recorded before every round was an event):
     the bottom level proposes, the levels above judge, the full model after t pending (1 without a judge)."""
@@ -70,7 +65,7 @@ def fixed_round(levels: tuple[Level, ...], settings: dict) -> Round:
 
 def plan_rows(events: list[Event], settings: dict) -> list[PlanRow]:
     """One row per kind of plan that ran, most time first."""
-    levels = run_levels(settings)
+    levels = recorded_levels(settings)
     plans: dict[int, PolicyEvent] = {ev.round: ev for ev in events if isinstance(ev, PolicyEvent)}
     fallback = None if plans else fixed_round(levels, settings)
     rows: dict[RoundKind, PlanRow] = {}

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hispec.engine.events import DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent, TokenEvent, event_from_dict
-from hispec.engine.levels import build_levels, parse_levels
+from hispec.engine.levels import recorded_levels
 from hispec.engine.planning.round import Round
 from hispec.engine.events import TokenState as S
 
@@ -237,8 +237,7 @@ def _plan_words(policy: PolicyEvent, done: DoneEvent | None) -> str:
         return policy.plan.words
     settings = done.settings if done is not None else {}
     try:
-        levels = build_levels(parse_levels(settings.get("levels") or ()), settings["num_layers"])
-        return Round.from_label(policy.choice, levels).words
+        return Round.from_label(policy.choice, recorded_levels(settings)).words
     except (KeyError, TypeError, ValueError):
         return policy.choice
 

@@ -7,7 +7,8 @@ from test_speed_model import flat_costs
 
 from hispec.engine.config import preset
 from hispec.engine.events import event_to_dict
-from hispec.explain.plans import fixed_round, plan_rows, run_levels
+from hispec.engine.levels import recorded_levels
+from hispec.explain.plans import fixed_round, plan_rows
 from hispec.runs.runner import run
 from hispec.explain.speed_model import RoundShape, SpeedModel
 from hispec.explain.why import speed_story
@@ -33,7 +34,7 @@ def kept(r, events, vs_plain=None) -> dict:
 def test_a_fixed_run_is_one_plan_with_the_runs_own_acceptance(ee):
     r, events = traced(ee, [5, 6, 7, 8], preset("hispec", 2, 4, 2, 2, max_new_tokens=24, policy="fixed"))
     rows = plan_rows(events, r.settings)
-    assert [row.key for row in rows] == ["exit 2 -> exit 4"] == [fixed_round(run_levels(r.settings), r.settings).kind.key]
+    assert [row.key for row in rows] == ["exit 2 -> exit 4"] == [fixed_round(recorded_levels(r.settings), r.settings).kind.key]
     row = rows[0]
     # the prefill commits the first token (round 0); the plan's rounds commit the rest
     assert row.rounds == r.stats["rounds"] and row.new_tokens == r.stats["new_tokens"] - 1
