@@ -92,19 +92,23 @@ def _differences(measured: dict, predicted: float, stats: dict) -> list[tuple[st
     return out
 
 
+def _kept_costs_ms(run: dict) -> dict:
+    """The pass costs a run kept at its end, as figures (its DoneEvent's costs_ms; {} when it kept none)."""
+    done = next((e for e in reversed(run.get("events") or []) if e.get("type") == "done"), None)
+    return (done or {}).get("costs_ms") or {}
+
+
 def frozen_lanes(run: dict) -> dict[str, CostModel]:
     """The pass costs of each cheaper-format lane a run kept at its end (DoneEvent.costs_ms['lanes']): what
     its policy planned its 4-bit rounds with, by format ({} when it kept none)."""
-    done = next((e for e in reversed(run.get("events") or []) if e.get("type") == "done"), None)
-    lanes = ((done or {}).get("costs_ms") or {}).get("lanes") or {}
+    lanes = _kept_costs_ms(run).get("lanes") or {}
     return {fmt: CostModel.from_figures_ms(figures) for fmt, figures in lanes.items()}
 
 
 def frozen_costs(run: dict, exits: tuple[int, ...] = ()) -> CostModel | None:
     """The pass costs a run kept at its end (DoneEvent.costs_ms: what its policy planned with), if they
     cover `exits`; None when it kept none (a fixed run on a model never timed) or they do not."""
-    done = next((e for e in reversed(run.get("events") or []) if e.get("type") == "done"), None)
-    figures = (done or {}).get("costs_ms")
+    figures = _kept_costs_ms(run)
     if not figures:
         return None
     costs = CostModel.from_figures_ms(figures)
