@@ -9,6 +9,9 @@ medians, and whether the two builds' logits are the same bits (expected where a 
 arithmetic, such as prefetching; a change of the sums would show here first).
 
     python scripts/measure/q4_ab.py --base d41e436 --json assets/bench/q4_ab_prefetch_avx512.json
+
+`--format a8` times the a8 model instead (the same blocks with int8 activations, its LM head too), and
+`--tokens` sets the token counts (default 1 4 8).
 """
 
 from __future__ import annotations
@@ -56,12 +59,14 @@ def matrices(ee) -> list:
 
 
 def use(ee, lib) -> None:
-    """Route the model's products and its native layers through `lib`."""
+    """Route the model's products, its native layers and an int8 LM head (a8) through `lib`."""
     q4_kernel._host_lib = lib  # what a matrix binds to (QuantizedMatrix._bind)
     for matrix in matrices(ee):
         matrix._call = None
     if ee.lean is not None and ee.lean.native is not None:
         ee.lean.native.lib = lib
+    if ee.lean is not None and hasattr(ee.lean.lm_head, "lib"):  # the a8 head's packing is the same in both
+        ee.lean.lm_head.lib = lib
 
 
 def one_step(ee, cache, context: list[int], n: int) -> tuple[float, torch.Tensor]:
@@ -74,24 +79,24 @@ def one_step(ee, cache, context: list[int], n: int) -> tuple[float, torch.Tensor
     return elapsed, logits
 
 
-def compare(ee, libs: dict, context: list[int], rounds: int, per_turn: int = 3) -> dict:
+def compare(ee, libs: dict, context: list[int], rounds: int, per_turn: int = 3, tokens=TOKENS) -> dict:
     """Steps timed with each build in turn; per token count, medians, minima and whether the bits agree."""
-    cache = ee.new_cache(len(context) + max(TOKENS) + 8)
-    times = {name: {n: [] for n in TOKENS} for name in libs}
+    cache = ee.new_cache(len(context) + max(tokens) + 8)
+    times = {name: {n: [] for n in tokens} for name in libs}
     last = {name: {} for name in libs}
     with torch.inference_mode():
         ee.run_layers(ee.embed(context), 0, ee.num_layers, cache)
         for _ in range(rounds):
             for name, lib in libs.items():
                 use(ee, lib)
-                for n in TOKENS:
+                for n in tokens:
                     for _ in range(per_turn):
                         ms, logits = one_step(ee, cache, context, n)
                         times[name][n].append(ms)
                     last[name][n] = logits
     base, new = list(libs)
     out = {}
-    for n in TOKENS:
+    for n in tokens:
         row = {name: {"median_ms": round(statistics.median(times[name][n]), 3),
                       "min_ms": round(min(times[name][n]), 3), "steps": len(times[name][n])} for name in libs}
         row["new_over_base_median"] = round(row[new]["median_ms"] / row[base]["median_ms"], 3)
@@ -105,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default="HEAD", help="the commit whose kernel source is the baseline (default HEAD)")
     p.add_argument("--rounds", type=int, default=12, help="turns of each build (each: 3 steps per token count)")
     p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--format", choices=("q4", "a8"), default="q4",
+                   help="the 4-bit model (float32 activations) or its a8 view (int8 activations)")
+    p.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="new tokens per step")
     args = p.parse_args(argv)
     isa = q4_kernel.host_isa()
     if isa is None:
@@ -114,16 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         libs = {"base": q4_kernel.open_library(build_at(args.base, isa, Path(tmp))),
                 "new": q4_kernel.open_library(q4_kernel.build(isa))}
-        lm = load_model("default", device="cpu", weights="q4", exits="none")
+        lm = load_model("default", device="cpu", weights=args.format, exits="none")
         text = "Summarise the history of the printing press in Europe, its inventors, and its effects. " * 8
         context = lm.encode(text)[:128]
         env = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if k in os.environ)
         command = "python scripts/measure/q4_ab.py " + " ".join(argv if argv is not None else sys.argv[1:])
         report = {"command": f"{env} {command}".strip(),
                   "code": code_version(), "base": args.base, "isa": isa, "threads": torch.get_num_threads(),
+                  "format": args.format,
                   "native_route": lm.ee.lean is not None and lm.ee.lean.native is not None,
                   "host": host.describe(), "context": len(context),
-                  "steps": compare(lm.ee, libs, context, args.rounds)}
+                  "steps": compare(lm.ee, libs, context, args.rounds, tokens=tuple(args.tokens))}
     host.finish(report["host"])
     print(json.dumps({k: v for k, v in report.items() if k != "host"}, indent=1))
     record.write(args.json, report)

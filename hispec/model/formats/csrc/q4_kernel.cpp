@@ -392,7 +392,8 @@ void pack_a8(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int64_t N,
 }
 
 // Lane by lane, exactly the scalar definition: amax (a max: order-free), then xq_i = lrintf(x_i * id)
-// (cvtps rounds half to even, as lrintf in the default mode), clamped to +-127.
+// (cvtps rounds half to even, as lrintf in the default mode), clamped to +-127, then narrowed to bytes in
+// registers (exact: every value is already within +-127).
 inline void quantize_row(const float *x, int64_t K, int8_t *xq, float *dx) {
     for (int64_t b = 0; b < K / QK; b++) {
         const float *p = x + b * QK;
@@ -401,24 +402,32 @@ inline void quantize_row(const float *x, int64_t K, int8_t *xq, float *dx) {
             vf v = vload(p + j * VL);
             mx = vmax(mx, vmax(v, vsub(vzero(), v)));
         }
-        float lanes[VL];
-        vstore(lanes, mx);
-        float amax = 0.0f;
-        for (int i = 0; i < VL; i++) amax = lanes[i] > amax ? lanes[i] : amax;
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t q[QK];
-        for (int j = 0; j < NV; j++) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
+        const float amax = _mm512_reduce_max_ps(mx);
+#else
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+#endif
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+        for (int j = 0; j < NV; j++) {
             __m512i v = _mm512_cvtps_epi32(vmul(vload(p + j * VL), vset1(id)));
             v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
-            _mm512_storeu_si512((void *)(q + j * VL), v);
-#else
-            __m256i v = _mm256_cvtps_epi32(vmul(vload(p + j * VL), vset1(id)));
-            v = _mm256_max_epi32(_mm256_min_epi32(v, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
-            _mm256_storeu_si256((__m256i *)(q + j * VL), v);
-#endif
+            _mm_storeu_si128((__m128i *)(xq + b * QK + j * VL), _mm512_cvtepi32_epi8(v));
         }
-        for (int i = 0; i < QK; i++) xq[b * QK + i] = (int8_t)q[i];
+#else
+        __m256i v[NV];
+        for (int j = 0; j < NV; j++) {
+            v[j] = _mm256_cvtps_epi32(vmul(vload(p + j * VL), vset1(id)));
+            v[j] = _mm256_max_epi32(_mm256_min_epi32(v[j], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+        }
+        // packs interleave the 128-bit halves: bytes come out as quads 0,2,4,6 | 1,3,5,7 of 8; the
+        // permutation puts them back in order
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256((__m256i *)(xq + b * QK),
+                            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#endif
         dx[b] = amax / 127.0f;
     }
 }
@@ -590,6 +599,18 @@ struct A8Rows {
     }
 };
 
+// A packed matrix is one sequential stream (group after group, block after block), read once per tile of
+// rows. The hardware prefetcher keeps up with it while a block costs little (one or two rows), but from
+// about 8 rows on, a block's products take long enough that it falls behind and the products waited on
+// memory instead of overlapping it (measured: 8 rows cost 2.4x 4 rows from memory, 1.1x from L2). So the
+// kernel asks for the stream A8_AHEAD bytes ahead of the block it multiplies. A prefetch changes no
+// arithmetic (the same bits, checked) and never faults, past the end of the matrix too. 8 KiB measured
+// best of 1, 2, 4, 8 and 16 KiB on a 2-core AVX-512 host; docs/precision.md has the steps before and after.
+#ifndef HISPEC_A8_AHEAD
+#define HISPEC_A8_AHEAD 8192  // -DHISPEC_A8_AHEAD=0 builds it without the prefetch
+#endif
+constexpr int64_t A8_AHEAD = HISPEC_A8_AHEAD;
+
 // One packed group (G columns) for a tile of R rows; writes `valid` columns of each row to out[r * ldo + j].
 template <int R, class P>
 inline __attribute__((always_inline)) void group_a8(const A8Rows &x, int64_t K, const uint8_t *pk, float *out,
@@ -599,6 +620,7 @@ inline __attribute__((always_inline)) void group_a8(const A8Rows &x, int64_t K, 
     for (int r = 0; r < R; r++) acc[r] = vzero();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *rec = pk + b * P::rec;
+        if constexpr (A8_AHEAD > 0) prefetch_bytes(rec + A8_AHEAD, P::rec);  // the stream ahead (next groups too)
         vi w[8];
         P::unpack(rec, w);
         const vf dw = half_lanes(rec + P::d_at);
