@@ -14,7 +14,7 @@ from pathlib import Path
 import gradio as gr
 
 from hispec.engine.config import DEFAULT_LAYERS
-from hispec.evaluation.bench import BENCH_METHODS
+from hispec.evaluation.bench import BENCH_METHODS, split_weights
 from hispec.evaluation.report import figures, table_html
 from hispec.serving.api import LIVE_SETS, MAX_LIVE_PROMPTS, MAX_LIVE_TOKENS, BenchRequest
 from hispec.serving.session import Server
@@ -62,7 +62,8 @@ def describe(report: dict) -> str:
     return " · ".join(html.escape(str(b)) for b in bits if b)
 
 
-WEIGHTS = {"fp32": "float32 model", "q4": "4-bit model", "bf16": "bfloat16 model"}
+WEIGHTS = {"fp32": "float32 model", "q4": "4-bit model", "a8": "4-bit model with int8 activations",
+           "bf16": "bfloat16 model"}
 POLICY = {"auto": "adaptive", "fixed": "fixed rounds"}
 METHOD = {"autoregressive": "plain decoding", "hispec": "HiSpec", "layerskip": "LayerSkip", "lookup": "lookup",
           "hf_lookup": "transformers' prompt lookup", "hf_generate": "transformers' generate()",
@@ -73,13 +74,13 @@ def method_words(key: str) -> str:
     """A bench method key in the page's words: 'hispec/auto@fp32' -> 'HiSpec, adaptive, on the float32 model',
     'lookup+full@a8/auto@q4' -> 'lookup → the 4-bit full model with int8 activations, adaptive, on the 4-bit
     model', 'lookup+4/fixed' -> 'lookup → exit 4, fixed rounds' (an unknown part is passed on)."""
-    body, _, weights = key.rpartition("@") if key.count("@") and key.rsplit("@", 1)[1] in WEIGHTS else (key, "", "")
+    body, weights = split_weights(key)  # the bench's own reading: 'lookup+full@a8' names a level, not weights
     spec, _, policy = body.partition("/")
     if "+" in spec or spec.split("@")[0].isdigit():
         words = " → ".join(level_words(part) for part in spec.split("+"))
     else:
         words = METHOD.get(spec, spec)
-    return ", ".join(w for w in (words, POLICY.get(policy, policy), f"on the {WEIGHTS[weights]}" if weights else "")
+    return ", ".join(w for w in (words, POLICY.get(policy, policy), f"on the {WEIGHTS.get(weights, weights)}" if weights else "")
                      if w)
 
 

@@ -194,21 +194,22 @@ def _equality(summary: dict) -> str:
 
 
 def _formats(args) -> list[str]:
-    """--weights as a list of formats (fp32,q4), each checked; default $HISPEC_WEIGHTS, else fp32."""
+    """--weights as a list of formats (fp32,q4,a8), each checked; default $HISPEC_WEIGHTS, else fp32."""
     from hispec.model.loading import resolve_weights
 
     if args.weights is None:
         return [resolve_weights(None)]
     formats = [resolve_weights(f) for f in args.weights.split(",") if f.strip()]
     if not formats or len(set(formats)) < len(formats):
-        raise HiSpecError(f"--weights {args.weights}: give fp32, q4 or fp32,q4")
+        raise HiSpecError(f"--weights {args.weights}: give one of fp32, q4, a8 or a list of them without repeats "
+                          "(fp32,q4,a8)")
     return formats
 
 
 def _one_format(args) -> str:
     formats = _formats(args)
     if len(formats) > 1:
-        raise HiSpecError(f"--weights {args.weights}: this command loads one format (fp32 or q4); bench runs several")
+        raise HiSpecError(f"--weights {args.weights}: this command loads one format (fp32, q4 or a8); bench runs several")
     return formats[0]
 
 

@@ -91,10 +91,13 @@ def engine_options() -> argparse.ArgumentParser:
     g.add_argument("--exits", default=None, metavar="FOLDER|none",
                    help="trained exit heads: a folder made by train-exits, or 'none' for the raw exits "
                         "(default: the heads found for this model, if any)")
-    g.add_argument("--weights", default=None, metavar="fp32|q4",
-                   help="the weights' format: fp32 (the GGUF dequantised to float32) or q4 (the default model's own "
-                        "4-bit GGUF blocks through the 4-bit CPU kernel: about 5x fewer bytes a step); bench takes "
-                        "fp32,q4 to run every method in both, side by side (default: $HISPEC_WEIGHTS, else fp32)")
+    g.add_argument("--weights", default=None, metavar="fp32|q4|a8",
+                   help="the weights' format: fp32 (the GGUF dequantised to float32: output equal to transformers'), "
+                        "q4 (the default model's own 4-bit GGUF blocks through the 4-bit CPU kernel, float32 "
+                        "activations: about 5x fewer bytes a step) or a8 (the same blocks with int8 activations per "
+                        "block of 32, as llama.cpp computes them: cheaper still, k-token passes too; exact to itself, "
+                        "not to float32); bench takes a list such as fp32,q4,a8 to run every method in each, side "
+                        "by side (default: $HISPEC_WEIGHTS, else fp32)")
     g.add_argument("--cuda-graphs", action="store_true",
                    help="replay the decode loop's layer passes (up to 16 new tokens) from CUDA graphs: one launch "
                         "per pass instead of one per kernel (CUDA and the lean path only; off by default; measured on "
@@ -237,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--context", type=whole_number, default=128, help="tokens already in the cache (default 128)")
     prof.add_argument("--repeats", type=whole_number, default=20, help="timed calls per figure; medians (default 20)")
     prof.add_argument("--stock", action="store_true", help="make the engine use transformers' stock layers")
-    prof.add_argument("--weights", default=None, metavar="fp32|q4",
+    prof.add_argument("--weights", default=None, metavar="fp32|q4|a8",
                       help="the weights' format (see generate --help; default: $HISPEC_WEIGHTS, else fp32)")
     prof.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 

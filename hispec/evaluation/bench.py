@@ -36,13 +36,12 @@ from hispec.evaluation import peers
 from hispec.evaluation.record import run_record
 from hispec.evaluation.timed_passes import Items, time_passes
 from hispec.runs.runner import run
-from hispec.model.loading import LoadedModel
+from hispec.model.loading import WEIGHTS, LoadedModel  # METHOD@FORMAT: a method on the model in that format
 from hispec.text import Detokenizer
 
 # A bench without a method list: ours and the peers of the default set (transformers'); every peer of the
 # table (llama.cpp's too) by name (evaluation.peers)
 BENCH_METHODS = ("autoregressive", *peers.DEFAULT_SET, "layerskip", "lookup", "hispec")
-WEIGHTS = ("fp32", "q4")  # METHOD@FORMAT runs a method on the model in that format (benchmark's `models`)
 
 
 def split_weights(method: str) -> tuple[str, str | None]:
@@ -67,7 +66,7 @@ def check_methods(methods: list[str]) -> None:
     for m in methods:
         m, weights = split_weights(m)
         if weights is not None and weights not in WEIGHTS:
-            raise ConfigError(f"'{m}@{weights}': the weights after @ are {' or '.join(WEIGHTS)}")
+            raise ConfigError(f"'{m}@{weights}': the weights after @ are {', '.join(WEIGHTS)}")
         if peers.is_peer(m):
             peer, _ = peers.find(m)  # a malformed count is refused here
             if weights is not None and not peer.on_weights:

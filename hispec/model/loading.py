@@ -30,7 +30,10 @@ DEFAULT_MODEL = "default"
 DEFAULT_EE_MODEL = "default-ee"  # the default model with its shipped early-exit adapter (assets/default-ee)
 _MARKER = "hispec-cache.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-WEIGHTS = ("fp32", "q4")  # the weights' format; HISPEC_WEIGHTS sets the default (fp32)
+# The weights' format; HISPEC_WEIGHTS sets the default (fp32). q4 and a8 are the default model's own GGUF
+# blocks; they differ in the activations the 4-bit products take: float32 (q4) or int8 per block of 32 (a8).
+WEIGHTS = ("fp32", "q4", "a8")
+GGUF_FORMATS = ("q4", "a8")  # formats that run the GGUF file's own blocks (CPU, the default model only)
 
 Progress = Callable[[str], None]
 
@@ -45,7 +48,9 @@ class LoadedModel:
     dtype: str
     load_s: float
     source: str
-    weights: str = "fp32"  # fp32, or q4: the GGUF file's own 4-bit blocks (hispec/model/formats/q4.py)
+    # fp32; q4: the GGUF file's own 4-bit blocks (hispec/model/formats/q4.py), float32 activations;
+    # a8: the same blocks with int8 activations per block of 32 (llama.cpp's arithmetic for them)
+    weights: str = "fp32"
 
     @property
     def eos_ids(self) -> set[int]:
@@ -173,10 +178,11 @@ def load_model(
 ) -> LoadedModel:
     """Load a model by one name, ready for the engine. Never runs remote code.
 
-    `weights`: 'fp32' (the file dequantised to float32 once) or 'q4' (the default model's own GGUF
-    blocks, 4-bit layers and 8-bit embedding, through hispec/model/formats/q4.py; CPU, float32 activations);
-    None reads $HISPEC_WEIGHTS (q4 there applies to the default model; other models load in float32),
-    else fp32.
+    `weights`: 'fp32' (the file dequantised to float32 once), 'q4' (the default model's own GGUF
+    blocks, 4-bit layers and 8-bit embedding, through hispec/model/formats/q4.py; CPU, float32 activations)
+    or 'a8' (the same blocks, the activations quantised to int8 per block of 32 before every product and
+    integer dot products, the LM head included: hispec/model/formats/q4_layer.py's a8_copy); None reads
+    $HISPEC_WEIGHTS (q4 or a8 there apply to the default model; other models load in float32), else fp32.
 
     `exits`: trained exit heads (hispec/model/heads.py): None finds matching ones automatically
     (the user's cache, then assets/exits/), a folder loads those, 'none' keeps the raw exits."""
@@ -188,10 +194,10 @@ def load_model(
     t0 = time.perf_counter()
     explicit = weights is not None
     weights = resolve_weights(weights)
-    if weights == "q4" and not explicit and name != DEFAULT_MODEL:
-        weights = "fp32"  # $HISPEC_WEIGHTS=q4 is for the default model (the one with a GGUF); others stay float32
-    if weights == "q4":
-        device, dtype = _q4_checks(name, device, dtype, device_map)
+    if weights in GGUF_FORMATS and not explicit and name != DEFAULT_MODEL:
+        weights = "fp32"  # $HISPEC_WEIGHTS=q4/a8 is for the default model (the one with a GGUF); others stay float32
+    if weights in GGUF_FORMATS:
+        device, dtype = _gguf_checks(weights, name, device, dtype, device_map)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     adapter = None
@@ -240,12 +246,17 @@ def load_model(
         model.to(torch_dtype)
     if not device_map:
         model.to(device)
-    if weights == "q4":
+    if weights in GGUF_FORMATS:
         from hispec.model.formats.q4 import load_gguf_weights
 
         _say(progress, "Swapping the float32 weights for the GGUF file's own 4-bit blocks")
         load_gguf_weights(model, default_gguf_path(), cache_dir=source)  # blocks kept beside the conversion
     ee = EarlyExitModel(model)
+    if weights == "a8":
+        from hispec.model.formats.q4_layer import a8_copy
+
+        _say(progress, "Packing the 4-bit blocks for int8 activations")
+        ee = a8_copy(ee, why_not="--weights a8")  # a clear refusal where the native route cannot run
     _offer_q4_levels(ee, name, source, weights, device)
     _offer_a8_levels(ee, name, weights, device)
     from hispec.model.heads import find_and_attach  # trained exit heads, refused if made for another model
@@ -269,6 +280,9 @@ def _offer_q4_levels(ee: EarlyExitModel, name: str, source: str, weights: str, d
     why = None
     if weights == "q4":
         why = "the model is already loaded in 4-bit (--weights q4); its levels run in that format"
+    elif weights == "a8":
+        why = ("the model is loaded with int8 activations (--weights a8); a q4 level (float32 activations) "
+               "would be more precise than the model it drafts for: use a8 levels or exits")
     elif name != DEFAULT_MODEL:
         why = (f"4-bit levels run the default model's own GGUF blocks ({DEFAULT_GGUF}); '{name}' has none "
                "(drop the @q4 levels)")
@@ -294,7 +308,9 @@ def _offer_a8_levels(ee: EarlyExitModel, name: str, weights: str, device: str) -
     float32 model (below its 'q4' levels). Built on first use from the 4-bit copy's modules, which it
     shares (no second copy of the blocks beyond the native route's own tables)."""
     why = None
-    if name != DEFAULT_MODEL:
+    if weights == "a8":
+        why = "the model is already loaded with int8 activations (--weights a8); its levels run in that format"
+    elif name != DEFAULT_MODEL:
         why = f"a8 levels run the default model's own GGUF blocks ({DEFAULT_GGUF}); '{name}' has none (drop the @a8 levels)"
     elif not device.startswith("cpu"):
         why = "a8 levels run on the CPU (an x86 AVX2/AVX-512 kernel); this model is on " + device
@@ -308,23 +324,26 @@ def _offer_a8_levels(ee: EarlyExitModel, name: str, weights: str, device: str) -
 
 
 def resolve_weights(weights: str | None = None) -> str:
-    """'fp32' or 'q4'; None reads $HISPEC_WEIGHTS (the app's setting), else fp32."""
+    """'fp32', 'q4' or 'a8'; None reads $HISPEC_WEIGHTS (the app's setting), else fp32."""
     value = (weights if weights is not None else os.environ.get("HISPEC_WEIGHTS", "") or "fp32").strip().lower()
     if value not in WEIGHTS:
         where = "HISPEC_WEIGHTS" if weights is None else "weights"
-        raise ConfigError(f"{where}='{value}': choose fp32 (float32 weights) or q4 (the GGUF file's 4-bit blocks)")
+        raise ConfigError(f"{where}='{value}': choose fp32 (float32 weights), q4 (the GGUF file's 4-bit blocks) "
+                          "or a8 (those blocks with int8 activations)")
     return value
 
 
-def _q4_checks(name: str, device: str, dtype: str, device_map: str | None) -> tuple[str, str]:
-    """The device and dtype of a q4 model (CPU, float32 activations), or a clear refusal."""
+def _gguf_checks(weights: str, name: str, device: str, dtype: str, device_map: str | None) -> tuple[str, str]:
+    """The device and dtype of a model on the GGUF's blocks (q4, a8: CPU, float32 between the products),
+    or a clear refusal."""
     if name != DEFAULT_MODEL:
-        raise ConfigError(f"--weights q4 runs the 4-bit blocks of a GGUF file: the default model's "
+        raise ConfigError(f"--weights {weights} runs the 4-bit blocks of a GGUF file: the default model's "
                           f"({DEFAULT_GGUF}); '{name}' has none, so load it with --weights fp32")
     if device not in ("auto", "cpu") or device_map:
-        raise ConfigError("--weights q4 runs on the CPU (an x86 AVX2/AVX-512 kernel): use --device cpu or auto")
+        raise ConfigError(f"--weights {weights} runs on the CPU (an x86 AVX2/AVX-512 kernel): use --device cpu or auto")
     if dtype not in ("auto", "float32"):
-        raise ConfigError(f"--weights q4 computes in float32 between its 4-bit products; --dtype {dtype} does not apply")
+        raise ConfigError(f"--weights {weights} computes in float32 between its 4-bit products; --dtype {dtype} "
+                          "does not apply")
     return "cpu", "float32"
 
 

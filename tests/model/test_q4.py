@@ -256,6 +256,16 @@ def test_the_switch_refuses_what_it_cannot_run(monkeypatch):
         load_model("default", weights="q4", device="cuda")
     with pytest.raises(ConfigError, match="float32"):
         load_model("default", weights="q4", dtype="bfloat16")
+    # a8 (the same blocks, int8 activations): the same switch, the same checks, its own name in each refusal
+    assert resolve_weights("A8") == "a8"
+    with pytest.raises(ConfigError, match=r"'int3': choose fp32 .*, q4 .* or a8"):
+        resolve_weights("int3")
+    with pytest.raises(ConfigError, match="--weights a8 runs the 4-bit blocks of a GGUF file"):
+        load_model("some/other-model", weights="a8")
+    with pytest.raises(ConfigError, match="--weights a8 runs on the CPU"):
+        load_model("default", weights="a8", device="cuda")
+    with pytest.raises(ConfigError, match="--weights a8 computes in float32"):
+        load_model("default", weights="a8", dtype="bfloat16")
 
 
 def test_bench_runs_both_formats_side_by_side(tmp_path, monkeypatch):
@@ -314,6 +324,37 @@ def default_pair():
     torch.set_num_threads(model_threads())
     yield load_model("default", device="cpu", weights="fp32"), load_model("default", device="cpu", weights="q4")
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def default_a8():
+    from helpers import model_threads
+
+    from hispec.model.loading import load_model
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(model_threads())
+    yield load_model("default", device="cpu", weights="a8")
+    torch.set_num_threads(before)
+
+
+@pytest.mark.real_model
+def test_the_default_model_loaded_in_a8_runs_int8_activations_and_every_method_equals_its_plain_decoding(default_a8):
+    """--weights a8: the exact model is the 4-bit blocks with int8 activations, its LM head too; every
+    method equals its own plain decoding; it offers no level more precise than itself."""
+    lm = default_a8
+    assert lm.weights == "a8" and lm.ee.lean.native.act8 and type(lm.ee.lean.lm_head).__name__ == "A8Head"
+    assert lm.ee.formats() == ()
+    with pytest.raises(ConfigError, match="int8 activations .*more precise than the model"):
+        lm.ee.in_format("q4")
+    with pytest.raises(ConfigError, match="already loaded with int8 activations"):
+        lm.ee.in_format("a8")
+    for prompt in ("Name three colours.", "Write a Python function that adds two numbers."):
+        ids = lm.encode(prompt)
+        ref = run(lm.ee, ids, preset("autoregressive", max_new_tokens=24), eos_ids=lm.eos_ids).token_ids
+        for config in (preset("hispec", policy="auto", max_new_tokens=24), preset("lookup", max_new_tokens=24),
+                       preset("layerskip", max_new_tokens=24), DecodeConfig(levels=("lookup", 4), max_new_tokens=24)):
+            assert run(lm.ee, ids, config, eos_ids=lm.eos_ids).token_ids == ref, (prompt, config)
 
 
 @pytest.mark.real_model

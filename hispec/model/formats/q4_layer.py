@@ -191,20 +191,22 @@ def set_enabled(ee, on: bool, isa: str | None = None) -> bool:
     return lean.native is not None
 
 
-def a8_copy(ee):
+def a8_copy(ee, why_not: str = "a8 levels"):
     """A second view of a 4-bit EarlyExitModel whose decoder layers run with int8 activations (the 'a8'
     level): the same modules and 4-bit blocks, its own lean path and native table in act8 mode, and its
     LM head in the same arithmetic (``A8Head``: int8 activations, integer dot products). Trained exit
     heads are as in `ee` (float32 activations). The packed blocks are the a8 view's own copy (as many
-    bytes as the file's blocks). Raises ConfigError where the native route cannot run (the a8 products
-    exist only there)."""
+    bytes as the file's blocks). Serves as a level ('full@a8') or, loaded with --weights a8, as the exact
+    model itself. Raises ConfigError where the native route cannot run (the a8 products exist only there),
+    naming `why_not`, what asked for it."""
     from hispec.errors import ConfigError
 
     twin = type(ee)(ee.model)  # an EarlyExitModel (its class taken from `ee`: this module sits below it)
     if twin.lean is None or twin.lean.native is None:
         why = ("HISPEC_Q4_NATIVE=0" if not enabled_by_env() else
                support(twin.lean) if twin.lean is not None else "the lean path is off")
-        raise ConfigError(f"a8 levels run in the native 4-bit route, which cannot run here ({why})")
+        raise ConfigError(f"{why_not}: int8 activations run only in the native 4-bit route, which cannot run "
+                          f"here ({why})")
     twin.lean.native = NativeLayers(twin.lean, act8=True)
     head = twin.lean.lm_head
     if getattr(getattr(head, "matrix", None), "kind", None) in (Q4_1, Q8_0):
