@@ -12,7 +12,7 @@ no HISPEC_* variable, HOME a new folder (no HiSpec, Hugging Face or pip cache of
 offline (the Space's path needs none of it). It checks, over HTTP as a visitor would:
 
 - the app started on the default model, its file fetched at start (model.default_gguf),
-- its Levels box offers the precision list `lookup,full@q4` first (the 4-bit levels are there),
+- its Levels box offers the engine's precision list first (`lookup,full@a8`: the 4-bit levels are there),
 - a greedy /generate with the page's defaults runs that list and equals plain float32 decoding (transformers' generate() in this process) token for token.
 
 It prints each step's time and exits 1 with the app's log tail when a check fails. tests/ui/test_space_build.py
@@ -38,7 +38,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Name three colours of the rainbow."
-PRECISION_LIST = "lookup,full@q4"
+sys.path.insert(0, str(ROOT))
+from hispec.engine.config import PRECISION_LIST as _LIST  # noqa: E402  the engine's own default list
+
+PRECISION_LIST = ",".join(map(str, _LIST))
 START_TIMEOUT_S = 900.0  # a fresh start fetches the file, converts the GGUF (~35 s) and builds the 4-bit kernel
 
 

@@ -52,7 +52,7 @@ def intro(folder: Path = BENCH) -> str:
     slower = f" (fixed exit rounds: {fixed[0]:.2f}× plain decoding, `assets/bench/{EXITS_REPORT}`)" if fixed else ""
     return ("# HiSpec — hierarchical speculative decoding, token by token\n"
             "**What the default runs** (on the embedded SmolLM2-135M): a free lookup level copies earlier text, **the 4-bit model** (the same "
-            "weights in 4-bit) drafts and checks, and **the exact float32 model** decides every token, so the text "
+            "weights in 4-bit, multiplied with int8 activations) drafts and checks, and **the exact float32 model** decides every token, so the text "
             "is exactly the float32 model's. The adaptive policy chooses, round by round, which of them runs and "
             f"how much, from the acceptance and costs it measures as it goes.{speed}\n\n"
             "**The paper's hierarchy** (a shallow exit drafts, a deeper exit weeds out bad drafts, the full model "

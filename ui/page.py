@@ -121,8 +121,9 @@ def _settings_column(p, setup: Setup) -> None:
     p.levels = gr.Dropdown(list(labels.LEVELS), value=setup.levels, label="Levels (HiSpec)",
                            allow_custom_value=True, elem_id="hs-levels",
                            info="bottom first, the exact full model always on top and always deciding: or type a "
-                                "list such as lookup,2,4 or lookup,full@q4 (full@q4: the same weights in the GGUF's "
-                                "4-bit blocks, the default model on float32 only)")
+                                "list such as lookup,2,4 or lookup,full@a8 (full@q4: the same weights in the GGUF's "
+                                "4-bit blocks; full@a8: those blocks with int8 activations; the default model on "
+                                "float32 only)")
     sliders = controls.exit_sliders_shown("HiSpec", setup.levels)  # a list in the Levels box decides the exits
     p.draft_layer = gr.Slider(1, L - 1, value=preset.draft_layer, step=1, label="Draft layer d", visible=sliders,
                               info="exit that drafts (LayerSkip: its single exit)", elem_id="hs-draft-layer")

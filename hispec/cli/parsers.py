@@ -120,9 +120,10 @@ def decoding_options(layerskip_exit_option: bool) -> argparse.ArgumentParser:
                    help="the level list, bottom first, the exact full model implied: e.g. lookup,2,4 (lookup under "
                         "exits 2 and 4), 4 (single exit), lookup (prompt lookup); a level may run the same weights in "
                         "a cheaper format: lookup,full@q4 (lookup, then the whole model in the GGUF's 4-bit blocks, "
-                        "then the exact model), full@q4, 2@q4,full@q4; for the hispec method (default: its own list: "
-                        "under the auto policy with no exit named, the model's recommended one, lookup,full@q4 on "
-                        "the float32 default model on a CPU, else lookup,d,v)")
+                        "then the exact model), full@a8 (those blocks with int8 activations), 2@q4,full@q4; for the "
+                        "hispec method (default: its own list: under the auto policy with no exit named, the model's "
+                        "recommended one: lookup,full@a8 on the float32 default model on a CPU, lookup on a 4-bit "
+                        "model (--weights q4 or a8), else lookup,d,v)")
     g.add_argument("--lengths", type=lengths_pair, default=None, metavar="K,T",
                    help="a fixed round's lengths: K tokens drafted per round, the full model once T are tentative "
                         "(the paper's --draft-len and --verify-threshold, in the engine's words; default: the "

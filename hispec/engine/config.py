@@ -14,7 +14,8 @@ exits and lengths), which the statistics and reports print; the engine reads onl
     preset("hispec", d, v), policy fixed   -> levels (d, v)                 [exit d, exit v, full]
     preset("hispec", d, v), policy auto    -> levels ("lookup", d, v)       the free drafter below
     preset("hispec"), policy auto, on a model offering its 4-bit copy
-                                           -> levels ("lookup", "full@q4")  the precision hierarchy
+                                           -> levels ("lookup", "full@a8")  the precision hierarchy
+    preset("hispec"), policy auto, on a 4-bit model itself (--weights q4, a8) -> levels ("lookup",)
     preset("lookup")                       -> levels ("lookup",)            [lookup, full]
 """
 
@@ -43,15 +44,24 @@ DEFAULT_LAYERS = {"d": "L/8", "v": "L/4", "E": "L/4"}  # in words, as default_ex
 # The hispec preset's list under the auto policy when no exit is named, on a model that offers a copy of
 # its own weights in 4-bit below its exact float32 format (the default model on a CPU): lookup drafts for
 # free, the 4-bit model judges the copy and drafts on, the exact model verifies. Levels are (depth,
-# precision): this is the three-level hierarchy with precision as the middle level. It measured fastest of
-# the lists on the report split (docs/precision.md, "Precision levels") and is exact all the same; a model without
-# the copy (any other model, or where the kernel cannot run) keeps the exits: ("lookup", d, v).
-PRECISION_LIST = (LOOKUP, "full@q4")
+# precision): this is the three-level hierarchy with precision as the middle level, exact all the same.
+# Which 4-bit arithmetic drafts was measured on the tuning split, side by side (assets/bench/
+# drafter_tune_cpu.json, docs/precision.md): int8 activations (a8: cheaper steps and k-token passes, 96%
+# agreement) where offered, else float32 activations (q4: 100%). A model without a copy (any other
+# model, or where the kernel cannot run) keeps the exits.
+PRECISION_LISTS = {"a8": (LOOKUP, "full@a8"), "q4": (LOOKUP, "full@q4")}  # in the order preferred
+PRECISION_LIST = PRECISION_LISTS["a8"]  # the default model's on a CPU (the page's and the docs' default)
+# A model whose exact arithmetic is itself 4-bit (--weights q4 or a8) drafts with lookup alone: a k-token
+# pass there costs more than in float32, and neither its exits nor a8 under q4 paid on the tuning split.
+LOOKUP_ONLY = (LOOKUP,)
 
 
-def recommended_levels(formats: tuple[str, ...]) -> tuple | None:
-    """The level list recommended for a model offering these cheaper formats (None: the exits')."""
-    return PRECISION_LIST if "q4" in formats else None
+def recommended_levels(formats: tuple[str, ...], own: str | None = None) -> tuple | None:
+    """The level list recommended for a model offering these cheaper formats (None: the exits'); `own`:
+    the model's own 4-bit arithmetic ('q4', 'a8'), None for float weights (EarlyExitModel.arithmetic)."""
+    if own is not None:
+        return LOOKUP_ONLY
+    return next((levels for fmt, levels in PRECISION_LISTS.items() if fmt in formats), None)
 
 
 def default_exits(num_layers: int) -> tuple[int, int]:
@@ -357,7 +367,7 @@ def recommended_settings(ee: EarlyExitModel) -> dict:
         rec.pop("draft", None), rec.pop("verify", None)
     if not 0 < rec.get("layerskip_exit", 1) < L:
         rec.pop("layerskip_exit")
-    levels = recommended_levels(ee.formats() if hasattr(ee, "formats") else ())
+    levels = recommended_levels(ee.formats() if hasattr(ee, "formats") else (), getattr(ee, "arithmetic", None))
     if levels:
         rec["levels"] = levels
     return rec

