@@ -18,7 +18,13 @@ and ``step_min_over_1`` from each one's quickest call, what a quiet machine does
 blocks plus the LM head's blocks) over the read bandwidth measured at the start and end of the run
 (the higher of the two medians).
 
+``decode`` (per thread count, this host's default build only): the engine's plain decoding of
+--decode-tokens tokens, the median time between two tokens, against the bare step it takes per token
+(embedding, layers, final norm, LM head, argmax), both formats taking turns: what the loop around the
+model costs (the goal: decoding within 1.15x of the step).
+
     python scripts/measure/q4_widths.py --clock cpu --repeats 9 --json assets/bench/q4_widths_cpu.json
+    python scripts/measure/q4_widths.py --json assets/bench/q4_widths_cpu.json      (wall clock, 2 and 1 threads)
 """
 
 from __future__ import annotations
@@ -96,6 +102,43 @@ def timed(calls) -> float:
     return (NOW() - t) * 1e3
 
 
+def decode_vs_step(lm, threads: int, context: list[int], tokens: int, repeats: int) -> dict:
+    """Plain decoding through the engine (the Decoder's loop: sampling, bookkeeping, events) against the bare
+    step it takes per token (embedding, every layer, final norm, LM head, argmax), for the 4-bit model and
+    its a8 view on this host's build, the formats taking turns: what a token costs outside the layers."""
+    from types import SimpleNamespace
+
+    from hispec.engine.config import DecodeConfig
+    from hispec.engine.events import TokenEvent
+    from hispec.runs.runner import decoder_for
+
+    torch.set_num_threads(threads)
+    models = {"q4": lm, "a8": SimpleNamespace(ee=lm.ee.in_format("a8"), tokenizer=lm.tokenizer, eos_ids=set())}
+    gaps, steps = {f: [] for f in models}, {f: [] for f in models}
+    config = DecodeConfig(max_new_tokens=tokens).plain()
+    for _ in range(repeats):
+        for fmt, model in models.items():
+            stamps = [NOW() for ev in decoder_for(model, context, config, eos_ids=()).events()
+                      if isinstance(ev, TokenEvent)]
+            gaps[fmt] += [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
+            ee = model.ee
+            cache = ee.new_cache(len(context) + tokens + 1)
+            with torch.inference_mode():
+                token = int(ee.exit_logits(ee.run_layers(ee.embed(context), 0, ee.num_layers, cache),
+                                           ee.num_layers)[0, -1].argmax())
+                for _ in range(tokens):
+                    t = NOW()
+                    hidden = ee.run_layers(ee.embed([token]), 0, ee.num_layers, cache)
+                    token = int(ee.exit_logits(hidden, ee.num_layers)[0, -1].argmax())
+                    steps[fmt].append((NOW() - t) * 1e3)
+    out = {"isa": q4_kernel.host_isa(), "threads": threads, "tokens": tokens}
+    for fmt in models:
+        gap, step = statistics.median(gaps[fmt]), statistics.median(steps[fmt])
+        out[fmt] = {"decode_ms_per_token": round(gap, 4), "step_ms": round(step, 4),
+                    "decode_over_step": round(gap / step, 3)}
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 12, 16])
@@ -106,6 +149,8 @@ def main() -> int:
                    help="wall: perf_counter; cpu: this thread's CPU time, robust to other processes taking turns on "
                         "a shared machine (forces --threads 1: the kernel then runs on the calling thread)")
     p.add_argument("--json", default=None)
+    p.add_argument("--decode-tokens", type=int, default=64,
+                   help="plain decoding against the bare step, per token, this many tokens a run (0: skip)")
     args = p.parse_args()
     global NOW
     if args.clock == "cpu":
@@ -179,6 +224,10 @@ def main() -> int:
                     row["step_min_over_1"] = round(row["step_ms_min"] / one["step_ms_min"], 3)  # the quietest calls
             results[str(threads)] = {str(n): per[n] for n in args.widths}
         lean.native = saved
+    if args.decode_tokens:
+        report["decode"] = {str(t): decode_vs_step(lm, t, context, args.decode_tokens, max(3, args.repeats // 3))
+                            for t in args.threads}
+        print(json.dumps(report["decode"]), file=sys.stderr)
     host.finish(report["host"])
     reads = [report["host"].get(k, {}).get("read_gbs") for k in ("bandwidth_start", "bandwidth_end")]
     read = max(r for r in reads if r)
