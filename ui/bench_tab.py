@@ -36,10 +36,10 @@ METHOD_HELP = ("autoregressive: the full model, token by token (the reference) Â
 
 
 # ---- saved reports ---------------------------------------------------------------------------
-# The README's headline: the default configuration (hispec/auto: lookup -> full@q4 -> full on the default
-# model) beside plain decoding in both formats, on heldout-fresh, the split no development touched: shown
-# first when present.
-HEADLINE = "headline_cpu_fresh.json"
+# The README's headline: the default configuration (hispec/auto: lookup -> full@a8 -> full on the default
+# model) beside plain decoding in every format and llama.cpp, on heldout-fresh, the split no development
+# touched: shown first when present.
+HEADLINE = "headline_cpu_fresh_a8.json"
 
 
 def saved_reports(folder: Path = BENCH_DIR) -> list[Path]:

@@ -27,6 +27,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import figures_prose  # noqa: E402
+from a8_goals import a8_goals_table, widths_table  # noqa: E402
 from hispec.paths import ASSETS  # noqa: E402
 from figures_tables import (FP32_COMMAND, headline_table, LEVELS_COMMAND, agreement_table, bench_table, bf16_table,  # noqa: E402
                            a8_agreement_table, ee_gpu_table, gpu_profile_table, gpu_table, precision_breakeven_table, layerskip_table, levels_table, load_table, loaded_table, precision_agreement_table,
@@ -112,9 +113,8 @@ def provenance(block: Block, artifacts: list[dict]) -> str:
 
 
 BLOCKS: dict[str, Block] = {
-    # the README's one table: the default's run, then llama.cpp's (until one run on heldout-fresh holds all)
-    "headline": Block(("assets/bench/headline_cpu_fresh.json", "assets/bench/q4_cpu_default.json"),
-                      headline_table),
+    # the README's one table: one run on heldout-fresh holds the default, the 4-bit models and llama.cpp
+    "headline": Block(("assets/bench/headline_cpu_fresh_a8.json",), headline_table),
     "levels-report": Block(("assets/bench/levels_cpu_report.json",), levels_table),
     "levels": Block(("assets/bench/levels_cpu_default.json",), levels_table, LEVELS_COMMAND),
     "bench-heldout": Block(("assets/bench/bench_cpu_default.json",), bench_table, FP32_COMMAND),
@@ -137,6 +137,8 @@ BLOCKS: dict[str, Block] = {
     "priors": Block(("assets/policy/priors_cpu_tune.json", "assets/exits/smollm2-135m-instruct/manifest.json"),
                     priors_table),
     "q4": Block(("assets/bench/q4_cpu_default.json",), q4_table),
+    "a8-goals": Block(("assets/bench/a8_goals_cpu.json", "assets/bench/a8_goals_cpu_avx2.json",
+                       "assets/bench/q4_widths_cpu.json", "assets/bench/q4_widths_cpu_avx2.json"), a8_goals_table),
     "precision": Block(("assets/bench/precision_cpu_report.json",), precision_table),
     "precision-agreement": Block(("assets/policy/priors_q4_cpu_report.json", "assets/policy/priors_q4_cpu_tune.json"),
                                  precision_agreement_table),
@@ -149,6 +151,8 @@ BLOCKS: dict[str, Block] = {
                                  precision_breakeven_table),
     "q4-alternatives": Block(("assets/bench/q4_alternatives_cpu.json",), q4_alternatives_table),
     "q4-prefetch": Block(("assets/bench/q4_ab_prefetch_avx512.json", "assets/bench/q4_ab_prefetch_avx2.json"), q4_ab_table),
+    "a8-widths": Block(("assets/bench/q4_widths_cpu.json", "assets/bench/q4_widths_cpu_avx2.json"), widths_table),
+    "a8-stream": Block(("assets/bench/q4_ab_a8_stream_avx512.json", "assets/bench/q4_ab_a8_stream_avx2.json"), q4_ab_table),
     "q4-profile": Block(("assets/bench/q4_profile_avx512.json", "assets/bench/q4_profile_avx2.json"), q4_profile_table),
     "gpu": Block(("assets/gpu/gpu_check_h200.json",), gpu_table, "python scripts/gpu/gpu_check.py"),
     "gpu-graphs": Block(("assets/gpu/gpu_profile_graphs_h200.json", "assets/gpu/gpu_check_h200_exactness.json"),

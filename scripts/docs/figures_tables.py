@@ -423,11 +423,14 @@ def q4_ab_table(*reports: dict) -> str:
             rows.append([r["isa"], n, f"{row['base']['median_ms']:.1f}", f"{row['new']['median_ms']:.1f}",
                          f"{row['new_over_base_median']:.2f}×", "yes" if row["same_bits"] else "**no**"])
     first = reports[0]
-    return (_table(["kernel build", "new tokens", f"ms per step at {first['base'][:7]}", "ms per step now",
+    base = first.get("base_commit") or (first["code"]["commit"] if first["base"] == "HEAD" else first["base"])
+    model = ("the a8 model (the 4-bit blocks with int8 activations, its LM head too)" if first.get("format") == "a8"
+             else "the 4-bit model")
+    return (_table(["kernel build", "new tokens", f"ms per step at {base[:7]}", "ms per step now",
                     "now / before", "logits the same bits"], rows)
-            + f"\n\nMedians of {first['steps']['1']['new']['steps']} steps per build, the builds taking turns in one "
-              f"process; {first['threads']} threads, a {first['context']}-token context; the AVX2 build run on the "
-              "same AVX-512 host (`ATEN_CPU_CAPABILITY=avx2`).")
+            + f"\n\nSteps of {model}: medians of {first['steps']['1']['new']['steps']} steps per build, the builds "
+              f"taking turns in one process; {first['threads']} threads, a {first['context']}-token context; the AVX2 "
+              "build run on the same AVX-512 host (`ATEN_CPU_CAPABILITY=avx2`).")
 
 
 def q4_profile_table(*reports: dict) -> str:
@@ -751,10 +754,14 @@ def gpu_profile_table(profile: dict, check: dict) -> str:
 HEADLINE_ROWS = (  # (method, what it runs), in the order shown; a row shows where its run measured the method
     ("autoregressive@fp32", "plain decoding, the exact float32 model"),
     ("hispec/auto@fp32", "**the default**: lookup → the 4-bit model → the exact float32 model"),
+    ("lookup+full@q4/auto@fp32", "the same with float32 activations in the 4-bit model (the default until 2026-12-05)"),
     ("full@q4/auto@fp32", "the 4-bit model drafting alone under the exact model (no lookup)"),
-    ("autoregressive@q4", "plain decoding of the 4-bit model (exact to itself, not to float32)"),
+    ("autoregressive@q4", "plain decoding of the 4-bit model, float32 activations (exact to itself)"),
+    ("autoregressive@a8", "plain decoding of the 4-bit model, int8 activations (exact to itself)"),
+    ("hispec/auto@a8", "hispec on that model: lookup → the 4-bit model (exact to its plain decoding)"),
     ("llamacpp", "llama.cpp, plain decoding of the same 4-bit GGUF"),
 )
+DEFAULT_LISTS = (["lookup", "full@q4"], ["lookup", "full@a8"])  # what hispec/auto@fp32 ran since 2026-12-04
 
 
 def headline_table(*reports: dict) -> str:
@@ -780,12 +787,12 @@ def headline_table(*reports: dict) -> str:
                 equal = f"no: differs on {sum(_differs(report, method))} of {prompts} prompts"
             elif method.endswith("@fp32") and method != "autoregressive@fp32":
                 equal = "yes" if _equal_to(report, method, "autoregressive@fp32") else "NO"
-            elif method == "autoregressive@q4":
+            elif method != "autoregressive@fp32" and (method.startswith("autoregressive@") or method.endswith("@a8")):
                 n = sum(_differs(report, method))
                 equal = "yes" if n == 0 else f"no: differs on {n} of {prompts} prompts"
             else:
                 equal = "–"
-            if method == "hispec/auto@fp32" and ran_levels(report, method) != ["lookup", "full@q4"]:
+            if method == "hispec/auto@fp32" and ran_levels(report, method) not in DEFAULT_LISTS:
                 method_name, what = named(report, method), "hispec/auto before today's default (its exits)"
             else:
                 method_name = method

@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         command = "python scripts/measure/q4_ab.py " + " ".join(argv if argv is not None else sys.argv[1:])
         report = {"command": f"{env} {command}".strip(),
                   "code": code_version(), "base": args.base, "isa": isa, "threads": torch.get_num_threads(),
+                  "base_commit": subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.base], capture_output=True,
+                                                text=True).stdout.strip() or None,
                   "format": args.format,
                   "native_route": lm.ee.lean is not None and lm.ee.lean.native is not None,
                   "host": host.describe(), "context": len(context),
