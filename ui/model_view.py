@@ -88,7 +88,7 @@ def weights_words(lm) -> str:
     if getattr(lm, "weights", "fp32") == "q4":
         return "4-bit weights (the GGUF file's own Q4_1 blocks: exact to 4-bit decoding, not to float32)"
     if getattr(lm, "weights", "fp32") == "a8":
-        return ("4-bit weights with int8 activations (the GGUF file's own blocks, as llama.cpp computes them: "
+        return ("4-bit weights with int8 activations (the GGUF file's own blocks, activations quantised as llama.cpp does: "
                 "exact to its own decoding, not to float32)")
     if str(lm.dtype) == "float32":
         return "float32 weights (the exact reference: greedy output equals transformers' own)"

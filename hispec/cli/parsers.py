@@ -95,7 +95,7 @@ def engine_options() -> argparse.ArgumentParser:
                    help="the weights' format: fp32 (the GGUF dequantised to float32: output equal to transformers'), "
                         "q4 (the default model's own 4-bit GGUF blocks through the 4-bit CPU kernel, float32 "
                         "activations: about 5x fewer bytes a step) or a8 (the same blocks with int8 activations per "
-                        "block of 32, as llama.cpp computes them: cheaper still, k-token passes too; exact to itself, "
+                        "block of 32, as llama.cpp quantises them: cheaper still, k-token passes too; exact to itself, "
                         "not to float32); bench takes a list such as fp32,q4,a8 to run every method in each, side "
                         "by side (default: $HISPEC_WEIGHTS, else fp32)")
     g.add_argument("--cuda-graphs", action="store_true",

@@ -49,7 +49,7 @@ class LoadedModel:
     load_s: float
     source: str
     # fp32; q4: the GGUF file's own 4-bit blocks (hispec/model/formats/q4.py), float32 activations;
-    # a8: the same blocks with int8 activations per block of 32 (llama.cpp's arithmetic for them)
+    # a8: the same blocks with int8 activations per block of 32 (quantised as llama.cpp quantises them)
     weights: str = "fp32"
 
     @property

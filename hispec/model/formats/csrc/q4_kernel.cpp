@@ -600,12 +600,12 @@ struct A8Rows {
 };
 
 // A packed matrix is one sequential stream (group after group, block after block), read once per tile of
-// rows. The hardware prefetcher keeps up with it while a block costs little (one or two rows), but from
-// about 8 rows on, a block's products take long enough that it falls behind and the products waited on
-// memory instead of overlapping it (measured: 8 rows cost 2.4x 4 rows from memory, 1.1x from L2). So the
-// kernel asks for the stream A8_AHEAD bytes ahead of the block it multiplies. A prefetch changes no
-// arithmetic (the same bits, checked) and never faults, past the end of the matrix too. 8 KiB measured
-// best of 1, 2, 4, 8 and 16 KiB on a 2-core AVX-512 host; docs/precision.md has the steps before and after.
+// rows. The hardware prefetcher keeps up with it while a block costs little (one or two rows), but once a
+// block's products take longer (about 8 rows on) it fell behind, and the products waited on memory
+// instead of overlapping it (an 8-row product from memory cost twice a 4-row one, from L2 about the same).
+// So the kernel asks for the stream A8_AHEAD bytes ahead of the block it multiplies. A prefetch changes no
+// arithmetic (the same bits, checked) and never faults, past the end of the matrix too. 8 KiB did best of
+// 1 to 16 KiB in a microbenchmark not kept; docs/precision.md (a8-stream) has whole steps before and after.
 #ifndef HISPEC_A8_AHEAD
 #define HISPEC_A8_AHEAD 8192  // -DHISPEC_A8_AHEAD=0 builds it without the prefetch
 #endif
