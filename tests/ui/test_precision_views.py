@@ -104,9 +104,16 @@ def test_every_plan_of_an_adaptive_precision_run_gets_an_estimate_and_a_break_ev
     from hispec.explain.why import frozen_costs, speed_story
     from ui.why_view import plans_table
 
+    from hispec.engine.planning.costs import CostModel
+
     model = tiny_model("llama", layers=8, seed=3)
     ee = ee_of(model)
     ee.add_format("q4", lambda: EarlyExitModel(q4.q4_copy(model)))
+    # Given costs, the 4-bit lane a tenth of the exact one as on the default model: on a tiny model the
+    # timed costs of the two lanes are close and move with the host, and with them the policy's plans
+    # (a quiet host ran no 4-bit plan at all). The run still refines them with what it measures.
+    ee.cost_model = CostModel.given({n: 1e-3 for n in (1, 2, 4, 8, 16)}, {(8, 1): 1e-4})  # float32: k tokens ~ one
+    ee.in_format("q4").cost_model = CostModel.given({n: 1e-4 * n for n in (1, 2, 4, 8, 16)}, {(8, 1): 1e-4})
     live = LiveRun()
     config = DecodeConfig(levels=("lookup", "full@q4"), policy="auto", max_new_tokens=40).resolve_for(ee)
     for ev in run_events(_LM(ee), [5, 17, 33, 5, 17, 33, 5, 17, 33, 5, 17], config):
