@@ -338,3 +338,12 @@ def test_the_a8_model_is_its_own_format_not_the_4bit_ones():
     prompts = [[i, i + 7, i + 3] for i in range(5, 60, 5)]
     differ = [p for p in prompts if _tokens(a8, p, method="autoregressive") != _tokens(q4, p, method="autoregressive")]
     assert differ, "a8 and q4 gave the same text on every prompt: the equality test would prove nothing"
+
+
+def test_a_4bit_model_knows_its_arithmetic_and_runs_lookup_alone_as_hispec(a8_exact):
+    """EarlyExitModel.arithmetic names the model's own 4-bit arithmetic, which picks hispec's own list."""
+    q4 = EarlyExitModel(to_q4(tiny_model("llama", layers=8, seed=9)))
+    assert q4.arithmetic == "q4" and a8_exact.arithmetic == "a8"
+    assert EarlyExitModel(tiny_model("llama", layers=8, seed=9)).arithmetic is None
+    for ee in (q4, a8_exact):
+        assert preset("hispec", policy="auto").resolve_for(ee).levels == ("lookup",)
