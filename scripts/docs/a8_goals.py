@@ -22,10 +22,8 @@ def _width(widths: dict, isa: str, n: int, fmt: str = FMT, threads: str = "2") -
 
 
 def _equal(report: dict, method: str, reference: str) -> bool | None:
-    by: dict[tuple, dict] = {}
-    for rec in report["records"]:
-        by.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["token_ids"]
-    pairs = [(got[method], got[reference]) for got in by.values() if method in got and reference in got]
+    """Equal on every prompt both ran; None where none did (not measured)."""
+    pairs = q.output_pairs(report, method, reference)
     return all(a == b for a, b in pairs) if pairs else None
 
 
@@ -92,14 +90,11 @@ def _verdict(shown, met) -> str:
 
 def _agreement(bench: dict) -> str:
     """How far each 4-bit output goes from float32 and from llama.cpp's, prompt by prompt."""
-    by: dict[tuple, dict] = {}
-    for rec in bench["records"]:
-        by.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["token_ids"]
     parts = []
     for a, b, words in ((AR, AR32, "a8 output from float32"), ("autoregressive@q4", AR32, "q4 output from float32"),
                         (AR, LLAMA, "a8 output from llama.cpp's (same file)"),
                         ("autoregressive@q4", LLAMA, "q4 output from llama.cpp's")):
-        firsts = [q.first_difference(got[a], got[b]) for got in by.values() if a in got and b in got]
+        firsts = [q.first_difference(x, y) for x, y in q.output_pairs(bench, a, b)]
         if not firsts:
             continue
         differ = [f for f in firsts if f is not None]

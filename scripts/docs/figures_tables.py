@@ -470,10 +470,9 @@ def q4_profile_table(*reports: dict) -> str:
 
 
 def _equal_to(report: dict, method: str, reference: str) -> bool:
-    by: dict[tuple[str, str], dict[str, list[int]]] = {}
-    for rec in report["records"]:
-        by.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["token_ids"]
-    return all(got[method] == got[reference] for got in by.values() if method in got and reference in got)
+    import q4_goals as q
+
+    return all(a == b for a, b in q.output_pairs(report, method, reference))
 
 
 # ---- GPU and load --------------------------------------------------------------------------------
@@ -806,8 +805,6 @@ def headline_table(*reports: dict) -> str:
 
 def _differs(report: dict, method: str) -> list[bool]:
     """Per prompt: whether the method's output differs from plain float32 decoding's."""
-    by: dict[tuple, dict] = {}
-    for rec in report["records"]:
-        by.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["token_ids"]
-    return [got[method] != got["autoregressive@fp32"] for got in by.values()
-            if method in got and "autoregressive@fp32" in got]
+    import q4_goals as q
+
+    return [a != b for a, b in q.output_pairs(report, method, "autoregressive@fp32")]

@@ -7,7 +7,7 @@ its format's plain decoding, and the goals met or missed. Used by the README's g
 
 from __future__ import annotations
 
-from q4_goals import geomean_ratio  # noqa: F401 (also used by figures_tables)
+from q4_goals import geomean_ratio, output_pairs  # noqa: F401 (geomean_ratio also used by figures_tables)
 
 from hispec.engine.planning.round import key_levels
 
@@ -53,10 +53,7 @@ def three_level_share(report: dict, method: str) -> float | None:
 
 
 def outputs_equal(report: dict, method: str, reference: str) -> bool:
-    by: dict[tuple, dict] = {}
-    for rec in report["records"]:
-        by.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["token_ids"]
-    pairs = [(got[method], got[reference]) for got in by.values() if method in got and reference in got]
+    pairs = output_pairs(report, method, reference)
     return bool(pairs) and all(a == b for a, b in pairs)
 
 

@@ -61,12 +61,23 @@ def ratios(report: dict) -> dict:
     return out
 
 
-def divergence(report: dict) -> list[dict]:
-    by = {}
+def outputs_by_prompt(report: dict) -> dict[tuple[str, str], dict[str, list[int]]]:
+    """Each prompt's (set, id) -> each method's generated token ids on it."""
+    by: dict[tuple[str, str], dict[str, list[int]]] = {}
     for rec in report["records"]:
         by.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["token_ids"]
+    return by
+
+
+def output_pairs(report: dict, method: str, reference: str) -> list[tuple[list[int], list[int]]]:
+    """(method's tokens, reference's tokens) on every prompt both ran."""
+    return [(got[method], got[reference]) for got in outputs_by_prompt(report).values()
+            if method in got and reference in got]
+
+
+def divergence(report: dict) -> list[dict]:
     rows = []
-    for (set_name, pid), got in sorted(by.items()):
+    for (set_name, pid), got in sorted(outputs_by_prompt(report).items()):
         row = {"set": set_name, "prompt": pid, "tokens": len(got.get(AR32, []))}
         if AR32 in got and AR4 in got:
             row["q4_vs_fp32"] = first_difference(got[AR32], got[AR4])
