@@ -13,6 +13,7 @@ import re
 import pytest
 from test_browser import CHROMIUM, WAIT_MS, browser, wait_for_status  # noqa: F401
 
+from hispec.evaluation.pairs import MIN_PAIRS
 from ui.labels import DEFAULT_POLICY_LABEL
 
 pytestmark = [pytest.mark.browser, pytest.mark.real_model]
@@ -42,7 +43,9 @@ def test_every_plan_of_the_default_run_is_estimated_with_its_break_even(browser,
         "Repeat this list twice: red apple, green pear, yellow banana, red apple, green pear, yellow banana.")
     page.get_by_label(DEFAULT_POLICY_LABEL).check()
     box = page.locator("#hs-baseline input[type=number]")
-    box.fill("1")
+    # enough pairs for the page to show the range it judges the estimate against (with fewer it shows the
+    # median alone, "not enough to tell", and this test could not read that range)
+    box.fill(str(MIN_PAIRS))
     box.press("Enter")
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "Done")
