@@ -74,6 +74,9 @@ else
 fi
 
 if [[ $# -gt 0 ]]; then
+  # A --dev run is a test run: no 4-bit or browser test may skip (tests/conftest.py); HISPEC_REQUIRE=
+  # (empty) lets them skip on a machine where g++ or Chromium cannot be had.
+  [[ $DEV == 1 ]] && export HISPEC_REQUIRE="${HISPEC_REQUIRE-kernel,browser}"
   export VIRTUAL_ENV="$VENV"
   export PATH="$VENV/bin:$PATH"
   exec "$@"
