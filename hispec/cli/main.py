@@ -169,8 +169,11 @@ def cmd_bench(args) -> int:
             share = f"  time in layer passes {r['layers_share']:.0%}" if r.get("layers_share") is not None else ""
             geo = (r.get("vs_reference") or {}).get("geomean")
             geo = f"  per prompt {geo:.2f}x (geometric mean)" if geo is not None else ""
-            print(f"{set_name:<{width}}{m:<16}{r['tokens_per_s']:>9.2f} tok/s  {r['speedup_vs'].get(ref, 1.0):>6.2f}x vs {ref}"
-                  f" (medians){geo}  outputs equal: {_equality(r)}{share}")
+            dec = (r.get("vs_reference_decode") or {}).get("geomean")
+            dec = (f"  decode-only {r['decode_tokens_per_s']:.2f} tok/s, per prompt {dec:.2f}x, first token "
+                   f"{r['ttft_s'] * 1e3:.1f} ms" if dec is not None else "")
+            print(f"{set_name:<{width}}{m:<16}{r['tokens_per_s']:>9.2f} tok/s end to end  "
+                  f"{r['speedup_vs'].get(ref, 1.0):>6.2f}x vs {ref} (medians){geo}{dec}  outputs equal: {_equality(r)}{share}")
     for fmt, b in (report.get("memory_bound") or {}).items():
         if b.get("step_ms"):
             print(f"{fmt}: plain step {b['step_ms']:.2f} ms = {b['step_over_bound']:.2f}x its memory bound "

@@ -163,6 +163,7 @@ def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, la
     r = run(lm.ee, ids, config, eos_ids=lm.eos_ids, detok=detok)  # timed from before the decoder is built
     s = r.stats
     return {"token_ids": r.token_ids, "wall_s": s["wall_s"], "setup_s": s["setup_s"], "tokens_per_s": s["tokens_per_s"],
+            "ttft_s": s["ttft_s"], "decode_tokens_per_s": s["decode_tokens_per_s"],
             "acceptance": s["acceptance"], "tokens_per_full_pass": s["tokens_per_full_pass"],
             "full_passes": s["full_passes"], "useful": s["layer_tokens"]["useful"],
             "wasted": s["layer_tokens"]["wasted"], "stage_s": s["stage_s"], "layers_share": s["layers_share"],
@@ -291,8 +292,10 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
             own = f"autoregressive@{split_weights(m)[1]}"  # a format's methods against its own plain decoding
             ref_name = own if own in methods else reference
             ref_ids = {r["prompt_id"]: r["token_ids"] for r in rows if r["method"] == ref_name}
-            ref_tps = {(r["set"], r["prompt_id"]): r["tokens_per_s"] for r in rows if r["method"] == ref_name}
+            ref_rows = {(r["set"], r["prompt_id"]): r for r in rows if r["method"] == ref_name}
             tps = [r["tokens_per_s"] for r in mine]
+            decode = [r["decode_tokens_per_s"] for r in mine if r.get("decode_tokens_per_s")]
+            ttft = [r["ttft_s"] for r in mine if r.get("ttft_s") is not None]
             acc: dict[str, list[float]] = {}
             for r in mine:
                 for k, v in (r.get("acceptance") or {}).items():
@@ -303,7 +306,12 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
                 "tokens_per_s": statistics.median(tps),
                 "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
                 "tokens_per_s_iqr": iqr(tps),
-                "vs_reference": per_prompt_ratios(mine, ref_tps, ref_name),
+                "vs_reference": per_prompt_ratios(mine, ref_rows, ref_name),
+                # decode-only: the tokens after the first over the time after it (runs.metrics.decode_rate);
+                # None in records made before 2026-12-07, which kept no time to first token
+                "decode_tokens_per_s": statistics.median(decode) if decode else None,
+                "ttft_s": statistics.median(ttft) if ttft else None,
+                "vs_reference_decode": per_prompt_ratios(mine, ref_rows, ref_name, "decode_tokens_per_s"),
                 "acceptance": {k: statistics.mean(v) for k, v in acc.items()},
                 "tokens_per_full_pass": mean_or_none([r.get("tokens_per_full_pass") for r in mine]),
                 "layers_share": mean_or_none([r.get("layers_share") for r in mine]),  # None for transformers' methods
@@ -324,11 +332,13 @@ def summarise(records: list[dict], methods: list[str]) -> dict:
     return out
 
 
-def per_prompt_ratios(mine: list[dict], ref_tps: dict, ref_name: str) -> dict:
-    """Each prompt's tokens/s over the reference's on the same prompt: their geometric mean (the
-    mean of log ratios, so a prompt twice as fast and one half as fast cancel), median, min, max."""
-    ratios = [r["tokens_per_s"] / ref_tps[(r["set"], r["prompt_id"])] for r in mine
-              if ref_tps.get((r["set"], r["prompt_id"])) and r["tokens_per_s"] > 0]
+def per_prompt_ratios(mine: list[dict], ref_rows: dict, ref_name: str, key: str = "tokens_per_s") -> dict:
+    """Each prompt's `key` (tokens/s end to end, or decode-only) over the reference's on the same prompt
+    (`ref_rows`: (set, prompt id) -> record): their geometric mean (the mean of log ratios, so a prompt
+    twice as fast and one half as fast cancel), median, min, max."""
+    ref = {k: r.get(key) for k, r in ref_rows.items()}
+    ratios = [r[key] / ref[(r["set"], r["prompt_id"])] for r in mine
+              if ref.get((r["set"], r["prompt_id"])) and r.get(key)]
     if not ratios:
         return {"method": ref_name, "prompts": 0, "geomean": None, "median": None, "min": None, "max": None}
     return {"method": ref_name, "prompts": len(ratios), "geomean": geomean(ratios),

@@ -21,6 +21,7 @@ import time
 import torch
 
 from hispec.errors import ConfigError
+from hispec.evaluation.timing import timed_record
 
 PLAIN, LOOKUP = "llamacpp", "llamacpp_lookup"
 LOOKUP_DEFAULTS = {"max_ngram_size": 2, "num_pred_tokens": 10}  # LlamaPromptLookupDecoding's own defaults
@@ -93,12 +94,13 @@ def run(lm, ids: list[int], max_new_tokens: int, lookup: int | None = None) -> d
     llm.reset()  # an empty cache: nothing of the previous prompt is reused (outside the timing)
     eos = set(lm.eos_ids)
     out: list[int] = []
+    first = None
     t0 = time.perf_counter()
     if max_new_tokens > 0:
         for token in llm.generate(list(ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            first = first or time.perf_counter()  # the prompt's evaluation and the first token's choice
             out.append(int(token))
             if token in eos or len(out) >= max_new_tokens:
                 break
-    wall = time.perf_counter() - t0
-    return {"token_ids": out, "wall_s": wall, "tokens_per_s": len(out) / wall if wall > 0 else 0.0,
+    return {**timed_record(out, t0, first, time.perf_counter()),
             "engine": f"llama-cpp-python {version()}", "settings": settings(lookup)}

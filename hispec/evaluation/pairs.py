@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 
 from hispec.engine.config import DecodeConfig
 from hispec.evaluation.order import Balanced
+from hispec.runs import metrics
 from hispec.runs.runner import RunResult, timed_events
 from hispec.text import Detokenizer
 
@@ -70,9 +71,8 @@ def cut(result: RunResult, new_tokens: int) -> bool:
 
 
 def decode_rate(stats: dict) -> float:
-    """Tokens per second after the first one (the prompt's prefill and the first round apart)."""
-    seconds = (stats.get("wall_s") or 0.0) - (stats.get("prefill_s") or 0.0)
-    return (stats["new_tokens"] - 1) / seconds if stats["new_tokens"] > 1 and seconds > 0 else 0.0
+    """Tokens per second after the first one (runs.metrics.decode_rate; 0.0 where it is unknown)."""
+    return metrics.decode_rate(stats["new_tokens"], stats.get("wall_s"), stats.get("ttft_s")) or 0.0
 
 
 @dataclass(frozen=True)

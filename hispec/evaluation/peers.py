@@ -24,6 +24,7 @@ import torch
 
 from hispec.errors import ConfigError
 from hispec.evaluation import llamacpp
+from hispec.evaluation.timing import timed_record
 
 HF_LOOKUP_TOKENS = 10  # generate(prompt_lookup_num_tokens=10), as in transformers' documentation
 
@@ -46,14 +47,31 @@ class Peer:
     refuses: Callable[[object], str | None] = lambda lm: None
 
 
+class FirstToken:
+    """A generate() streamer that notes when the first generated token arrives (its first call is the
+    prompt; the next one carries the first new token): the peer's time to first token."""
+
+    def __init__(self):
+        self.calls, self.at = 0, None
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2 and self.at is None:
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
 def _generate(lm, ids: list[int], max_new_tokens: int, **extra) -> dict:
     t0 = time.perf_counter()  # from before anything of the call is built, as for our methods
     x = torch.tensor([ids], device=lm.ee.device)
     eos = sorted(lm.eos_ids)
+    first = FirstToken()
     out = lm.model.generate(x, max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(x),
-                            eos_token_id=eos or None, pad_token_id=(eos or [0])[0], **extra)[0, len(ids):].tolist()
-    wall = time.perf_counter() - t0
-    return {"token_ids": out, "wall_s": wall, "tokens_per_s": len(out) / wall if wall > 0 else 0.0}
+                            eos_token_id=eos or None, pad_token_id=(eos or [0])[0], streamer=first,
+                            **extra)[0, len(ids):].tolist()
+    return timed_record(out, t0, first.at, time.perf_counter())
 
 
 # llama.cpp runs its own file (not the bench's weights), needs its package and the default model

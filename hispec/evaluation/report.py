@@ -73,11 +73,15 @@ def _equal_cell(r: dict) -> str:
     return f"NO ({r['outputs_differ']} of {r['prompts']})"
 
 
-def _geo_cell(r: dict) -> str:
-    v = r.get("vs_reference") or {}
+def _geo_cell(r: dict, key: str = "vs_reference") -> str:
+    v = r.get(key) or {}
     if v.get("geomean") is None:  # no shared prompt with the reference, or a report from before the figure
         return "–"
     return f"{v['geomean']:.2f}× ({v['min']:.2f}–{v['max']:.2f})"
+
+
+def _number(value: float | None, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
 
 
 def summary_table(report: dict) -> str:
@@ -89,11 +93,20 @@ def summary_table(report: dict) -> str:
             rows.append(f"<tr><td>{html.escape(set_name)}</td><td>{html.escape(m)}</td><td>{r['prompts']}</td>"
                         f"<td>{r['tokens_per_s']:.2f}</td><td>{r['speedup_vs'].get(ref, 1.0):.2f}×</td>"
                         f"<td>{_geo_cell(r)}</td>"
+                        f"<td>{_number(r.get('decode_tokens_per_s'), '.2f')}</td>"
+                        f"<td>{_geo_cell(r, 'vs_reference_decode')}</td>"
+                        f"<td>{_number(r.get('ttft_s') and r['ttft_s'] * 1e3, '.1f')}</td>"
                         f"<td>{html.escape(acc)}</td><td>{_equal_cell(r)}</td></tr>")
-    head = (f"<tr><th>set</th><th>method</th><th>prompts</th><th>tokens/s (median)</th>"
-            f"<th>vs {html.escape(ref)} (of medians)</th><th>vs {html.escape(ref)}, geometric mean per prompt (range)</th>"
-            f"<th>acceptance</th><th>output = {html.escape(ref)}</th></tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
+    ref_name = html.escape(ref)
+    head = (f"<tr><th>set</th><th>method</th><th>prompts</th><th>tokens/s end to end (median)</th>"
+            f"<th>vs {ref_name} (of medians)</th><th>vs {ref_name}, geometric mean per prompt (range)</th>"
+            f"<th>tokens/s decode-only (median)</th><th>vs {ref_name} decode-only, geometric mean (range)</th>"
+            f"<th>time to first token, ms (median)</th>"
+            f"<th>acceptance</th><th>output = {ref_name}</th></tr>")
+    note = ("<p>End to end counts the prompt's evaluation (time from the start to the last token); decode-only "
+            "counts the tokens after the first over the time after it. \"–\": a report made before the time to "
+            "first token was recorded.</p>")
+    return f"<table>{head}{''.join(rows)}</table>{note}"
 
 
 def _point(axes: tuple[str, str], cell: dict) -> str:

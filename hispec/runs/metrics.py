@@ -23,6 +23,15 @@ def _rate(ok: int, total: int) -> float | None:
     return ok / total if total else None
 
 
+def decode_rate(new_tokens: int, wall_s: float | None, ttft_s: float | None) -> float | None:
+    """Decode-only tokens per second: the tokens after the first over the time after the first token
+    (time to first token = the set-up, the prompt's evaluation and the first token's choice). The one
+    definition of "decode-only" for every method and peer; None where the first token's time is unknown."""
+    if ttft_s is None or wall_s is None or new_tokens < 2 or wall_s <= ttft_s:
+        return None
+    return (new_tokens - 1) / (wall_s - ttft_s)
+
+
 class StatsCollector:
     """Feed it events with `add`; `summary()` any time (live) or after the DoneEvent."""
 

@@ -12,7 +12,7 @@ from hispec.engine.levels import LOOKUP
 from hispec.errors import HiSpecError
 from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, Event, event_to_dict
-from hispec.runs.metrics import StatsCollector
+from hispec.runs.metrics import StatsCollector, decode_rate
 from hispec.runs.trace import Trace
 from hispec.model.early_exit import EarlyExitModel
 from hispec.text import Detokenizer
@@ -77,10 +77,13 @@ def timed_events(ee: EarlyExitModel, prompt_ids: list[int], config: DecodeConfig
 
 
 def with_setup(stats: dict, setup_s: float) -> dict:
-    """A run's stats with its decoder's set-up time counted in its wall time and speed."""
+    """A run's stats with its decoder's set-up time counted in its wall time, its speed and its time to
+    first token (`ttft_s`: set-up + the time to the first committed token), and its decode-only speed."""
     wall = stats["wall_s"] + setup_s
-    return {**stats, "setup_s": setup_s, "wall_s": wall,
-            "tokens_per_s": stats["new_tokens"] / wall if wall > 0 else 0.0}
+    ttft = setup_s + stats["prefill_s"] if stats.get("prefill_s") is not None else None
+    return {**stats, "setup_s": setup_s, "wall_s": wall, "ttft_s": ttft,
+            "tokens_per_s": stats["new_tokens"] / wall if wall > 0 else 0.0,
+            "decode_tokens_per_s": decode_rate(stats["new_tokens"], wall, ttft)}
 
 
 def plain_config(config: DecodeConfig) -> DecodeConfig:

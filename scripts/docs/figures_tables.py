@@ -795,12 +795,23 @@ def headline_table(*reports: dict) -> str:
                 method_name, what = named(report, method), "hispec/auto before today's default (its exits)"
             else:
                 method_name = method
+            decode = q.median_rate(report, method, "decode_tokens_per_s")
             rows.append([method_name, what, f"{tps[method]:.1f}", _x(q.geomean_ratio(report, method, "autoregressive@fp32")),
-                         equal] + ([run] if len(reports) > 1 else []))
-    head = ["method@weights", "what runs", "tokens/s (median)", "vs plain float32, same prompts",
+                         "not recorded" if decode is None else f"{decode:.1f}",
+                         _x(q.geomean_ratio(report, method, "autoregressive@fp32", "decode_tokens_per_s")),
+                         _first_token(report, method), equal] + ([run] if len(reports) > 1 else []))
+    head = ["method@weights", "what runs", "tokens/s end to end (median)", "vs plain float32, end to end",
+            "tokens/s decode-only (median)", "vs plain float32, decode-only", "time to first token (median)",
             "output equal to plain float32"] + (["run"] if len(reports) > 1 else [])
-    return (_table(head, rows) + "\n\nRatios: the geometric mean over the run's prompts of per-prompt ratios, "
+    return (_table(head, rows) + "\n\nEnd to end: from the start of the call to the last token, the prompt's "
+            "evaluation included; decode-only: the tokens after the first over the time after the first token. "
+            "Ratios: the geometric mean over the run's prompts of per-prompt ratios, "
             "greedy, 128 new tokens, one process. " + "; ".join(notes) + ".")
+
+
+def _first_token(report: dict, method: str) -> str:
+    values = sorted(r["ttft_s"] for r in report["records"] if r["method"] == method and r.get("ttft_s") is not None)
+    return f"{statistics.median(values) * 1e3:.1f} ms" if values else "not recorded"
 
 
 def _differs(report: dict, method: str) -> list[bool]:

@@ -20,17 +20,26 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if a == b else i
 
 
-def _per_prompt(report: dict) -> dict[tuple[str, str], dict[str, float]]:
+def _per_prompt(report: dict, key: str = "tokens_per_s") -> dict[tuple[str, str], dict[str, float]]:
+    """(set, prompt) -> method -> the record's `key` (tokens_per_s: end to end; decode_tokens_per_s:
+    decode-only, recorded since 2026-12-07)."""
     out: dict[tuple[str, str], dict[str, float]] = {}
     for rec in report["records"]:
-        if rec.get("tokens_per_s"):
-            out.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec["tokens_per_s"]
+        if rec.get(key):
+            out.setdefault((rec["set"], rec["prompt_id"]), {})[rec["method"]] = rec[key]
     return out
 
 
-def geomean_ratio(report: dict, a: str, b: str) -> float | None:
-    """The geometric mean over prompts of a's tokens/s over b's on the same prompt (None if not both ran)."""
-    logs = [math.log(t[a] / t[b]) for t in _per_prompt(report).values() if a in t and b in t]
+def median_rate(report: dict, method: str, key: str = "tokens_per_s") -> float | None:
+    """The method's median `key` over the prompts it ran (None where no record holds it)."""
+    values = [t[method] for t in _per_prompt(report, key).values() if method in t]
+    return statistics.median(values) if values else None
+
+
+def geomean_ratio(report: dict, a: str, b: str, key: str = "tokens_per_s") -> float | None:
+    """The geometric mean over prompts of a's `key` (tokens/s end to end by default) over b's on the same
+    prompt (None if not both ran, or the records hold no such figure)."""
+    logs = [math.log(t[a] / t[b]) for t in _per_prompt(report, key).values() if a in t and b in t]
     return round(math.exp(statistics.mean(logs)), 3) if logs else None
 
 

@@ -78,6 +78,23 @@ def test_report_schema_ratios_and_equality(lm, tmp_path):
     ran = [[r["method"] for r in saved["records"][i * 5 : (i + 1) * 5]] for i in range(3)]
     assert saved["order"]["design"] == "williams" and saved["order"]["passes"] == ran
     assert ran == [Balanced(METHODS).of(i) for i in range(3)] and ran[1] == ran[0][::-1]
+    # every method and peer records its time to first token and its decode-only speed (issue 57): the tokens
+    # after the first over the time after it, for ours and transformers' alike
+    for rec in saved["records"]:
+        n, wall, ttft = len(rec["token_ids"]), rec["wall_s"], rec["ttft_s"]
+        assert 0 < ttft < wall, rec["method"]
+        assert rec["decode_tokens_per_s"] == pytest.approx((n - 1) / (wall - ttft))
+    for m, r in saved["summary"]["all"]["methods"].items():
+        assert r["vs_reference_decode"]["prompts"] == 3 and r["ttft_s"] > 0, m
+    assert saved["summary"]["all"]["methods"]["autoregressive"]["vs_reference_decode"]["geomean"] == pytest.approx(1.0)
+
+
+def test_decode_only_needs_the_first_tokens_time():
+    from hispec.runs.metrics import decode_rate
+
+    assert decode_rate(11, 2.0, 1.0) == pytest.approx(10.0)
+    assert decode_rate(11, 2.0, None) is None  # a record that kept no time to first token
+    assert decode_rate(1, 2.0, 1.0) is None and decode_rate(5, 1.0, 1.0) is None
 
 
 def test_equality_flag_goes_false_when_an_output_differs():

@@ -144,7 +144,9 @@ def test_rows_are_named_by_the_level_list_they_ran():
 
     def report(levels):
         records = [{"set": "s", "prompt_id": f"p{i}", "method": m, "tokens_per_s": v, "token_ids": [1, 2],
-                    "settings": {"levels": levels if m.startswith("hispec") else []}}
+                    "settings": {"levels": levels if m.startswith("hispec") else []},
+                    **({"decode_tokens_per_s": 1.5 * v * (1 + m.startswith("hispec")), "ttft_s": 0.004 + i * 0.002}
+                       if levels[-1] == "full@q4" else {})}
                    for i in range(2) for m, v in (("autoregressive@fp32", 10.0), ("hispec/auto@fp32", 20.0))]
         return {"methods": ["autoregressive@fp32", "hispec/auto@fp32"], "records": records, "command": "x",
                 "max_new_tokens": 128}
@@ -154,4 +156,7 @@ def test_rows_are_named_by_the_level_list_they_ran():
     assert t.named(new, "autoregressive@fp32") == "autoregressive@fp32"
     assert "| hispec/auto@fp32 (ran lookup,2,4) | hispec/auto before today's default" in t.headline_table(old)
     assert "| hispec/auto@fp32 | **the default**" in t.headline_table(new)
-    assert "| 2.00× | yes |" in t.headline_table(new)
+    # end to end beside decode-only (recorded since 2026-12-07) and the time to first token
+    assert "| 20.0 | 2.00× | 60.0 | 4.00× | 5.0 ms | yes |" in t.headline_table(new)
+    assert "| 20.0 | 2.00× | not recorded | – | not recorded | yes |" in t.headline_table(old)
+    assert "End to end: from the start of the call to the last token" in t.headline_table(new)

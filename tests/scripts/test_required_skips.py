@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import required_by
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 SAMPLE = '''import pytest
 def test_kernel():
     pytest.skip("4-bit kernel unavailable here: no C++ compiler")
