@@ -796,17 +796,24 @@ def headline_table(*reports: dict) -> str:
             else:
                 method_name = method
             decode = q.median_rate(report, method, "decode_tokens_per_s")
-            rows.append([method_name, what, f"{tps[method]:.1f}", _x(q.geomean_ratio(report, method, "autoregressive@fp32")),
-                         "not recorded" if decode is None else f"{decode:.1f}",
-                         _x(q.geomean_ratio(report, method, "autoregressive@fp32", "decode_tokens_per_s")),
+            rows.append([method_name, what, f"{tps[method]:.1f} / {'not recorded' if decode is None else f'{decode:.1f}'}",
+                         _both(report, method, "autoregressive@fp32"), _both(report, method, "autoregressive@q4"),
                          _first_token(report, method), equal] + ([run] if len(reports) > 1 else []))
-    head = ["method@weights", "what runs", "tokens/s end to end (median)", "vs plain float32, end to end",
-            "tokens/s decode-only (median)", "vs plain float32, decode-only", "time to first token (median)",
-            "output equal to plain float32"] + (["run"] if len(reports) > 1 else [])
+    head = ["method@weights", "what runs", "tokens/s (median): end to end / decode-only",
+            "× plain float32: end to end / decode-only", "× plain 4-bit (q4): end to end / decode-only",
+            "time to first token (median)", "output equal to plain float32"] + (["run"] if len(reports) > 1 else [])
     return (_table(head, rows) + "\n\nEnd to end: from the start of the call to the last token, the prompt's "
             "evaluation included; decode-only: the tokens after the first over the time after the first token. "
             "Ratios: the geometric mean over the run's prompts of per-prompt ratios, "
             "greedy, 128 new tokens, one process. " + "; ".join(notes) + ".")
+
+
+def _both(report: dict, method: str, reference: str) -> str:
+    """'2.47× / 2.90×': the method over `reference` end to end and decode-only ('–' where not recorded)."""
+    import q4_goals as q
+
+    return " / ".join(_x(q.geomean_ratio(report, method, reference, key))
+                      for key in ("tokens_per_s", "decode_tokens_per_s"))
 
 
 def _first_token(report: dict, method: str) -> str:

@@ -157,6 +157,6 @@ def test_rows_are_named_by_the_level_list_they_ran():
     assert "| hispec/auto@fp32 (ran lookup,2,4) | hispec/auto before today's default" in t.headline_table(old)
     assert "| hispec/auto@fp32 | **the default**" in t.headline_table(new)
     # end to end beside decode-only (recorded since 2026-12-07) and the time to first token
-    assert "| 20.0 | 2.00× | 60.0 | 4.00× | 5.0 ms | yes |" in t.headline_table(new)
-    assert "| 20.0 | 2.00× | not recorded | – | not recorded | yes |" in t.headline_table(old)
+    assert "| 20.0 / 60.0 | 2.00× / 4.00× | – / – | 5.0 ms | yes |" in t.headline_table(new)
+    assert "| 20.0 / not recorded | 2.00× / – | – / – | not recorded | yes |" in t.headline_table(old)
     assert "End to end: from the start of the call to the last token" in t.headline_table(new)
