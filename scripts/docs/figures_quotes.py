@@ -211,6 +211,33 @@ def _layers_over_two_tokens(t: dict) -> list[str]:
     return [f"{two / one - 1:.0%}"]
 
 
+def _old_default_behind_q4(first_fresh: dict) -> list[str]:
+    """The first heldout-fresh run: the default of then (lookup,full@q4) over plain q4 decoding."""
+    import choice_record
+
+    return [f"{choice_record.old_default_over_plain_q4(first_fresh)['geomean']:.2f}×"]
+
+
+def _choice_record(tune: dict, fresh: dict) -> list[str]:
+    """a8's list over q4's on both splits, with the bootstrap intervals (scripts/docs/choice_record.py)."""
+    import choice_record
+
+    out = []
+    for report, path in ((tune, choice_record.TUNE), (fresh, choice_record.FRESH)):
+        r = choice_record.a8_over_q4(report, path)
+        out += [f"{r['geomean']:.3f}×", f"{r['low']:.2f}–{r['high']:.2f}×"]
+    return out
+
+
+def _fp32_step_floors(*reports: dict) -> list[str]:
+    """The float32 step over its two floors (memory_bound.fp32): the float32 products' and the read's."""
+    def span(key: str, digits: int) -> str:
+        values = [r["memory_bound"]["fp32"][key] for r in reports]
+        return f"{min(values):.{digits}f}–{max(values):.{digits}f}×"
+
+    return [span("step_over_matvec_bound", 2), span("step_over_bound", 1)]
+
+
 def _summary(report: dict) -> dict:
     from hispec.evaluation.bench import summarise
 
@@ -375,6 +402,13 @@ TIES = (
         "1.6 ms (1B) and 5.7 ms (7B)", ("assets/gpu/gpu_check_h200.json",), _gpu_steps),
 )
 
+TIES += (
+    Tie("at 0.91× plain q4 decoding", ("assets/bench/headline_cpu_fresh.json",), _old_default_behind_q4),
+    Tie("on the tuning split 1.048× (95% CI 0.99–1.11×, 23 prompts), on `heldout-fresh` 1.038× (95% CI 0.98–1.10×, "
+        "28 prompts)", ("assets/bench/drafter_tune_cpu.json", "assets/bench/headline_cpu_fresh_a8.json"),
+        _choice_record),
+)
+
 # ---- sections that retell one recorded run ---------------------------------------------------------
 
 SHOWN = {"## Reading the page": "assets/walkthrough.json"}
@@ -387,6 +421,7 @@ TRAINING = "an exit-head training run of an earlier release, or a side experimen
 EE_RUN = "the reduced early-exit training run; no adapter and no artifact of it are kept"
 PAGE = "shown by the page in the walkthrough's run (its screenshot) but not kept in assets/walkthrough.json"
 UNTIED = (
+    Untied("95% CI", "the interval's confidence level, a setting of scripts/docs/choice_record.py"),
     Untied("so a plan expected at 1.05x loses", "an example of a plan the margin turns down, not a measurement"),
     Untied("run the same code up to about 5x apart", "hosts seen during development; no artifact records two hosts"),
     Untied("(goal 1.5×)", GOAL), Untied("(goal 1.3×)", GOAL),
