@@ -105,7 +105,7 @@ def _min_gain() -> list[str]:
 
 
 def _policy_margins() -> list[str]:
-    """docs/DESIGN.md's policy constants, as hispec/engine/policy.py sets them."""
+    """docs/DESIGN.md's policy constants, as hispec/engine/planning/policy.py sets them."""
     from hispec.engine.planning.policy import LOOKUP_MIN_GAIN, MIN_GAIN, WORSE_THAN_PLAIN
 
     return [f"{WORSE_THAN_PLAIN:g}x", f"{MIN_GAIN:.2f}x", f"{LOOKUP_MIN_GAIN:.2f}x"]
