@@ -1,5 +1,6 @@
-"""The page's first words: what the default runs and how much faster it measured here, read from the
-shipped benchmark reports (never typed in), and where the paper's exit hierarchy is (the Teaching preset).
+"""The page's first words: what the default runs and how much faster it measured on the developers' machine
+(not the host serving the page), read from the shipped benchmark reports (never typed in), and where the
+paper's exit hierarchy is (the Teaching preset).
 A report that is missing or unreadable leaves its figure out, never the page."""
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def intro(folder: Path = BENCH) -> str:
     speed = ""
     if measured:
         ratio, prompts = measured
-        speed = (f" Measured here: **{ratio:.2f}× plain decoding** (geometric mean over {prompts} prompts no "
+        speed = (f" Measured on the developers' machine, not on this server: **{ratio:.2f}× plain decoding** "
+                 f"(geometric mean over {prompts} prompts no "
                  f"development touched, {default.get('max_new_tokens', '?')} tokens each, {_host(default)}; "
                  f"`assets/bench/{DEFAULT_REPORT}`), with the same text.")
     agreement = sorted((default or {}).get("priors", {}).get("agreement", {}).values())
@@ -52,8 +54,8 @@ def intro(folder: Path = BENCH) -> str:
     slower = f" (fixed exit rounds: {fixed[0]:.2f}× plain decoding, `assets/bench/{EXITS_REPORT}`)" if fixed else ""
     return ("# HiSpec — hierarchical speculative decoding, token by token\n"
             "**What the default runs** (on the embedded SmolLM2-135M): a free lookup level copies earlier text, **the 4-bit model** (the same "
-            "weights in 4-bit, multiplied with int8 activations) drafts and checks, and **the exact float32 model** decides every token, so the text "
-            "is exactly the float32 model's. The adaptive policy chooses, round by round, which of them runs and "
+            "weights in 4-bit, multiplied with int8 activations) drafts and checks, and **the exact float32 model** (the GGUF file dequantised to float32 by "
+            "transformers) decides every token, so the text is exactly the float32 model's. The adaptive policy chooses, round by round, which of them runs and "
             f"how much, from the acceptance and costs it measures as it goes.{speed}\n\n"
             "**The paper's hierarchy** (a shallow exit drafts, a deeper exit weeds out bad drafts, the full model "
             f"verifies) is the **Teaching** preset under Settings: every stage shows, but on this small model {agree}, "

@@ -89,7 +89,7 @@ def weights_words(lm) -> str:
         return "4-bit weights (the GGUF file's own Q4_1 blocks: exact to 4-bit decoding, not to float32)"
     if getattr(lm, "weights", "fp32") == "a8":
         return ("4-bit weights with int8 activations (the GGUF file's own blocks, activations quantised as llama.cpp does: "
-                "exact to its own decoding, not to float32)")
+                "exact to its own decoding in this kernel build, AVX-512 or AVX2, whose texts differ; not to float32)")
     if str(lm.dtype) == "float32":
         return "float32 weights (the exact reference: greedy output equals transformers' own)"
     return f"{lm.dtype} weights"

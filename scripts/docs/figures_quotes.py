@@ -105,7 +105,7 @@ def _min_gain() -> list[str]:
 
 
 def _policy_margins() -> list[str]:
-    """docs/DESIGN.md's policy constants, as hispec/engine/policy.py sets them."""
+    """docs/DESIGN.md's policy constants, as hispec/engine/planning/policy.py sets them."""
     from hispec.engine.planning.policy import LOOKUP_MIN_GAIN, MIN_GAIN, WORSE_THAN_PLAIN
 
     return [f"{WORSE_THAN_PLAIN:g}x", f"{MIN_GAIN:.2f}x", f"{LOOKUP_MIN_GAIN:.2f}x"]
@@ -209,6 +209,33 @@ def _layers_over_two_tokens(t: dict) -> list[str]:
     two = t["methods"]["layerskip"]["calls"]["layers [4,30) x2"]["ms_per_call"] / 26
     one = t["methods"]["autoregressive"]["calls"]["layers [0,30) x1"]["ms_per_call"] / 30
     return [f"{two / one - 1:.0%}"]
+
+
+def _old_default_behind_q4(first_fresh: dict) -> list[str]:
+    """The first heldout-fresh run: the default of then (lookup,full@q4) over plain q4 decoding."""
+    import choice_record
+
+    return [f"{choice_record.old_default_over_plain_q4(first_fresh)['geomean']:.2f}×"]
+
+
+def _choice_record(tune: dict, fresh: dict) -> list[str]:
+    """a8's list over q4's on both splits, with the bootstrap intervals (scripts/docs/choice_record.py)."""
+    import choice_record
+
+    out = []
+    for report, path in ((tune, choice_record.TUNE), (fresh, choice_record.FRESH)):
+        r = choice_record.a8_over_q4(report, path)
+        out += [f"{r['geomean']:.3f}×", f"{r['low']:.2f}–{r['high']:.2f}×"]
+    return out
+
+
+def _fp32_step_floors(*reports: dict) -> list[str]:
+    """The float32 step over its two floors (memory_bound.fp32): the float32 products' and the read's."""
+    def span(key: str, digits: int) -> str:
+        values = [r["memory_bound"]["fp32"][key] for r in reports]
+        return f"{min(values):.{digits}f}–{max(values):.{digits}f}×"
+
+    return [span("step_over_matvec_bound", 2), span("step_over_bound", 1)]
 
 
 def _summary(report: dict) -> dict:
@@ -375,6 +402,16 @@ TIES = (
         "1.6 ms (1B) and 5.7 ms (7B)", ("assets/gpu/gpu_check_h200.json",), _gpu_steps),
 )
 
+TIES += (
+    Tie("0.65–0.69× the time its weights need through float32 matrix-vector products at the run's measured rate, "
+        "and 1.9–3.1× the time to read them", ("assets/bench/headline_cpu_fresh_a8.json", "assets/bench/a8_goals_cpu.json",
+                                               "assets/bench/a8_goals_cpu_avx2.json"), _fp32_step_floors),
+    Tie("at 0.91× plain q4 decoding", ("assets/bench/headline_cpu_fresh.json",), _old_default_behind_q4),
+    Tie("on the tuning split 1.048× (95% CI 0.99–1.11×, 23 prompts), on `heldout-fresh` 1.038× (95% CI 0.98–1.10×, "
+        "28 prompts)", ("assets/bench/drafter_tune_cpu.json", "assets/bench/headline_cpu_fresh_a8.json"),
+        _choice_record),
+)
+
 # ---- sections that retell one recorded run ---------------------------------------------------------
 
 SHOWN = {"## Reading the page": "assets/walkthrough.json"}
@@ -387,6 +424,7 @@ TRAINING = "an exit-head training run of an earlier release, or a side experimen
 EE_RUN = "the reduced early-exit training run; no adapter and no artifact of it are kept"
 PAGE = "shown by the page in the walkthrough's run (its screenshot) but not kept in assets/walkthrough.json"
 UNTIED = (
+    Untied("95% CI", "the interval's confidence level, a setting of scripts/docs/choice_record.py"),
     Untied("so a plan expected at 1.05x loses", "an example of a plan the margin turns down, not a measurement"),
     Untied("run the same code up to about 5x apart", "hosts seen during development; no artifact records two hosts"),
     Untied("(goal 1.5×)", GOAL), Untied("(goal 1.3×)", GOAL),

@@ -756,8 +756,8 @@ HEADLINE_ROWS = (  # (method, what it runs), in the order shown; a row shows whe
     ("lookup+full@q4/auto@fp32", "the same with float32 activations in the 4-bit model (the default until 2026-12-05)"),
     ("full@q4/auto@fp32", "the 4-bit model drafting alone under the exact model (no lookup)"),
     ("autoregressive@q4", "plain decoding of the 4-bit model, float32 activations (exact to itself)"),
-    ("autoregressive@a8", "plain decoding of the 4-bit model, int8 activations (exact to itself)"),
-    ("hispec/auto@a8", "hispec on that model: lookup → the 4-bit model (exact to its plain decoding)"),
+    ("autoregressive@a8", "plain decoding of the 4-bit model, int8 activations (its text depends on the kernel build)"),
+    ("hispec/auto@a8", "hispec on that model: prompt lookup alone (equal to its plain decoding in the same build)"),
     ("llamacpp", "llama.cpp, plain decoding of the same 4-bit GGUF"),
 )
 DEFAULT_LISTS = (["lookup", "full@q4"], ["lookup", "full@a8"])  # what hispec/auto@fp32 ran since 2026-12-04

@@ -1,4 +1,5 @@
-"""Every relative link of README.md and docs/*.md resolves, #anchors included (scripts/docs/links.py),
+"""Every relative link of README.md and docs/*.md resolves, #anchors included, and every repository path
+those pages write in a code span exists (scripts/docs/links.py),
 and scripts/README.md's index names every script and every shipped JSON artifact (issue 51)."""
 
 import re
@@ -31,6 +32,32 @@ def test_a_broken_link_or_anchor_is_caught(tmp_path):
                                        "README.md: docs/b.md#no-such (no heading '#no-such' in b.md)",
                                        "README.md: ../assets/a.png (no such file)",
                                        "README.md: #nowhere (no heading '#nowhere' in README.md)"]
+
+
+def test_every_repository_path_in_a_code_span_exists():
+    pages = links.path_pages()
+    assert len(pages) >= 11 and all(p.exists() for p in pages)
+    spans = [w for page in pages for w in links.span_paths(page.read_text(encoding="utf-8"))]
+    assert len(spans) > 100  # the check reads the spans: the pages name over a hundred repository paths
+    assert [p for page in pages for p in links.missing_paths(page)] == []
+
+
+def test_a_stale_path_in_a_code_span_is_caught(tmp_path):
+    for folder in ("hispec/engine/planning", "assets/bench", "docs", "scripts/docs"):
+        (tmp_path / folder).mkdir(parents=True)
+    for file in ("hispec/engine/planning/policy.py", "assets/bench/a.json", "scripts/docs/figures.py"):
+        (tmp_path / file).write_text("")
+    page = tmp_path / "docs" / "page.md"
+    good = ("`hispec/engine/planning/policy.py` `engine/planning/policy.py:57` `assets/bench/*.json` "
+            "`hispec/auto` `hispec/fixed@q4` `python scripts/figures.py` `scripts/docs/figures.py --check` "
+            "`tests` `a/b` `lookup,full@a8`\n```\n`hispec/engine/gone.py`\n```\n")
+    assert links.missing_paths(page, good, root=tmp_path) == []
+    bad = good + "`hispec/engine/policy.py` and `engine/costs.py` and `assets/bench/*.svg` and `docs/made_up.md`\n"
+    assert links.missing_paths(page, bad, root=tmp_path) == [
+        "page.md: `hispec/engine/policy.py` (no such path in the repository)",
+        "page.md: `engine/costs.py` (no such path in the repository)",
+        "page.md: `assets/bench/*.svg` (no such path in the repository)",
+        "page.md: `docs/made_up.md` (no such path in the repository)"]
 
 
 def unnamed(index: str, paths: list[Path]) -> list[str]:

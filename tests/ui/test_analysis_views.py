@@ -416,6 +416,8 @@ def test_the_model_line_names_the_weights_format():
     assert "float32 weights (the exact reference" in model_info("default", lm("fp32"))
     q4 = model_info("default", lm("q4"))
     assert "4-bit weights" in q4 and "not to float32" in q4 and "float32 weights" not in q4
+    a8 = model_info("default", lm("a8"))  # a8's text belongs to the kernel build that ran it
+    assert "int8 activations" in a8 and "in this kernel build, AVX-512 or AVX2" in a8 and "not to float32" in a8
     assert "bfloat16 weights" in model_info("x", lm("fp32", "bfloat16"))
 
 

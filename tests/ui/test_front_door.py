@@ -13,6 +13,9 @@ def test_the_first_screen_says_what_the_default_runs_and_its_measured_speed_from
     assert "lookup" in text and "4-bit model" in text and "exact float32 model" in text
     assert "round by round" in text and "adaptive policy" in text
     assert f"**{ratio:.2f}× plain decoding**" in text and front_door.DEFAULT_REPORT in text
+    # the figure is the developers' machine's, not the serving host's; float32 is the file dequantised
+    assert "developers' machine, not on this server" in text and "Measured here" not in text
+    assert "GGUF file dequantised to float32" in text
     assert "Teaching" in text and "slower than plain decoding" in text and "agree with the full model only" in text
     # read from the file, not typed in: another figure in the report is another figure on the page
     shutil.copy(front_door.BENCH / front_door.EXITS_REPORT, tmp_path / front_door.EXITS_REPORT)
