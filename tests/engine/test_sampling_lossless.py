@@ -395,8 +395,10 @@ def test_the_check_rejects_broken_rules(lm, name, rule):
 
 
 # ---- the default's levels: lookup -> the 4-bit model -> the exact model, adaptive --------------------
+# The default list is lookup -> full@a8 (int8 activations) since 2026-12-05, lookup -> full@q4 where a8
+# cannot run: both are tested, the negative controls on the default's a8.
 # The default run's most common plan copies with lookup, has the copy judged by the 4-bit model, which
-# then drafts on in the same round ('lookup k -> full@q4 +m'), and lets the exact model judge what
+# then drafts on in the same round ('lookup k -> full@a8 +m'), and lets the exact model judge what
 # survived. Seeded, the auto policy runs fixed rounds (DecodeConfig.resolve), so these runs are unseeded,
 # and its costs are given rather than timed (the 4-bit kernel's speed on a 64-wide model says nothing
 # about the default model's): the 4-bit copy's passes cost a fraction of the exact model's and grow
@@ -405,7 +407,10 @@ def test_the_check_rejects_broken_rules(lm, name, rule):
 # without drafts, a copy checked by the exact model alone or a plain step. The test asserts that the
 # drafts-on plan ran in many runs, beside other plans in the same runs, and losslessness must hold
 # whatever was planned.
-Q4_PRIORS = {"policy_priors": {"exits": {"full@q4-target": 0.95}, "lookup": {f"lookup:{n}": 0.5 for n in (1, 2, 3)}}}
+def priors(fmt: str) -> dict:
+    return {"policy_priors": {"exits": {f"full@{fmt}-target": 0.95}, "lookup": {f"lookup:{n}": 0.5 for n in (1, 2, 3)}}}
+
+
 EXACT_MS = {1: 1.0, 2: 1.3, 4: 1.8, 8: 2.8, 16: 5.0}  # per layer, by tokens in the pass
 Q4_MS = {1: 0.3, 2: 0.35, 4: 0.45, 8: 0.7, 16: 1.2}
 Q4_RUNS = 400
@@ -416,61 +421,87 @@ def given_costs(per_layer_ms: dict, head_ms: float) -> CostModel:
                            {(LAYERS, n): head_ms / 1e3 * (1 + n / 8) for n in per_layer_ms})
 
 
-def q4_costs(ee, r: int) -> None:
-    """Fresh given costs before every run (a run refines them with what it times)."""
-    ee.cost_model = given_costs(EXACT_MS, 0.5)
-    ee.in_format("q4").cost_model = given_costs(Q4_MS, 0.1)
+def q4_costs(fmt: str):
+    def given(ee, r: int) -> None:
+        """Fresh given costs before every run (a run refines them with what it times)."""
+        ee.cost_model = given_costs(EXACT_MS, 0.5)
+        ee.in_format(fmt).cost_model = given_costs(Q4_MS, 0.1)
+    return given
+
+
+@pytest.fixture(scope="module", params=["a8", "q4"])
+def q4_lm(lm, request):
+    return with_4bit_level(lm, request.param)
 
 
 @pytest.fixture(scope="module")
-def q4_lm(lm):
+def a8_lm(lm):
+    return with_4bit_level(lm, "a8")
+
+
+def with_4bit_level(lm, fmt: str):
+    """The exact cycle model with its 4-bit copy as a level: 'a8' (the default's: int8 activations) or 'q4'."""
     q4 = pytest.importorskip("hispec.model.formats.q4")
     if q4.q4_kernel.unavailable_reason():
         pytest.skip(f"no 4-bit kernel here: {q4.q4_kernel.unavailable_reason()}")
+    from hispec.model.formats.q4_layer import a8_copy
+
     model, prompt = lm
-    cheap = q4.q4_copy(model)
+    # the 4-bit copy of a fresh model with the same weights: once target_rows has asked the shared model for
+    # hidden states, transformers' output recorders hook its layers, and the lean path (a8 runs only there)
+    # refuses hooked layers
+    fresh = cycle_model()[0]
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    cheap = q4.q4_copy(fresh)
     ee = EarlyExitModel(model)
-    ee.add_format("q4", lambda: EarlyExitModel(cheap))
-    ee.exit_info = Q4_PRIORS
-    return model, cheap, ee, prompt[:4] * 3 + prompt[:2]  # round the cycle three times: long copies
+    ee.add_format(fmt, lambda: EarlyExitModel(cheap) if fmt == "q4" else a8_copy(EarlyExitModel(cheap)))
+    ee.exit_info = priors(fmt)
+    assert ee.in_format(fmt).arithmetic == fmt
+    return model, cheap, ee, prompt[:4] * 3 + prompt[:2], fmt  # round the cycle three times: long copies
 
 
-Q4_AUTO = preset("hispec", levels=("lookup", "full@q4"), policy="auto", max_new_tokens=MAX_NEW, lookup_len=6,
-                 temperature=1.0)
+def auto_on(fmt: str):
+    return preset("hispec", levels=("lookup", f"full@{fmt}"), policy="auto", max_new_tokens=MAX_NEW, lookup_len=6,
+                  temperature=1.0)
 
 
-def drafts_on(r: Round) -> bool:
-    """A lookup copy judged by the 4-bit model, which drafts on ('lookup k -> full@q4 +m')."""
-    return (r.proposer.kind == LOOKUP and [(j.kind, j.precision) for j in r.judges] == [(FULL, "q4")]
+def drafts_on(r: Round, fmt: str) -> bool:
+    """A lookup copy judged by the 4-bit model, which drafts on ('lookup k -> full@a8 +m')."""
+    return (r.proposer.kind == LOOKUP and [(j.kind, j.precision) for j in r.judges] == [(FULL, fmt)]
             and r.then > 0)
 
 
 def check_q4(q4_lm, runs=Q4_RUNS):
-    model, cheap, ee, prompt = q4_lm
-    samples = generate(ee, prompt, Q4_AUTO, runs, seeded=False, costs=q4_costs)
+    model, cheap, ee, prompt, fmt = q4_lm
+    samples = generate(ee, prompt, auto_on(fmt), runs, seeded=False, costs=q4_costs(fmt))
     outs = [s.tokens for s in samples]
-    P, favourites = target_rows(model, prompt, outs, Q4_AUTO)
-    with torch.no_grad():  # the 4-bit model's own favourite after each prefix: a cell of its own
+    P, favourites = target_rows(model, prompt, outs, auto_on(fmt))
+    # the 4-bit blocks' favourite after each prefix (float32 activations; a8's mostly agrees): a cell of its own
+    with torch.no_grad():
         favourites[VER] = cheap(torch.tensor([prompt + out for out in outs])).logits[:, len(prompt) - 1 : -1].argmax(-1)
     bonus = torch.tensor([[i in s.bonus for i in range(len(s.tokens))] for s in samples])
     return chain_rule_p_of(P, torch.tensor(outs), bonus, specials_of(prompt, outs, favourites)), samples
 
 
 def test_auto_policy_with_the_4bit_level_is_lossless_through_its_drafts_on_plans(q4_lm):
+    fmt = q4_lm[-1]
     p, samples = check_q4(q4_lm)
     assert {s.policy for s in samples} == {"auto"}, "unseeded sampling must keep the adaptive policy"
     kinds = Counter(r.kind.key for s in samples for r in s.rounds)
-    runs_drafting_on = sum(any(drafts_on(plan) for plan in s.rounds) for s in samples)
+    runs_drafting_on = sum(any(drafts_on(plan, fmt) for plan in s.rounds) for s in samples)
     assert runs_drafting_on >= Q4_RUNS // 4, f"the drafts-on plan ran in only {runs_drafting_on} runs: {kinds}"
-    mixed = sum(any(drafts_on(plan) for plan in s.rounds) and not all(map(drafts_on, s.rounds)) for s in samples)
+    mixed = sum(any(drafts_on(plan, fmt) for plan in s.rounds) and not all(drafts_on(plan, fmt) for plan in s.rounds)
+                for s in samples)
     assert mixed >= Q4_RUNS // 10, f"only {mixed} runs chose other plans beside drafting on: {kinds}"
     assert bonus_share(samples) >= 0.3, f"the bonus token was drawn in only {bonus_share(samples):.0%} of the runs"
     assert p > ALPHA, f"the generated tokens are not distributed as the target's (p={p:.2e}); plans {kinds}"
 
 
 @pytest.mark.parametrize("rule", ["over_accepting", "trusting_copies", "greedy_bonus"])
-def test_the_4bit_check_rejects_a_broken_sampler(q4_lm, rule):
+def test_the_4bit_check_rejects_a_broken_sampler(a8_lm, rule):
+    """The negative controls, on the default's list (lookup -> full@a8)."""
+    fmt = a8_lm[-1]
     with broken(rule):
-        p, samples = check_q4(q4_lm, Q4_RUNS // 2)
-    assert any(drafts_on(plan) for s in samples for plan in s.rounds)
-    assert p < ALPHA, f"the check failed to notice the broken rule {rule} with lookup -> full@q4 (p={p:.2e})"
+        p, samples = check_q4(a8_lm, Q4_RUNS // 2)
+    assert any(drafts_on(plan, fmt) for s in samples for plan in s.rounds)
+    assert p < ALPHA, f"the check failed to notice the broken rule {rule} with lookup -> full@{fmt} (p={p:.2e})"
