@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from dataclasses import replace
 
 from hispec.cli.parsers import build_parser
@@ -125,6 +126,29 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _llama_bench(args, lm, report: dict) -> None:
+    """llama-bench in the same run, after the prompts: the default file (and the Q4_0 file), the run's threads
+    and median prompt length; kept in the report and its JSON."""
+    import torch
+
+    from hispec.evaluation import llama_bench as lb
+    from hispec.evaluation.record import write
+    from hispec.model.loading import default_gguf_path
+
+    if lm.name != "default":
+        raise HiSpecError(f"--llama-bench runs the default model's GGUF file; '{lm.name}' has none")
+    options = dict(threads=torch.get_num_threads(), tokens=report["max_new_tokens"],
+                   prompt_lengths=(lb.median_prompt_tokens(report["records"]),))
+    print("llama-bench: the default model's file" + (" and the Q4_0 file" if args.llama_bench_q4_0 else ""),
+          file=sys.stderr)
+    files = [lb.measure(args.llama_bench, default_gguf_path(), lb.DEFAULT_FILE, **options)]
+    if args.llama_bench_q4_0:
+        files.append(lb.measure(args.llama_bench, args.llama_bench_q4_0, lb.Q4_0_FILE, **options))
+    report["llama_bench"] = {"binary": str(args.llama_bench), "files": files}
+    if args.json:
+        write(args.json, report)
+
+
 def cmd_bench(args) -> int:
     from hispec.evaluation.bench import BENCH_METHODS, benchmark
     from hispec.evaluation.report import write_html
@@ -137,6 +161,12 @@ def cmd_bench(args) -> int:
     from hispec.model.loading import load_model
 
     methods = [m.strip() for m in (args.methods or ",".join(BENCH_METHODS)).split(",") if m.strip()]
+    for path, what in ((args.llama_bench, "--llama-bench"), (args.llama_bench_q4_0, "--llama-bench-q4_0")):
+        if path is not None and not Path(path).is_file():
+            raise HiSpecError(f"{what} {path}: no such file (build llama-bench with python scripts/measure/"
+                              "llama_bench.py --build-only; --q4_0 there makes the Q4_0 file)")
+    if args.llama_bench_q4_0 and not args.llama_bench:
+        raise HiSpecError("--llama-bench-q4_0 needs --llama-bench BINARY")
     formats = _formats(args)
     methods = expand_weights(methods, formats, args.policy)
     check_methods(methods)
@@ -155,6 +185,8 @@ def cmd_bench(args) -> int:
         report = benchmark(lm, sets, methods, base, args.layerskip_exit, json_path=args.json,
                            warmup=not args.no_warmup, progress=progress, models=models if len(models) > 1 else None,
                            host=True, command=getattr(args, "command_line", None), background=background)
+    if args.llama_bench and report["records"]:
+        _llama_bench(args, lm, report)
     if args.html:
         write_html(report, args.html)
     if args.svg:

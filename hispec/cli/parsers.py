@@ -212,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--svg", metavar="OUT.svg", default=None,
                        help="static bar chart of tokens/s relative to autoregressive per set (for READMEs)")
     bench.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
+    bench.add_argument("--llama-bench", metavar="BINARY", default=None,
+                       help="after the prompts, run llama.cpp's own llama-bench (built by scripts/measure/"
+                            "llama_bench.py) on the default model's file with the same threads: tg, pass widths "
+                            "and the run's median prompt, recorded in the JSON's llama_bench")
+    bench.add_argument("--llama-bench-q4_0", metavar="FILE.gguf", default=None,
+                       help="with --llama-bench: also measure this file (the model requantised to Q4_0 by the "
+                            "script), labelled as another file")
     bench.add_argument("--background-load", metavar="N", type=whole_number, default=0,
                        help="keep N other processes busy (one core each) while it runs: a loaded machine, as a "
                             "shared host or a Space is (recorded in the JSON's host)")

@@ -799,6 +799,11 @@ def headline_table(*reports: dict) -> str:
             rows.append([method_name, what, f"{tps[method]:.1f} / {'not recorded' if decode is None else f'{decode:.1f}'}",
                          _both(report, method, "autoregressive@fp32"), _both(report, method, "autoregressive@q4"),
                          _first_token(report, method), equal] + ([run] if len(reports) > 1 else []))
+        rows += [row + ([run] if len(reports) > 1 else []) for row in _llama_bench_rows(report)]
+        if report.get("llama_bench"):
+            notes.append(f"llama-bench rows (run {run}): llama.cpp's own binary after the prompts, same threads; "
+                         "decode-only is its tg, time to first token its evaluation of the run's median prompt "
+                         f"({_median_prompt(report)} tokens), end to end both together; ratios of medians")
     head = ["method@weights", "what runs", "tokens/s (median): end to end / decode-only",
             "× plain float32: end to end / decode-only", "× plain 4-bit (q4): end to end / decode-only",
             "time to first token (median)", "output equal to plain float32"] + (["run"] if len(reports) > 1 else [])
@@ -806,6 +811,34 @@ def headline_table(*reports: dict) -> str:
             "evaluation included; decode-only: the tokens after the first over the time after the first token. "
             "Ratios: the geometric mean over the run's prompts of per-prompt ratios, "
             "greedy, 128 new tokens, one process. " + "; ".join(notes) + ".")
+
+
+def _median_prompt(report: dict) -> int:
+    from hispec.evaluation.llama_bench import median_prompt_tokens
+
+    return median_prompt_tokens(report["records"])
+
+
+def _llama_bench_rows(report: dict) -> list[list[str]]:
+    """llama-bench's rows (the default file, and another file where it ran one): its speeds as a run of the
+    bench's budget after the run's median prompt, against the median plain float32 and q4 runs."""
+    import q4_goals as q
+    from hispec.evaluation.llama_bench import as_run
+
+    rows = []
+    for figures in (report.get("llama_bench") or {}).get("files", []):
+        run = as_run(figures, _median_prompt(report), report["max_new_tokens"])
+
+        def over(reference: str) -> str:
+            ref = [q.median_rate(report, reference, key) for key in ("tokens_per_s", "decode_tokens_per_s")]
+            mine = (run["tokens_per_s"], run["decode_tokens_per_s"])
+            return " / ".join(_x(m / r if r else None) for m, r in zip(mine, ref))
+
+        name = "llama-bench" + (" (Q4_0: another file)" if figures["file_name"].endswith("Q4_0.gguf") else "")
+        rows.append([name, f"llama.cpp's own binary: {figures['file']}",
+                     f"{run['tokens_per_s']:.1f} / {run['decode_tokens_per_s']:.1f}", over("autoregressive@fp32"),
+                     over("autoregressive@q4"), f"{run['ttft_s'] * 1e3:.1f} ms", "– (its own synthetic tokens)"])
+    return rows
 
 
 def _both(report: dict, method: str, reference: str) -> str:
