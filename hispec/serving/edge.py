@@ -35,6 +35,7 @@ from urllib.parse import parse_qs
 
 from hispec.errors import HiSpecError
 from hispec.serving.caller import ARRIVED, Caller, joins_queue
+from hispec.serving.proxies import forwarded_in_scope
 from hispec.serving.ratelimit import RateLimits
 from hispec.text import sentence
 
@@ -261,12 +262,7 @@ def _replay(body: bytes, receive):
 def _address(scope, server) -> str:
     client = scope.get("client")
     peer = str(client[0]) if client else "unknown"
-    forwarded = None
-    for name, value in scope.get("headers") or ():
-        if name == b"x-forwarded-for":
-            forwarded = value.decode("latin-1")
-            break
-    return server.limits.proxies.client(peer, forwarded)
+    return server.limits.proxies.client(peer, forwarded_in_scope(scope))  # every field line of it
 
 
 async def _answer(send, status: int, payload: dict) -> None:
