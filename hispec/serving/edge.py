@@ -85,6 +85,8 @@ class Edge:
         if body is None:
             return await _answer(send, 413, {"detail": f"A request's body is at most {MAX_JOIN_BODY} bytes"})
         fields = _json(body)
+        if fields is _TOO_DEEP:
+            return await _answer(send, 400, {"detail": sentence(TOO_DEEP)})
         wrong = _wrong_inputs(scope, path, fields)
         if wrong:
             return await _answer(send, 400, {"detail": wrong})
@@ -212,6 +214,8 @@ def _stop_fields(body: bytes) -> tuple[str, tuple[str, ...] | None]:
     fields = _json(body or b"{}")
     if fields is _NOT_JSON:
         raise ValueError('the body is not JSON; send {"session_hash": "..."}')
+    if fields is _TOO_DEEP:
+        raise ValueError(f'{TOO_DEEP}: send {{"session_hash": "...", "kinds": [...] (optional)}}')
     if not isinstance(fields, dict):
         raise ValueError('the body must be a JSON object: {"session_hash": "...", "kinds": [...] (optional)}')
     session, kinds = fields.get("session_hash"), fields.get("kinds")
@@ -223,14 +227,20 @@ def _stop_fields(body: bytes) -> tuple[str, tuple[str, ...] | None]:
     return session, None if kinds is None else tuple(kinds)
 
 
-_NOT_JSON = object()
+_NOT_JSON, _TOO_DEEP = object(), object()
+TOO_DEEP = ("the body's JSON is nested too deeply for this server to read (hundreds of levels); a request's "
+            "fields are plain values and short lists, nested a few levels at most")
 
 
 def _json(body: bytes):
+    """The body's JSON, _NOT_JSON, or _TOO_DEEP when its nesting exhausts the parser's recursion limit
+    (a 5,000-deep body raised RecursionError here: a 500 and a traceback)."""
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return _NOT_JSON
+    except RecursionError:
+        return _TOO_DEEP
 
 
 async def _body(receive, limit: int) -> bytes | None:

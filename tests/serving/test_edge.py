@@ -403,3 +403,21 @@ def server_blocks(url: str) -> dict[int, str]:
 
     config = httpx.get(f"{url}config", timeout=TIMEOUT_S).json()
     return {d["id"]: d.get("api_name") for d in config["dependencies"]}
+
+
+def test_deeply_nested_json_gets_400_and_says_what_is_wrong():
+    """Issue 57: a 5,000-deep join body and a Stop body nested 1,100 deep got a 500 and a traceback (the edge's
+    JSON parser ran out of recursion). Both are answered 400 with what is wrong and what is allowed."""
+    import httpx
+
+    deep_join = b'{"data": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    deep_stop = b'{"session_hash": "abc", "kinds": ' + b"[" * 1100 + b"]" * 1100 + b"}"
+    with app_on_loopback() as (url, server):
+        joined = httpx.post(f"{url}gradio_api/call/generate", content=deep_join, timeout=TIMEOUT_S,
+                            headers={"content-type": "application/json"})
+        stopped = httpx.post(f"{url}hispec/stop", content=deep_stop, timeout=TIMEOUT_S)
+        fine = httpx.post(f"{url}hispec/stop", json={"session_hash": "abc", "kinds": ["generate"]}, timeout=TIMEOUT_S)
+    for said in (joined, stopped):
+        assert said.status_code == 400, said.text
+        assert "nested too deeply" in said.json()["detail"] and "a few levels at most" in said.json()["detail"]
+    assert fine.status_code == 200, fine.text
