@@ -421,3 +421,24 @@ def test_deeply_nested_json_gets_400_and_says_what_is_wrong():
         assert said.status_code == 400, said.text
         assert "nested too deeply" in said.json()["detail"] and "a few levels at most" in said.json()["detail"]
     assert fine.status_code == 200, fine.text
+
+
+def test_the_pages_own_stop_is_counted_by_the_stop_limit():
+    """Issue 57: the page's Stop (queue-less: /gradio_api/run/stop, or /run/predict with the Stop event's
+    fn_index) was not counted (300 of 300 posts from one address passed). It is counted with /hispec/stop;
+    another visitor, behind a proxy that adds its own header line, is counted apart."""
+    import httpx
+
+    with app_on_loopback(stop_rate_per_minute=3, trusted_proxies=("127.0.0.1",)) as (url, _):
+        stop_index = next(i for i, fn in server_blocks(url).items() if fn == "stop")
+        one = {"X-Forwarded-For": "203.0.113.1"}
+        body = {"data": [], "session_hash": "abc"}
+        routes = [("gradio_api/run/stop", body), ("gradio_api/run/predict", {**body, "fn_index": stop_index}),
+                  ("hispec/stop", {"session_hash": "abc"}), ("gradio_api/run/predict", {**body, "fn_index": stop_index}),
+                  ("gradio_api/run/stop", body), ("gradio_api/run/predict", {**body, "fn_index": str(stop_index)})]
+        codes = [httpx.post(f"{url}{path}", json=sent, headers=one, timeout=TIMEOUT_S) for path, sent in routes]
+        other = [("X-Forwarded-For", "203.0.113.1"), ("X-Forwarded-For", "203.0.113.2")]  # its proxy's own line
+        elsewhere = httpx.post(f"{url}gradio_api/run/stop", json=body, headers=other, timeout=TIMEOUT_S)
+    assert [c.status_code for c in codes] == [200, 200, 200, 429, 429, 429], [c.text for c in codes]
+    assert "at most 3 Stops per minute from one address" in codes[3].json()["detail"], codes[3].text
+    assert elsewhere.status_code == 200, elsewhere.text
