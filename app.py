@@ -8,6 +8,11 @@ hispec/serving (admission, limits, queue, the model's turn, Stop, the time limit
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before anything is loaded: glibc reads MALLOC_ARENA_MAX once, as the process starts
+    from hispec.serving.memory import arenas_limited_on_spaces
+
+    arenas_limited_on_spaces()  # on a Space: this command again, with at most two malloc arenas
+
 try:  # ZeroGPU on Hugging Face Spaces: `spaces` must be imported before torch
     import spaces  # noqa: F401
 except ImportError:  # pragma: no cover - spaces is in requirements, but the app runs without it
