@@ -14,11 +14,12 @@ queue behind the first job of every other visitor, one visitor sending many long
 delays a newcomer by one job at most, and a job already waiting is never overtaken by a later
 job of the same or a later round: nobody waits forever.
 
-Every loop over the queue or the rounds runs over a copy taken under the lock (list(), tuple(), dict():
-one C call, which the garbage collector cannot interrupt). The lock is re-entrant because the collector
-may finalise an abandoned update stream in this very thread, between any two bytecodes, and that stream's
-`finally` leaves the queue and gives back its turn here: a loop over the live deque or dict then failed
-("deque mutated during iteration", "dictionary changed size during iteration").
+Every loop over the queue or the rounds runs over a copy taken under the lock (list(), tuple() or dict()
+of the table itself: one C call that allocates nothing the garbage collector tracks while it iterates, so
+the collector cannot run inside it; a copy of .items() makes a tuple per item, and could). The lock is
+re-entrant because the collector may finalise an abandoned update stream in this very thread, between any
+two bytecodes, and that stream's `finally` leaves the queue and gives back its turn here: a loop over the
+live deque or dict then failed ("deque mutated during iteration", "dictionary changed size during iteration").
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class Turns:
                 if other.who == job.who and other in self._round:
                     self._round[other] += 1
             self._round[job] = self._now + 1
-            self._latest[job.who] = max(r for j, r in list(self._round.items()) if j.who == job.who)
+            self._latest[job.who] = max(r for j, r in dict(self._round).items() if j.who == job.who)
             self._queue.append(job)
             self._cond.notify_all()
             while not self._take(job):
@@ -135,14 +136,14 @@ class Turns:
         """A job left the queue before its turn: its round is free for its visitor's next job."""
         mine = self._round.pop(job)
         if self._latest.get(job.who) == mine:
-            others = [r for j, r in list(self._round.items()) if j.who == job.who]
+            others = [r for j, r in dict(self._round).items() if j.who == job.who]
             self._latest[job.who] = max(others, default=mine - 1)
         self._forget_idle()
 
     def _forget_idle(self) -> None:
         """Forget visitors with nothing here whose next job would start at the current round anyway."""
         active = {j.who for j in list(self._round)}
-        for who, r in list(self._latest.items()):  # in place: a finaliser's own changes meanwhile are kept
+        for who, r in dict(self._latest).items():  # in place: a finaliser's own changes meanwhile are kept
             if who not in active and r + 1 <= self._now:
                 self._latest.pop(who, None)
 
