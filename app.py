@@ -8,6 +8,11 @@ hispec/serving (admission, limits, queue, the model's turn, Stop, the time limit
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before anything is loaded: glibc reads MALLOC_ARENA_MAX once, as the process starts
+    from hispec.serving.memory import arenas_limited_on_spaces
+
+    arenas_limited_on_spaces()  # on a Space: this command again, with at most two malloc arenas
+
 try:  # ZeroGPU on Hugging Face Spaces: `spaces` must be imported before torch
     import spaces  # noqa: F401
 except ImportError:  # pragma: no cover - spaces is in requirements, but the app runs without it
@@ -28,7 +33,7 @@ from hispec.model.default_gguf import default_gguf_present, fetch_default_gguf
 from hispec.runs.runner import warm_up
 from hispec.serving.api import api_signature
 from hispec.serving.caller import forwarded_headers_left_to_serving
-from hispec.serving.edge import Edge
+from hispec.serving.edge import STOP_EVENT, Edge
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits, on_spaces
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.session import Server
@@ -106,7 +111,7 @@ def _wire_runs(p, h: Handlers) -> None:
     what_if.then(h.why, [p.last_run, p.why_dv, p.why_vt, p.what_if_result], [p.why_out, p.why_plot], api_name=False)
     # outside the queue: a Stop is never refused, nor waits behind the jobs it stops
     # its reply goes beside the status, never into it: the run alone writes the status line
-    p.stop_btn.click(h.stop, None, [p.stop_note], queue=False, api_name="stop")
+    p.stop_btn.click(h.stop, None, [p.stop_note], queue=False, api_name=STOP_EVENT)  # counted as a Stop (serving.edge)
     p.load_btn.click(*by_name(h.load, _named(p, "model"),
                               _named(p, "status", "info", "draft_layer", "verify_layer", "num_layers", "draft_len",
                                      "verify_threshold", "head_layers", "method_settings", "levels")),

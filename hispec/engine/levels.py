@@ -125,8 +125,9 @@ def _parse_one(raw) -> str | int | None:
     if at and depth in ("full", "target"):
         return f"full@{precision}"
     digits = depth[4:] if depth.startswith("exit") else depth
-    if not digits.isdigit():
-        raise ConfigError(f"unknown level '{raw}': a level is 'lookup', an exit layer such as 4 or exit4, "
+    if not (digits.isascii() and digits.isdigit()):  # '²', '٣' and '４' are digits to str.isdigit
+        raise ConfigError(f"unknown level '{raw}': a level is 'lookup', an exit layer such as 4 or exit4 "
+                          "(its number in the digits 0-9), "
                           f"either of those in a cheaper format such as 4@q4 or full@q4, "
                           "or 'full' (always the last level)")
     return f"{int(digits)}@{precision}" if at else int(digits)

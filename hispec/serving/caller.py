@@ -27,7 +27,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from hispec.serving.proxies import ProxyChain
+from hispec.serving.proxies import ProxyChain, forwarded_for, forwarded_in_scope
 
 ARRIVED = "hispec.arrived"  # the ASGI scope key of a request's arrival (time.monotonic())
 UVICORN_TRUST = "FORWARDED_ALLOW_IPS"  # uvicorn's own list of peers whose forwarded headers it believes
@@ -56,7 +56,7 @@ def caller_of(request, proxies: ProxyChain | tuple[str, ...] = ()) -> Caller:
     chain = proxies if isinstance(proxies, ProxyChain) else ProxyChain(tuple(proxies))
     arrived = arrival_of(request)
     path = getattr(getattr(getattr(request, "request", None), "url", None), "path", "")
-    return Caller(session, chain.client(peer, _header(request, "x-forwarded-for")), arrived,
+    return Caller(session, chain.client(peer, _forwarded(request)), arrived,
                   watched=arrived is not None and joins_queue("POST", str(path or "")))
 
 
@@ -88,12 +88,17 @@ def forwarded_headers_left_to_serving(env=None) -> None:
     env[UVICORN_TRUST] = ""
 
 
-def _header(request, name: str) -> str | None:
+def _forwarded(request) -> str | None:
+    """Every X-Forwarded-For field line of the request, joined (serving.proxies.forwarded_for): from its ASGI
+    scope (gr.Request -> the starlette request), else from its headers (getlist where they have it)."""
+    scope = getattr(getattr(request, "request", None), "scope", None)
+    if isinstance(scope, dict) and "headers" in scope:
+        return forwarded_in_scope(scope)
     headers = getattr(request, "headers", None)
     if headers is None:
         return None
     try:
-        value = headers.get(name)
+        lines = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else [headers.get("x-forwarded-for")]
     except Exception:  # an odd headers object: no forwarded address
         return None
-    return value if isinstance(value, str) else None
+    return forwarded_for(line for line in lines if isinstance(line, str))

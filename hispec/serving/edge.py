@@ -19,7 +19,10 @@ One ASGI middleware (`Edge`, installed by the app) sees every HTTP request befor
   queue it and fail it with no message);
 - it keeps Gradio's queue-less routes (`/run/<api>`, `/api/<api>`) closed to the events that
   run in the queue, on every host (Gradio closes them on Spaces only): those would skip the queue,
-  the join limit and the update stream.
+  the join limit and the update stream;
+- it counts the page's own Stops (its queue-less Stop events: `/run/stop`, or `/run/predict` with
+  the event's fn_index) under the same per-address Stop limit as `/hispec/stop`: a Stop event is one
+  whose handler is named `stop` (the page's, the Benchmark tab's) or whose API name is `stop`.
 
 The address is serving.caller's: the peer, or the forwarded address the operator's proxy chain names.
 """
@@ -35,6 +38,7 @@ from urllib.parse import parse_qs
 
 from hispec.errors import HiSpecError
 from hispec.serving.caller import ARRIVED, Caller, joins_queue
+from hispec.serving.proxies import forwarded_in_scope
 from hispec.serving.ratelimit import RateLimits
 from hispec.text import sentence
 
@@ -69,6 +73,7 @@ class Edge:
             return await self._watched(stream, scope, receive, send)
         if method == "POST" and ("/run/" in path or "/api/" in path):
             _close_direct_routes(scope)
+            return await self._direct(scope, receive, send, path)
         if joins_queue(method, path):
             return await self._join(scope, receive, send, path)
         await self.app(scope, receive, send)
@@ -84,11 +89,29 @@ class Edge:
         if body is None:
             return await _answer(send, 413, {"detail": f"A request's body is at most {MAX_JOIN_BODY} bytes"})
         fields = _json(body)
+        if fields is _TOO_DEEP:
+            return await _answer(send, 400, {"detail": sentence(TOO_DEEP)})
         wrong = _wrong_inputs(scope, path, fields)
         if wrong:
             return await _answer(send, 400, {"detail": wrong})
         rest = "/call/" in path and "/call/v2/" not in path
         await self.app(scope, _replay(body, receive), self._learn_event(send, fields) if rest else send)
+
+    # ---- queue-less calls: a Stop event among them is counted as a Stop ----------------------------------
+    async def _direct(self, scope, receive, send, path: str):
+        server = self.server()
+        body = await _body(receive, MAX_JOIN_BODY)
+        if body is None:
+            return await _answer(send, 413, {"detail": f"A request's body is at most {MAX_JOIN_BODY} bytes"})
+        fields = _json(body)
+        if fields is _TOO_DEEP:
+            return await _answer(send, 400, {"detail": sentence(TOO_DEEP)})
+        if _is_stop(_event_of(scope, path, fields)):
+            refusal = self._over(scope, "stop", server.limits.stop_rate_per_minute, "counted at the page's Stop and "
+                                 f"{STOP_PATH} together")
+            if refusal:
+                return await _answer(send, 429, {"detail": refusal})
+        await self.app(scope, _replay(body, receive), send)
 
     def _learn_event(self, send, fields):
         """A REST join's answer names its event: remember whose session it is (for its stream)."""
@@ -173,6 +196,38 @@ def _close_direct_routes(scope) -> None:
         blocks.api_open = False
 
 
+STOP_EVENT = "stop"  # a Stop event's handler name (the page's, the Benchmark tab's) or API name (app.py)
+
+
+def _is_stop(fn) -> bool:
+    return fn is not None and STOP_EVENT in (getattr(fn, "name", None), getattr(fn, "api_name", None))
+
+
+def _event_of(scope, path: str, fields):
+    """The event a queue-less call runs, as Gradio picks it: the body's fn_index when it has one, else the
+    API name that ends the path; None when there is no such event (Gradio answers)."""
+    app = scope.get("app")
+    blocks = app.get_blocks() if hasattr(app, "get_blocks") else None
+    if blocks is None or not isinstance(fields, dict):
+        return None
+    index = _index(fields.get("fn_index"))
+    if index is not None:
+        return blocks.fns.get(index)
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return next((f for f in blocks.fns.values() if f.api_name == name), None)
+
+
+def _index(value) -> int | None:
+    """A body's fn_index as Gradio's body model reads it (5, 5.0 or "5"), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        return int(value.strip())
+    return value if isinstance(value, int) else None
+
+
 def _wrong_inputs(scope, path: str, fields) -> str | None:
     """What is wrong with the number of a join's inputs, or None (also when it cannot tell: Gradio decides)."""
     app = scope.get("app")
@@ -211,6 +266,8 @@ def _stop_fields(body: bytes) -> tuple[str, tuple[str, ...] | None]:
     fields = _json(body or b"{}")
     if fields is _NOT_JSON:
         raise ValueError('the body is not JSON; send {"session_hash": "..."}')
+    if fields is _TOO_DEEP:
+        raise ValueError(f'{TOO_DEEP}: send {{"session_hash": "...", "kinds": [...] (optional)}}')
     if not isinstance(fields, dict):
         raise ValueError('the body must be a JSON object: {"session_hash": "...", "kinds": [...] (optional)}')
     session, kinds = fields.get("session_hash"), fields.get("kinds")
@@ -222,14 +279,20 @@ def _stop_fields(body: bytes) -> tuple[str, tuple[str, ...] | None]:
     return session, None if kinds is None else tuple(kinds)
 
 
-_NOT_JSON = object()
+_NOT_JSON, _TOO_DEEP = object(), object()
+TOO_DEEP = ("the body's JSON is nested too deeply for this server to read (hundreds of levels); a request's "
+            "fields are plain values and short lists, nested a few levels at most")
 
 
 def _json(body: bytes):
+    """The body's JSON, _NOT_JSON, or _TOO_DEEP when its nesting exhausts the parser's recursion limit
+    (a 5,000-deep body raised RecursionError here: a 500 and a traceback)."""
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return _NOT_JSON
+    except RecursionError:
+        return _TOO_DEEP
 
 
 async def _body(receive, limit: int) -> bytes | None:
@@ -261,12 +324,7 @@ def _replay(body: bytes, receive):
 def _address(scope, server) -> str:
     client = scope.get("client")
     peer = str(client[0]) if client else "unknown"
-    forwarded = None
-    for name, value in scope.get("headers") or ():
-        if name == b"x-forwarded-for":
-            forwarded = value.decode("latin-1")
-            break
-    return server.limits.proxies.client(peer, forwarded)
+    return server.limits.proxies.client(peer, forwarded_in_scope(scope))  # every field line of it
 
 
 async def _answer(send, status: int, payload: dict) -> None:

@@ -97,8 +97,10 @@ class Hold:
             try:
                 run()
             finally:
-                self.release()
-                then()
+                try:
+                    self.release()
+                finally:
+                    then()  # the stream hears the end even if the release failed
 
         self._working = True
         threading.Thread(target=worker, name=f"hispec-{self.job.kind}-{self.job.id}", daemon=True).start()
@@ -109,10 +111,12 @@ class Hold:
             if self._released:
                 return
             self._released = True
-        if self.turns is not None:
-            self.turns.release(self.job)
-        if self.name is not None:
-            self.registry.release(self.name)
+        try:
+            if self.turns is not None:
+                self.turns.release(self.job)
+        finally:  # the lease is given back whatever the turn's release did
+            if self.name is not None:
+                self.registry.release(self.name)
 
     def close(self) -> None:
         """The job's stream is done with it: release, unless a worker has the hold (it releases it)."""

@@ -120,7 +120,8 @@ class Jobs:
                 key = (session, kind)
                 self._stops[key] = max(at, self._stops.pop(key, at))  # moved to the newest end
             self._forget(self._clock())
-            hit = [j for j in self._jobs.values() if j.session == session and (kinds is None or j.kind in kinds)]
+            hit = [j for j in list(self._jobs.values())  # a copy: a finaliser may close a job meanwhile (Turns)
+                   if j.session == session and (kinds is None or j.kind in kinds)]
             if not hit and stamped:  # it may have overtaken its request (over HTTP: a caller in-process cannot)
                 for kind in (ALL_KINDS,) if kinds is None else sorted(kinds):
                     self._ahead.pop((session, kind), None)
@@ -146,4 +147,4 @@ class Jobs:
 
     def of(self, session: str | None = None) -> list[Job]:
         with self._lock:
-            return [j for j in self._jobs.values() if session is None or j.session == session]
+            return [j for j in list(self._jobs.values()) if session is None or j.session == session]

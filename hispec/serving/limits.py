@@ -52,7 +52,7 @@ class Limits:
     # requests per address per minute that may join the HTTP queue (the page sends 3 per run; 0 = no limit):
     # counted at the edge, before anything is queued (serving.edge)
     join_rate_per_minute: int = 120
-    stop_rate_per_minute: int = 60  # Stops per address per minute at the edge's /hispec/stop (0 = no limit)
+    stop_rate_per_minute: int = 60  # Stops per address per minute: /hispec/stop and the page's Stop (0 = no limit)
 
     @classmethod
     def from_env(cls, env=None) -> Limits:

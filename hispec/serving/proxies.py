@@ -12,6 +12,11 @@ ways to say where the operator's chain ends (HISPEC_TRUSTED_PROXIES, HISPEC_PROX
 - a hop count N: exactly N proxies stand in front of the server and each appends what it saw; the
   client is the N-th address from the right (the peer being the nearest proxy). It wins over the list.
 
+The header may come as several field lines (a proxy that adds its own line instead of appending to
+the one it got): they are one list, joined in order (RFC 9110, 5.3), so the right end is still the
+nearest hop (`forwarded_for`). A hop written with a port (`198.51.100.7:4431`, `[2001:db8::1]:443`)
+is its address alone: one visitor on several ports is one visitor.
+
 Unset, no forwarded header is believed: the peer is the client. On Hugging Face Spaces the default
 is `*,private`: the Space is reachable only through its proxy, and hops inside the platform's private
 network are skipped, so a second internal hop (`<visitor>, 10.0.0.1`) does not make every visitor one
@@ -57,7 +62,7 @@ class ProxyChain:
         """The client's address: the peer, or the forwarded address the chain names."""
         if not forwarded or not (self.hops or ANY in self.trusted or self._trusted(peer)):
             return peer
-        hops = [h.strip() for h in forwarded.split(",") if h.strip()]
+        hops = [host(h) for h in forwarded.split(",") if h.strip()]
         if not hops:
             return peer
         if self.hops:
@@ -80,3 +85,31 @@ class ProxyChain:
         if not self.trusted:
             return "no forwarded header is believed"
         return f"forwarded addresses believed from {', '.join(self.trusted)}"
+
+
+def host(hop: str) -> str:
+    """A forwarded hop without its port: '198.51.100.7:4431' -> '198.51.100.7', '[2001:db8::1]:443' and
+    '[2001:db8::1]' -> '2001:db8::1'; a bare IPv6 address or anything else is left as it is (stripped)."""
+    hop = hop.strip()
+    if hop.startswith("["):
+        inside, bracket, rest = hop[1:].partition("]")
+        if bracket and (not rest or (rest[:1] == ":" and rest[1:].isascii() and rest[1:].isdigit())):
+            return inside
+        return hop
+    address, colon, port = hop.partition(":")
+    if colon and ":" not in port and port.isascii() and port.isdigit():
+        return address  # one colon: an IPv4 address or a name, then its port
+    return hop
+
+
+def forwarded_for(lines) -> str | None:
+    """Every X-Forwarded-For field line (str or latin-1 bytes), in order, as the one list they are (RFC 9110:
+    several field lines of a list-valued field are one comma-joined value); None when there is none."""
+    values = [line.decode("latin-1") if isinstance(line, bytes) else str(line) for line in lines]
+    return ", ".join(values) if values else None
+
+
+def forwarded_in_scope(scope) -> str | None:
+    """The X-Forwarded-For of an ASGI scope, every field line of it (`forwarded_for`)."""
+    headers = scope.get("headers") if isinstance(scope, dict) else None
+    return forwarded_for(value for name, value in headers or () if name.lower() == b"x-forwarded-for")

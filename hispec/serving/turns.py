@@ -13,6 +13,13 @@ the engine's rounds, engine.gate) when another visitor waits, and queues for its
 queue behind the first job of every other visitor, one visitor sending many long requests
 delays a newcomer by one job at most, and a job already waiting is never overtaken by a later
 job of the same or a later round: nobody waits forever.
+
+Every loop over the queue or the rounds runs over a copy taken under the lock (list(), tuple() or dict()
+of the table itself: one C call that allocates nothing the garbage collector tracks while it iterates, so
+the collector cannot run inside it; a copy of .items() makes a tuple per item, and could). The lock is
+re-entrant because the collector may finalise an abandoned update stream in this very thread, between any
+two bytecodes, and that stream's `finally` leaves the queue and gives back its turn here: a loop over the
+live deque or dict then failed ("deque mutated during iteration", "dictionary changed size during iteration").
 """
 
 from __future__ import annotations
@@ -77,16 +84,16 @@ class Turns:
         next round, as if it had just arrived). Blocks until then, whatever happens to `job` meanwhile:
         a generation must not touch the model between rounds without holding it. True if it passed."""
         with self._cond:
-            if self._holder is not job or not any(j.who != job.who for j in self._queue):
+            if self._holder is not job or not any(j.who != job.who for j in tuple(self._queue)):
                 return False
             self._holder = None
             # its next turn is the next round; the visitor's own waiting jobs move one round back, so
             # that a visitor's jobs keep their order among themselves while visitors take turns
-            for other in self._queue:
-                if other.who == job.who:
+            for other in tuple(self._queue):
+                if other.who == job.who and other in self._round:
                     self._round[other] += 1
             self._round[job] = self._now + 1
-            self._latest[job.who] = max(r for j, r in self._round.items() if j.who == job.who)
+            self._latest[job.who] = max(r for j, r in dict(self._round).items() if j.who == job.who)
             self._queue.append(job)
             self._cond.notify_all()
             while not self._take(job):
@@ -116,8 +123,10 @@ class Turns:
         return True
 
     def _order(self) -> list[Job]:
-        arrival = {job: n for n, job in enumerate(self._queue)}
-        return sorted(self._queue, key=lambda job: (self._round[job], arrival[job]))
+        queue, rounds = list(self._queue), dict(self._round)
+        arrival = {job: n for n, job in enumerate(queue)}
+        order = sorted((job for job in queue if job in rounds), key=lambda job: (rounds[job], arrival[job]))
+        return [job for job in order if job in self._round]  # less any that left meanwhile
 
     def _place(self, job: Job) -> int:
         order = self._order()
@@ -127,14 +136,16 @@ class Turns:
         """A job left the queue before its turn: its round is free for its visitor's next job."""
         mine = self._round.pop(job)
         if self._latest.get(job.who) == mine:
-            others = [r for j, r in self._round.items() if j.who == job.who]
+            others = [r for j, r in dict(self._round).items() if j.who == job.who]
             self._latest[job.who] = max(others, default=mine - 1)
         self._forget_idle()
 
     def _forget_idle(self) -> None:
         """Forget visitors with nothing here whose next job would start at the current round anyway."""
-        active = {j.who for j in self._round}
-        self._latest = {who: r for who, r in self._latest.items() if who in active or r + 1 > self._now}
+        active = {j.who for j in list(self._round)}
+        for who, r in dict(self._latest).items():  # in place: a finaliser's own changes meanwhile are kept
+            if who not in active and r + 1 <= self._now:
+                self._latest.pop(who, None)
 
     @property
     def busy(self) -> bool:

@@ -23,6 +23,12 @@ every answer:
 Any request of a live client that ends as "the client left" is counted (`left`) and fails the run,
 and so does a Stop that was lost (`stops.ran_in_full`).
 
+Memory: the process's resident memory (server and clients, one process) is sampled every RSS_STEP_S
+through the load; the report's `memory` gives it at the start, its peak and at the end, with
+MALLOC_ARENA_MAX as it was (a Space runs with 2: hispec/serving/memory.py). A peak more than
+--max-rss-growth-mb above the start fails the run (it grew 1,856 -> 3,088 MB over about 500 requests
+with glibc's default arenas, Python's object counts flat).
+
 The limits are set so that no normal request may be refused (queue and time limit above the load,
 no rate limit): a refusal of a normal request is a failure. Exit code 0 only when nothing failed,
 nothing crossed and every session finished (so a failed request fails the run). The JSON report holds the counts, p50/p90/p99 latency,
@@ -296,6 +302,52 @@ def session(url, i, n_requests, lengths, long_share, rng, expected, deadline, ou
             out.append(record)
 
 
+RSS_STEP_S = 0.5  # how often the resident memory is sampled during the load
+
+
+def rss_mb() -> float | None:
+    """This process's resident memory now, in MB (/proc/self/status); None where there is no /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class RssWatch:
+    """The resident memory through the load: at its start, its peak (sampled every RSS_STEP_S) and at its end."""
+
+    def __init__(self, max_growth_mb: float):
+        self.max_growth_mb, self.start = max_growth_mb, rss_mb()
+        self.peak, self._done = self.start, threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="load-test-rss", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(RSS_STEP_S):
+            self._sample()
+
+    def _sample(self) -> float | None:
+        now = rss_mb()
+        if now is not None:
+            self.peak = now if self.peak is None else max(self.peak, now)
+        return now
+
+    def stop(self) -> dict:
+        """The figures and whether the growth is within the limit (True where /proc cannot tell)."""
+        self._done.set()
+        self._thread.join(5)
+        end = self._sample()
+        growth = None if self.start is None or self.peak is None else self.peak - self.start
+        mb = lambda v: None if v is None else round(v, 1)  # noqa: E731
+        return {"rss_mb_start": mb(self.start), "rss_mb_peak": mb(self.peak), "rss_mb_end": mb(end),
+                "rss_mb_growth": mb(growth), "max_rss_growth_mb": self.max_growth_mb,
+                "within_limit": growth is None or growth <= self.max_growth_mb,
+                "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX") or "unset (glibc's default: 8 per core)"}
+
+
 def latency(records: list[dict], kind: str) -> dict:
     """p50/p90/p99/mean seconds of the completed requests of `kind`."""
     latencies = sorted(r["latency_s"] for r in records if r["kind"] == kind and r["outcome"] == "completed")
@@ -332,7 +384,7 @@ def default_run(records: list[dict]) -> str | None:
     return max(set(runs), key=runs.count) if runs else None
 
 
-def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dict:
+def report_of(records: list[dict], args, seconds: float, unfinished: int, memory: dict | None = None) -> dict:
     # stopped_ahead: sent right after a Stop of its session that found nothing, and stopped by it (serving.jobs.AHEAD_S)
     count = {k: sum(r["outcome"] == k for r in records) for k in ("completed", "refused_as_expected", "crossed",
                                                                   "failed", "stopped_ahead")}
@@ -353,6 +405,7 @@ def report_of(records: list[dict], args, seconds: float, unfinished: int) -> dic
             "stops": stop_counts([r for r in records if r["kind"] == "stop"]),
             # normal: the short generations (--max-new-tokens); long: --long-tokens
             "latency_s_normal": latency(records, "normal"), "latency_s_long": latency(records, "long"),
+            "memory": memory or {},
             "failures": [r for r in records if r["outcome"] in ("failed", "crossed")][:20]}
 
 
@@ -382,6 +435,8 @@ def main(argv=None) -> int:
                         help="how long after --max-seconds a session may take to finish before it counts as stuck")
     parser.add_argument("--json", default=None, help="write the report (with every record) here")
     parser.add_argument("--host-note", default="", help="what else ran on the host (timings are only read with it)")
+    parser.add_argument("--max-rss-growth-mb", type=float, default=1024,
+                        help="fail when the resident memory's peak is this far above its start of the load")
     args = parser.parse_args(argv)
     if args.long_tokens is None:
         args.long_tokens = 4 * args.max_new_tokens
@@ -389,6 +444,7 @@ def main(argv=None) -> int:
         parser.error("--long-share must be from 0 to 1 and --long-tokens at least --max-new-tokens")
     url, close, expected = serve(args.model, args.long_tokens, args.sessions)
     records, lock = [], threading.Lock()
+    watch = RssWatch(args.max_rss_growth_mb)
     deadline = time.monotonic() + args.max_seconds
     t0 = time.monotonic()
     lengths = (args.max_new_tokens, args.long_tokens)
@@ -401,7 +457,7 @@ def main(argv=None) -> int:
         t.join(timeout=max(1.0, deadline - time.monotonic() + args.grace_seconds))
     seconds = time.monotonic() - t0
     unfinished = sum(t.is_alive() for t in threads)
-    report = report_of(records, args, seconds, unfinished)
+    report = report_of(records, args, seconds, unfinished, watch.stop())
     if unfinished:
         print_stacks()  # where the stuck sessions and serving's threads wait
         for job in SERVED["server"].jobs.of():  # the run is over: let the handlers end, so the process can
@@ -412,7 +468,8 @@ def main(argv=None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({**report, "records": records}, indent=1) + "\n")
     ok = (report["failed"] == 0 and report["crossed"] == 0 and report["unfinished_sessions"] == 0 and report["left"] == 0
-          and report["stops"]["ran_in_full"] == 0 and len(records) == args.sessions * args.requests)
+          and report["stops"]["ran_in_full"] == 0 and len(records) == args.sessions * args.requests
+          and report["memory"]["within_limit"])
     return 0 if ok else 1
 
 

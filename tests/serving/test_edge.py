@@ -403,3 +403,42 @@ def server_blocks(url: str) -> dict[int, str]:
 
     config = httpx.get(f"{url}config", timeout=TIMEOUT_S).json()
     return {d["id"]: d.get("api_name") for d in config["dependencies"]}
+
+
+def test_deeply_nested_json_gets_400_and_says_what_is_wrong():
+    """Issue 57: a 5,000-deep join body and a Stop body nested 1,100 deep got a 500 and a traceback (the edge's
+    JSON parser ran out of recursion). Both are answered 400 with what is wrong and what is allowed."""
+    import httpx
+
+    deep_join = b'{"data": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    deep_stop = b'{"session_hash": "abc", "kinds": ' + b"[" * 1100 + b"]" * 1100 + b"}"
+    with app_on_loopback() as (url, server):
+        joined = httpx.post(f"{url}gradio_api/call/generate", content=deep_join, timeout=TIMEOUT_S,
+                            headers={"content-type": "application/json"})
+        stopped = httpx.post(f"{url}hispec/stop", content=deep_stop, timeout=TIMEOUT_S)
+        fine = httpx.post(f"{url}hispec/stop", json={"session_hash": "abc", "kinds": ["generate"]}, timeout=TIMEOUT_S)
+    for said in (joined, stopped):
+        assert said.status_code == 400, said.text
+        assert "nested too deeply" in said.json()["detail"] and "a few levels at most" in said.json()["detail"]
+    assert fine.status_code == 200, fine.text
+
+
+def test_the_pages_own_stop_is_counted_by_the_stop_limit():
+    """Issue 57: the page's Stop (queue-less: /gradio_api/run/stop, or /run/predict with the Stop event's
+    fn_index) was not counted (300 of 300 posts from one address passed). It is counted with /hispec/stop;
+    another visitor, behind a proxy that adds its own header line, is counted apart."""
+    import httpx
+
+    with app_on_loopback(stop_rate_per_minute=3, trusted_proxies=("127.0.0.1",)) as (url, _):
+        stop_index = next(i for i, fn in server_blocks(url).items() if fn == "stop")
+        one = {"X-Forwarded-For": "203.0.113.1"}
+        body = {"data": [], "session_hash": "abc"}
+        routes = [("gradio_api/run/stop", body), ("gradio_api/run/predict", {**body, "fn_index": stop_index}),
+                  ("hispec/stop", {"session_hash": "abc"}), ("gradio_api/run/predict", {**body, "fn_index": stop_index}),
+                  ("gradio_api/run/stop", body), ("gradio_api/run/predict", {**body, "fn_index": str(stop_index)})]
+        codes = [httpx.post(f"{url}{path}", json=sent, headers=one, timeout=TIMEOUT_S) for path, sent in routes]
+        other = [("X-Forwarded-For", "203.0.113.1"), ("X-Forwarded-For", "203.0.113.2")]  # its proxy's own line
+        elsewhere = httpx.post(f"{url}gradio_api/run/stop", json=body, headers=other, timeout=TIMEOUT_S)
+    assert [c.status_code for c in codes] == [200, 200, 200, 429, 429, 429], [c.text for c in codes]
+    assert "at most 3 Stops per minute from one address" in codes[3].json()["detail"], codes[3].text
+    assert elsewhere.status_code == 200, elsewhere.text

@@ -46,6 +46,21 @@ def test_bad_levels_are_refused_naming_what_is_allowed(raw, message):
         parse(**raw)
 
 
+@pytest.mark.parametrize("levels", ["²", "٣", "４", "exit٣", "lookup,²", "2,４@q4"])
+def test_a_layer_number_is_ascii_digits_only(levels):
+    """Issue 57: "²" got "Could not read this request (ValueError...)" and a traceback (str.isdigit took it,
+    int() refused it), while "٣" and "４" were taken as layers 3 and 4. Each is named as wrong, with what is
+    allowed, and the request is refused before any work."""
+    from helpers import tiny_server
+
+    from hispec.serving.caller import LOCAL
+
+    with pytest.raises(ConfigError, match=r"unknown level '.+': .*its number in the digits 0-9"):
+        parse(levels=levels)
+    last = list(tiny_server().submit(LOCAL, GenerateRequest, {"prompt": "hi", "levels": levels}))[-1]
+    assert last.outcome == "refused" and "digits 0-9" in last.message, last
+
+
 def test_a_level_list_runs_and_gives_the_models_greedy_output():
     """Through the request's own path (prepare, then its work): lookup and exit 4 under the full model."""
     import threading

@@ -43,3 +43,66 @@ def test_a_bad_proxy_setting_says_what_is_allowed():
     with pytest.raises(ConfigError, match="HISPEC_PROXY_HOPS must be 0 or more"):
         Limits.from_env({"HISPEC_PROXY_HOPS": "-1"})
     assert ProxyChain(("*",)).client("1.2.3.4", "6.6.6.6, 7.7.7.7") == "7.7.7.7"  # "*" alone: the nearest hop
+
+
+# ---- every field line of the header, and a hop's port ---------------------------------------------------
+ONE_VISITOR_LINE = [(b"x-forwarded-for", b"6.6.6.6"), (b"x-forwarded-for", b"198.51.100.7")]  # the proxy's own line
+
+
+class Peer:
+    host = "127.0.0.1"
+
+
+class Starlette:
+    """What serving gets from Gradio: a gr.Request's starlette request, its scope and headers."""
+
+    def __init__(self, raw):
+        from starlette.datastructures import Headers
+
+        self.scope = {"type": "http", "headers": raw}
+        self.headers = Headers(raw=raw)
+
+
+class GradioRequest:
+    def __init__(self, raw, with_scope: bool = True):
+        from starlette.datastructures import Headers
+
+        self.session_hash, self.client = "tab", Peer()
+        self.request = Starlette(raw) if with_scope else None
+        self.headers = Headers(raw=raw)
+
+
+@pytest.mark.parametrize("chain", [ProxyChain(("*", "private")), ProxyChain(("127.0.0.1",)),
+                                   ProxyChain(hops=1)], ids=["*,private", "127.0.0.1", "hops=1"])
+def test_a_visitor_cannot_choose_its_address_with_a_line_of_its_own(chain):
+    """Issue 57: only the first X-Forwarded-For line was read; behind a proxy that adds its own line, the
+    visitor's line named the address. The lines are one list, in order (RFC 9110)."""
+    from hispec.serving.caller import caller_of
+    from hispec.serving.edge import _address
+
+    class Server:
+        class limits:
+            proxies = chain
+
+    for request in (GradioRequest(ONE_VISITOR_LINE), GradioRequest(ONE_VISITOR_LINE, with_scope=False)):
+        assert caller_of(request, chain).address == "198.51.100.7"
+    scope = {"type": "http", "client": ("127.0.0.1", 5000), "headers": [(b"host", b"x"), *ONE_VISITOR_LINE]}
+    assert _address(scope, Server) == "198.51.100.7"
+
+
+def test_hops_of_two_count_every_line():
+    chain = ProxyChain(hops=2)
+    raw = [(b"x-forwarded-for", b"6.6.6.6"), (b"x-forwarded-for", b"198.51.100.7, 10.0.0.1")]
+    from hispec.serving.caller import caller_of
+
+    assert caller_of(GradioRequest(raw), chain).address == "198.51.100.7"
+
+
+def test_one_visitor_on_several_ports_is_one_visitor():
+    chain = ProxyChain(("*", "private"))
+    for port in ("1234", "4431"):
+        assert chain.client("10.1.2.3", f"198.51.100.7:{port}, 172.16.0.1:80") == "198.51.100.7"
+        assert chain.client("10.1.2.3", f"[2001:db8::7]:{port}, [fc00::1]:{port}") == "2001:db8::7"
+    assert chain.client("10.1.2.3", "[2001:db8::7]") == "2001:db8::7"
+    assert chain.client("10.1.2.3", "2001:db8::7") == "2001:db8::7"  # a bare IPv6 address keeps its colons
+    assert ProxyChain(hops=1).client("10.0.0.1", "203.0.113.5:999") == "203.0.113.5"

@@ -412,6 +412,23 @@ def test_load_short_form(capsys):
     report = capsys.readouterr().out
     assert code == 0, report
     assert '"failed": 0' in report and '"crossed": 0' in report and '"unfinished_sessions": 0' in report
+    assert '"rss_mb_peak": ' in report and '"within_limit": true' in report, report
+
+
+def test_the_load_test_fails_when_memory_grows_past_its_limit(capsys, monkeypatch):
+    """The check is shown to catch what it checks: resident memory that grows by 4,000 MB during the load
+    (read from a stand-in for /proc) fails the run, with the figures in the report."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "measure"))
+    import load_test
+
+    readings = iter([1000.0])
+    monkeypatch.setattr(load_test, "rss_mb", lambda: next(readings, 5000.0))
+    code = load_test.main(["--sessions", "2", "--requests", "1", "--max-new-tokens", "4", "--seed", "4"])
+    out = capsys.readouterr().out
+    report = json.JSONDecoder().raw_decode(out[out.index("{\n"):])[0]
+    assert code == 1, report
+    assert report["failed"] == 0 and report["memory"]["rss_mb_growth"] == 4000.0, report["memory"]
+    assert report["memory"]["within_limit"] is False and report["memory"]["max_rss_growth_mb"] == 1024
 
 
 def test_the_load_test_fails_when_answers_cross(capsys, monkeypatch):
