@@ -85,12 +85,10 @@ class Edge:
                              "counted as requests join the server's queue, before it holds any of them")
         if refusal:
             return await _answer(send, 429, {"detail": refusal})
-        body = await _body(receive, MAX_JOIN_BODY)
-        if body is None:
-            return await _answer(send, 413, {"detail": f"A request's body is at most {MAX_JOIN_BODY} bytes"})
-        fields = _json(body)
-        if fields is _TOO_DEEP:
-            return await _answer(send, 400, {"detail": sentence(TOO_DEEP)})
+        read = await _read_body(receive, send)
+        if read is None:
+            return
+        body, fields = read
         wrong = _wrong_inputs(scope, path, fields)
         if wrong:
             return await _answer(send, 400, {"detail": wrong})
@@ -100,12 +98,10 @@ class Edge:
     # ---- queue-less calls: a Stop event among them is counted as a Stop ----------------------------------
     async def _direct(self, scope, receive, send, path: str):
         server = self.server()
-        body = await _body(receive, MAX_JOIN_BODY)
-        if body is None:
-            return await _answer(send, 413, {"detail": f"A request's body is at most {MAX_JOIN_BODY} bytes"})
-        fields = _json(body)
-        if fields is _TOO_DEEP:
-            return await _answer(send, 400, {"detail": sentence(TOO_DEEP)})
+        read = await _read_body(receive, send)
+        if read is None:
+            return
+        body, fields = read
         if _is_stop(_event_of(scope, path, fields)):
             refusal = self._over(scope, "stop", server.limits.stop_rate_per_minute, "counted at the page's Stop and "
                                  f"{STOP_PATH} together")
@@ -325,6 +321,19 @@ def _address(scope, server) -> str:
     client = scope.get("client")
     peer = str(client[0]) if client else "unknown"
     return server.limits.proxies.client(peer, forwarded_in_scope(scope))  # every field line of it
+
+
+async def _read_body(receive, send) -> tuple[bytes, object] | None:
+    """A POST's body and its JSON fields; None once a too large (413) or too deeply nested (400) body is answered."""
+    body = await _body(receive, MAX_JOIN_BODY)
+    if body is None:
+        await _answer(send, 413, {"detail": f"A request's body is at most {MAX_JOIN_BODY} bytes"})
+        return None
+    fields = _json(body)
+    if fields is _TOO_DEEP:
+        await _answer(send, 400, {"detail": sentence(TOO_DEEP)})
+        return None
+    return body, fields
 
 
 async def _answer(send, status: int, payload: dict) -> None:
