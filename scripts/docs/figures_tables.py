@@ -751,7 +751,7 @@ def gpu_profile_table(profile: dict, check: dict) -> str:
 # ---- the README's one table --------------------------------------------------------------------------
 
 HEADLINE_ROWS = (  # (method, what it runs), in the order shown; a row shows where its run measured the method
-    ("autoregressive@fp32", "plain decoding, the exact float32 model"),
+    ("autoregressive@fp32", "plain decoding, the exact float32 model (the GGUF file dequantised by transformers)"),
     ("hispec/auto@fp32", "**the default**: lookup → the 4-bit model → the exact float32 model"),
     ("lookup+full@q4/auto@fp32", "the same with float32 activations in the 4-bit model (the default until 2026-12-05)"),
     ("full@q4/auto@fp32", "the 4-bit model drafting alone under the exact model (no lookup)"),

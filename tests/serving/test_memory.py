@@ -48,7 +48,7 @@ def test_it_takes_effect_in_the_process_that_runs_on():
 def test_app_py_does_it_first_when_started():
     """app.py, started as a Space starts it, asks for the limit before anything heavy is imported."""
     script = ("import os, sys; sys.modules.update(gradio=None, torch=None); "  # imported first: an ImportError
-              "os.execve = lambda exe, argv, env: (print('exec', env['MALLOC_ARENA_MAX']), os._exit(0)); "
+              "os.execve = lambda exe, argv, env: (print('exec', env['MALLOC_ARENA_MAX'], flush=True), os._exit(0)); "
               "import runpy; runpy.run_path('app.py', run_name='__main__')")
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | {"SPACE_ID": "a/b"}
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
