@@ -19,7 +19,7 @@ from hispec.errors import ConfigError
 DEFAULT_FILE = "the default model's file (Q4_1 layers, Q8_0 embedding)"
 Q4_0_FILE = "ANOTHER FILE: the same model requantised to Q4_0 by llama-quantize (its text is not the default model's)"
 SYSTEM_KEYS = ("build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_type", "model_size",
-               "model_n_params", "n_threads")
+               "model_n_params", "n_threads", "repack")
 
 
 def _run(binary: Path, model: Path, threads: int, prompt: int, generate: int, repetitions: int) -> dict:
@@ -50,8 +50,8 @@ def measure(binary: str | Path, model: str | Path, label: str, threads: int, tok
     one = passes.get(1)
     return {
         "file": label, "file_name": model.name, "threads": threads, "system": {k: tg.get(k) for k in SYSTEM_KEYS},
-        "tg": {"tokens": tokens, "tokens_per_s": tg["avg_ts"], "stddev": tg["stdev_ts"]},
-        "pp": {str(k): {"tokens_per_s": r["avg_ts"], "stddev": r["stdev_ts"],
+        "tg": {"tokens": tokens, "tokens_per_s": tg["avg_ts"], "stddev": tg["stddev_ts"]},
+        "pp": {str(k): {"tokens_per_s": r["avg_ts"], "stddev": r["stddev_ts"],
                         "pass_cost_over_one": one["avg_ts"] * k / r["avg_ts"] if one else None}
                for k, r in passes.items()},
         "prompt_eval": {str(n): {"tokens_per_s": r["avg_ts"], "seconds": n / r["avg_ts"]} for n, r in prompts.items()},

@@ -11,7 +11,7 @@ import pytest
 from hispec.errors import ConfigError
 from hispec.evaluation import llama_bench as lb
 
-# tokens/s by (prompt, generated): tg 130; a k-token pass k * 150 / (1 + k / 8) tokens/s; prompts 400 tokens/s
+# llama-bench -o json records as its build 0c1e570 writes them (avg_ts, stddev_ts); tokens/s by (prompt, generated): tg 130; a k-token pass k * 150 / (1 + k / 8) tokens/s; prompts 400 tokens/s
 FAKE = '''#!{python}
 import json, sys
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
@@ -19,7 +19,7 @@ p, n = int(args["-p"]), int(args["-n"])
 ts = 130.0 if n else (400.0 if p >= 32 else p * 150.0 / (1 + p / 8))
 print(json.dumps([{{"build_commit": "abc1234", "build_number": 1, "cpu_info": "AMD EPYC", "backends": "CPU",
                    "n_threads": int(args["-t"]), "model_type": "llama 135M Q4_1", "n_prompt": p, "n_gen": n,
-                   "avg_ts": ts, "stdev_ts": 1.0}}]))
+                   "avg_ts": ts, "stddev_ts": 1.0, "repack": True}}]))
 '''
 
 
