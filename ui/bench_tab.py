@@ -39,7 +39,7 @@ METHOD_HELP = ("autoregressive: the full model, token by token (the reference) Â
 # The README's headline: the default configuration (hispec/auto: lookup -> full@a8 -> full on the default
 # model) beside plain decoding in every format and llama.cpp, on heldout-fresh, the split no development
 # touched: shown first when present.
-HEADLINE = "headline_cpu_fresh_a8.json"
+HEADLINE = "headline_cpu_fresh2.json"
 
 
 def saved_reports(folder: Path = BENCH_DIR) -> list[Path]:
