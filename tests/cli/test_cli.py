@@ -203,3 +203,17 @@ def test_a_repository_tool_asked_of_the_package_says_where_it_is(capsys):
     assert main(["figures"]) == 2
     err = capsys.readouterr().err
     assert "python scripts/figures.py" in err and "not a command of the package" in err
+
+
+@pytest.mark.parametrize("text", ["٣", "４", "²", "3_0", "", "x"])
+def test_a_number_option_takes_the_digits_0_to_9_only(text):
+    """int() takes '٣' and '４' as 3 and 4, and str.isdigit() says yes to '²': an option names them as wrong."""
+    import argparse
+
+    from hispec.cli.parsers import lengths_pair, whole_number
+
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a whole number in the digits 0-9"):
+        whole_number(text)
+    with pytest.raises(argparse.ArgumentTypeError, match="expected two whole numbers"):
+        lengths_pair(f"2,{text}")
+    assert whole_number(" 12 ") == 12 and whole_number("-1") == -1 and lengths_pair("2,4") == (2, 4)
