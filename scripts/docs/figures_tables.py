@@ -850,8 +850,10 @@ def _both(report: dict, method: str, reference: str) -> str:
 
 
 def _first_token(report: dict, method: str) -> str:
-    values = sorted(r["ttft_s"] for r in report["records"] if r["method"] == method and r.get("ttft_s") is not None)
-    return f"{statistics.median(values) * 1e3:.1f} ms" if values else "not recorded"
+    import q4_goals as q
+
+    ttft = q.median_rate(report, method, "ttft_s")  # the median over prompts of any record key
+    return f"{ttft * 1e3:.1f} ms" if ttft is not None else "not recorded"
 
 
 def _differs(report: dict, method: str) -> list[bool]:

@@ -2,7 +2,6 @@
 refusals, and the README's rows from it. A stand-in binary answers as llama-bench does (its -o json
 records), so the test needs no build; the real binary is built and run by scripts/measure/llama_bench.py."""
 
-import json
 import stat
 import sys
 
