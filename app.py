@@ -85,7 +85,7 @@ def _wire_runs(p, h: Handlers) -> None:
     stale = _named(p, "what_if_status", "what_if_tokens", "what_if_stats", "what_if_plot", "what_if_result",
                    "compare_out", "compare_plot", "why_out", "why_plot", "stop_note")
     after = by_name(h.why_after_run, _named(p, "last_run"), _named(p, "why_out", "why_plot", "what_if_levels",
-                                                                    "why_dv", "why_vt"))
+                                                                    "why_dv", "why_vt", "last_run"))
     for trigger in (p.generate_btn.click, p.prompt.submit):
         trigger(stepper.cleared, None, analysis + [p.timer, p.play_btn], api_name=False, queue=False)
         trigger(*by_name(stale_panels, {}, stale), api_name=False, queue=False)

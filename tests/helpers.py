@@ -114,3 +114,18 @@ def tiny_server(registry=None, name: str = "tiny", **limits):
     registry = registry or tiny_registry(name)
     limits = {"rate_per_minute": 0, "global_rate_per_minute": 0, "allowed_models": (name,), **limits}
     return Server(registry, Limits(**limits), default_model=name, throttle_s=0.0)
+
+
+def sketch_record(levels=(), policy="fixed", lengths=(1, 1), acceptance=None, num_layers=8):
+    """A finished run's record (hispec.runs.record.RunRecord) with only its levels, policy, lengths and
+    acceptance (by the stats' role keys, e.g. {"lookup->verify": 0.4}): what a what-if reads of a run."""
+    from hispec.engine.levels import build_levels
+    from hispec.runs.record import PairAcceptance, RunRecord, Sampling
+
+    built = build_levels(tuple(levels), num_layers)
+    roles = {lv.name: lv for lv in built}
+    pairs = tuple(PairAcceptance(roles[key.partition("->")[0]], roles[key.partition("->")[2]], round(rate * 100), 100)
+                  for key, rate in (acceptance or {}).items())
+    return RunRecord(model="m", method="", levels=built, policy=policy, adapts=policy == "auto",
+                     lengths=None if policy == "auto" else lengths, num_layers=num_layers, sampling=Sampling(),
+                     plans={}, pairs=pairs, costs={}, events=(), stats={})

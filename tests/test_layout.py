@@ -4,6 +4,7 @@ the source (every import, those inside functions too), keeps the rules that docs
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -547,3 +548,58 @@ def test_no_signature_in_the_ui_takes_more_than_8_parameters(tmp_path):
     wide = tmp_path / "wide.py"  # the check is shown to catch what it checks
     wide.write_text("def generate(self, prompt, model, method, d, v, n_d, n_i, max_new, chat):\n    pass\n")
     assert wide_signatures([wide], 8) == ["wide.py:1 generate (9 parameters)"]
+
+
+# ---- a finished run is a value: one reader of recorded settings, labels and pair keys ----------------------
+RECORD_READER = "hispec/runs/record.py"  # RecordedSettings.read, from_json: the only readers
+RUN_VIEWS = ("hispec/explain", "hispec/runs/replay.py", "hispec/serving/answer.py", "ui", "app.py")
+RECORDED_READERS = {"recorded_levels", "recorded_lengths", "from_label", "event_kind", "key_levels", "recorded"}
+SETTING_KEYS = {"levels", "lengths", "policy", "num_layers", "temperature", "top_k", "top_p", "method", "settings"}
+
+
+def recorded_reads(root: Path = ROOT) -> list[str]:
+    """Where a module that explains, replays or shows a run reads a recorded settings dict (a subscript or
+    .get of a settings key on something named settings/run/kept), a round's label or kind key, or a level
+    pair's text key ('draft->verify'), instead of taking the run's record (runs.record.RunRecord)."""
+    paths = [p for part in RUN_VIEWS for p in ([root / part] if part.endswith(".py") else (root / part).rglob("*.py"))]
+    found = []
+    for path in paths:
+        if not path.is_file():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            hit = None
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                    and node.slice.value in SETTING_KEYS and _names_a_run(node.value):
+                hit = node
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in SETTING_KEYS \
+                    and _names_a_run(node.func.value):
+                hit = node
+            elif isinstance(node, ast.Call) and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) \
+                    in RECORDED_READERS:
+                hit = node
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and re.fullmatch(r"(lookup|draft|verify)->(draft|verify|target)", node.value):
+                hit = node
+            if hit is not None:
+                found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: {ast.unparse(hit)[:80]}")
+    return found
+
+
+def _names_a_run(node) -> bool:
+    text = ast.unparse(node).lower()
+    return any(word in text for word in ("settings", "run", "kept", "done"))
+
+
+def test_no_view_of_a_run_reads_its_settings_labels_or_pair_keys_outside_the_record(tmp_path):
+    assert recorded_reads() == []
+    (tmp_path / "ui").mkdir()  # the check is shown to catch each kind of read
+    (tmp_path / "ui" / "bad.py").write_text(
+        "def f(run, done):\n"
+        "    a = run['settings']['levels']\n"
+        "    b = done.settings.get('policy')\n"
+        "    c = Round.from_label(x, levels)\n"
+        "    d = stats['acceptance'].get('draft->verify')\n"
+        "    e = record.levels\n")  # the record's own field: allowed
+    found = recorded_reads(tmp_path)
+    assert sorted({int(f.split(":")[1]) for f in found}) == [2, 3, 4, 5], found

@@ -11,13 +11,10 @@ import html
 
 import gradio as gr
 
-from hispec.engine.events import event_from_dict
-from hispec.engine.levels import exits_by_role
 from hispec.errors import HiSpecError
 from hispec.explain import what_if as what_ifs
-from hispec.runs.metrics import pair_name
-from hispec.runs.replay import replay_from_dicts
-from hispec.explain.why import explained_costs, keep_costs, speed_story
+from hispec.runs.replay import rounds_of
+from hispec.explain.why import explained_costs, slider_values, speed_story
 from hispec.runs.trace import Trace
 from hispec.serving.api import (BeliefsRequest, CompareRequest, CostsRequest, GenerateRequest, LoadRequest,
                                WhatIfRequest)
@@ -28,7 +25,6 @@ from hispec.text import sentence
 from ui import charts, controls, labels, render, stepper, token_story, why_view
 from ui.beliefs_view import beliefs_html
 from ui.generate_view import GenerateView, WhatIfView, cleared
-from ui.render import roles_of
 from ui.settings import PageSettings
 from ui.model_view import model_defaults, model_info, settings_by_method, trained_layers
 from ui.steps_view import round_html
@@ -68,7 +64,8 @@ class Handlers:
         bad input raises an error naming what is wrong and what is allowed."""
         updates = self.server.submit(self.server.caller(request), GenerateRequest, fields)
         try:
-            yield from api_answer(updates, lambda run: render.tokens_html(run.trace, run.done.settings))
+            yield from api_answer(updates, lambda run: render.tokens_html(run.trace, run.levels),
+                                  model=fields.get("model") or self.server.default_model)
         except HiSpecError as exc:
             raise gr.Error(sentence(str(exc)), print_exception=False) from None
 
@@ -79,7 +76,7 @@ class Handlers:
         at the sliders' acceptance, each take after a real plain run: what better levels would give here.
         A list the drawn verdicts cannot model is named, and nothing runs."""
         try:
-            replay = what_ifs.replay_of((last_run or {}).get("settings"))
+            replay = what_ifs.replay_of(last_run)
         except HiSpecError as exc:
             yield {"what_if_status": render.message_html(str(exc), "info")}
             return
@@ -159,24 +156,18 @@ class Handlers:
     def why(self, run, a_dv, a_vt, what_if=None, request: gr.Request = None):
         """The run's measured speed, plan by plan, next to the cost model's estimates; at the sliders'
         acceptance, the estimate for the run's fixed shape and a what-if run's result if one ran there."""
-        if not run:
+        if run is None:
             return WHY_HINT, gr.skip()
-        settings = run["settings"]
-        exits_used = tuple(sorted(exits_by_role(tuple(settings.get("levels") or ())).values()))
-        costs, whose = explained_costs(run, exits_used)  # kept with the run: later runs cannot rewrite them
-        if costs is None:
+        lanes, whose = explained_costs(run, run.exact_exits)  # kept with the run: later runs cannot rewrite them
+        if lanes is None:
             try:
-                costs = self._costs(run["model"], exits_used, request)
+                lanes, whose = {None: self._costs(run.model, run.exact_exits, request)}, None
             except HiSpecError as exc:
                 return render.message_html(str(exc)), gr.skip()
-            keep_costs(run, costs)  # the run (this page's state) keeps them from its first explanation on
-            whose = "first"
-        story = speed_story(run, costs, (float(a_dv), float(a_vt)), what_if, frozen=whose)
-        if story.get("shape") is None and what_if and tuple(what_if.get("rates") or ()) == (round(float(a_dv), 2),
-                                                                                           round(float(a_vt), 2)):
-            story["what_if"] = what_if  # a run with no fixed shape: the what-if's row still joins the table
-        story["pairs_asked"] = run.get("pairs_asked", 0)
-        story["run_acceptance"] = run["stats"].get("acceptance")
+        story = speed_story(run, lanes, (float(a_dv), float(a_vt)), what_if, frozen=whose)
+        if story.get("sliders") is None and what_if and tuple(what_if.get("rates") or ()) == (round(float(a_dv), 2),
+                                                                                             round(float(a_vt), 2)):
+            story["what_if"] = what_if  # no slider estimate for its plans: the what-if's row still joins the table
         view = why_view.why_html(story) + render.published_html(self.published)
         if not story.get("curves"):
             return view, gr.Plot(None, visible=False)
@@ -193,51 +184,54 @@ class Handlers:
     def why_after_run(self, last_run, request: gr.Request = None) -> dict:
         """After a run, by name: the sliders take the run's own measured pairs (named after them), the
         what-if names the list it will run, and the view is redrawn."""
-        if not last_run:  # a new run starting, or an error: the last run's explanation goes too
+        if last_run is None:  # a new run starting, or an error: the last run's explanation goes too
             return {"why_out": WHY_HINT, "why_plot": gr.Plot(None, visible=False), "what_if_levels": ""}
+        out = {}
+        if explained_costs(last_run, last_run.exact_exits)[0] is None:  # kept from its first explanation on
+            try:
+                costs = self._costs(last_run.model, last_run.exact_exits, request)
+            except HiSpecError:
+                costs = None  # the view below says why
+            if costs is not None:
+                last_run = out["last_run"] = last_run.with_costs({None: costs}, "first")
         try:
-            replay = what_ifs.replay_of(last_run["settings"])
+            note = render.message_html(what_if_words(what_ifs.replay_of(last_run)), "info")
         except HiSpecError as exc:
-            replay, measured, note = None, (None, None), render.message_html(f"What if: {exc}", "info")
-        else:
-            measured = replay.sliders(last_run["stats"]["acceptance"])
-            note = render.message_html(what_if_words(replay), "info")
-        a_dv, a_vt = measured
+            note = render.message_html(f"What if: {exc}", "info")
+        a_dv, a_vt, names = slider_values(last_run)
         a_vt = 0.5 if a_vt is None else round(a_vt, 2)
         a_dv = a_vt if a_dv is None else round(a_dv, 2)
         view, plot = self.why(last_run, a_dv, a_vt, None, request)
-        out = {"why_out": view, "why_plot": plot, "what_if_levels": note}
-        roles = roles_of(last_run["settings"])
-        if replay is not None:
-            out["why_dv"] = gr.update(value=a_dv, label=f"Acceptance {pair_name(replay.dv_pair, roles)}"
-                                      if replay.dv_pair else "Acceptance draft → verify (no middle level in this run)",
-                                      info="this run's own pair, measured: move it to ask what if")
-            out["why_vt"] = gr.update(value=a_vt, label=f"Acceptance {pair_name(replay.vt_pair, roles)}",
+        out |= {"why_out": view, "why_plot": plot, "what_if_levels": note}
+        if names:  # the sliders vary the plan that committed the most tokens, named by its own pairs
+            out["why_dv"] = gr.update(value=a_dv, label=f"Acceptance {names['low_pair']}" if names["low_pair"]
+                                      else "Acceptance of a middle level (none in this plan)",
+                                      info=f"{names['words']}: its own pair, measured; move it to ask what if")
+            out["why_vt"] = gr.update(value=a_vt, label=f"Acceptance {names['full_pair']}",
                                       info="the full model's verdicts on what reaches it, measured on this run")
         return out
 
     # ---- after a run: its rounds, what each exit believed, every token's story ------------------
     def after_run(self, run, request: gr.Request = None):
         """(rounds, round slider, round view, beliefs view, token explanations) of a finished run."""
-        if not run or not run.get("events"):
+        if run is None or not run.events:
             return stepper.idle()
-        rounds = replay_from_dicts(run["events"])
-        settings, token_ids = run["settings"], run["token_ids"]
+        rounds = rounds_of(run)
         start = 1 if len(rounds) > 1 else 0  # the first decoding round (round 0 is the prompt's prefill)
-        view = round_html(rounds, start, settings)
+        view = round_html(rounds, start, run.spec)
         trace = Trace()
-        for data in run["events"]:
-            trace.add(event_from_dict(data))
+        for ev in run.events:
+            trace.add(ev)
         try:
             beliefs = None
-            if token_ids and run.get("prompt_ids"):
+            if run.token_ids and run.prompt_ids:
                 beliefs = self.server.result(self.server.caller(request), BeliefsRequest, {
-                    "model": run["model"], "prompt_ids": run["prompt_ids"], "token_ids": token_ids})
+                    "model": run.model, "prompt_ids": list(run.prompt_ids), "token_ids": list(run.token_ids)})
             beliefs_view = beliefs_html(beliefs) if beliefs else render.message_html("No token was generated.", "info")
         except HiSpecError as exc:
             beliefs, beliefs_view = None, render.message_html(f"What each exit believes: {exc}")
         return (rounds, gr.update(value=start, maximum=max(len(rounds) - 1, 1)), view, beliefs_view,
-                token_story.explain_all_html(trace, beliefs, settings))
+                token_story.explain_all_html(trace, beliefs, run))
 
 
 def _pairs(value) -> int:

@@ -13,6 +13,7 @@ import gradio as gr
 
 from hispec.engine.events import Event
 from hispec.explain import what_if as what_ifs
+from hispec.runs.record import RunRecord
 from hispec.runs.runner import LiveRun
 from hispec.runs.trace import Trace
 from hispec.serving.answer import Generation
@@ -104,8 +105,7 @@ class GenerateView:
         return self.run.levels
 
     def tokens(self) -> str:
-        settings = self.run.done.settings if self.run.done else {}
-        return render.tokens_html(self.run.trace, settings)
+        return render.tokens_html(self.run.trace, self._levels())
 
     def _charts(self, stats: dict, force: bool) -> dict:
         if not force and time.perf_counter() - self._charted < CHARTS_EVERY_S:
@@ -115,12 +115,9 @@ class GenerateView:
         return {"acc_plot": charts.acceptance_figure(history, self._levels()), "speed_plot": charts.speed_figure(history),
                 "work_plot": charts.work_figure(stats["layer_tokens"], self._levels())}
 
-    def kept(self) -> dict:
-        """The finished run, for the views after it (why this speed, step through, beliefs, stories)."""
-        done = self.run.done
-        return {"model": self.model_name, "stats": self.run.summary(), "settings": done.settings,
-                "events": self.run.events, "prompt_ids": self.prompt_ids,
-                "token_ids": list(done.token_ids), "vs_plain": self.vs_plain, "pairs_asked": self.pairs}
+    def kept(self) -> RunRecord:
+        """The finished run as one value, for the views after it (why this speed, step through, beliefs, stories)."""
+        return self.fold.record(self.model_name, self.pairs)
 
 
 class WhatIfView:
@@ -173,9 +170,8 @@ class WhatIfView:
         if self.run is None or not self.run.events:
             return {"what_if_tokens": "", "what_if_stats": "", "what_if_plot": gr.Plot(None, visible=False)}
         rates = self.take.rates
-        settings = self.run.done.settings if self.run.done else {}
-        tokens = render.what_if_tokens(render.tokens_html(self.run.trace, settings), rates)
-        stats = render.what_if_stats(self.run.summary(), rates, self.plain, self.done, self.take.of)
+        tokens = render.what_if_tokens(render.tokens_html(self.run.trace, self.run.levels), rates)
+        stats = render.what_if_stats(self.run.summary(), rates, self.plain, self.done, self.take.of, self.run.levels)
         lines = {"plain decoding (real, timed just before)": self.plain.tokens_per_s} if self.plain else {}
         figure = charts.speed_figure(list(self.run.stats.history), lines, synthetic=True)
         return {"what_if_tokens": tokens, "what_if_stats": stats, "what_if_plot": gr.Plot(figure, visible=True)}

@@ -43,9 +43,9 @@ _STATE_WORDS = {
 }
 
 
-def roles_of(settings: dict | None) -> dict[str, int]:
-    """The exit layer of each role ("draft", "verify") a run's settings name, from its levels."""
-    levels = (settings or {}).get("levels")
+def roles_of(levels: tuple | None) -> dict[str, int | str]:
+    """The level of each role ("draft", "verify") of a run's list as written (RunRecord.spec: (2, 4),
+    ('lookup', 'full@a8')): an exit's layer, or a cheaper format's spec."""
     return levels_by_role(tuple(levels)) if levels else {}
 
 
@@ -66,9 +66,9 @@ def _title(token: TraceToken, roles: dict[str, int], winner: TraceToken | None =
             "· click for the whole story")
 
 
-def tokens_html(trace: Trace, settings: dict | None = None, show_rejected: bool = True) -> str:
-    """The coloured tokens of a run; `settings`: its resolved settings (the exits' layers by role)."""
-    roles = roles_of(settings)
+def tokens_html(trace: Trace, levels: tuple | None = None, show_rejected: bool = True) -> str:
+    """The coloured tokens of a run; `levels`: its list below the full model as written (RunRecord.spec)."""
+    roles = roles_of(levels)
     winners = {t.index: t for t in trace if t.state in COMMITTED_STATES}
     spans = []
     for token in trace:
@@ -186,9 +186,8 @@ def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | N
         runs = r.get("runs") or [r["tokens_per_s"]]
         spread = (f" <span class='hs-hint'>({min(runs):.2f}–{max(runs):.2f}, {len(runs)} runs)</span>"
                   if len(runs) > 1 else " <span class='hs-hint'>(1 run)</span>")
-        roles = levels_by_role(tuple((r.get("settings") or {}).get("levels") or ()))
-        acceptance = ", ".join(f"{html.escape(pair_name(k, roles))} {v:.0%}"
-                               for k, v in (r.get("acceptance") or {}).items() if v is not None) or "–"
+        acceptance = ", ".join(f"{html.escape(pair)} {v:.0%}"  # keyed by its levels in words (evaluation.compare)
+                               for pair, v in (r.get("acceptance") or {}).items() if v is not None) or "–"
         ran = html.escape(r.get("ran") or r["method"])
         if r.get("plans"):
             plans = ", ".join(f"{plan_words(k)}: {n}" for k, n in sorted(r["plans"].items(), key=lambda kv: -kv[1]))
@@ -234,10 +233,12 @@ def what_if_tokens(tokens: str, rates: tuple[float, float]) -> str:
     return _what_if_banner(rates) + f"<div class='hs-synthetic-text'>{tokens}</div>"
 
 
-def what_if_stats(s: dict, rates: tuple[float, float], plain=None, takes: list = (), of: int = 1) -> str:
+def what_if_stats(s: dict, rates: tuple[float, float], plain=None, takes: list = (), of: int = 1,
+                  levels: tuple = ()) -> str:
     """A what-if run's speed against the plain run timed just before it, every row labelled.
     `s`: the synthetic run's stats; `plain`: its take's plain run (explain.what_if.PlainTimed);
-    `takes`: the takes finished so far (TakeDone), of `of` asked for."""
+    `takes`: the takes finished so far (TakeDone), of `of` asked for; `levels`: its list as written
+    (its pairs are named by what the levels are)."""
     this = " (this take)" if of > 1 else ""
     rows = [(f"{SYNTHETIC}: tokens / s{this}", f"{s['tokens_per_s']:.2f}")]
     if plain is not None:
@@ -252,12 +253,15 @@ def what_if_stats(s: dict, rates: tuple[float, float], plain=None, takes: list =
         rows.append((f"{SYNTHETIC}: each take, synthetic / real plain tokens / s (tokens)",
                      html.escape(", ".join(f"{t.synthetic_tokens_per_s:.1f} / {t.plain_tokens_per_s:.1f} "
                                            f"({t.new_tokens})" for t in takes))))
-    rows += [(f"{SYNTHETIC}: acceptance {pair_name(k)}", _pct(v)) for k, v in s["acceptance"].items()]
+    roles = roles_of(levels)
+    middle = f" ({level_words(roles['verify']).removeprefix('the ')})" if "verify" in roles else ""
+    rows += [(f"{SYNTHETIC}: acceptance {pair_name(k, roles)}", _pct(v)) for k, v in s["acceptance"].items()]
     rows += [(f"{SYNTHETIC}: full-model passes", str(s["full_passes"])),
              (f"{SYNTHETIC}: new tokens", str(s["new_tokens"]))]
     body = "".join(f"<tr><td>{html.escape(a)}</td><td>{b}</td></tr>" for a, b in rows)
     return (f"<table class='hs-stats hs-synthetic-stats' id='hs-what-if-table'>{body}</table>"
-            f"<p class='hs-hint'>Asked for: {rates[0]:.0%} draft → verify, {rates[1]:.0%} → full model (per token, "
+            f"<p class='hs-hint'>Asked for: {rates[0]:.0%} for the middle level's verdicts{html.escape(middle)}, "
+            f"{rates[1]:.0%} for the full model's (per token, "
             "drawn independently). Both runs of a take ignore end-of-text and write the whole budget, so they are "
             "the same length. "
             + ("Each take is a real plain run, then the synthetic run with its own draws." if of > 1 else

@@ -33,7 +33,7 @@ def show_round(rounds, i, run):
     if not rounds or not run:
         return STEP_HINT
     i = min(max(int(i), 0), len(rounds) - 1)
-    return round_html(rounds, i, run["settings"])
+    return round_html(rounds, i, run.spec)
 
 
 def step(rounds, i, delta):

@@ -194,15 +194,15 @@ def cache_table_html(before: list[int], after: list[int]) -> str:
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-def round_html(rounds: list[dict], i: int, settings: dict | None = None) -> str:
+def round_html(rounds: list[dict], i: int, levels: tuple | None = None) -> str:
     """Round i of a replay as numbered steps, its plan and the KV cache lengths before and after;
-    `settings`: the run's resolved settings (its exits by role)."""
+    `levels`: the run's list below the full model as written (RunRecord.spec: its exits by role)."""
     if not rounds:
         return ('<div id="hs-step" class="hs-steps" data-round=""><span class="hs-empty">'
                 "Generate first: each round of the finished run can then be replayed step by step.</span></div>")
     i = min(max(i, 0), len(rounds) - 1)
     rnd = rounds[i]
-    roles = levels_by_role(tuple((settings or {}).get("levels") or ()))
+    roles = levels_by_role(tuple(levels or ()))
     head = [round_label(rounds, i)]
     plan = rnd.get("plan")
     if plan:
@@ -218,7 +218,7 @@ def round_html(rounds: list[dict], i: int, settings: dict | None = None) -> str:
             f'<div class="hs-step-head">{html.escape(_SEP.join(head))}</div>'
             f'<ol class="hs-step-list">{"".join(steps)}</ol>'
             f'<div class="hs-step-summary">{html.escape(_SEP.join(summary))}</div>'
-            f'{step_key_html(roles, "lookup" in tuple((settings or {}).get("levels") or ("lookup",)))}'
+            f'{step_key_html(roles, levels is None or "lookup" in tuple(levels))}'
             f'{cache_table_html(rnd["cache_before"], rnd["cache_after"])}</div>')
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 
 from hispec.engine.events import TokenState as S
+from hispec.runs.record import RunRecord
 from hispec.runs.trace import Trace, TraceToken
 from hispec.text import printable
 from ui.labels import level_words
@@ -91,12 +92,12 @@ def predictions_html(index: int, beliefs: dict) -> str:
             f"<table class='hs-stats hs-explain-table'>{''.join(rows)}</table></div>")
 
 
-def _sampling_note(token: TraceToken, beliefs: dict | None, settings: dict) -> str:
+def _sampling_note(token: TraceToken, beliefs: dict | None, record: RunRecord) -> str:
     """Under sampling a judge keeps a token x with probability min(1, p_judge(x) / p_holder(x)), the
     holder being the level that last proposed or passed it (the engine's speculative sampling)."""
-    if not settings.get("temperature") or not beliefs or token.origin not in ("draft", "verify"):
+    if record.sampling.greedy or not beliefs or token.origin not in ("draft", "verify"):
         return ""
-    if settings["temperature"] != 1 or settings.get("top_k") or settings.get("top_p", 1) != 1:
+    if not record.sampling.plain_distribution:
         return ("<p class='hs-hint'>Sampled run: each judge kept this token with probability min(1, p_judge(x) / "
                 "p_holder(x)) over the distributions at this run's temperature, top-k and top-p; the "
                 "probabilities in the table are plain (temperature 1), so the ratio is not shown here.</p>")
@@ -112,7 +113,7 @@ def _sampling_note(token: TraceToken, beliefs: dict | None, settings: dict) -> s
             return None
         return cell["p"] if kept and "p" in cell else _prob_of(cell, token.token_id)
 
-    roles, L = roles_of(settings), settings.get("num_layers")
+    roles, L = roles_of(record.spec), record.num_layers
     # the levels that held the token in turn: where it was drafted, the exits above it, the full model
     chain = [roles[r] for r in ("draft", "verify") if r in roles and (token.origin == "draft" or r == "verify")] + [L]
     steps = []
@@ -137,11 +138,11 @@ def chain_html(token: TraceToken, trace: Trace, d, v) -> str:
 
 
 def explain_token(token: TraceToken, winner: TraceToken | None, fell_with_another: bool, beliefs: dict | None,
-                  settings: dict, trace: Trace | None = None) -> str:
+                  record: RunRecord, trace: Trace | None = None) -> str:
     """One token's story: who proposed it, who judged it and how, what replaced it (`winner`: the
     committed token at its position), and the whole chain of tokens at its position; `fell_with_another`:
     an earlier token of its block was rejected."""
-    roles = roles_of(settings)
+    roles = roles_of(record.spec)
     d, v = roles.get("draft"), roles.get("verify")
     who = _drafter(token.origin, d, v) if token.born is S.DRAFTED else _who(token.origin, d, v)
     fate = FATE.get(token.css_class, token.css_class).format(d=d, v=v)
@@ -161,11 +162,11 @@ def explain_token(token: TraceToken, winner: TraceToken | None, fell_with_anothe
         lines.append(chain_html(token, trace, d, v))
     if not beliefs:
         lines.append("<p class='hs-hint'>Exit predictions appear once the run has finished.</p>")
-    lines.append(_sampling_note(token, beliefs, settings))
+    lines.append(_sampling_note(token, beliefs, record))
     return f"<div class='hs-explain' data-s='{token.serial}' data-i='{token.index}' hidden>{''.join(lines)}</div>"
 
 
-def explain_all_html(trace: Trace, beliefs: dict | None, settings: dict) -> str:
+def explain_all_html(trace: Trace, beliefs: dict | None, record: RunRecord) -> str:
     """Every token's hidden story and every position's hidden predictions, with the hint shown while
     no token is selected."""
     tokens = list(trace)
@@ -179,7 +180,7 @@ def explain_all_html(trace: Trace, beliefs: dict | None, settings: dict) -> str:
     for t in tokens:
         fell = (t.state in (S.VERIFY_REJECTED, S.TARGET_REJECTED)
                 and first_rejected.get((t.round, t.stage), t.index) < t.index)
-        blocks.append(explain_token(t, winners.get(t.index), fell, beliefs, settings, trace))
+        blocks.append(explain_token(t, winners.get(t.index), fell, beliefs, record, trace))
     if beliefs:
         positions = sorted({t.index for t in tokens if t.index < len(beliefs.get("tokens", []))})
         blocks += [predictions_html(i, beliefs) for i in positions]

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import html
 
-from hispec.engine.levels import level_words, levels_by_role
 from hispec.evaluation import pairs
-from hispec.explain.speed_model import RoundShape
-from hispec.runs.metrics import in_stack_order, pair_name
+from hispec.runs.record import words as level_name
 from hispec.engine.planning.round import DRAFTS_ON_MEANS
 
 
@@ -29,19 +27,9 @@ def _n(k: int, word: str) -> str:
     return f"{k} {word}{'' if k == 1 else 's'}"
 
 
-def shape_words(r: RoundShape) -> str:
-    if r.kind == "hierarchy":
-        pending = "each tentative token" if r.verify_at == 1 else f"{r.verify_at} tentative tokens"
-        return (f"HiSpec, fixed: {_n(r.count, 'draft')} at exit {r.exits[-2]}, judged at exit {r.exits[-1]}, "
-                f"the full model after {pending}")
-    return f"LayerSkip, fixed: {_n(r.count, 'draft')} at exit {r.exits[0]}, then the rest of the model"
-
-
-def _plan_acceptance(plan: dict, levels: tuple = ()) -> str:
-    """Each level pair the plan measured, bottom first, named as the stats name it (`levels`: the run's)."""
-    roles, measured = levels_by_role(tuple(levels or ())), plan["acceptance"]
-    return ", ".join(f"{pair_name(key, roles)} {_pct(measured[key])}"
-                     for key in in_stack_order(measured) if measured[key] is not None) or "–"
+def _plan_acceptance(acceptance: dict) -> str:
+    """Each level pair measured, bottom first, by its levels in words ({"lookup → 4-bit full model": 0.8})."""
+    return ", ".join(f"{pair} {_pct(rate)}" for pair, rate in acceptance.items() if rate is not None) or "–"
 
 
 def _break_even(p: dict) -> str:
@@ -64,7 +52,7 @@ def plans_table(story: dict) -> str:
         model_rate = "–" if estimate is None else f"{estimate:.1f} <span class='hs-hint'>estimate</span>"
         rows.append(
             f"<tr><td>{html.escape(p['words'])}</td><td>{p['rounds']}</td><td>{p['new_tokens']}</td>"
-            f"<td>{_pct(p['share'])}</td><td>{html.escape(_plan_acceptance(p, story.get('levels')))}</td>"
+            f"<td>{_pct(p['share'])}</td><td>{html.escape(_plan_acceptance(p['acceptance']))}</td>"
             f"<td>{'–' if measured is None else f'{measured:.1f}'}</td><td>{model_rate}</td>"
             f"<td>{_x(p['predicted'], p.get('range'))}</td><td>{_x(p.get('expected_gain'))}</td>"
             f"<td>{html.escape(_break_even(p))}</td></tr>")
@@ -103,16 +91,15 @@ def _measured_row(story: dict) -> str:
     cut = f", {m['cut']} more cut short and not counted" if m.get("cut") else ""
     pairs = f"{m['runs']} pair{'s' if m['runs'] > 1 else ''} of runs, {m.get('new_tokens', '?')} tokens each{cut}"
     # every pair the run measured (not only its main plan's): lookup may have written most tokens
-    every = {"acceptance": story.get("run_acceptance") or {}}
     return (f"<tr><td>this run, measured against plain decoding ({pairs}, prefill included in both)</td>"
-            f"<td>{html.escape(_plan_acceptance(every, story.get('levels')))}</td>"
+            f"<td>{html.escape(_plan_acceptance(story.get('run_acceptance') or {}))}</td>"
             f"<td><b>{html.escape(pairs_words(m))}</b></td><td>measured</td></tr>")
 
 
 def _what_if_row(w: dict, story: dict) -> str:
     """The what-if's result on the run's own level list (synthetic verdicts at the sliders' acceptance)."""
     a_dv, a_vt = w["rates"]
-    names = " → ".join([level_words(x).removeprefix("the ") for x in story.get("levels", ())] + ["full model"])
+    names = " → ".join(level_name(x).removeprefix("the ") for x in story.get("levels", ()))
     return (f"<tr><td>this run's levels ({html.escape(names)}), what-if run at the sliders ({w['takes']} takes, "
             f"timing only)</td><td>{_pct(a_dv)} middle level, {_pct(a_vt)} → full</td>"
             f"<td>{_x(w['median'], (w['low'], w['high']) if w['takes'] > 1 else None)}</td>"
@@ -144,24 +131,28 @@ def why_html(story: dict) -> str:
     if story["measured"] and story["predicted"] is not None:
         rows.append(f"<tr><td>this run, estimated from its plans (decoding only)</td><td>–</td>"
                     f"<td>{_x(story['predicted'], story['predicted_range'])}</td><td>estimate</td></tr>")
-    shape = story.get("shape")
-    if shape is not None:
+    plan = story.get("slider_plan")
+    if plan is not None:
         at = story["sliders"]
-        words = html.escape(shape_words(shape))
-        acc = (f"{_pct(at['a_dv'])} draft → verify, {_pct(at['a_vt'])} → full" if shape.kind == "hierarchy"
-               else f"{_pct(at['a_vt'])} → full")
+        words = html.escape(f"{plan['words']} ({plan['round']})")
+        acc = (f"{_pct(at['a_dv'])} {plan['low_pair']}, {_pct(at['a_vt'])} {plan['full_pair']}" if at["has_low"]
+               else f"{_pct(at['a_vt'])} {plan['full_pair']}")
         rows.append(f"<tr><td>{words}, at the sliders</td><td>{acc}</td><td><b>{_x(at['predicted'])}</b></td>"
                     "<td>estimate</td></tr>")
         w = at["what_if"]
         if w and w.get("median") is not None:
-            rows.append(f"<tr><td>{words}, what-if run at the sliders ({w['takes']} takes, timing only)</td><td>{acc}</td>"
+            listed = html.escape(" → ".join(level_name(x).removeprefix("the ") for x in story.get("levels", ())))
+            rows.append(f"<tr><td>this run's levels ({listed}), what-if run at the sliders ({w['takes']} takes, "
+                        f"timing only)</td><td>{acc}</td>"
                         f"<td>{_x(w['median'], (w['low'], w['high']) if w['takes'] > 1 else None)}</td>"
                         "<td>measured, SYNTHETIC verdicts</td></tr>")
             rows.append(f"<tr><td colspan='4' class='hs-hint' id='hs-what-if-gap'>{what_if_gap_html(w, at['what_if_gap'])}"
                         "</td></tr>")
         be = at["break_even"]
-        rows.append(f"<tr><td>break-even of the same plan (draft → verify held at {_pct(at['a_dv'])})</td>"
-                    f"<td>{_pct(be) if be is not None else 'never'} → full</td><td>1.00×</td><td>estimate</td></tr>")
+        held = f" ({plan['low_pair']} held at {_pct(at['a_dv'])})" if at["has_low"] else ""
+        rows.append(f"<tr><td>break-even of the same plan{html.escape(held)}</td>"
+                    f"<td>{_pct(be) if be is not None else 'never'} {html.escape(plan['full_pair'])}</td><td>1.00×</td>"
+                    "<td>estimate</td></tr>")
     if story.get("what_if"):  # a run with no fixed shape: its own list replayed at the sliders
         rows.append(_what_if_row(story["what_if"], story))
     table = scrolling("<table class='hs-stats' id='hs-why-table'><tr><th>figure</th><th>acceptance</th>"
@@ -212,7 +203,8 @@ def speed_source_words(story: dict) -> str:
              else f"No plan beat {source} in this run.")
     rounds = sum(p["rounds"] for p in story["plans"])
     hierarchy = sum(p["rounds"] for p in story["plans"] if p["hierarchy"])
-    two_exits = sum(isinstance(x, int) for x in story.get("levels", (2, 4))) >= 2  # the list has a hierarchy of exits
+    # the list has a hierarchy of exits
+    two_exits = sum(lv.kind == "exit" for lv in story.get("levels", ())) >= 2
     if story.get("adapts") and two_exits and rounds and hierarchy / rounds < 0.1:
         text += (f" The exits' hierarchy (draft exit, then verifier exit, then the full model) ran in {hierarchy} of "
                  f"{rounds} rounds: to watch it at work, pick the Teaching preset (fixed rounds).")

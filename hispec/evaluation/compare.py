@@ -18,6 +18,7 @@ from typing import Iterator
 from hispec.engine.config import DecodeConfig, run_name
 from hispec.engine.levels import level_words
 from hispec.evaluation import pairs as timed_pairs
+from hispec.runs.record import acceptance_in_words
 from hispec.runs.runner import plain_config
 
 BASELINES = ("autoregressive", "layerskip")
@@ -88,9 +89,9 @@ def _fold(row: dict, r) -> None:
     for plan, n in (r.stats.get("policy_choices") or {}).items():
         row["plans"][plan] = row["plans"].get(plan, 0) + n
     row.update(new_tokens=len(r.token_ids), wall_s=r.stats["wall_s"], token_ids=r.token_ids, text=r.text,
-               acceptance=r.stats["acceptance"], full_passes=r.stats["full_passes"],
+               acceptance=acceptance_in_words(r.stats["acceptance"], r.settings), full_passes=r.stats["full_passes"],
                finish_reason=r.stats["finish_reason"], dtype=r.settings.get("dtype", "float32"),
-               settings={k: r.settings.get(k) for k in ("levels", "lengths", "policy")})
+               settings={k: r.settings.get(k) for k in ("levels", "lengths", "policy")})  # acceptance: by levels, in words
 
 
 def vs_plain(lm, ids: list[int], config: DecodeConfig, new_tokens: int, pairs: int,

@@ -8,19 +8,21 @@ round to the end of this one: bookkeeping included), its share of the decode tim
 prefill apart), its per-token acceptance per level pair, the lengths it used (the median `count`,
 `verify_at` and `then`), which is what its prediction and break-even need, and the gain over a plain step
 the adaptive policy expected when it chose it. Rounds are read as values (PolicyEvent.plan), never from
-their labels (a trace recorded before that is read once, by engine.planning.round.Round.from_label).
+their labels (a trace recorded before that is read once, by runs.record).
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from hispec.engine.config import recorded_lengths
-from hispec.engine.events import DoneEvent, Event, PolicyEvent, RoundEvent, TokenEvent
-from hispec.engine.levels import Level, recorded_levels
+from hispec.engine.events import DoneEvent, RoundEvent, TokenEvent
+from hispec.engine.levels import Level
 from hispec.engine.planning.round import Round, RoundKind
 from hispec.runs.metrics import StatsCollector
+from hispec.runs.record import PairAcceptance, RunRecord, pairs_of
+
+Pair = tuple[Level, Level]
 
 
 @dataclass
@@ -31,16 +33,19 @@ class PlanRow:
     new_tokens: int = 0
     seconds: float = 0.0
     share: float = 0.0  # of the decode time (prefill apart)
-    acceptance: dict[str, float | None] = field(default_factory=dict)  # per token, per level pair
-    judged: dict[str, int] = field(default_factory=dict)  # tokens judged per pair (up to first rejections)
+    pairs: tuple[PairAcceptance, ...] = ()  # per token, per level pair (in order up to first rejections)
     count: int = 1  # median proposed tokens per round
     verify_at: int = 1  # median pending tokens that called the full model
     then: int = 0  # median tokens the judge drafted on
     expected_gain: float | None = None  # median gain over a plain step the policy expected when it chose it
 
     @property
-    def key(self) -> str:
-        return self.kind.key
+    def acceptance(self) -> dict[Pair, float | None]:
+        return {(p.low, p.high): p.rate for p in self.pairs}
+
+    @property
+    def judged(self) -> dict[Pair, int]:
+        return {(p.low, p.high): p.judged for p in self.pairs}
 
     @property
     def round(self) -> Round:
@@ -53,44 +58,29 @@ class PlanRow:
         return self.new_tokens / self.seconds if self.seconds > 0 else None
 
 
-def fixed_round(levels: tuple[Level, ...], settings: dict) -> Round:
-    """The round a fixed run without PolicyEvents runs (a trace recorded before every round was an event):
-    the bottom level proposes, the levels above judge, the full model after t pending (1 without a judge)."""
-    k, t = recorded_lengths(settings)
-    top, judges = levels[-1], levels[1:-1]
-    if len(levels) == 1:
-        return Round.plain_step(top)
-    return Round(levels[0], top, k, judges, t if judges else 1)
-
-
-def plan_rows(events: list[Event], settings: dict) -> list[PlanRow]:
+def plan_rows(record: RunRecord) -> list[PlanRow]:
     """One row per kind of plan that ran, most time first."""
-    levels = recorded_levels(settings)
-    plans: dict[int, PolicyEvent] = {ev.round: ev for ev in events if isinstance(ev, PolicyEvent)}
-    fallback = None if plans else fixed_round(levels, settings)
     rows: dict[RoundKind, PlanRow] = {}
     collectors: dict[RoundKind, StatsCollector] = {}
     shapes: dict[RoundKind, list[tuple[int, int, int]]] = {}
     gains: dict[RoundKind, list[float]] = {}
-    kind_of: dict[int, RoundKind] = {}
+    seen: set[int] = set()
     prev_t, decode_s = 0.0, 0.0
-    for ev in events:
+    for ev in record.events:
         if isinstance(ev, RoundEvent) and ev.round == 0:
             prev_t = ev.t
             continue
         r = getattr(ev, "round", None)
-        if r is None or r == 0 or isinstance(ev, DoneEvent):
+        if r is None or r == 0 or isinstance(ev, DoneEvent) or r not in record.plans:
             continue
-        kind = kind_of.get(r)
-        if kind is None:
-            policy = plans.get(r)
-            chosen = (fallback if policy is None else policy.plan if policy.plan is not None
-                      else Round.from_label(policy.choice, levels))
-            kind = kind_of[r] = chosen.kind
+        chosen = record.plans[r]
+        kind = chosen.kind
+        if r not in seen:
+            seen.add(r)
             shapes.setdefault(kind, []).append((chosen.count, chosen.verify_at, chosen.then))
-            if policy is not None and policy.expected_gain is not None:
-                gains.setdefault(kind, []).append(policy.expected_gain)
-        row = rows.setdefault(kind, PlanRow(kind, levels[-1]))
+        if getattr(ev, "expected_gain", None) is not None:  # the PolicyEvent of an adaptive round
+            gains.setdefault(kind, []).append(ev.expected_gain)
+        row = rows.setdefault(kind, PlanRow(kind, record.top))
         collectors.setdefault(kind, StatsCollector()).add(ev)
         if isinstance(ev, RoundEvent):
             row.rounds += 1
@@ -101,8 +91,7 @@ def plan_rows(events: list[Event], settings: dict) -> list[PlanRow]:
             row.new_tokens += 1
     for kind, row in rows.items():
         row.share = row.seconds / decode_s if decode_s > 0 else 0.0
-        row.acceptance = collectors[kind].acceptance()
-        row.judged = {key: n for key, (_, n) in collectors[kind].in_order.items()}
+        row.pairs = pairs_of(collectors[kind], record.levels)
         ks, ats, thens = zip(*shapes[kind])
         row.count, row.verify_at, row.then = (int(statistics.median(x)) for x in (ks, ats, thens))
         if gains.get(kind):

@@ -15,83 +15,47 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from hispec.engine.config import recorded_lengths
 from hispec.engine.planning.costs import CostModel
-from hispec.engine.levels import LOOKUP, Level, build_levels, levels_by_role, parse_levels
+from hispec.engine.levels import LOOKUP, Level
 from hispec.engine.planning.round import Round, plain_rate
-from hispec.runs.metrics import pair_name
+from hispec.runs.record import words
 
 Lanes = Mapping[str | None, CostModel]  # each number format's costs (None: the exact format)
+Pair = tuple[Level, Level]
 
 
-@dataclass(frozen=True)
-class RoundShape:
-    """What a fixed round of exits does (the sliders' curves are for it): the levels below the full model
-    (a level list of engine.levels, e.g. ("lookup", 2, 4)) and its lengths. Its `kind`: "hierarchy" (two
-    exits: the lower drafts, the upper judges first), "exit" (one exit drafts), "lookup" (lookup drafts),
-    or "plain"."""
-
-    levels: tuple = ()
-    count: int = 1  # tokens drafted per round
-    verify_at: int = 1  # tentative tokens that call the full model
-
-    @classmethod
-    def from_settings(cls, settings: dict) -> RoundShape:
-        """From a run's settings (DoneEvent.settings / a resolved DecodeConfig as a dict)."""
-        return cls(tuple(parse_levels(settings.get("levels") or ())), *recorded_lengths(settings))
-
-    @property
-    def exits(self) -> tuple[int, ...]:
-        return tuple(x for x in self.levels if isinstance(x, int))
-
-    @property
-    def kind(self) -> str:
-        exits = self.exits
-        if len(exits) >= 2:
-            return "hierarchy"
-        if len(exits) == 1 and LOOKUP not in self.levels:
-            return "exit"
-        return "lookup" if LOOKUP in self.levels and not exits else "plain"
-
-    def as_round(self, num_layers: int) -> Round:
-        """The engine's round of this shape (the exits that draft and judge; lookup only when it drafts)."""
-        kept = self.exits[-2:] if self.exits else ((LOOKUP,) if self.kind == "lookup" else ())
-        levels = build_levels(kept, num_layers)
-        top = levels[-1]
-        if len(levels) == 1:
-            return Round.plain_step(top)
-        judges = levels[1:-1]
-        return Round(levels[0], top, self.count, judges, self.verify_at if judges else 1)
+def slider_acceptance(a_low: float | None, a_full: float | None):
+    """(holder, judge) -> acceptance for the sliders: `a_full` for a pair into the full model, `a_low` for a
+    pair below it (a copy or a draft judged by a middle level)."""
+    return lambda low, high: a_full if high.kind == "full" and high.precision is None else a_low
 
 
-def pair_acceptance(a_dv: float | None, a_vt: float | None):
-    """(holder, judge) -> acceptance: `a_vt` for the pair into the full model, `a_dv` for a pair below it."""
-    return lambda low, high: a_vt if high.name == "target" else a_dv
+class SliderModel:
+    """The sliders' estimates for one plan of the run (a Round, in any lane): the adaptive policy's formula
+    (engine.planning.round.Round.rate) over the costs the run kept for every lane."""
 
+    def __init__(self, lanes: Lanes, num_layers: int):
+        self.lanes, self.L = lanes, num_layers
 
-class SpeedModel:
-    """The sliders' estimates for a fixed shape of exact exits: the adaptive policy's formula
-    (engine.planning.round.Round.rate) over the exact model's costs."""
+    def speedup(self, r: Round, a_low: float | None, a_full: float) -> float | None:
+        """Predicted tokens/s relative to plain steps; None where no formula covers the round."""
+        if r.plain:
+            return 1.0
+        return r.speedup(self.lanes, slider_acceptance(a_full if a_low is None else a_low, a_full))
 
-    def __init__(self, costs: CostModel, num_layers: int):
-        self.costs, self.L = costs, num_layers
-
-    def speedup(self, r: RoundShape, a_dv: float, a_vt: float) -> float:
-        """Predicted tokens/s relative to plain steps; a_dv: draft->verify, a_vt: the exit just
-        below the full model -> full model (layerskip: its exit -> full model)."""
-        value = r.as_round(self.L).speedup({None: self.costs}, pair_acceptance(a_dv, a_vt))
-        return 1.0 if value is None else value
-
-    def curve(self, r: RoundShape, a_dv: float | None = None, points: int = 21) -> list[tuple[float, float]]:
-        """(acceptance, predicted speedup) over acceptance 0..1 of the exit below the full model;
-        a_dv None: the draft exit agrees with the verifier as often (one acceptance for both)."""
+    def curve(self, r: Round, a_low: float | None = None, points: int = 21) -> list[tuple[float, float]]:
+        """(acceptance into the full model, predicted speedup) over 0..1; a_low None: the pair below agrees as
+        often (one acceptance for both)."""
         xs = [i / (points - 1) for i in range(points)]
-        return [(a, self.speedup(r, a if a_dv is None else a_dv, a)) for a in xs]
+        out = [(a, self.speedup(r, a if a_low is None else a_low, a)) for a in xs]
+        return [(a, y) for a, y in out if y is not None]
 
-    def break_even(self, r: RoundShape, a_dv: float | None = None) -> float | None:
-        """The lowest acceptance (as in `curve`) at which the prediction reaches plain speed; None if
-        even acceptance 1 does not (the round costs more than it can commit)."""
-        return _lowest(lambda a: self.speedup(r, a if a_dv is None else a_dv, a))
+    def break_even(self, r: Round, a_low: float | None = None) -> float | None:
+        """The lowest acceptance into the full model at which the prediction reaches plain speed (the pair
+        below held at `a_low`); None if even 1 does not, or no formula covers the round."""
+        if self.speedup(r, a_low, 1.0) is None:
+            return None
+        return _lowest(lambda a: self.speedup(r, a if a_low is None else a_low, a))
 
 
 def _lowest(speedup) -> float | None:
@@ -108,20 +72,10 @@ def _lowest(speedup) -> float | None:
     return hi
 
 
-def measured_pairs(acceptance: dict, kind: str) -> tuple[float | None, float | None]:
-    """(a_dv, a_vt) measured in a run of a shape of this `kind` (RoundShape.kind), from its stats'
-    acceptance (None where not measured)."""
-    if kind == "exit":
-        return None, acceptance.get("draft->target")
-    if kind == "hierarchy":
-        return acceptance.get("draft->verify"), acceptance.get("verify->target")
-    return None, None
-
-
 # ---- a run plan by plan (explain.plans), measured and predicted ------------------------------
-def pair_key(low: Level, high: Level) -> str:
-    """The stats' key of a level pair: 'lookup->verify', 'verify->target'."""
-    return f"{low.name}->{high.name}"
+def pair_words(pair: Pair) -> str:
+    low, high = pair
+    return f"{words(low).removeprefix('the ')} → {words(high).removeprefix('the ')}"
 
 
 def swept_pair(r: Round) -> tuple[Level, Level] | None:
@@ -140,7 +94,7 @@ def measured_acceptance(acceptance: dict, swept: tuple[Level, Level] | None = No
     def accept(low: Level, high: Level):
         if swept is not None and (low, high) == swept:
             return at
-        value = acceptance.get(pair_key(low, high))
+        value = acceptance.get((low, high))
         return at if value is None and at is not None else value
     return accept
 
@@ -154,40 +108,42 @@ def break_even(r: Round, lanes: Lanes, acceptance: dict) -> float | None:
     return _lowest(lambda a: r.speedup(lanes, measured_acceptance(acceptance, swept, a)))
 
 
-def plan_acceptance(acceptance: dict) -> tuple[float | None, float | None]:
-    """(a_dv, a_vt) of one plan's per-token acceptance: draft -> verify, and the level just below
-    the full model -> full model (whichever level that is in this plan)."""
-    to_full = [v for key, v in acceptance.items() if key.endswith("->target") and v is not None]
-    return acceptance.get("draft->verify"), (to_full[0] if to_full else None)
+def plan_acceptance(acceptance: dict[Pair, float | None]) -> tuple[float | None, float | None]:
+    """(below, into the full model) of one plan's per-token acceptance: the lowest pair judged by a middle
+    level, and the pair that reached the full model (the sliders' two values)."""
+    below = [v for (low, high), v in acceptance.items() if high.name != "target" and v is not None]
+    to_full = [v for (low, high), v in acceptance.items() if high.name == "target" and v is not None]
+    return (below[0] if below else None), (to_full[0] if to_full else None)
 
 
-def explain_plans(rows, costs: CostModel | Lanes, num_layers: int, plain_tokens_per_s: float | None = None,
-                  levels: tuple = ()) -> list[dict]:
+def explain_plans(rows, costs: CostModel | Lanes, num_layers: int,
+                  plain_tokens_per_s: float | None = None) -> list[dict]:
     """Each plan that ran (explain.plans.PlanRow) with the cost model's figures at its measured
     acceptance: predicted speedup over a plain step, its break-even acceptance (and the pair it is stated
     in), and the predicted tokens/s once the model's plain step is calibrated to the measured plain runs
     (`plain_tokens_per_s`; None: the cost model's own plain step). `costs`: the exact model's, or one per
     lane the run used ({None: exact, 'q4': ...}); a plan with a level in a lane without costs has no
-    estimate. `levels`: the run's level list as written (names the pairs). JSON-ready dicts: the page and
-    /generate's answer show the same."""
+    estimate. JSON-ready dicts, every pair named by its levels in words: the page and /generate's answer show
+    the same."""
     lanes = costs if isinstance(costs, Mapping) else {None: costs}
     plain = plain_rate(lanes[None], num_layers) if None in lanes else None  # no costs kept: measured only
     scale = (plain_tokens_per_s / plain) if plain_tokens_per_s and plain else 1.0
-    roles = levels_by_role(tuple(levels)) if levels else None
     out = []
     for row in rows:
         r = row.round
         a_dv, a_vt = plan_acceptance(row.acceptance)
         swept = swept_pair(r)
-        item = {"kind": row.key, "words": r.kind.words, "round": r.words, "plain": r.plain,
-                "drafts_on": r.kind.drafts_on, "hierarchy": bool(r.judges) and r.proposer.kind != LOOKUP, "rounds": row.rounds, "new_tokens": row.new_tokens, "share": row.share,
+        item = {"words": r.kind.words, "round": r.words, "plain": r.plain,
+                "drafts_on": r.kind.drafts_on,
+                "hierarchy": bool(r.judges) and r.proposer.kind != LOOKUP, "rounds": row.rounds, "new_tokens": row.new_tokens, "share": row.share,
                 "measured_tokens_per_s": row.tokens_per_s, "a_dv": a_dv, "a_vt": a_vt,
-                "acceptance": dict(row.acceptance),  # every pair the plan measured, by role
+                # every pair the plan measured, bottom first, by its levels in words
+                "acceptance": {pair_words(pair): rate for pair, rate in row.acceptance.items()},
                 "count": row.count, "verify_at": row.verify_at, "then": row.then,
                 "measured_vs_plain": (row.tokens_per_s / plain_tokens_per_s if row.tokens_per_s and plain_tokens_per_s
                                       else None),
                 "expected_gain": row.expected_gain, "predicted": None, "break_even": None,
-                "break_even_pair": None if swept is None else pair_name(pair_key(*swept), roles),
+                "break_even_pair": None if swept is None else pair_words(swept),
                 "predicted_tokens_per_s": None}
         if plain is None:
             pass

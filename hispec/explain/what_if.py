@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from hispec.engine.config import DecodeConfig
-from hispec.engine.levels import LOOKUP, level_words, levels_by_role
-from hispec.engine.planning.policy import POLICIES, adapts
+from hispec.engine.levels import Level
 from hispec.errors import ConfigError
 from hispec.evaluation import pairs
+from hispec.runs.record import RunRecord, words
 from hispec.runs.runner import RunResult, plain_config
 from hispec.runs.timing_only import SyntheticAcceptance
 
@@ -29,22 +29,23 @@ MAX_TAKES = 5
 
 @dataclass(frozen=True)
 class Replay:
-    """What a what-if runs for a finished run: its own level list (bottom first, the full model left out),
-    policy and lengths, with verdicts drawn at two rates: the middle level's on what the bottom level
-    proposed (`a_dv`, absent without a middle level) and the full model's on whatever reaches it (`a_vt`)."""
+    """What a what-if runs for a finished run: its own levels below the full model (bottom first), policy and
+    lengths, with verdicts drawn at two rates: the middle level's on what the bottom level proposed (`a_dv`,
+    absent without a middle level) and the full model's on whatever reaches it (`a_vt`)."""
 
-    levels: tuple
+    levels: tuple[Level, ...]
     policy: str
+    adapts: bool
     lengths: tuple[int, int] | None  # a fixed round's (k, t); None: the adaptive policy plans its own
-    dv_pair: str | None  # the run's pair the middle level judges ("lookup->verify"), None: no middle level
-    vt_pair: str  # the run's pair the full model judges most ("verify->target")
+    dv_pair: tuple[Level, Level] | None  # the pair the middle level judges; None: no middle level
+    vt_pair: tuple[Level, Level]  # the pair the full model judges most
 
     @property
     def words(self) -> str:
         """'lookup → the 4-bit full model → the full model, adaptive'."""
-        names = [level_words(x) for x in self.levels] + ["the full model"]
-        policy = "adaptive" if adapts(self.policy) else "fixed"
-        if not adapts(self.policy) and self.lengths:
+        names = [words(x) for x in self.levels] + ["the full model"]
+        policy = "adaptive" if self.adapts else "fixed"
+        if not self.adapts and self.lengths:
             k, t = self.lengths
             policy += f" ({k} draft{'s' if k != 1 else ''} a round, the full model at {t} pending)"
         return " → ".join(names) + f", {policy}"
@@ -52,35 +53,32 @@ class Replay:
     def request_fields(self) -> dict:
         """GenerateRequest's fields that make the run's own list (a list is HiSpec's; the page's exit and
         length sliders are left out by the caller)."""
-        return {"method": "hispec", "levels": ",".join(map(str, self.levels)),
+        return {"method": "hispec", "levels": ",".join(str(x.spec) for x in self.levels),
                 "lengths": ",".join(map(str, self.lengths)) if self.lengths else None}
 
-    def sliders(self, acceptance: dict) -> tuple[float | None, float | None]:
+    def sliders(self, record: RunRecord) -> tuple[float | None, float | None]:
         """The run's own measured acceptance for the two sliders (None: the run measured none there)."""
-        return (acceptance.get(self.dv_pair) if self.dv_pair else None), acceptance.get(self.vt_pair)
+        measured = record.acceptance()
+        return (measured.get(self.dv_pair) if self.dv_pair else None), measured.get(self.vt_pair)
 
 
-def replay_of(settings: dict | None) -> Replay:
-    """The what-if of a finished run's settings; a ConfigError naming why where its drawn verdicts cannot
-    model the run (no run yet, no level that drafts, more than one level between the proposer and the full
-    model: the judges draw at one middle rate and one full-model rate)."""
-    if not settings:
+def replay_of(record: RunRecord | None) -> Replay:
+    """The what-if of a finished run; a ConfigError naming why where its drawn verdicts cannot model the run
+    (no run yet, no level that drafts, more than one level between the proposer and the full model: the
+    judges draw at one middle rate and one full-model rate)."""
+    if record is None:
         raise ConfigError("Generate once: a what-if replays the run's own levels with drawn verdicts.")
-    levels = tuple(settings.get("levels") or ())
+    levels = record.below_full
     if not levels:
         raise ConfigError("this run drafted nothing (plain decoding): a what-if has no verdicts to draw.")
     if len(levels) > 2:
-        names = " → ".join(level_words(x) for x in levels)
+        names = " → ".join(words(x) for x in levels)
         raise ConfigError(f"a what-if draws verdicts at two rates (one middle level's, the full model's); this run's "
                           f"list {names} → the full model has {len(levels) - 1} levels between its proposer and the "
                           "full model, so it cannot be modelled here. Pick a list with at most one (the Teaching "
                           "preset, or lookup → the 4-bit full model).")
-    roles = {str(level): role for role, level in levels_by_role(levels).items()}
-    names = [LOOKUP if x == LOOKUP else roles[str(x)] for x in levels]
-    adaptive = settings.get("policy") in POLICIES and adapts(settings["policy"])
-    lengths = tuple(settings["lengths"]) if not adaptive and settings.get("lengths") else None
-    return Replay(levels, settings.get("policy") or "fixed", lengths,
-                  f"{names[0]}->{names[1]}" if len(names) == 2 else None, f"{names[-1]}->target")
+    return Replay(levels, record.policy, record.adapts, record.lengths,
+                  (levels[0], levels[1]) if len(levels) == 2 else None, (levels[-1], record.top))
 
 
 @dataclass(frozen=True)

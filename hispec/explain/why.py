@@ -10,7 +10,9 @@ it plan by plan, in numbers a reader can check against each other.
     predicted     the whole run's estimate from its plans, beside the measured ratio; where the
                   two differ by more than the measured range, by how much and the usual reasons
                   (the prompt's prefill, the engine's bookkeeping outside layer passes, noise)
-    sliders       the run's fixed shape at the sliders' acceptance: the estimate, and a what-if
+    sliders       one plan of the run (the one that committed the most tokens, or the one picked),
+                  in whatever lanes it ran, at the sliders' acceptance (the pair below the full
+                  model, the pair into it): the estimate, its curve, its break-even, and a what-if
                   run's measured (synthetic) result when one ran at these sliders
 
 The cost model's plain step is calibrated to the measured plain runs: its predicted tokens/s are in
@@ -21,36 +23,32 @@ from __future__ import annotations
 
 import statistics
 
-from hispec.engine.planning.costs import CostModel
-from hispec.engine.events import event_from_dict
-from hispec.engine.planning.policy import adapts
-from hispec.engine.planning.round import plain_rate
-from hispec.explain.plans import plan_rows
+from hispec.engine.planning.round import Round, plain_rate
+from hispec.explain.plans import PlanRow, plan_rows
 from hispec.explain.speed_model import (
     Lanes,
-    RoundShape,
-    SpeedModel,
+    SliderModel,
     acceptance_interval,
     explain_plans,
     measured_acceptance,
-    pair_key,
+    pair_words,
+    plan_acceptance,
     run_prediction,
 )
 from hispec.explain.what_if import gap
+from hispec.runs.record import RunRecord, words
 
 DEFINITION = ("Acceptance, everywhere on this page: of the tokens a level proposes, the share the level above keeps, "
               "counted in order up to the first rejection of each block (what follows a rejection is thrown away "
               "unjudged).")
 
 
-def shape_of(settings: dict) -> RoundShape | None:
-    """The fixed round of exits a run's levels describe (the sliders' curves are for it); None: no exit
-    drafts in it (plain, lookup alone, lookup judged by one exit), or a level in a cheaper format (the
-    sliders' curves are the exact format's)."""
-    if any("@" in str(x) for x in settings.get("levels") or ()):
-        return None
-    shape = RoundShape.from_settings(settings)
-    return shape if shape.kind in ("exit", "hierarchy") else None
+def slider_plan(rows: list[PlanRow], pick: str | None = None) -> PlanRow | None:
+    """The plan the sliders vary: the one named `pick` (its words), else the one that committed the most tokens;
+    None when every round was a plain step."""
+    candidates = [row for row in rows if not row.round.plain]
+    chosen = [row for row in candidates if row.round.kind.words == pick]
+    return (chosen or sorted(candidates, key=lambda row: -row.new_tokens) or [None])[0]
 
 
 def _interval_prediction(row, lanes: Lanes) -> tuple[float, float] | None:
@@ -62,10 +60,9 @@ def _interval_prediction(row, lanes: Lanes) -> tuple[float, float] | None:
     ends = []
     for side in (0, 1):
         bounds = {}
-        for low, high in r.kind.pairs(r.top):
-            key = pair_key(low, high)
-            interval = acceptance_interval(row.acceptance.get(key), row.judged.get(key, 0))
-            bounds[key] = None if interval is None else interval[side]
+        for pair in r.kind.pairs(r.top):
+            interval = acceptance_interval(row.acceptance.get(pair), row.judged.get(pair, 0))
+            bounds[pair] = None if interval is None else interval[side]
         ends.append(r.speedup(lanes, measured_acceptance(bounds)))
     if None in ends:
         return None
@@ -92,51 +89,18 @@ def _differences(measured: dict, predicted: float, stats: dict) -> list[tuple[st
     return out
 
 
-def _kept_costs_ms(run: dict) -> dict:
-    """The pass costs a run kept at its end, as figures (its DoneEvent's costs_ms; {} when it kept none)."""
-    done = next((e for e in reversed(run.get("events") or []) if e.get("type") == "done"), None)
-    return (done or {}).get("costs_ms") or {}
+def explained_costs(record: RunRecord, exits: tuple[int, ...] = ()) -> tuple[Lanes | None, str | None]:
+    """The costs to explain a run with, every lane, and whose: the run's own ('run'), or those its first
+    explanation fetched ('first', kept in the record by RunRecord.with_costs); (None, None) when it has none
+    that cover `exits`."""
+    exact = record.costs.get(None)
+    if exact is None or not exact.covers(tuple(exits)):
+        return None, None
+    return record.costs, record.costs_whose
 
 
-def frozen_lanes(run: dict) -> dict[str, CostModel]:
-    """The pass costs of each cheaper-format lane a run kept at its end (DoneEvent.costs_ms['lanes']): what
-    its policy planned its 4-bit rounds with, by format ({} when it kept none)."""
-    lanes = _kept_costs_ms(run).get("lanes") or {}
-    return {fmt: CostModel.from_figures_ms(figures) for fmt, figures in lanes.items()}
-
-
-def frozen_costs(run: dict, exits: tuple[int, ...] = ()) -> CostModel | None:
-    """The pass costs a run kept at its end (DoneEvent.costs_ms: what its policy planned with), if they
-    cover `exits`; None when it kept none (a fixed run on a model never timed) or they do not."""
-    figures = _kept_costs_ms(run)
-    if not figures:
-        return None
-    costs = CostModel.from_figures_ms(figures)
-    return costs if costs.covers(tuple(exits)) else None
-
-
-def explained_costs(run: dict, exits: tuple[int, ...] = ()) -> tuple[CostModel | None, str | None]:
-    """The costs to explain a run with, and whose: ('run') its own (frozen_costs), else ('first') those
-    its first explanation used, kept with it by keep_costs (a fixed run on a model never timed keeps
-    none of its own); (None, None) when neither covers `exits`."""
-    own = frozen_costs(run, exits)
-    if own is not None:
-        return own, "run"
-    if run.get("costs_ms"):
-        first = CostModel.from_figures_ms(run["costs_ms"])
-        if first.covers(tuple(exits)):
-            return first, "first"
-    return None, None
-
-
-def keep_costs(run: dict, costs: CostModel) -> None:
-    """Keep with the run the costs its first explanation used: a later run or what-if, which refine the
-    model's cost model, then cannot rewrite this run's explanation."""
-    run["costs_ms"] = costs.figures_ms()
-
-
-def _measured(run: dict) -> dict | None:
-    measured = run.get("vs_plain")
+def _measured(record: RunRecord) -> dict | None:
+    measured = None if record.vs_plain is None else dict(record.vs_plain)
     if measured is not None and not measured.get("runs"):  # asked for, every pair cut short: nothing measured
         measured = dict(measured, median=None)
     return measured
@@ -147,93 +111,117 @@ def _plain_decode(measured: dict | None) -> float | None:
     return statistics.median(measured["plain_decode_tokens_per_s"]) if measured and measured["median"] else None
 
 
-def _plans(run: dict, lanes: dict, measured: dict | None) -> list[dict]:
+def _plans(record: RunRecord, rows: list[PlanRow], lanes: Lanes, measured: dict | None) -> list[dict]:
     """The run plan by plan (explain_plans) with each estimate's range, on these lane costs."""
-    settings = run["settings"]
-    rows = plan_rows([event_from_dict(d) for d in run.get("events") or []], settings)
-    plain_decode = _plain_decode(measured)
-    plans = explain_plans(rows, lanes, settings.get("num_layers"), plain_decode, tuple(settings.get("levels") or ()))
+    plans = explain_plans(rows, lanes, record.num_layers, _plain_decode(measured))
     for plan, row in zip(plans, rows):
         plan["range"] = _interval_prediction(row, lanes) if None in lanes else None
     return plans
 
 
-def plan_table(run: dict) -> list[dict]:
+def plan_table(record: RunRecord) -> list[dict]:
     """The plan table the page shows, as data (/generate's answer: `plans`): each plan that ran, its words,
     rounds, tokens, measured tokens/s (and ratio to plain decoding, when pairs measured it), its estimate
     with range, break-even and the gain expected when chosen, on the costs the run kept (every lane). A
     run that kept none (fixed rounds on a model never timed) has measurements only."""
-    exact = frozen_costs(run)
-    lanes = {} if exact is None else {None: exact, **frozen_lanes(run)}
-    return _plans(run, lanes, _measured(run))
+    lanes = record.costs if record.costs_whose == "run" else {}
+    return _plans(record, plan_rows(record), lanes, _measured(record))
 
 
-def speed_story(run: dict, costs: CostModel, sliders: tuple[float, float], what_if: dict | None = None,
-                frozen: str | None = None) -> dict:
-    """Every figure of "Why this speed" for a finished run (the page's kept run: stats, settings,
-    events, vs_plain), at the sliders' acceptance (draft -> verify, -> full model). `frozen`: whose
-    `costs` are ('run': the run's own, 'first': kept by its first explanation; see explained_costs);
-    None: the model's cost model as it stands now."""
-    settings, stats = run["settings"], run["stats"]
-    L = settings.get("num_layers")
-    measured = _measured(run)
-    plans = _plans(run, {None: costs, **frozen_lanes(run)}, measured)
-    model = SpeedModel(costs, L)
+def speed_story(record: RunRecord, lanes: Lanes, sliders: tuple[float, float], what_if: dict | None = None,
+                frozen: str | None = None, pick: str | None = None) -> dict:
+    """Every figure of "Why this speed" for a finished run, at the sliders' acceptance (the pair below the
+    full model, the pair into it) for the plan they vary (`pick`, by its words; else the plan that committed
+    the most tokens). `lanes`: the pass costs of every lane it is explained with; `frozen`: whose ('run': the
+    run's own, 'first': fetched by its first explanation; see explained_costs), None: the model's now."""
+    stats, L = record.stats, record.num_layers
+    measured = _measured(record)
+    rows = plan_rows(record)
+    plans = _plans(record, rows, lanes, measured)
     predicted = run_prediction(plans)
     low = run_prediction([dict(p, predicted=p["range"][0]) if p.get("range") else p for p in plans])
     high = run_prediction([dict(p, predicted=p["range"][1]) if p.get("range") else p for p in plans])
-    policy = settings.get("policy")
-    story = {"definition": DEFINITION, "method": settings.get("method"), "policy": policy,
-             "adapts": policy is not None and adapts(policy),
-             "levels": tuple(settings.get("levels") or ()),
-             "measured": measured, "plans": plans, "predicted": predicted,
+    story = {"definition": DEFINITION, "method": record.method, "policy": record.policy, "adapts": record.adapts,
+             "levels": record.levels, "measured": measured, "plans": plans, "predicted": predicted,
              "predicted_range": (low, high) if low is not None and high is not None else None,
-             "plain": {"measured_decode_tokens_per_s": _plain_decode(measured), "model_tokens_per_s": plain_rate(costs, L)},
-             "differences": [], "shape": None, "costs_frozen": frozen}
+             "plain": {"measured_decode_tokens_per_s": _plain_decode(measured),
+                       "model_tokens_per_s": plain_rate(lanes[None], L)},
+             "differences": [], "slider_plan": None, "costs_frozen": frozen, "pairs_asked": record.pairs_asked,
+             "run_acceptance": {p.words: p.rate for p in record.pairs},
+             "plan_choices": [row.round.kind.words for row in rows if not row.round.plain]}
     if (measured and measured["median"] and predicted is not None
             and not measured["low"] <= predicted <= measured["high"]):
         story["differences"] = _differences(measured, predicted, stats)
-    shape = shape_of(settings)
-    if shape is not None:
-        story["shape"] = shape
-        story["sliders"] = _at_sliders(model, shape, sliders, what_if)
-        story.update(_chart(model, shape, sliders, plans, measured, predicted, story["sliders"]))
+    row = slider_plan(rows, pick)
+    if row is not None:
+        model = SliderModel(lanes, L)
+        at = _at_sliders(model, row.round, sliders, what_if)
+        if at is not None:
+            story["slider_plan"] = _slider_words(row.round)
+            story["sliders"] = at
+            story.update(_chart(model, row, sliders, plans, measured, predicted, at))
     return story
 
 
-def _at_sliders(model: SpeedModel, shape: RoundShape, sliders, what_if: dict | None) -> dict:
-    a_dv, a_vt = sliders
-    out = {"a_dv": a_dv, "a_vt": a_vt, "predicted": model.speedup(shape, a_dv, a_vt),
-           "break_even": model.break_even(shape, a_dv if shape.kind == "hierarchy" else None), "what_if": None,
-           "what_if_gap": None}
-    if what_if and tuple(what_if.get("rates") or ()) == (round(a_dv, 2), round(a_vt, 2)):
+def slider_values(record: RunRecord, pick: str | None = None) -> tuple[float | None, float | None, dict]:
+    """The sliders' start for a finished run: the measured acceptance of the plan they vary, below the full
+    model and into it, and their names (the plan's own pairs, in words)."""
+    row = slider_plan(plan_rows(record), pick)
+    if row is None:
+        return None, None, {}
+    a_low, a_full = plan_acceptance(row.acceptance)
+    return a_low, a_full, _slider_words(row.round)
+
+
+def _slider_words(r: Round) -> dict:
+    """The plan the sliders vary, in words, and the pairs each slider sets."""
+    pairs = r.kind.pairs(r.top)
+    into_full = [p for p in pairs if p[1] == r.top]
+    below = [p for p in pairs if p[1] != r.top]
+    return {"words": r.kind.words, "round": r.words, "full_pair": pair_words(into_full[0]) if into_full else None,
+            "low_pair": pair_words(below[0]) if below else None}
+
+
+def _at_sliders(model: SliderModel, r: Round, sliders, what_if: dict | None) -> dict | None:
+    a_low, a_full = sliders
+    predicted = model.speedup(r, a_low, a_full)
+    if predicted is None:  # no formula covers this plan: no slider estimate (its row says so)
+        return None
+    has_low = any(high != r.top for _, high in r.kind.pairs(r.top))
+    out = {"a_dv": a_low, "a_vt": a_full, "predicted": predicted,
+           "break_even": model.break_even(r, a_low if has_low else None), "what_if": None, "what_if_gap": None,
+           "has_low": has_low}
+    if what_if and tuple(what_if.get("rates") or ()) == (round(a_low, 2), round(a_full, 2)):
         out["what_if"] = what_if
         out["what_if_gap"] = gap(what_if, out["predicted"])
     return out
 
 
-def _chart(model: SpeedModel, shape: RoundShape, sliders, plans, measured, predicted, at) -> dict:
-    """The curves and points of the chart: the run's shape over acceptance, this run, the sliders."""
-    a_dv, a_vt = sliders
+def _chart(model: SliderModel, row: PlanRow, sliders, plans, measured, predicted, at) -> dict:
+    """The curves and points of the chart: the plan over acceptance into the full model, this run, the sliders."""
+    a_low, a_full = sliders
+    r = row.round
+    names = _slider_words(r)
     curves = {}
-    upper = shape.exits[-1]
-    if shape.kind == "hierarchy":
-        curves[f"HiSpec, draft→verify {a_dv:.0%}"] = model.curve(shape, a_dv)
-        curves["HiSpec, draft→verify = verify→full"] = model.curve(shape)
-        single = RoundShape((upper,), count=shape.verify_at)  # its verifier drafting alone
-        curves[f"LayerSkip at exit {upper}, {shape.verify_at} drafts"] = model.curve(single)
+    if at["has_low"]:
+        curves[f"{names['words']}, {names['low_pair']} {a_low:.0%}"] = model.curve(r, a_low)
+        curves[f"{names['words']}, both pairs alike"] = model.curve(r)
+        judge = r.judges[-1]  # the level just below the full model, drafting alone
+        alone = Round(judge, r.top, max(r.verify_at, 1), (), 1)
+        curve = model.curve(alone)
+        if curve:
+            curves[f"{words(judge)} drafting alone, {alone.count} a round"] = curve
     else:
-        curves[f"LayerSkip at exit {upper}, {shape.count} drafts"] = model.curve(shape)
+        curves[f"{names['words']}, {r.count} a round"] = model.curve(r)
+    curves = {name: curve for name, curve in curves.items() if curve}
     points = {}
-    a_run = plans[0]["a_vt"] if plans else None  # the plan that took the most time
+    a_run = plan_acceptance(row.acceptance)[1]
     if a_run is not None:
         if predicted is not None:
             points["this run: estimate"] = (a_run, predicted)
         if measured and measured["median"]:
             points["this run: measured"] = (a_run, measured["median"])
-    points["sliders: estimate"] = (a_vt, at["predicted"])
+    points["sliders: estimate"] = (a_full, at["predicted"])
     if at["what_if"] and at["what_if"].get("median"):
-        points["sliders: what-if, measured (synthetic)"] = (a_vt, at["what_if"]["median"])
-    axis = ("acceptance verify → full model, per token" if shape.kind == "hierarchy"
-            else "acceptance exit → full model, per token")
-    return {"curves": curves, "points": points, "axis": axis}
+        points["sliders: what-if, measured (synthetic)"] = (a_full, at["what_if"]["median"])
+    return {"curves": curves, "points": points, "axis": f"acceptance {names['full_pair']}, per token"}

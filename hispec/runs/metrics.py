@@ -39,6 +39,9 @@ class StatsCollector:
         self.method = method
         self.judged: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # "a->b" -> [accepted, judged]
         self.in_order: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # the same, up to first rejections
+        # the same by position in its block: [i] = [accepted, judged] of the i-th token a pair judged in a round
+        self.by_position: dict[str, list[list[int]]] = defaultdict(list)
+        self._position: dict[tuple[int, str], int] = defaultdict(int)  # (round, pair) -> in-order verdicts so far
         self._rejected_in: set[tuple[int, str]] = set()  # (round, pair) verdicts that rejected a token
         self._holder: dict[int, str] = {}  # serial -> stage that last passed it
         self._fate: dict[int, str] = {}  # serial -> "useful" | "wasted"
@@ -115,6 +118,13 @@ class StatsCollector:
         if ok or first_rejection:
             self.in_order[key][0] += ok
             self.in_order[key][1] += 1
+            i = self._position[ev.round, key]
+            self._position[ev.round, key] += 1
+            positions = self.by_position[key]
+            if i == len(positions):
+                positions.append([0, 0])
+            positions[i][0] += ok
+            positions[i][1] += 1
         if not ok:
             self._rejected_in.add((ev.round, key))
 
@@ -167,14 +177,14 @@ class StatsCollector:
 
 
 def pair_name(key: str, roles: dict | None = None) -> str:
-    """A level pair as readers see it: "verify->target" -> "verify → full model" (one name for it). `roles`:
-    the run's level of each role (engine.levels.levels_by_role); a level in a cheaper format is named as
-    such: "lookup->verify" with the 4-bit full model as verifier -> "lookup → 4-bit full model"."""
+    """A level pair as readers see it, by what each level is: "verify->target" of the list (2, 4) -> "exit 4 →
+    full model"; "lookup->verify" with the 4-bit full model as verifier -> "lookup → 4-bit full model".
+    `roles`: the run's level of each role (engine.levels.levels_by_role); a role it does not name stays a role."""
     def name(role: str) -> str:
         level = (roles or {}).get(role)
         if role == "target":
             return "full model"
-        return level_words(level).removeprefix("the ") if "@" in str(level) else role
+        return role if level is None else level_words(level).removeprefix("the ")
 
     return " → ".join(name(role) for role in key.split("->"))
 

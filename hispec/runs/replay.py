@@ -38,9 +38,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hispec.engine.events import DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent, TokenEvent, event_from_dict
-from hispec.engine.levels import recorded_levels
+from typing import Mapping
+
+from hispec.engine.events import DoneEvent, Event, PassEvent, PolicyEvent, RoundEvent, TokenEvent
 from hispec.engine.planning.round import Round
+from hispec.runs.record import RunRecord
 from hispec.engine.events import TokenState as S
 
 _LISTS = ("proposed", "kept", "rejected", "wrote", "committed", "discarded")
@@ -159,8 +161,15 @@ def _assign_passes(passes: list[PassEvent], steps: list[_Step]) -> None:
             step.runs += 1
 
 
-def replay(events: list[Event]) -> list[dict]:
-    """One JSON-ready dict per round of a finished (or stopped) generation; see the module doc."""
+def rounds_of(record: RunRecord) -> list[dict]:
+    """`replay` of a finished run's record: its events, each round named by its plan."""
+    return replay(record.events, record.plans, record.num_layers)
+
+
+def replay(events: list[Event], plans: Mapping[int, Round] | None = None, num_layers: int | None = None) -> list[dict]:
+    """One JSON-ready dict per round of a finished (or stopped) generation; see the module doc. `plans`: each
+    round's plan (RunRecord.plans, which reads traces recorded before rounds travelled as values); without
+    it, a round is named by its PolicyEvent's plan, else its label as written."""
     by_round: dict[int, list[Event]] = {}
     done = None
     for ev in events:
@@ -172,7 +181,7 @@ def replay(events: list[Event]) -> list[dict]:
         return []
     prefill = [ev for ev in by_round.get(0, []) if isinstance(ev, PassEvent)]
     prompt_len = done.prompt_len if done is not None else len(prefill[0].serials) if prefill else 0
-    num_layers = _num_layers(events, done)
+    num_layers = _num_layers(events, num_layers)
 
     rounds, cache = [], [0] * num_layers
     born: dict[int, S] = {}
@@ -215,7 +224,7 @@ def replay(events: list[Event]) -> list[dict]:
         step_dicts = [s.to_dict(born) for s in steps]
         rounds.append({
             "round": r,
-            "plan": None if policy is None else {"choice": policy.choice, "words": _plan_words(policy, done),
+            "plan": None if policy is None else {"choice": policy.choice, "words": _plan_words(policy, (plans or {}).get(r)),
                                                  "reason": policy.reason, "count": policy.count,
                                                  "verify_at": policy.verify_at, "expected_gain": policy.expected_gain},
             "steps": step_dicts,
@@ -230,27 +239,16 @@ def replay(events: list[Event]) -> list[dict]:
     return rounds
 
 
-def _plan_words(policy: PolicyEvent, done: DoneEvent | None) -> str:
-    """The round in the page's words (engine.planning.round.Round.words); a trace recorded before rounds travelled as
-    values is read from its label against the run's levels, else its label is shown as it is."""
-    if policy.plan is not None:
-        return policy.plan.words
-    settings = done.settings if done is not None else {}
-    try:
-        return Round.from_label(policy.choice, recorded_levels(settings)).words
-    except (KeyError, TypeError, ValueError):
-        return policy.choice
+def _plan_words(policy: PolicyEvent, plan: Round | None) -> str:
+    """The round in the page's words (engine.planning.round.Round.words), else its label as it is."""
+    plan = policy.plan if policy.plan is not None else plan
+    return plan.words if plan is not None else policy.choice
 
 
-def _num_layers(events: list[Event], done: DoneEvent | None) -> int:
+def _num_layers(events: list[Event], known: int | None) -> int:
     for ev in events:
         if isinstance(ev, RoundEvent):
             return len(ev.cache_lengths)
-    if done is not None and isinstance(done.settings.get("num_layers"), int):
-        return done.settings["num_layers"]
+    if known is not None:
+        return known
     return max((ev.end for ev in events if isinstance(ev, PassEvent)), default=0)
-
-
-def replay_from_dicts(dicts: list[dict]) -> list[dict]:
-    """`replay` of a JSON trace (the dicts written by hispec.engine.events.event_to_dict)."""
-    return replay([event_from_dict(d) for d in dicts])

@@ -7,12 +7,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Generator, Iterable, Iterator
 
-from hispec.engine.config import DecodeConfig, default_exits, recommended_settings, run_name
+from hispec.engine.config import DecodeConfig, default_exits, recommended_settings
 from hispec.engine.levels import LOOKUP
 from hispec.errors import HiSpecError
 from hispec.engine.decoding import Decoder
-from hispec.engine.events import DoneEvent, Event, event_to_dict
+from hispec.engine.events import DoneEvent, Event
 from hispec.runs.metrics import StatsCollector, decode_rate
+from hispec.runs.record import RecordedSettings, RunRecord
+from hispec.runs.record import build as build_record
 from hispec.runs.trace import Trace
 from hispec.model.early_exit import EarlyExitModel
 from hispec.text import Detokenizer
@@ -139,11 +141,11 @@ def warm_up(lm, progress: Callable[[str], None] | None = None) -> float:
 
 
 class LiveRun:
-    """A generation folded as its events arrive: stats, trace, the JSON trace, the DoneEvent."""
+    """A generation folded as its events arrive: stats, trace, the events, the DoneEvent; `record()` once it ends."""
 
     def __init__(self, method: str = ""):
         self.stats, self.trace = StatsCollector(method), Trace()
-        self.events: list[dict] = []  # every event as JSON (engine.events.event_to_dict)
+        self.events: list[Event] = []
         self.done: DoneEvent | None = None
         self.levels: tuple = ()  # the run's level list, once known (set_levels; at the latest, its DoneEvent's)
 
@@ -155,12 +157,17 @@ class LiveRun:
     def add(self, ev: Event) -> None:
         self.stats.add(ev)
         self.trace.add(ev)
-        self.events.append(event_to_dict(ev))
+        self.events.append(ev)
         if isinstance(ev, DoneEvent):
             self.done = ev
-            self.set_levels(ev.settings.get("levels"))
+            recorded = RecordedSettings.read(ev.settings)
+            self.set_levels(recorded.spec)
             if not self.stats.method:  # the run's own name ('hispec (auto)'), when the caller gave none
-                self.stats.method = run_name(ev.settings.get("method", ""), ev.settings.get("policy"))
+                self.stats.method = recorded.method
 
     def summary(self) -> dict:
         return self.stats.summary()
+
+    def record(self, **context) -> RunRecord:
+        """The finished run as one value (runs.record.build; `context`: model, prompt_ids, vs_plain, pairs_asked)."""
+        return build_record(self.events, self.summary(), **context)

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator
 from hispec.engine.events import Event
 from hispec.errors import HiSpecError
 from hispec.explain.why import plan_table
+from hispec.runs.record import RunRecord
 from hispec.runs.runner import LiveRun
 from hispec.serving.updates import Ended, Output, Status
 
@@ -39,20 +40,21 @@ class Generation:
             self.run.add(ev)
         return events
 
-    def response(self, html: str) -> dict:
-        """What /generate returns: text, token_ids, html (the coloured tokens), stats (with `vs_plain`
-        when a baseline was measured), settings, plans (the page's "Why this speed" plan table as data:
-        explain.why.plan_table) and trace (every engine event, in order)."""
-        done = self.run.done
-        stats = self.run.summary()
-        if self.vs_plain is not None:
-            stats["vs_plain"] = self.vs_plain
-        kept = {"settings": done.settings, "events": self.run.events, "stats": stats, "vs_plain": self.vs_plain}
-        return {"text": done.text, "token_ids": list(done.token_ids), "html": html, "stats": stats,
-                "settings": done.settings, "plans": plan_table(kept), "trace": self.run.events}
+    def record(self, model: str = "", pairs_asked: int = 0) -> RunRecord:
+        """The finished generation as one value (runs.record.RunRecord), what every view after it reads."""
+        return self.run.record(model=model, prompt_ids=self.prompt_ids or (), vs_plain=self.vs_plain,
+                               pairs_asked=pairs_asked)
+
+    def response(self, html: str, model: str = "") -> dict:
+        """What /generate returns: the run's record (RunRecord.to_json, with its schema version: its levels in
+        words, text, token_ids, stats, acceptance by pair and position, costs, settings and every engine
+        event), with html (the coloured tokens) and plans (the page's "Why this speed" plan table as data:
+        explain.why.plan_table)."""
+        record = self.record(model)
+        return record.to_json() | {"html": html, "plans": plan_table(record)}
 
 
-def api_answer(updates: Iterable[object], html_of: Callable[[LiveRun], str]) -> Iterator[dict]:
+def api_answer(updates: Iterable[object], html_of: Callable[[LiveRun], str], model: str = "") -> Iterator[dict]:
     """/generate's stream from a GenerateRequest's updates. Raises HiSpecError with the ending's message
     when the request was refused, failed, or ended before its first token."""
     fold = Generation()
@@ -60,7 +62,7 @@ def api_answer(updates: Iterable[object], html_of: Callable[[LiveRun], str]) -> 
         if isinstance(update, Ended):
             if not update.ok or fold.run.done is None:  # refused, failed, or stopped before it started
                 raise HiSpecError(update.message)
-            yield fold.response(html_of(fold.run))  # a fault here: app.py's message, not Gradio's generic one
+            yield fold.response(html_of(fold.run), model)  # a fault here: app.py's message, not Gradio's generic one
             return
         if isinstance(update, Output):
             fold.add(update.items)

@@ -5,7 +5,21 @@ import pytest
 
 from hispec.engine.planning.costs import CostModel
 from hispec.engine.planning.policy import AutoPolicy
-from hispec.explain.speed_model import RoundShape, SpeedModel
+from hispec.engine.levels import build_levels
+from hispec.explain.speed_model import SliderModel
+from hispec.runs.record import PairAcceptance, fixed_round
+
+
+def RoundShape(levels=(), count=1, verify_at=1, L=8):  # noqa: N802 - a fixed round of these levels, as before
+    return fixed_round(build_levels(tuple(levels), L), (count, verify_at))
+
+
+def SpeedModel(costs, L):  # noqa: N802 - the sliders' model on the exact lane
+    return SliderModel({None: costs}, L)
+
+
+def pair(low, high, rate):
+    return PairAcceptance(low, high, round(rate * 100), 100)
 
 
 def flat_costs(layer=1.0, head=0.0) -> CostModel:
@@ -50,8 +64,6 @@ def test_a_round_that_cannot_pay_has_no_break_even():
 
 def test_the_prediction_is_the_adaptive_policys_own_score():
     """One formula: the policy's value of the hierarchy plan over its plain step's value."""
-    from hispec.engine.levels import build_levels
-
     costs = flat_costs(head=0.02)
     levels = build_levels((2, 4), 8)
     policy = AutoPolicy(levels, costs, {("draft", "verify"): 0.7, ("verify", "target"): 0.6}, lookup_len=8)
@@ -69,9 +81,6 @@ def test_lookup_by_hand_on_flat_costs():
 
 
 def _precision_policy():
-    from hispec.engine.levels import build_levels
-    from hispec.engine.planning.costs import CostModel
-
     levels = build_levels(("lookup", "full@q4"), 8)
     rows = (1, 4, 8, 16)
     exact = CostModel.given({1: 2e-3, 4: 2.4e-3, 8: 3e-3, 16: 4e-3}, {(8, n): 1e-3 * (1 + n / 8) for n in rows})
@@ -116,13 +125,12 @@ def test_the_page_estimates_each_precision_plan_and_states_its_break_even():
     from hispec.engine.planning.round import RoundKind
 
     rows = [PlanRow(RoundKind(lookup, (q4,), True), top, rounds=5, new_tokens=30, seconds=0.1,
-                    acceptance={"lookup->verify": 0.5, "verify->target": 0.97}, count=4, then=6),
-            PlanRow(RoundKind(q4), top, rounds=3, new_tokens=20, seconds=0.1, acceptance={"verify->target": 0.97},
-                    count=8),
-            PlanRow(RoundKind(lookup), top, rounds=2, new_tokens=6, seconds=0.05, acceptance={"lookup->target": 0.6},
+                    pairs=(pair(lookup, q4, 0.5), pair(q4, top, 0.97)), count=4, then=6),
+            PlanRow(RoundKind(q4), top, rounds=3, new_tokens=20, seconds=0.1, pairs=(pair(q4, top, 0.97),), count=8),
+            PlanRow(RoundKind(lookup), top, rounds=2, new_tokens=6, seconds=0.05, pairs=(pair(lookup, top, 0.6),),
                     count=3),
             PlanRow(RoundKind(top), top, rounds=4, new_tokens=4, seconds=0.1)]
-    plans = explain_plans(rows, lanes, 8, levels=("lookup", "full@q4"))
+    plans = explain_plans(rows, lanes, 8)
     for p in plans[:3]:
         assert p["predicted"] is not None and p["predicted"] > 0, p
         assert p["break_even"] is not None and 0 <= p["break_even"] <= 1, p

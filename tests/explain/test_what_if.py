@@ -2,33 +2,37 @@
 
 import pytest
 
+from helpers import sketch_record as sketch
+
 from hispec.errors import ConfigError
 from hispec.explain.what_if import replay_of
 
 
 def test_the_default_run_is_replayed_on_its_own_list_with_its_own_pairs():
     """Issue 49: What-if on the default run ran exit 2 -> exit 4 with fixed rounds, unnamed."""
-    settings = {"levels": ("lookup", "full@q4"), "policy": "auto", "lengths": (1, 1)}
-    replay = replay_of(settings)
+    acceptance = {"verify->target": 1.0, "lookup->verify": 0.4, "lookup->target": 0.1}
+    record = sketch(("lookup", "full@q4"), "auto", acceptance=acceptance)
+    replay = replay_of(record)
     assert replay.request_fields() == {"method": "hispec", "levels": "lookup,full@q4", "lengths": None}
     assert replay.policy == "auto" and replay.words == "lookup → the 4-bit full model → the full model, adaptive"
-    acceptance = {"verify->target": 1.0, "lookup->verify": 0.4, "lookup->target": 0.1}
-    assert replay.sliders(acceptance) == (0.4, 1.0)
+    assert replay.sliders(record) == (0.4, 1.0)
 
 
 def test_a_fixed_run_keeps_its_lengths_and_a_single_level_has_no_middle_slider():
-    teaching = replay_of({"levels": (2, 4), "policy": "fixed", "lengths": (2, 4)})
+    record = sketch((2, 4), "fixed", (2, 4), {"draft->verify": 0.6, "verify->target": 0.4})
+    teaching = replay_of(record)
     assert teaching.request_fields()["lengths"] == "2,4" and "fixed (2 drafts a round, the full model at 4" in teaching.words
-    assert teaching.sliders({"draft->verify": 0.6, "verify->target": 0.4}) == (0.6, 0.4)
-    single = replay_of({"levels": (4,), "policy": "fixed", "lengths": (3, 1)})
-    assert single.dv_pair is None and single.sliders({"draft->target": 0.3}) == (None, 0.3)
+    assert teaching.sliders(record) == (0.6, 0.4)
+    record = sketch((4,), "fixed", (3, 1), {"draft->target": 0.3})
+    single = replay_of(record)
+    assert single.dv_pair is None and single.sliders(record) == (None, 0.3)
 
 
-@pytest.mark.parametrize("settings, words", [
+@pytest.mark.parametrize("levels, words", [
     (None, "Generate once"),
-    ({"levels": (), "policy": "fixed"}, "drafted nothing"),
-    ({"levels": ("lookup", 2, 4), "policy": "auto"}, "cannot be modelled"),
+    ((), "drafted nothing"),
+    (("lookup", 2, 4), "cannot be modelled"),
 ])
-def test_a_list_it_cannot_model_is_said_not_swapped_for_another(settings, words):
+def test_a_list_it_cannot_model_is_said_not_swapped_for_another(levels, words):
     with pytest.raises(ConfigError, match=words):
-        replay_of(settings)
+        replay_of(None if levels is None else sketch(levels, "auto"))

@@ -52,7 +52,7 @@ def test_the_two_agree_when_no_block_loses_a_tail():
 
 def test_a_level_in_a_cheaper_format_is_named_in_the_acceptance_rows():
     """Seen after a default run: 'acceptance lookup → verify 40%', 'verify → full model 100%', where the
-    verifier was the 4-bit full model. Exits keep their role names (draft, verify)."""
+    verifier was the 4-bit full model. Exits are named by their layer, like every level."""
     from hispec.engine.levels import levels_by_role
     from hispec.runs.metrics import pair_name
 
@@ -61,5 +61,5 @@ def test_a_level_in_a_cheaper_format_is_named_in_the_acceptance_rows():
     assert pair_name("verify->target", precision) == "4-bit full model → full model"
     assert pair_name("verify->target") == "verify → full model"  # roles unknown: the role
     exits = levels_by_role(("lookup", 2, 4))
-    assert pair_name("draft->verify", exits) == "draft → verify"
+    assert pair_name("draft->verify", exits) == "exit 2 → exit 4"  # every level by what it is (issue 56)
     assert pair_name("draft->verify", levels_by_role(("2@q4", "full@q4"))) == "exit 2 in 4-bit → 4-bit full model"

@@ -12,7 +12,17 @@ from hispec.engine.config import preset
 from hispec.engine.decoding import decode
 from hispec.engine.events import DoneEvent, PassEvent, RoundEvent, TokenEvent, event_from_dict, event_to_dict
 from hispec.engine.events import TokenState as S
-from hispec.runs.replay import replay, replay_from_dicts
+from hispec.runs.record import build, from_json
+from hispec.runs.replay import replay, rounds_of
+
+
+def replay_from_dicts(dicts):
+    """The replay of a JSON trace, read as every recorded run is (runs.record.from_json), and of the record's
+    own JSON too (RunRecord.to_json)."""
+    rounds = rounds_of(from_json({"events": dicts}))
+    again = rounds_of(from_json(json.loads(json.dumps(build(from_json({"events": dicts}).events, {}).to_json()))))
+    assert again == rounds
+    return rounds
 
 PROMPT = [3, 14, 15, 92, 65, 3, 14, 15]  # repeats itself: the lookup level finds matches
 CASES = {

@@ -8,15 +8,16 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import tiny_server
+from helpers import sketch_record, tiny_server
 
 from hispec.engine.config import preset
-from hispec.engine.events import DoneEvent, TokenEvent, event_from_dict
+from hispec.engine.events import DoneEvent, TokenEvent
 from hispec.engine.events import TokenState as S
 from hispec.evaluation import published
 from hispec.runs import runner
 from hispec.explain import what_if as what_ifs
 from hispec.explain.beliefs import exit_beliefs
+from hispec.runs.record import RecordedSettings, from_json
 from hispec.runs.runner import run
 from hispec.runs.trace import Trace
 from hispec.serving.api import CompareRequest, WhatIfRequest
@@ -43,7 +44,7 @@ def what_if(server, settings=("HiSpec", 2, 4, 2, 4), max_new=30, rates=(1.0, 1.0
     h = Handlers(server)
     method, d, v, k, t = settings
     levels = () if method == "Autoregressive" else (d,) if v is None else (d, v)
-    run = {"settings": {"levels": levels, "policy": "fixed", "lengths": (k, t)}}
+    run = sketch_record(levels, "fixed", (k, t))
     return list(h.what_if(PageSettings("hello", "tiny", *settings, max_new, True), run, *rates, takes))
 
 
@@ -71,14 +72,15 @@ def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(server):
     assert rows and all(r.startswith(render.SYNTHETIC) or "real" in r for r in rows), rows
     assert "speed vs plain" in stats
     # every verdict accepts: the random model's exits never agree with its full model, yet nothing is rejected
-    assert "acceptance draft → verify</td><td>100%" in stats and "acceptance verify → full model</td><td>100%" in stats
+    # named by what the levels are (issue 56): the run's exits 2 and 4
+    assert "acceptance exit 2 → exit 4</td><td>100%" in stats and "acceptance exit 4 → full model</td><td>100%" in stats
     assert "SYNTHETIC" in tokens
 
 
 def test_what_if_at_zero_acceptance_rejects_every_draft(server):
     outs = what_if(server, ("LayerSkip (single exit)", 2, None, 3, 4), 12, (0.0, 0.0))
     stats = outs[-1]["what_if_stats"]
-    assert "acceptance draft → full model</td><td>0%" in stats
+    assert "acceptance exit 2 → full model</td><td>0%" in stats
     assert "new tokens</td><td>12<" in stats
 
 
@@ -119,13 +121,13 @@ def test_a_real_run_keeps_its_trace_and_prompt(server):
     h = Handlers(server)
     outs = list(h.generate(PageSettings("hello", "tiny", "HiSpec", 2, 4, 2, 4, 16, True, policy=labels.FIXED, baseline=0)))
     kept = outs[-1]["last_run"]
-    assert kept["prompt_ids"] == lm.encode("hello", chat=True)
-    assert kept["events"][-1]["type"] == "done" and len(kept["events"][-1]["token_ids"]) == 16
-    assert "timing_only" not in kept["settings"] and kept["vs_plain"] is None
+    assert list(kept.prompt_ids) == lm.encode("hello", chat=True)
+    assert isinstance(kept.events[-1], DoneEvent) and len(kept.token_ids) == 16
+    assert "timing_only" not in kept.settings and kept.vs_plain is None
     trace = Trace()
-    for data in kept["events"]:
-        trace.add(event_from_dict(data))
-    assert render.tokens_html(trace, kept["settings"]) == outs[-1]["tokens"]
+    for ev in kept.events:
+        trace.add(ev)
+    assert render.tokens_html(trace, kept.spec) == outs[-1]["tokens"]
 
 
 # ---- Compare: repeats, their spread and their order ----------------------------------------------
@@ -147,7 +149,7 @@ def test_compare_repeats_each_method_in_alternating_order(server):
     table = render.compare_table(final["rows"], order=final["order"])
     assert "Run order: HiSpec, fixed → Autoregressive → Autoregressive → HiSpec, fixed → HiSpec, fixed → Autoregressive" in plain(table)
     assert table.count("3 runs)") == 2
-    assert "draft → verify" in table
+    assert "exit 2 → exit 5" in table and "->" not in table  # its pairs by their levels (evaluation.compare)
 
 
 def test_compares_layerskip_baseline_is_the_benchmarks_single_exit(server):
@@ -190,7 +192,7 @@ def story_of(server, settings=("hispec", 2, 4, 2, 4), temperature=0.0):
     ids = lm.encode("hello", chat=True)
     r = run(lm.ee, ids, config, eos_ids=lm.eos_ids)
     beliefs = exit_beliefs(lm.ee, ids, r.token_ids, layers=[2, 4], tokenizer=lm.tokenizer)
-    return r, beliefs, token_story.explain_all_html(r.trace, beliefs, r.settings)
+    return r, beliefs, token_story.explain_all_html(r.trace, beliefs, RecordedSettings.read(r.settings))
 
 
 def block_of(out: str, serial: int) -> str:
@@ -245,7 +247,7 @@ def test_story_text_is_escaped():
     trace = Trace()
     evil = "<script>alert(1)</script>"
     trace.add(TokenEvent(S.TARGET_WROTE, 0, 0, 5, evil, "target", "target", 1, 0.0))
-    out = token_story.explain_all_html(trace, None, {"levels": (2, 4)})
+    out = token_story.explain_all_html(trace, None, RecordedSettings.read({"levels": (2, 4), "num_layers": 8}))
     assert "<script>" not in out and "&lt;script&gt;" in out
     assert "once the run has finished" in plain(out)
 
@@ -315,19 +317,19 @@ def test_why_tells_an_adaptive_run_plan_by_plan_against_measured_plain_decoding(
     settings = PageSettings(prompt, "tiny", "HiSpec", 2, 4, 2, 4, 24, False, policy=labels.ADAPTIVE, baseline=2)
     outs = list(h.generate(settings))
     kept = outs[-1]["last_run"]
-    assert kept["vs_plain"]["runs"] == 2 and kept["vs_plain"]["new_tokens"] == 24
+    assert kept.vs_plain["runs"] == 2 and kept.vs_plain["new_tokens"] == 24
     assert "speed vs plain decoding, measured" in plain(outs[-1]["stats"]), "the stats state the measured ratio"
     view, plot = h.why(kept, 0.9, 0.9)
     text = plain(view)
     assert text.startswith("Acceptance, everywhere on this page:"), "defined where it first appears"
     plans = re.findall(r"<tr><td>([^<]+)</td><td>\d+</td>", view.split("id='hs-why-plans'")[1].split("</table>")[0])
-    assert {html.unescape(p) for p in plans} == set(map(labels.plan_words, kept["stats"]["policy_choices"])), plans
+    assert {html.unescape(p) for p in plans} == set(map(labels.plan_words, kept.stats["policy_choices"])), plans
     assert "this run, measured against plain decoding (2 pairs of runs, 24 tokens each" in text
     assert "at the sliders" in text and "break-even of the same plan" in text
     assert plot.visible
     # where the speed came from, in words, above the plan table: each plan's tokens and time, and the verdict
     source = re.search(r"Where the speed came from: (.*?)Plan by plan", text, re.S)[1]
-    for kind in kept["stats"]["policy_choices"]:
+    for kind in kept.stats["policy_choices"]:
         assert f"{labels.plan_words(kind)} wrote" in source or kind == "plain", (kind, source)
     assert "plain decoding measured here" in source and ("Faster than" in source or "No plan beat" in source)
     settings = PageSettings("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0)
@@ -359,7 +361,7 @@ def test_the_story_of_a_token_replaced_twice_tells_the_whole_chain(server):
     assert story.index(first.text + ":") < story.index(second.text + ":") < story.rindex(last.text + ":")
     assert "← this one" in story
     # the tooltip, the story and the step-through count tokens alike, from 1
-    tips = [html.unescape(t) for t in re.findall(r'title="([^"]*)"', render.tokens_html(r.trace, r.settings))]
+    tips = [html.unescape(t) for t in re.findall(r'title="([^"]*)"', render.tokens_html(r.trace, RecordedSettings.read(r.settings).spec))]
     assert any(t.startswith(f"token {index + 1} · id") for t in tips)
     # the tooltip tells the chain too: the verifier's own token, who rejected it, what replaced it
     tip = next(t for t in tips if t.startswith(f"token {index + 1} · id {second.token_id} ·"))
@@ -377,7 +379,6 @@ def test_why_explains_a_run_with_the_costs_it_kept_whatever_later_runs_teach(ser
     run that kept none (a fixed run on a model never timed) is explained with the model's costs as they
     stand at its first explanation, and keeps those: a later change of the model's costs (the what-if
     after it) no longer moves its estimate either."""
-    import copy
 
     from hispec.engine.planning.costs import CostModel
 
@@ -385,17 +386,19 @@ def test_why_explains_a_run_with_the_costs_it_kept_whatever_later_runs_teach(ser
     lm = server.registry.get("tiny")
     kept = list(h.generate(PageSettings("abcabcabcabc", "tiny", "HiSpec", 2, 4, 2, 4, 12, False, policy=labels.ADAPTIVE,
                            baseline=0)))[-1]["last_run"]
-    done = kept["events"][-1]
-    assert done["type"] == "done" and done["costs_ms"]["layer"], "the run kept no costs"
+    done = kept.done
+    assert done.costs_ms["layer"], "the run kept no costs"
     before = h.why(kept, 0.9, 0.9)[0]
     assert "as this run's policy had them at its end" in plain(before)
     live = lm.ee.cost_model
     try:  # the model's costs change under the run: everything ten times slower
-        lm.ee.cost_model = CostModel.from_figures_ms({"layer": {k: 10 * v for k, v in done["costs_ms"]["layer"].items()},
-                                                      "head": {k: v for k, v in done["costs_ms"]["head"].items()}})
+        lm.ee.cost_model = CostModel.from_figures_ms({"layer": {k: 10 * v for k, v in done.costs_ms["layer"].items()},
+                                                      "head": {k: v for k, v in done.costs_ms["head"].items()}})
         assert h.why(kept, 0.9, 0.9)[0] == before
-        bare = copy.deepcopy(kept)
-        bare["events"][-1]["costs_ms"] = {}
+        recorded = kept.to_json()  # as a run that kept no costs of its own (a fixed run on a model never timed)
+        recorded["events"][-1]["costs_ms"], recorded["costs_ms"] = {}, {}
+        bare = from_json(recorded)
+        bare = h.why_after_run(bare)["last_run"]  # its first explanation keeps the costs it used in the record
         changed = h.why(bare, 0.9, 0.9)[0]
     finally:
         lm.ee.cost_model = live
@@ -442,13 +445,21 @@ def test_the_plan_table_names_every_pair_a_plan_measured():
     lookup's 36% into the 4-bit model, and which model judged, were missing."""
     from ui.why_view import plans_table
 
-    row = {"kind": "lookup -> full@q4", "words": "lookup → 4-bit full model → full model", "rounds": 7,
-           "new_tokens": 37, "share": 0.39, "a_dv": None, "a_vt": 1.0,
-           "acceptance": {"verify->target": 1.0, "lookup->verify": 0.36}, "measured_tokens_per_s": 43.8,
-           "predicted_tokens_per_s": None, "predicted": None, "break_even": None, "break_even_pair": None,
-           "drafts_on": False}
-    cells = re.findall(r"<td>(.*?)</td>", plans_table({"plans": [row], "levels": ("lookup", "full@q4")}))
+    from hispec.engine.levels import build_levels
+    from hispec.engine.planning.round import RoundKind
+    from hispec.explain.plans import PlanRow
+    from hispec.explain.speed_model import explain_plans
+    from hispec.runs.record import PairAcceptance
+
+    def table(levels, judged, *rates):
+        built = build_levels(levels, 8)
+        pairs = tuple(PairAcceptance(low, high, round(rate * 100), 100)
+                      for (low, high), rate in zip(judged(built), rates))
+        row = PlanRow(RoundKind(built[0], (built[1],)), built[-1], rounds=7, new_tokens=37, seconds=0.8, share=0.39,
+                      pairs=pairs)
+        return re.findall(r"<td>(.*?)</td>", plans_table({"plans": explain_plans([row], {}, 8)}))
+
+    cells = table(("lookup", "full@q4"), lambda lv: [(lv[0], lv[1]), (lv[1], lv[2])], 0.36, 1.0)
     assert cells[4] == "lookup → 4-bit full model 36%, 4-bit full model → full model 100%", cells
-    exits = {**row, "kind": "exit 2 -> exit 4", "acceptance": {"draft->verify": 0.4, "verify->target": 0.6}}
-    cells = re.findall(r"<td>(.*?)</td>", plans_table({"plans": [exits], "levels": ("lookup", 2, 4)}))
-    assert cells[4] == "draft → verify 40%, verify → full model 60%", cells
+    cells = table((2, 4), lambda lv: [(lv[0], lv[1]), (lv[1], lv[2])], 0.4, 0.6)
+    assert cells[4] == "exit 2 → exit 4 40%, exit 4 → full model 60%", cells

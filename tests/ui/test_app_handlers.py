@@ -69,13 +69,13 @@ def test_the_page_matches_the_engines_events(server):
     history = view.run.stats.history
     assert [row["round"] for row in history] == list(range(1, ref.stats["rounds"] + 1))
     assert history[-1]["draft->verify"] == ref.stats["acceptance"]["draft->verify"]
-    assert kept["stats"]["acceptance"] == ref.stats["acceptance"]
-    assert kept["token_ids"] == ref.token_ids and kept["prompt_ids"] == lm.encode("hello there")
+    assert kept.stats["acceptance"] == ref.stats["acceptance"]
+    assert list(kept.token_ids) == ref.token_ids and list(kept.prompt_ids) == lm.encode("hello there")
     fig = charts.acceptance_figure(history)
     assert {trace.name for trace in fig.data} == {"draft → verify", "verify → full model"}
-    work = charts.work_figure(kept["stats"]["layer_tokens"])
+    work = charts.work_figure(kept.stats["layer_tokens"])
     assert sum(sum(t.y) for t in work.data) == sum(
-        v for s in kept["stats"]["layer_tokens"]["by_stage"].values() for v in s.values())
+        v for s in kept.stats["layer_tokens"]["by_stage"].values() for v in s.values())
 
 
 def test_charts_name_their_axes_and_say_when_they_have_nothing():
@@ -102,7 +102,7 @@ def test_the_acceptance_chart_names_each_pair_as_the_stats_do():
     names = [t.name for t in charts.acceptance_figure(history, ("lookup", "full@q4")).data]
     assert names == ["lookup → 4-bit full model", "4-bit full model → full model"]
     assert [t.name for t in charts.acceptance_figure(history, ("lookup", 2, 4)).data] == [
-        "lookup → verify", "verify → full model"], "exits keep their role names"
+        "lookup → exit 4", "exit 4 → full model"], "exits are named by their layer, like every level"
     # the live view knows the list from the request's first update, before any round
     live = Generation()
     live.add([{"prompt_ids": [1, 2], "levels": ["lookup", "full@q4"]}])
@@ -187,8 +187,8 @@ def test_stop_keeps_what_was_generated_and_says_how_much(server):
     finally:
         del lm.ee.run_layers
     kept = out["last_run"]
-    assert kept["stats"]["finish_reason"] == "stopped"
-    n = kept["stats"]["new_tokens"]
+    assert kept.stats["finish_reason"] == "stopped"
+    n = kept.stats["new_tokens"]
     assert 5 <= n < 200
     assert f"Stopped after {n} tokens." in out.get("status", "")
     assert not server.registry.turns("tiny").busy
@@ -340,4 +340,4 @@ def test_a_paste_over_the_limit_is_a_message_not_cut_silently(server):
 def test_a_served_runs_stats_name_its_method(server):
     """stats.method was empty in /generate's answer and the page's kept run (issue 49)."""
     outs, view = page_run(server, "hi", max_new=6)
-    assert outs[-1]["last_run"]["stats"]["method"] == "hispec" == view.run.summary()["method"]
+    assert outs[-1]["last_run"].stats["method"] == "hispec" == view.run.summary()["method"]

@@ -22,7 +22,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 import helpers  # noqa: E402
 from hispec.model.early_exit import EarlyExitModel  # noqa: E402
 from hispec.model.loading import LoadedModel  # noqa: E402
-from hispec.engine.events import event_from_dict  # noqa: E402
+from hispec.runs.record import SCHEMA_VERSION, RecordedSettings, from_json  # noqa: E402
 from hispec.runs.runner import run  # noqa: E402
 from hispec.runs.trace import Trace  # noqa: E402
 from hispec.engine.config import preset  # noqa: E402
@@ -176,12 +176,14 @@ def assert_matches_engine(out: dict, lm, prompt, settings=HISPEC, max_new=40):
     assert out["text"] == result.text
     # the spans show special tokens too (the random model writes <unk>); the text skips them
     assert committed_text(out["html"]) == lm.tokenizer.decode(result.token_ids, skip_special_tokens=False)
-    assert out["html"] == render.tokens_html(result.trace, result.settings)
+    assert out["html"] == render.tokens_html(result.trace, RecordedSettings.read(result.settings).spec)
     assert out["stats"]["new_tokens"] == len(result.token_ids)
+    record = from_json(out)  # the answer is a run record: it reads back as one
+    assert record.token_ids == tuple(result.token_ids) and out["schema"] == SCHEMA_VERSION
     trace = Trace()
-    for data in out["trace"]:
-        trace.add(event_from_dict(data))
-    assert render.tokens_html(trace, out["settings"]) == out["html"]
+    for ev in record.events:
+        trace.add(ev)
+    assert render.tokens_html(trace, record.spec) == out["html"]
 
 
 # ---- (a) one generation -------------------------------------------------------------------------
@@ -197,7 +199,13 @@ def test_generate_api_has_named_inputs_and_a_json_answer(client):
 def test_generate_colours_tokens_and_matches_the_engine(served, client):
     _, lm = served
     out = generate(client, PROMPT, max_new=40)
-    assert set(out) == {"text", "token_ids", "html", "stats", "settings", "plans", "trace"}
+    assert set(out) == {"schema", "model", "method", "levels", "policy", "adapts", "lengths", "text", "token_ids",
+                        "prompt_ids", "finish_reason", "acceptance", "stats", "vs_plain", "pairs_asked", "costs_ms",
+                        "costs_whose", "settings", "events", "html", "plans"}
+    # levels and pairs named in words, beside their specs (issue 56): no engine role key in the stats
+    assert all(level["words"] for level in out["levels"]) and out["levels"][-1]["words"] == "the full model"
+    assert all("->" not in key for key in out["stats"]["acceptance"]), out["stats"]["acceptance"]
+    assert all(p["words"] and len(p["by_position"]) >= 1 for p in out["acceptance"] if p["judged"])
     assert out["plans"] and all(p["words"] and p["rounds"] for p in out["plans"])  # the page's plan table
     assert out["stats"]["finish_reason"] == "max_new_tokens"
     classes = {cls for cls, _ in spans(out["html"])}
@@ -205,7 +213,7 @@ def test_generate_colours_tokens_and_matches_the_engine(served, client):
     assert not classes & {"hs-drafted", "hs-tentative"}, "nothing may stay pending once done"
     assert_matches_engine(out, lm, PROMPT, max_new=40)
     assert len([cls for cls, _ in spans(out["html"]) if cls not in REJECTED]) == 40
-    kinds = [e["type"] for e in out["trace"]]
+    kinds = [e["type"] for e in out["events"]]
     assert kinds[-1] == "done" and {"token", "pass", "round"} <= set(kinds), set(kinds)
     assert out["settings"]["draft_layer"] == 1 and out["settings"]["verify_layer"] == 2
 

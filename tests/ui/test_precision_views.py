@@ -5,7 +5,7 @@ import pytest
 from helpers import ee_of, tiny_model
 
 from hispec.engine.config import DecodeConfig
-from hispec.runs.replay import replay_from_dicts
+from hispec.runs.replay import rounds_of
 from hispec.runs.runner import LiveRun, events as run_events
 from hispec.runs.trace import LEGEND
 from hispec.model.early_exit import EarlyExitModel
@@ -59,14 +59,15 @@ def test_the_4bit_models_accepted_drafts_have_their_own_colour_and_legend_entry(
     counts = run.trace.counts()
     assert counts["precision"] > 0, counts  # the 4-bit model drafted, the exact model accepted
     assert counts["accepted"] == 0  # no exact exit drafted in this run
-    html = render.tokens_html(run.trace, run.done.settings)
+    html = render.tokens_html(run.trace, run.record().spec)
     assert "hs-precision" in html and "4-bit" in html and "exit full@q4" not in html
     assert "4-bit draft" in render.legend_html(counts) and f"({counts['precision']})" in render.legend_html(counts)
 
 
 def test_the_step_through_names_the_4bit_level(run):
-    rounds = replay_from_dicts(run.events)
-    shown = " ".join(round_html(rounds, i, run.done.settings) for i in range(1, len(rounds)))
+    record = run.record()
+    rounds = rounds_of(record)
+    shown = " ".join(round_html(rounds, i, record.spec) for i in range(1, len(rounds)))
     assert "Draft by the 4-bit full model" in shown and "exit full@q4" not in shown
 
 
@@ -88,11 +89,10 @@ def test_a_4bit_plan_whose_run_kept_no_4bit_costs_is_measured_only_and_says_why(
     from ui.why_view import why_html
 
     costs = CostModel.given({n: 1e-3 for n in (1, 4, 16)}, {(8, n): 1e-4 for n in (1, 4, 16)})
-    kept = {"settings": run.done.settings, "stats": run.summary(), "events": run.events, "vs_plain": None}
-    story = speed_story(kept, costs, (0.5, 0.5))
-    q4 = [p for p in story["plans"] if p["kind"] == "full@q4"]
+    story = speed_story(run.record(), {None: costs}, (0.5, 0.5))
+    q4 = [p for p in story["plans"] if p["words"] == labels.plan_words("full@q4")]
     assert q4 and all(p["predicted"] is None and p["break_even"] is None for p in q4), story["plans"]
-    assert story["shape"] is None  # no slider curves for a list with a cheaper format
+    assert story["slider_plan"] is None  # no slider estimate without the 4-bit lane's costs (said, not guessed)
     assert "kept no pass costs for one of its levels" in why_html(story)
 
 
@@ -101,7 +101,7 @@ def test_every_plan_of_an_adaptive_precision_run_gets_an_estimate_and_a_break_ev
     with it: every plan that ran is estimated, with a break-even named by its pair."""
     import re
 
-    from hispec.explain.why import frozen_costs, speed_story
+    from hispec.explain.why import explained_costs, speed_story
     from ui.why_view import plans_table
 
     from hispec.engine.planning.costs import CostModel
@@ -118,17 +118,24 @@ def test_every_plan_of_an_adaptive_precision_run_gets_an_estimate_and_a_break_ev
     config = DecodeConfig(levels=("lookup", "full@q4"), policy="auto", max_new_tokens=40).resolve_for(ee)
     for ev in run_events(_LM(ee), [5, 17, 33, 5, 17, 33, 5, 17, 33, 5, 17], config):
         live.add(ev)
-    kept = {"settings": live.done.settings, "stats": live.summary(), "events": live.events, "vs_plain": None}
     assert "lanes" in live.done.costs_ms and "q4" in live.done.costs_ms["lanes"]
-    story = speed_story(kept, frozen_costs(kept), (0.5, 0.5), frozen="run")
+    record = live.record()
+    lanes, whose = explained_costs(record)
+    assert whose == "run" and set(lanes) == {None, "q4"}
+    story = speed_story(record, lanes, (0.5, 0.5), frozen="run")
     ran = [p for p in story["plans"] if p["new_tokens"]]
-    assert any("full@q4" in p["kind"] for p in ran), story["plans"]
+    assert any("4-bit" in p["words"] for p in ran), story["plans"]
     for p in ran:
         assert p["predicted"] is not None, p
-        assert (p["break_even_pair"] is None) == (p["kind"] == "plain"), p
+        assert (p["break_even_pair"] is None) == p["plain"], p
+    # the sliders vary a 4-bit plan of the run: its estimate moves with them (issue 56)
+    assert story["slider_plan"] is not None and "4-bit" in story["slider_plan"]["words"], story["slider_plan"]
+    low = speed_story(record, lanes, (0.2, 0.2))["sliders"]["predicted"]
+    high = speed_story(record, lanes, (0.95, 0.95))["sliders"]["predicted"]
+    assert high > low, (low, high)
     for p, tr in zip(story["plans"], plans_table(story).split("<tr>")[2:]):
         cells = re.findall(r"<td>(.*?)</td>", tr)
-        if p["new_tokens"] and p["kind"] != "plain":  # an estimate and a break-even on the page, not '–'
+        if p["new_tokens"] and not p["plain"]:  # an estimate and a break-even on the page, not '–'
             assert cells[7] != "–" and cells[9] != "–", cells
 
 
@@ -140,7 +147,9 @@ def test_where_the_speed_came_from_names_the_faster_plans_and_a_hierarchy_that_b
                 "drafts_on": False, "new_tokens": new_tokens,
                 "measured_tokens_per_s": rate, "rounds": rounds}
 
-    story = {"policy": "auto", "adapts": True,
+    from hispec.engine.levels import build_levels
+
+    story = {"policy": "auto", "adapts": True, "levels": build_levels(("lookup", 2, 4), 8),
              "plain": {"measured_decode_tokens_per_s": 20.0, "model_tokens_per_s": 30.0},
              "plans": [plan("lookup", 40, 50.0, 10), plan("exit 2 -> exit 4", 3, 10.0, 1, hierarchy=True),
                        plan("plain", 20, 20.0, 20)]}
@@ -150,7 +159,7 @@ def test_where_the_speed_came_from_names_the_faster_plans_and_a_hierarchy_that_b
     assert "exit 2 → exit 4 → full model wrote 3 tokens" in words and "->" not in words  # the page's names
     assert "exit 2 → exit 4 → full model (" not in words  # slower than plain: not named as faster
     assert "ran in 1 of 31 rounds" in words and "Teaching preset" in words
-    assert "Teaching preset" not in speed_source_words({**story, "levels": ("lookup", "full@q4")})  # no exits
+    assert "Teaching preset" not in speed_source_words({**story, "levels": build_levels(("lookup", "full@q4"), 8)})  # no exits
     story["plain"]["measured_decode_tokens_per_s"] = None
     assert "No plan beat" not in speed_source_words(story) and "the cost model's plain step" in speed_source_words(story)
 
@@ -163,7 +172,7 @@ def test_the_levels_box_starts_on_the_precision_list_where_the_model_offers_4bit
 def test_a_4bit_tokens_story_names_the_level_in_words(run):
     from ui import token_story
 
-    html_all = token_story.explain_all_html(run.trace, None, run.done.settings)
+    html_all = token_story.explain_all_html(run.trace, None, run.record())
     assert "exit full@q4" not in html_all and "4-bit" in html_all
 
 
@@ -183,10 +192,10 @@ def test_a_4bit_draft_is_named_by_what_the_4bit_model_did(run):
         live.add(ev)
     drafted = [t for t in live.trace if t.origin == "verify" and t.born.value == "drafted"]
     assert drafted, "the 4-bit model drafted where lookup had nothing to copy"
-    tips = render.tokens_html(live.trace, live.done.settings)
+    tips = render.tokens_html(live.trace, live.record().spec)
     assert "drafted by the 4-bit full model" in tips
     assert "intermediate verifier (the 4-bit" not in tips and "drafted by the intermediate verifier" not in tips
-    story = token_story.explain_all_html(live.trace, None, live.done.settings)
+    story = token_story.explain_all_html(live.trace, None, live.record())
     assert "Proposed by <b>the 4-bit full model</b>" in story
     assert "intermediate verifier (the 4-bit" not in story
 
@@ -210,7 +219,8 @@ def test_one_hue_per_level_across_the_text_the_step_through_and_the_depth_strip(
         assert colour(f".hs-stage-{level}", "background") == hue, level
         assert colour(f".hs-step-{level}", "border-left-color") == hue, level
     assert colour(".hs-step-lookup", "border-left-color") == render.COLORS["copied"]
-    rounds = replay_from_dicts(run.events)
-    shown = " ".join(round_html(rounds, i, run.done.settings) for i in range(1, len(rounds)))
+    record = run.record()
+    rounds = rounds_of(record)
+    shown = " ".join(round_html(rounds, i, record.spec) for i in range(1, len(rounds)))
     assert "hs-precision" in shown and "hs-accepted" not in shown, "the 4-bit model's accepted drafts: teal, as in the text"
     assert "hs-step-precision" in shown and "Left edge, by level" in shown  # with its key

@@ -10,7 +10,7 @@ from hispec.runs.replay import replay
 from ui.render import COLORS
 from ui.steps_view import cache_table_html, round_html, round_label
 
-SETTINGS = {"levels": (1, 2), "num_layers": 4}  # exits 1 and 2 of a 4-layer model
+SETTINGS = (1, 2)  # exits 1 and 2 of a 4-layer model, as a run records its list (RunRecord.spec)
 
 EVIL = "<script>alert(1)</script>"
 
@@ -107,7 +107,7 @@ def test_a_round_says_its_plan_and_a_cheaper_full_model_ends_at_its_lm_head_in_t
     levels = build_levels(("1@q4", "full@q4"), 4)
     rs[1]["plan"] = {"choice": "full@q4 x12", "words": Round(levels[1], levels[2], 12).words,
                      "reason": "expected 2.81x a plain step"}
-    fragment = round_html(rs, 1, {"levels": ("1@q4", "full@q4"), "num_layers": 4})
+    fragment = round_html(rs, 1, ("1@q4", "full@q4"))
     assert "plan: the 4-bit full model drafts 12 (expected 2.81x a plain step)" in fragment
     steps = _steps(fragment)
     assert steps[0].startswith("① Draft by exit 1 in 4-bit: layer 1 + exit head ran 2×")  # an exit: its head
