@@ -226,7 +226,8 @@ class Handlers:
             beliefs = None
             if run.token_ids and run.prompt_ids:
                 beliefs = self.server.result(self.server.caller(request), BeliefsRequest, {
-                    "model": run.model, "prompt_ids": list(run.prompt_ids), "token_ids": list(run.token_ids)})
+                    "model": run.model, "prompt_ids": list(run.prompt_ids), "token_ids": list(run.token_ids),
+                    "formats": list(run.formats)})  # the run's 4-bit level gets its row of candidates
             beliefs_view = beliefs_html(beliefs) if beliefs else render.message_html("No token was generated.", "info")
         except HiSpecError as exc:
             beliefs, beliefs_view = None, render.message_html(f"What each exit believes: {exc}")

@@ -10,6 +10,8 @@ read at every exit depth and put through that exit's heads:
   attention step over the whole sequence (prompt included) from position 0 with its own KV cache,
   as the engine does while generating; a reduced-vocabulary head scores only its subset (its
   logits are -inf elsewhere, so other tokens never appear among its candidates);
+- ``format``: the full model in a cheaper number format of the same weights (the run's 4-bit level, e.g.
+  'the 4-bit, int8-activation full model'), over its own copy of the model, when the run had one;
 - ``full``: the full model, the reference every row is compared with.
 
 The result is a plain, JSON-ready dict (see ``exit_beliefs``); the UI draws it as a layer x token
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hispec.engine.levels import level_words
 from hispec.model.cache import LayerKVCache
 from hispec.errors import ConfigError
 from hispec.text import Detokenizer
@@ -121,17 +124,19 @@ def _logits_fn(ee: EarlyExitModel, row: dict, hidden: torch.Tensor):
 
 @torch.inference_mode()
 def exit_beliefs(ee: EarlyExitModel, prompt_ids: list[int], token_ids: list[int], layers: list[int] | None = None,
-                 top: int = 3, tokenizer=None) -> dict:
+                 top: int = 3, tokenizer=None, formats: tuple[str, ...] = ()) -> dict:
     """What every exit predicted at every generated position of `token_ids` (after `prompt_ids`).
 
     `layers`: the early exits to show (each 1 .. L-1); None: every layer with a trained head, or
     about every quarter of the depth without any. The full model is always the last row. An exit
-    with a trained head gets two rows, raw then trained. Runs the model once over the sequence.
+    with a trained head gets two rows, raw then trained; `formats`: cheaper formats of the model (its
+    `formats()`) whose full model gets a row of its own, before the full model's. Runs the model once over
+    the sequence, and each format's copy once.
 
     Returns::
 
         {"num_layers": L, "top": top,
-         "layers": [{"layer": 4, "kind": "raw" | "trained" | "full", "label": "exit 4 · raw",
+         "layers": [{"layer": 4, "kind": "raw" | "trained" | "format" | "full", "label": "exit 4 · raw",
                      ("head": description, "note": ... for trained heads)}, ...],
          "tokens": [{"index": i, "token_id": t, "text": "...",
                      "cells": [{"top": [[id, text, prob], ...], "match": bool, "p": prob of t}, ...],
@@ -151,11 +156,17 @@ def exit_beliefs(ee: EarlyExitModel, prompt_ids: list[int], token_ids: list[int]
     ids = list(prompt_ids) + list(token_ids[:-1])  # the last token predicts nothing shown here
     first = len(prompt_ids) - 1  # position whose state predicted token_ids[0]
     states = _boundary_states(ee, ids, sorted({r["layer"] for r in rows}))
+    for fmt in formats:  # each cheaper format's full model, on its own copy: a row before the full model's
+        copy = ee.in_format(fmt)  # ConfigError naming the formats offered, for one this model lacks
+        rows.insert(-1, {"layer": ee.num_layers, "kind": "format", "format": fmt,
+                         "label": level_words(f"full@{fmt}").removeprefix("the ")})
+        states[fmt] = _boundary_states(copy, ids, [copy.num_layers])[copy.num_layers]
     targets = torch.tensor(token_ids, dtype=torch.long)
     k = min(top, ee.final_head.lm_head.weight.shape[0])
     found = []  # per row: (probs (n, k), ids (n, k), p of the committed token (n,))
     for row in rows:
-        fn = _logits_fn(ee, row, states[row["layer"]])
+        fn = (_logits_fn(ee.in_format(row["format"]), row, states[row["format"]]) if row["kind"] == "format"
+              else _logits_fn(ee, row, states[row["layer"]]))
         chunks = []
         for a in range(0, n, _CHUNK):
             b = min(a + _CHUNK, n)

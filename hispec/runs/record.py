@@ -127,6 +127,11 @@ class RunRecord:
         return tuple(lv.spec for lv in self.below_full)
 
     @property
+    def formats(self) -> tuple[str, ...]:
+        """The cheaper number formats its levels ran in ('a8' for the default's 4-bit level), bottom first."""
+        return tuple(dict.fromkeys(lv.precision for lv in self.levels if lv.precision is not None))
+
+    @property
     def roles(self) -> dict[str, Level]:
         return {lv.name: lv for lv in self.levels}
 

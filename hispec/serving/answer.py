@@ -1,11 +1,9 @@
 """A generation's updates folded into what it produced, and /generate's answer assembled from them.
 
-`Generation` folds the Output items of a GenerateRequest (serving.api): engine events into a LiveRun
-(stats, trace, the JSON trace, the DoneEvent), the plain-baseline pairs (`vs_plain`), the prompt's ids
-and the level list. The page's view folds through it too, so the page and the API read one fold.
-`api_answer` is /generate's stream: {"status": ...} while it runs, then the one JSON shape of a
-finished generation (`response`); the coloured tokens come from the caller (`html_of`: the UI's
-renderer), the only part serving does not draw.
+`Generation` folds a GenerateRequest's Output items (engine events into a LiveRun, the plain-baseline pairs,
+the prompt's ids, the level list); the page folds through it too. `api_answer` is /generate's stream:
+{"status": ...} while it runs, then the finished run's record (runs.record.RunRecord.to_json) with the
+coloured tokens drawn by the caller (`html_of`: the UI's renderer, the only part serving does not draw).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from pathlib import Path
 from hispec.engine.config import METHODS, DecodeConfig, check_prompt, preset
 from hispec.engine.planning.costs import model_costs
 from hispec.engine.events import DoneEvent
-from hispec.engine.levels import parse_levels
+from hispec.engine.levels import PRECISIONS, parse_levels
 from hispec.engine.planning.policy import DEFAULT_POLICY, POLICIES
 from hispec.errors import ConfigError
 from hispec.evaluation import bench, compare as comparing
@@ -348,6 +348,7 @@ class BeliefsRequest(Request):
     model: str | None = None
     prompt_ids: tuple[int, ...] = ()
     token_ids: tuple[int, ...] = ()
+    formats: tuple[str, ...] = ()  # the cheaper formats whose full model's row to add ('a8': the run's 4-bit level)
 
     kind = "beliefs"
     what = "look at the exits"
@@ -363,7 +364,10 @@ class BeliefsRequest(Request):
             ids[name] = tuple(inputs.whole("a token id", t, 0, None) for t in value)
         if not ids["prompt_ids"] or not ids["token_ids"]:
             raise ConfigError("both prompt_ids and token_ids must hold at least one token id")
-        return cls(inputs.name("model", raw.get("model")), ids["prompt_ids"], ids["token_ids"])
+        formats = tuple(raw.get("formats") or ())
+        if any(f not in PRECISIONS for f in formats):
+            raise ConfigError(f"formats must be among {', '.join(PRECISIONS)} (got {inputs.shown(formats)})")
+        return cls(inputs.name("model", raw.get("model")), ids["prompt_ids"], ids["token_ids"], formats)
 
     def prepare(self, lm, limits: Limits):
         vocab = lm.ee.model.config.vocab_size
@@ -371,4 +375,4 @@ class BeliefsRequest(Request):
             raise ConfigError(f"a token id is beyond this model's vocabulary of {vocab}")
         _check_context(lm, list(self.prompt_ids), len(self.token_ids))
         return lambda stop, emit: iter([exit_beliefs(lm.ee, list(self.prompt_ids), list(self.token_ids),
-                                                     tokenizer=lm.tokenizer)])
+                                                     tokenizer=lm.tokenizer, formats=self.formats)])

@@ -167,3 +167,27 @@ def test_impossible_requests_are_refused_clearly(generation, kwargs, words):
     with pytest.raises(ConfigError, match=words) as err:
         exit_beliefs(ee_of(model), **args)
     assert isinstance(err.value, HiSpecError)
+
+
+def test_a_cheaper_formats_full_model_gets_its_own_row_of_candidates():
+    """Issue 56: the default run's 4-bit level acted, yet the candidates table had exit rows only. A format
+    asked for gets a row before the full model's, from its own copy: on text the 4-bit model wrote greedily,
+    its first choice is every committed token."""
+    q4 = pytest.importorskip("hispec.model.formats.q4")
+    if q4.q4_kernel.unavailable_reason():
+        pytest.skip(f"no 4-bit kernel here: {q4.q4_kernel.unavailable_reason()}")
+    from hispec.engine.config import DecodeConfig
+    from hispec.model.early_exit import EarlyExitModel
+    from hispec.runs.runner import run
+
+    model = tiny_model("llama", layers=8, seed=3)
+    ee = ee_of(model)
+    ee.add_format("q4", lambda: EarlyExitModel(q4.q4_copy(model)))
+    written = run(ee.in_format("q4"), PROMPT, DecodeConfig(max_new_tokens=10)).token_ids  # plain 4-bit decoding
+    beliefs = exit_beliefs(ee, PROMPT, written, formats=("q4",))
+    kinds = [row["kind"] for row in beliefs["layers"]]
+    assert kinds[-2:] == ["format", "full"] and beliefs["layers"][-2]["label"] == "4-bit full model", beliefs["layers"]
+    row = len(kinds) - 2
+    assert all(tok["cells"][row]["match"] for tok in beliefs["tokens"]), "the 4-bit row is the 4-bit model's own"
+    with pytest.raises(HiSpecError, match="offers no other format"):
+        exit_beliefs(ee_of(model), PROMPT, written, formats=("q4",))  # a model that offers no 4-bit copy

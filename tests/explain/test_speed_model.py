@@ -10,11 +10,11 @@ from hispec.explain.speed_model import SliderModel
 from hispec.runs.record import PairAcceptance, fixed_round
 
 
-def RoundShape(levels=(), count=1, verify_at=1, L=8):  # noqa: N802 - a fixed round of these levels, as before
+def fixed_plan(levels=(), count=1, verify_at=1, L=8):  # a fixed round of these levels
     return fixed_round(build_levels(tuple(levels), L), (count, verify_at))
 
 
-def SpeedModel(costs, L):  # noqa: N802 - the sliders' model on the exact lane
+def slider_model(costs, L):  # the sliders' model on the exact lane
     return SliderModel({None: costs}, L)
 
 
@@ -34,7 +34,7 @@ def flat_costs(layer=1.0, head=0.0) -> CostModel:
 def test_layerskip_by_hand_on_flat_costs():
     # L = 8, exit 2, one draft: a round costs 2 draft passes of 2 layers + 6 layers = 10 layer-times
     # and commits 1 + a tokens; a plain step commits 1 token per 8 layer-times.
-    model, r = SpeedModel(flat_costs(), 8), RoundShape((2,), 1)
+    model, r = slider_model(flat_costs(), 8), fixed_plan((2,), 1)
     assert model.speedup(r, 0.0, 1.0) == pytest.approx(8 * 2 / 10)
     assert model.speedup(r, 0.0, 0.0) == pytest.approx(8 * 1 / 10)
     # break-even: 8 (1 + a) / 10 = 1  ->  a = 0.25
@@ -43,8 +43,8 @@ def test_layerskip_by_hand_on_flat_costs():
 
 def test_prediction_rises_with_acceptance_and_crosses_one_at_break_even():
     costs = flat_costs(head=0.05)
-    for r in (RoundShape((4,), 3), RoundShape((2, 4), 2, 4)):
-        model = SpeedModel(costs, 8)
+    for r in (fixed_plan((4,), 3), fixed_plan((2, 4), 2, 4)):
+        model = slider_model(costs, 8)
         ys = [s for _, s in model.curve(r)]
         assert ys == sorted(ys) and ys[0] < 1 < ys[-1]
         a = model.break_even(r)
@@ -56,10 +56,10 @@ def test_a_round_that_cannot_pay_has_no_break_even():
     # layer-times for at most 2 tokens, a plain step 8 for one: it never pays, whatever the acceptance
     costs = flat_costs()
     costs._head.update({(7, n): 5.0 for n in (1, 2, 4, 8, 16)})
-    model = SpeedModel(costs, 8)
-    assert model.speedup(RoundShape((7,), 1), 0, 1.0) == pytest.approx(8 * 2 / 20)
-    assert model.break_even(RoundShape((7,), 1)) is None
-    assert model.speedup(RoundShape(), 0.3, 0.3) == 1.0
+    model = slider_model(costs, 8)
+    assert model.speedup(fixed_plan((7,), 1), 0, 1.0) == pytest.approx(8 * 2 / 20)
+    assert model.break_even(fixed_plan((7,), 1)) is None
+    assert model.speedup(fixed_plan(), 0.3, 0.3) == 1.0
 
 
 def test_the_prediction_is_the_adaptive_policys_own_score():
@@ -70,13 +70,13 @@ def test_the_prediction_is_the_adaptive_policys_own_score():
     scored = {r.label: rate for rate, r in policy._candidates(room=16, match=([], 0))}
     label = next(k for k in scored if k.endswith("x2 -> exit 4, full at 4"))
     a_dv, a_vt = policy.acceptance.rate("draft", "verify"), policy.acceptance.rate("verify", "target")
-    predicted = SpeedModel(costs, 8).speedup(RoundShape((2, 4), 2, 4), a_dv, a_vt)
+    predicted = slider_model(costs, 8).speedup(fixed_plan((2, 4), 2, 4), a_dv, a_vt)
     assert predicted == pytest.approx(scored[label] / scored["plain"])
 
 
 def test_lookup_by_hand_on_flat_costs():
     """k copied tokens, verified by one full pass over k + 1: (1 + a + a^2) / 8 layers on flat costs."""
-    predicted = SpeedModel(flat_costs(), 8).speedup(RoundShape(("lookup",), 2), 0.0, 0.5)
+    predicted = slider_model(flat_costs(), 8).speedup(fixed_plan(("lookup",), 2), 0.0, 0.5)
     assert predicted == pytest.approx((1 + 0.5 + 0.25) / 8 / (1 / 8))
 
 

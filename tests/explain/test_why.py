@@ -6,7 +6,7 @@ from helpers import tiny_model
 from test_speed_model import flat_costs
 
 from hispec.engine.config import preset
-from test_speed_model import RoundShape, SpeedModel
+from test_speed_model import fixed_plan, slider_model
 
 from hispec.engine.planning.round import kind_words
 from hispec.explain.plans import plan_rows
@@ -70,7 +70,7 @@ def test_the_story_puts_the_estimate_beside_the_measured_ratio_and_names_the_gap
     story = speed_story(kept(r, events, measured), {None: costs}, (0.9, 0.9))
     plan = story["plans"][0]
     a_dv, a_vt = r.stats["acceptance"]["draft->verify"], r.stats["acceptance"]["verify->target"]
-    assert plan["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundShape((2, 4), 2, 2),
+    assert plan["predicted"] == pytest.approx(slider_model(costs, 8).speedup(fixed_plan((2, 4), 2, 2),
                                                                            a_dv, a_vt))
     low, high = plan["range"]
     assert low <= plan["predicted"] <= high, "the estimate's range holds it"
@@ -81,7 +81,7 @@ def test_the_story_puts_the_estimate_beside_the_measured_ratio_and_names_the_gap
         reasons = dict(story["differences"])
         assert set(reasons) >= {"by", "bookkeeping", "noise"} and "%" in reasons["by"]
     at = story["sliders"]
-    assert at["predicted"] == pytest.approx(SpeedModel(costs, 8).speedup(RoundShape((2, 4), 2, 2), 0.9, 0.9))
+    assert at["predicted"] == pytest.approx(slider_model(costs, 8).speedup(fixed_plan((2, 4), 2, 2), 0.9, 0.9))
     assert "sliders: estimate" in story["points"] and story["curves"]
 
 
