@@ -546,10 +546,65 @@ def wide_signatures(paths, limit: int) -> list[str]:
     return out
 
 
+def ui_files(root: Path = ROOT) -> list[Path]:
+    """ui/ with its sub-packages (ui/panels), and app.py."""
+    return [*sorted((root / "ui").rglob("*.py")), root / "app.py"]
+
+
 def test_no_signature_in_the_ui_takes_more_than_8_parameters(tmp_path):
-    """The page's settings travel as one value (ui.settings.PageSettings), not spelled out in every handler."""
-    paths = [*sorted((ROOT / "ui").glob("*.py")), ROOT / "app.py"]
-    assert wide_signatures(paths, 8) == []
-    wide = tmp_path / "wide.py"  # the check is shown to catch what it checks
-    wide.write_text("def generate(self, prompt, model, method, d, v, n_d, n_i, max_new, chat):\n    pass\n")
-    assert wide_signatures([wide], 8) == ["wide.py:1 generate (9 parameters)"]
+    """The page's settings travel as one value (ui.settings.PageSettings), not spelled out in every handler.
+    Counted: every parameter but self and cls (`request` counts), in ui/ and its panels, and app.py."""
+    assert ROOT / "ui/panels/generate.py" in ui_files()
+    assert wide_signatures(ui_files(), 8) == []
+    wide = tmp_path / "ui/panels/wide.py"  # the check is shown to catch what it checks, in a panel too
+    wide.parent.mkdir(parents=True)
+    wide.write_text("class Generate:\n"
+                    "    def generate(self, prompt, model, method, d, v, n_d, n_i, max_new, request=None):\n"
+                    "        pass\n"
+                    "    def fits(self, prompt, model, method, d, v, n_d, n_i, request=None):\n"
+                    "        pass\n")
+    (tmp_path / "app.py").write_text("")
+    assert wide_signatures(ui_files(tmp_path), 8) == ["wide.py:2 generate (9 parameters)"]
+
+
+# ---- the page asks serving through its public modules only (issue 56) ------------------------------------
+UI_SERVING_MODULES = {"hispec.serving.session", "hispec.serving.api", "hispec.serving.updates",
+                      "hispec.serving.answer"}  # Server and its requests, their updates, /generate's answer
+UI_SERVING_NAMES = {"hispec.serving.edge": {"STOP_EVENT"}}  # the Stop's event name, which the edge counts
+SERVER_INTERNALS = {"registry", "limits"}  # what a panel asks of them is Server's own methods
+
+
+def ui_reaches_into_serving(root: Path = ROOT) -> list[str]:
+    """ui/'s imports from hispec.serving outside its public modules, and every `.registry` or `.limits`."""
+    found = []
+    for path in sorted((root / "ui").rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), where)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hispec.serving"):
+                taken = [a.name for a in node.names if node.module not in UI_SERVING_MODULES
+                         and f"{node.module}.{a.name}" not in UI_SERVING_MODULES
+                         and a.name not in UI_SERVING_NAMES.get(node.module, ())]
+                found += [f"{where}:{node.lineno}: from {node.module} import {n}" for n in taken]
+            elif isinstance(node, ast.Import):
+                found += [f"{where}:{node.lineno}: import {a.name}" for a in node.names
+                          if a.name.startswith("hispec.serving") and a.name not in UI_SERVING_MODULES]
+            elif isinstance(node, ast.Attribute) and node.attr in SERVER_INTERNALS:
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_page_asks_serving_through_its_public_modules_only(tmp_path):
+    assert ui_reaches_into_serving() == []
+    # the check is shown to catch what it checks: today's old handler's reach-ins, and a private module
+    (tmp_path / "ui/panels").mkdir(parents=True)
+    (tmp_path / "ui/panels/bad.py").write_text(
+        "from hispec.serving.api import GenerateRequest\n"
+        "from hispec.serving.edge import STOP_EVENT, Edge\n"
+        "from hispec.serving import registry\n"
+        "import hispec.serving.limits\n"
+        "def loaded(self, model):\n"
+        "    name = self.server.limits.check_model(model)\n"
+        "    return self.server.registry.get(name)\n")
+    assert [f.split(": ", 1)[1] for f in ui_reaches_into_serving(tmp_path)] == [
+        "from hispec.serving.edge import Edge", "from hispec.serving import registry", "import hispec.serving.limits",
+        "self.server.limits", "self.server.registry"]
