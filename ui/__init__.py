@@ -1,2 +1,3 @@
-"""The app's page: layout (page), handlers that turn serving's updates into components (controller,
-generate_view, bench_tab, controls), and views (render, charts, token_story, steps_view, beliefs_view)."""
+"""The app's page: layout (page), its panels (ui/panels: Generate, Why, What-if, Compare, Steps, Model, each
+with its handlers, wired by name; bench_tab: the Benchmark tab), what turns serving's updates into components
+(generate_view, controls), and views (render, charts, token_story, steps_view, beliefs_view)."""

@@ -21,6 +21,7 @@ from hispec.serving.session import Server
 from hispec.serving.updates import Output, Status
 
 from .labels import level_words
+from .panels.wiring import components
 from .render import message_html
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -28,6 +29,9 @@ BENCH_DIR = ASSETS / "bench"
 DEFAULT_METHODS = ["autoregressive", "layerskip", "hispec"]
 PLOTS = 4  # chart slots of the saved report (a sweep draws two per grid)
 LIVE_PLOTS = 3
+SAVED_OUTPUTS = ("bench_saved_table", "bench_saved_plots")  # show_saved's, in its order
+LIVE_INPUTS = ("model", "bench_set", "bench_count", "bench_methods", "bench_max_new")  # run_live's, in its order
+LIVE_OUTPUTS = ("bench_status", "bench_table", "bench_plots")
 METHOD_HELP = ("autoregressive: the full model, token by token (the reference) · hf_generate: transformers' "
                "generate() · hf_early_exit: generate(assistant_early_exit=E) with layerskip's exit E · layerskip: "
                "single exit E · hispec: draft exit, verify exit, then the full model. Exits and lengths are the "
@@ -125,12 +129,13 @@ def _plot_updates(figs: list, slots: int) -> list:
 
 # ---- the tab ----------------------------------------------------------------------------------
 class BenchTab:
-    """Builds the tab's components (inside the caller's `gr.Tab`) and handles its events; the live
-    run is a request like any other (serving.api.BenchRequest: limits, queue, the model's turn)."""
+    """The Benchmark panel: builds the tab's components (in the page's Benchmark tab, named on the page) and
+    handles its events; the live run is a request like any other (serving.api.BenchRequest: limits, queue,
+    the model's turn). `max_new_tokens`: the server's limit, the live run's budget at most."""
 
-    def __init__(self, server: Server, folder: Path = BENCH_DIR):
+    def __init__(self, server: Server, folder: Path = BENCH_DIR, max_new_tokens: int = MAX_LIVE_TOKENS):
         self.server, self.folder = server, Path(folder)
-        self.limit = min(MAX_LIVE_TOKENS, server.limits.max_new_tokens)
+        self.limit = min(MAX_LIVE_TOKENS, max_new_tokens)
 
     # ---- handlers ---------------------------------------------------------------------------
     def choices(self) -> list[str]:
@@ -181,43 +186,49 @@ class BenchTab:
                 return (message_html(status, "info"), table, *_plot_updates(figs, LIVE_PLOTS))
         return (message_html("The benchmark ended without a result."), gr.skip(), *[gr.skip()] * LIVE_PLOTS)
 
-    # ---- page ---------------------------------------------------------------------------------
-    def build(self, model: gr.components.Component) -> None:
-        """The tab's components and events; `model` is the page's model box (the live run's model)."""
+    # ---- the panel --------------------------------------------------------------------------------
+    def wire(self, p) -> None:
+        """The tab's components, built in the page's Benchmark tab (`p.bench_tab`) and named on the page
+        (bench_*), and its events by those names; the live run's model is the page's model box (`model`)."""
+        with p.bench_tab:
+            self.layout(p)
+        p.bench_choice.change(self.show_saved, [p.bench_choice], components(p, *SAVED_OUTPUTS), api_name=False)
+        p.bench_refresh_btn.click(self.refresh, None, [p.bench_choice], api_name=False, queue=False)
+        # serving queues and limits the run: Gradio starts it at once, so that Stop reaches it while it waits
+        p.bench_run_btn.click(self.run_live, components(p, *LIVE_INPUTS), components(p, *LIVE_OUTPUTS),
+                              concurrency_limit=None, api_name="benchmark")
+        p.bench_stop_btn.click(self.stop, None, [p.bench_status], queue=False, api_name=False)
+
+    def layout(self, p) -> None:
+        """The tab's components, on the page by name."""
         names = self.choices()
         first = self.show_saved(names[0] if names else None)
         gr.Markdown("### Saved report\nA benchmark run with `python -m hispec bench --json assets/bench/NAME.json` "
                     "(methods side by side, or a `--sweep` over layers or lengths). The run of the page's default "
                     "(lookup → 4-bit full model → full, both formats) is shown first, then the newest.")
         with gr.Row():
-            choice = gr.Dropdown(names, value=names[0] if names else None, label="Report (assets/bench)", scale=4)
-            refresh_btn = gr.Button("Refresh list", scale=1)
-        saved_table = gr.HTML(first[0], elem_id="hs-bench-saved")
-        saved_plots = [gr.Plot(value=u.get("value"), visible=u.get("visible", False),
-                               label=f"Saved report chart {i + 1}") for i, u in enumerate(first[1:])]
+            p.bench_choice = gr.Dropdown(names, value=names[0] if names else None, label="Report (assets/bench)",
+                                         scale=4)
+            p.bench_refresh_btn = gr.Button("Refresh list", scale=1)
+        p.bench_saved_table = gr.HTML(first[0], elem_id="hs-bench-saved")
+        p.bench_saved_plots = [gr.Plot(value=u.get("value"), visible=u.get("visible", False),
+                                       label=f"Saved report chart {i + 1}") for i, u in enumerate(first[1:])]
         gr.Markdown("### Run a small benchmark now\nThe same harness on a few prompts, on the model chosen above. "
                     "It waits its turn behind other visitors' requests and holds the model meanwhile, "
                     "so keep it small. " + METHOD_HELP)
         with gr.Row():
-            set_name = gr.Dropdown(list(LIVE_SETS), value="examples", label="Benchmark set",
-                                   info="examples: the app's example prompts; the others need their PyPI package")
-            count = gr.Slider(1, MAX_LIVE_PROMPTS, value=2, step=1, label="Items from the set")
-            max_new = gr.Slider(1, self.limit, value=min(16, self.limit), step=1, label="Token budget per item",
-                                info="new tokens per item and method")
-        methods = gr.CheckboxGroup(list(BENCH_METHODS), value=DEFAULT_METHODS, label="Methods")
+            p.bench_set = gr.Dropdown(list(LIVE_SETS), value="examples", label="Benchmark set",
+                                      info="examples: the app's example prompts; the others need their PyPI package")
+            p.bench_count = gr.Slider(1, MAX_LIVE_PROMPTS, value=2, step=1, label="Items from the set")
+            p.bench_max_new = gr.Slider(1, self.limit, value=min(16, self.limit), step=1, label="Token budget per item",
+                                        info="new tokens per item and method")
+        p.bench_methods = gr.CheckboxGroup(list(BENCH_METHODS), value=DEFAULT_METHODS, label="Methods")
         with gr.Row():
-            run_btn = gr.Button("Run benchmark", variant="primary")
-            stop_btn = gr.Button("Stop benchmark", variant="stop")
-        live_status = gr.HTML("", elem_id="hs-bench-status")
-        live_table = gr.HTML("", elem_id="hs-bench-live")
-        live_plots = [gr.Plot(visible=False, label=f"Live chart {i + 1}") for i in range(LIVE_PLOTS)]
-
-        choice.change(self.show_saved, [choice], [saved_table, *saved_plots], api_name=False)
-        refresh_btn.click(self.refresh, None, [choice], api_name=False, queue=False)
-        # serving queues and limits the run: Gradio starts it at once, so that Stop reaches it while it waits
-        run_btn.click(self.run_live, [model, set_name, count, methods, max_new],
-                      [live_status, live_table, *live_plots], concurrency_limit=None, api_name="benchmark")
-        stop_btn.click(self.stop, None, [live_status], queue=False, api_name=False)
+            p.bench_run_btn = gr.Button("Run benchmark", variant="primary")
+            p.bench_stop_btn = gr.Button("Stop benchmark", variant="stop")
+        p.bench_status = gr.HTML("", elem_id="hs-bench-status")
+        p.bench_table = gr.HTML("", elem_id="hs-bench-live")
+        p.bench_plots = [gr.Plot(visible=False, label=f"Live chart {i + 1}") for i in range(LIVE_PLOTS)]
 
 
 def _fraction(status: str) -> float:

@@ -38,6 +38,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from hispec.errors import HiSpecError
+from hispec.serving.api import CostsRequest
 from hispec.serving.caller import Caller, caller_of
 from hispec.serving.hold import TICK, Hold
 from hispec.serving.jobs import LEFT, STOPPED, TIME_LIMIT, Job, Jobs
@@ -172,6 +173,23 @@ class Server:
             elif isinstance(update, Ended) and not (update.ok and last is not None):
                 raise HiSpecError(update.message)
         return last
+
+    # ---- what the page reads of a loaded model ---------------------------------------------------
+    def loaded_model(self, model: str | None = None):
+        """A model already loaded, by a name the visitor may use (the allow-list applies; None: the start
+        model): a preset reads its settings. Raises HiSpecError until it is loaded."""
+        name = self.limits.check_model(model or self.default_model)
+        if name not in self.registry.loaded():
+            raise HiSpecError(f"model '{name}' is not loaded yet: press Load first")
+        return self.registry.get(name)
+
+    def pass_costs(self, caller: Caller, model: str, exits: tuple[int, ...]):
+        """The loaded model's pass costs on this machine for these exits: those timed before, else measured
+        in its turn (serving.api.CostsRequest, served like any request)."""
+        known = getattr(self.loaded_model(model).ee, "cost_model", None)
+        if known is not None and known.covers(exits):  # timed before: nothing to run, no need to wait
+            return known
+        return self.result(caller, CostsRequest, {"model": model, "exits": exits})
 
     def _ended(self, job: Job, when: str) -> Ended:
         """The last update: how the job ended; `when`: "before the generation started" or ""."""

@@ -305,6 +305,23 @@ def test_a_runs_follow_ups_are_requests_of_serving_in_the_models_turn(server):
     assert isinstance(box["out"], HiSpecError) and "stopped" in str(box["out"]).lower()
 
 
+def test_the_page_reads_a_loaded_model_and_its_pass_costs_through_the_servers_own_methods(server):
+    """Server.loaded_model and pass_costs: what the page's panels ask of a model (issue 56: no panel reaches
+    into the limits, the registry or the model's cost model). Costs timed before are answered without a job;
+    others are measured as a CostsRequest; a model not offered or not loaded is refused by name."""
+    lm = server.registry.get("tiny")
+    assert server.loaded_model("tiny") is lm and server.loaded_model(None) is lm  # None: the start model
+    with pytest.raises(HiSpecError, match="not offered on this server"):
+        server.loaded_model("other")
+    server.limits = server.limits.allowing("other")
+    with pytest.raises(HiSpecError, match="model 'other' is not loaded yet: press Load first"):
+        server.loaded_model("other")
+    costs = server.pass_costs(ME, "tiny", (2, 5))
+    assert costs is lm.ee.cost_model and costs.covers((2, 5))
+    with held_by_another(server.registry):  # timed before: no job, no wait for the model's turn
+        assert server.pass_costs(ME, "tiny", (2, 5)) is costs and server.jobs.of() == []
+
+
 def _result_or_error(server):
     try:
         return server.result(ME, CostsRequest, {"model": "tiny", "exits": [3]})

@@ -24,7 +24,10 @@ from hispec.serving.api import CompareRequest, WhatIfRequest
 from hispec.serving.caller import LOCAL
 from hispec.serving.updates import Output
 from ui import controls, labels, render, token_story
-from ui.controller import Handlers
+from ui.panels.generate import Generate
+from ui.panels.model import Model
+from ui.panels.what_if import WhatIf
+from ui.panels.why import Why
 from ui.settings import PageSettings
 from ui.model_view import settings_by_method
 
@@ -41,11 +44,11 @@ def plain(fragment: str) -> str:
 # ---- what if: timing-only verdicts, measured against a plain run --------------------------------
 def what_if(server, settings=("HiSpec", 2, 4, 2, 4), max_new=30, rates=(1.0, 1.0), takes=1):
     """The what-if after a fixed run of these settings (its own levels, policy and lengths replayed)."""
-    h = Handlers(server)
+    panel = WhatIf(server, Why(server))
     method, d, v, k, t = settings
     levels = () if method == "Autoregressive" else (d,) if v is None else (d, v)
     run = sketch_record(levels, "fixed", (k, t))
-    return list(h.what_if(PageSettings("hello", "tiny", *settings, max_new, True), run, *rates, takes))
+    return list(panel.what_if(PageSettings("hello", "tiny", *settings, max_new, True), run, *rates, takes))
 
 
 def test_what_if_runs_are_labelled_and_measured_against_plain_decoding(server):
@@ -103,13 +106,13 @@ def test_what_if_takes_repeat_plain_then_synthetic_and_give_a_median(server):
 def test_why_puts_the_what_ifs_gap_in_numbers(server):
     """A what-if's result keeps its time split and plain rate; "Why this speed" at the same sliders
     shows them, its ratio step by step, and calls what is left unexplained."""
-    h = Handlers(server)
+    generate, why = Generate(server).generate, Why(server).why
     settings = PageSettings("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0)
-    run = list(h.generate(settings))[-1]["last_run"]
+    run = list(generate(settings))[-1]["last_run"]
     result = what_if(server, max_new=12, rates=(0.9, 0.9), takes=2)[-1]["what_if_result"]
     assert result["takes"] == 2 and result["plain_tokens_per_s"] > 0
     assert set(result["synthetic_split"]) == {"wall_s", "setup_s", "prefill_s", "passes_s", "other_s"}
-    view, _ = h.why(run, 0.9, 0.9, result)
+    view, _ = why(run, 0.9, 0.9, result)
     words = plain(view)
     assert "Where the what-if's time went" in words and "plain decoding ran at" in words, words
     assert re.search(r"whole runs [\d.]+×, decoding only \(set-up and prefill left out\) [\d.]+×, layer passes only", words)
@@ -118,8 +121,8 @@ def test_why_puts_the_what_ifs_gap_in_numbers(server):
 
 def test_a_real_run_keeps_its_trace_and_prompt(server):
     lm = server.registry.get("tiny")
-    h = Handlers(server)
-    outs = list(h.generate(PageSettings("hello", "tiny", "HiSpec", 2, 4, 2, 4, 16, True, policy=labels.FIXED, baseline=0)))
+    generate, why = Generate(server).generate, Why(server).why
+    outs = list(generate(PageSettings("hello", "tiny", "HiSpec", 2, 4, 2, 4, 16, True, policy=labels.FIXED, baseline=0)))
     kept = outs[-1]["last_run"]
     assert list(kept.prompt_ids) == lm.encode("hello", chat=True)
     assert isinstance(kept.events[-1], DoneEvent) and len(kept.token_ids) == 16
@@ -176,8 +179,7 @@ def test_picking_a_method_sets_its_own_settings_for_the_model(server):
 def test_loading_a_model_sets_the_levels_box_to_a_list_it_can_run(server):
     """The page starts on the 4-bit precision list of the default model; a model loaded after it that has
     no 4-bit copy (any other) gets its own list, not a run that fails on full@q4."""
-    h = Handlers(server, [])
-    *_, last = h.load("tiny")
+    *_, last = Model(server).load("tiny")
     assert len(last) == 10 and last["status"].count("Loaded tiny") == 1
     assert last["levels"] == labels.default_levels(server.registry.get("tiny").ee.formats()) == next(iter(labels.LEVELS))
     assert labels.default_levels(("q4",)) == "lookup → 4-bit full model → full (precision level)"
@@ -312,14 +314,14 @@ def test_published_points_carry_sources_and_convert_to_per_token_acceptance(tmp_
 
 
 def test_why_tells_an_adaptive_run_plan_by_plan_against_measured_plain_decoding(server):
-    h = Handlers(server)
+    generate, why = Generate(server).generate, Why(server).why
     prompt = "abcabcabcabcabcabcabcabc"  # repeats itself: the lookup level has something to copy
     settings = PageSettings(prompt, "tiny", "HiSpec", 2, 4, 2, 4, 24, False, policy=labels.ADAPTIVE, baseline=2)
-    outs = list(h.generate(settings))
+    outs = list(generate(settings))
     kept = outs[-1]["last_run"]
     assert kept.vs_plain["runs"] == 2 and kept.vs_plain["new_tokens"] == 24
     assert "speed vs plain decoding, measured" in plain(outs[-1]["stats"]), "the stats state the measured ratio"
-    view, plot = h.why(kept, 0.9, 0.9)
+    view, plot = why(kept, 0.9, 0.9)
     text = plain(view)
     assert text.startswith("Acceptance, everywhere on this page:"), "defined where it first appears"
     plans = re.findall(r"<tr><td>([^<]+)</td><td>\d+</td>", view.split("id='hs-why-plans'")[1].split("</table>")[0])
@@ -333,8 +335,8 @@ def test_why_tells_an_adaptive_run_plan_by_plan_against_measured_plain_decoding(
         assert f"{labels.plan_words(kind)} wrote" in source or kind == "plain", (kind, source)
     assert "plain decoding measured here" in source and ("Faster than" in source or "No plan beat" in source)
     settings = PageSettings("hello", "tiny", "HiSpec", 2, 4, 2, 4, 12, True, policy=labels.FIXED, baseline=0)
-    fixed = list(h.generate(settings))
-    view, _ = h.why(fixed[-1]["last_run"], 0.5, 0.5)
+    fixed = list(generate(settings))
+    view, _ = why(fixed[-1]["last_run"], 0.5, 0.5)
     assert "not measured" in plain(view) and "estimated from its plans" not in plain(view)
     assert re.findall(r"<tr><td>(exit 2 → exit 4 → full model)</td>", view), "a fixed run is one plan"
 
@@ -382,28 +384,28 @@ def test_why_explains_a_run_with_the_costs_it_kept_whatever_later_runs_teach(ser
 
     from hispec.engine.planning.costs import CostModel
 
-    h = Handlers(server)
+    generate, why = Generate(server).generate, Why(server).why
     lm = server.registry.get("tiny")
-    kept = list(h.generate(PageSettings("abcabcabcabc", "tiny", "HiSpec", 2, 4, 2, 4, 12, False, policy=labels.ADAPTIVE,
+    kept = list(generate(PageSettings("abcabcabcabc", "tiny", "HiSpec", 2, 4, 2, 4, 12, False, policy=labels.ADAPTIVE,
                            baseline=0)))[-1]["last_run"]
     done = kept.done
     assert done.costs_ms["layer"], "the run kept no costs"
-    before = h.why(kept, 0.9, 0.9)[0]
+    before = why(kept, 0.9, 0.9)[0]
     assert "as this run's policy had them at its end" in plain(before)
     live = lm.ee.cost_model
     try:  # the model's costs change under the run: everything ten times slower
         lm.ee.cost_model = CostModel.from_figures_ms({"layer": {k: 10 * v for k, v in done.costs_ms["layer"].items()},
                                                       "head": {k: v for k, v in done.costs_ms["head"].items()}})
-        assert h.why(kept, 0.9, 0.9)[0] == before
+        assert why(kept, 0.9, 0.9)[0] == before
         recorded = kept.to_json()  # as a run that kept no costs of its own (a fixed run on a model never timed)
         recorded["events"][-1]["costs_ms"], recorded["costs_ms"] = {}, {}
         bare = from_json(recorded)
-        bare = h.why_after_run(bare)["last_run"]  # its first explanation keeps the costs it used in the record
-        changed = h.why(bare, 0.9, 0.9)[0]
+        bare = Why(server).why_after_run(bare)["last_run"]  # its first explanation keeps the costs it used in the record
+        changed = why(bare, 0.9, 0.9)[0]
     finally:
         lm.ee.cost_model = live
     assert changed != before and "as they stood when this run was first explained" in plain(changed)
-    assert h.why(bare, 0.9, 0.9)[0] == changed  # the model's costs are back to the live ones: the run kept its first
+    assert why(bare, 0.9, 0.9)[0] == changed  # the model's costs are back to the live ones: the run kept its first
 
 
 def test_the_model_line_names_the_weights_format():

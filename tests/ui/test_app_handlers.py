@@ -20,7 +20,8 @@ from hispec.serving.jobs import Job
 from hispec.serving.limits import Limits
 from hispec.text import Detokenizer
 from ui import charts, labels, render
-from ui.controller import Handlers
+from ui.panels.compare import Compare
+from ui.panels.generate import Generate
 from ui.settings import PageSettings
 from ui.generate_view import GenerateView
 
@@ -200,7 +201,7 @@ def test_a_stop_while_waiting_says_so(server):
     assert turns.hold(holder, 1.0)
     try:
         outs = []
-        for out in Handlers(server).generate(PageSettings("hi", "tiny", *HISPEC, 5, True, policy=labels.FIXED)):
+        for out in Generate(server).generate(PageSettings("hi", "tiny", *HISPEC, 5, True, policy=labels.FIXED)):
             outs.append(out)
             if "Waiting" in out.get("status", ""):
                 server.stop(LOCAL)
@@ -226,7 +227,7 @@ def test_an_exception_inside_generation_is_a_message_and_frees_the_model(server,
 
 def test_compare_checks_identical_output(server):
     settings = PageSettings("hello", "tiny", *HISPEC, 24, True, 0.0, 0, 1.0, -1, labels.FIXED)
-    outs = list(Handlers(server).compare(settings, ["Autoregressive", "LayerSkip (single exit)"], 1))
+    outs = list(Compare(server).compare(settings, ["Autoregressive", "LayerSkip (single exit)"], 1))
     table = outs[-1]["compare_out"]
     rows = re.findall(r"<tr><td>(HiSpec, fixed|Autoregressive|LayerSkip \(single exit\))</td>", table)
     assert rows == ["HiSpec, fixed", "Autoregressive", "LayerSkip (single exit)"], table  # the page's names
@@ -273,7 +274,7 @@ def test_policy_labels_and_one_default():
 
 
 def test_stop_with_nothing_running_says_so(server):
-    assert "Nothing to stop" in Handlers(server).stop(None)
+    assert "Nothing to stop" in Generate(server).stop(None)
 
 
 def test_threads_are_not_left_behind(server):
@@ -315,7 +316,7 @@ def test_the_default_run_measures_enough_pairs_to_give_a_range(server):
 
 def test_the_status_says_done_once_at_the_very_end_when_plain_pairs_follow(server):
     """With pairs against plain decoding, "Done" appears once, after the pairs, not when the tokens are in."""
-    h = Handlers(server)
+    h = Generate(server)
     # baseline as the page's slider sends it (a float)
     settings = PageSettings("hello there", "tiny", *HISPEC, 12, True, policy=labels.FIXED, baseline=1.0)
     statuses = [out["status"] for out in h.generate(settings) if "status" in out]

@@ -1,4 +1,4 @@
-"""The page's settings as one value, and handlers wired by name (ui.settings)."""
+"""The page's settings as one value (ui.settings), and handlers wired by name (ui.panels.wiring)."""
 
 import inspect
 
@@ -6,7 +6,8 @@ import gradio as gr
 import pytest
 
 from ui import labels
-from ui.settings import PageSettings, by_name
+from ui.panels.wiring import by_name
+from ui.settings import PageSettings
 
 
 class _Box:  # a stand-in for a component: hashable, compared by identity

@@ -1,0 +1,102 @@
+"""The Why panel: "Why this speed", the run's measured speed plan by plan beside the cost model's estimates,
+and the acceptance sliders that ask what if. It follows Generate (Generate's `follow`): after a run, the
+sliders take the run's own measured pairs and the view is drawn."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from hispec.errors import HiSpecError
+from hispec.explain import what_if as what_ifs
+from hispec.explain.why import explained_costs, slider_values, speed_story
+from hispec.serving.session import Server
+from ui import charts, render, why_view
+from ui.panels.wiring import bind
+
+WHY_HINT = render.message_html("Generate once: the run's acceptance and this machine's pass costs then explain its "
+                               "speed here.", "info")
+READS = ("last_run", "why_dv", "why_vt", "what_if_result")  # why()'s inputs, in its order
+WRITES = ("why_out", "why_plot")
+AFTER_RUN = (*WRITES, "what_if_levels", "why_dv", "why_vt", "last_run")  # why_after_run's outputs (the run keeps
+# the costs its first explanation fetched, when it kept none of its own)
+
+
+class Why:
+    """Reads READS, writes WRITES (and after a run the sliders and the what-if's list: AFTER_RUN)."""
+
+    def __init__(self, server: Server, published_points: list[dict] | None = None):
+        self.server = server
+        self.published = published_points or []
+
+    def wire(self, p) -> None:
+        for slider in (p.why_dv, p.why_vt):
+            slider.change(self.why, [getattr(p, n) for n in READS], [getattr(p, n) for n in WRITES], api_name=False,
+                          trigger_mode="always_last")
+
+    def run_starts(self, p, trigger) -> None:
+        """Nothing of its own: Generate's stale_panels empties this view as a run starts."""
+
+    def run_ends(self, p, run) -> None:
+        run.then(*bind(self.why_after_run, p, ("last_run",), AFTER_RUN), api_name=False)
+
+    # ---- why this speed -------------------------------------------------------------------------
+    def why(self, run, a_dv, a_vt, what_if=None, request: gr.Request = None):
+        """The run's measured speed, plan by plan, next to the cost model's estimates; at the sliders'
+        acceptance, the estimate for the run's fixed shape and a what-if run's result if one ran there."""
+        if run is None:
+            return WHY_HINT, gr.skip()
+        lanes, whose = explained_costs(run, run.exact_exits)  # kept with the run: later runs cannot rewrite them
+        if lanes is None:
+            try:
+                lanes, whose = {None: self._costs(run.model, run.exact_exits, request)}, None
+            except HiSpecError as exc:
+                return render.message_html(str(exc)), gr.skip()
+        story = speed_story(run, lanes, (float(a_dv), float(a_vt)), what_if, frozen=whose)
+        if story.get("sliders") is None and what_if and tuple(what_if.get("rates") or ()) == (round(float(a_dv), 2),
+                                                                                             round(float(a_vt), 2)):
+            story["what_if"] = what_if  # no slider estimate for its plans: the what-if's row still joins the table
+        view = why_view.why_html(story) + render.published_html(self.published)
+        if not story.get("curves"):
+            return view, gr.Plot(None, visible=False)
+        return view, gr.Plot(charts.why_figure(story["curves"], story["points"], story["axis"], self.published),
+                             visible=True)
+
+    def _costs(self, model: str, exits_used: tuple[int, ...], request):
+        """The model's pass costs for these exits (serving: those timed before, else measured in its turn)."""
+        return self.server.pass_costs(self.server.caller(request), model, exits_used)
+
+    def why_after_run(self, last_run, request: gr.Request = None) -> dict:
+        """After a run, by name: the sliders take the run's own measured pairs (named after them), the
+        what-if names the list it will run, and the view is redrawn."""
+        if last_run is None:  # a new run starting, or an error: the last run's explanation goes too
+            return {"why_out": WHY_HINT, "why_plot": gr.Plot(None, visible=False), "what_if_levels": ""}
+        out = {}
+        if explained_costs(last_run, last_run.exact_exits)[0] is None:  # kept from its first explanation on
+            try:
+                costs = self._costs(last_run.model, last_run.exact_exits, request)
+            except HiSpecError:
+                costs = None  # the view below says why
+            if costs is not None:
+                last_run = out["last_run"] = last_run.with_costs({None: costs}, "first")
+        try:
+            note = render.message_html(what_if_words(what_ifs.replay_of(last_run)), "info")
+        except HiSpecError as exc:
+            note = render.message_html(f"What if: {exc}", "info")
+        a_dv, a_vt, names = slider_values(last_run)
+        a_vt = 0.5 if a_vt is None else round(a_vt, 2)
+        a_dv = a_vt if a_dv is None else round(a_dv, 2)
+        view, plot = self.why(last_run, a_dv, a_vt, None, request)
+        out |= {"why_out": view, "why_plot": plot, "what_if_levels": note}
+        if names:  # the sliders vary the plan that committed the most tokens, named by its own pairs
+            out["why_dv"] = gr.update(value=a_dv, label=f"Acceptance {names['low_pair']}" if names["low_pair"]
+                                      else "Acceptance of a middle level (none in this plan)",
+                                      info=f"{names['words']}: its own pair, measured; move it to ask what if")
+            out["why_vt"] = gr.update(value=a_vt, label=f"Acceptance {names['full_pair']}",
+                                      info="the full model's verdicts on what reaches it, measured on this run")
+        return out
+
+def what_if_words(replay: what_ifs.Replay) -> str:
+    """The list a what-if will run, said above its button."""
+    middle = "the left slider for the middle level's verdicts, " if replay.dv_pair else ""
+    return (f"What if runs this run's own levels: {replay.words}, with verdicts drawn at the sliders' acceptance "
+            f"({middle}the right one for the full model's, on whatever reaches it).")
