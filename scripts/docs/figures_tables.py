@@ -53,8 +53,10 @@ def named(report: dict, method: str) -> str:
 
 def _summary(report: dict) -> dict:
     from hispec.evaluation.bench import summarise
+    from hispec.evaluation.method import BenchMethod
 
-    return summarise(report["records"], report["methods"]) if report.get("records") else report["summary"]
+    methods = [BenchMethod.parse(m) for m in report["methods"]]
+    return summarise(report["records"], methods) if report.get("records") else report["summary"]
 
 
 def bench_table(report: dict) -> str:
