@@ -2,6 +2,7 @@
 person types and what a report keys its records by; .key writes it back, the same string."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,10 @@ def test_generate_takes_ours_without_weights():
     with pytest.raises(ConfigError, match="unknown level 'hispec@q4'"):
         BenchMethod.parse_ours("hispec@q4")
 
+
+def test_the_grammar_is_read_in_one_place():
+    """No other module takes a method's text apart at its '@' or defines a second reader of it."""
+    pattern = re.compile(r"def (split_weights|parse_method|is_peer)\b|partition\(\"@\"\)\[2\]|rpartition\(\"@\"\)\[")
+    found = [str(p.relative_to(ROOT)) for folder in ("hispec", "ui", "scripts") for p in (ROOT / folder).rglob("*.py")
+             if pattern.search(p.read_text())]
+    assert found == []
