@@ -14,7 +14,8 @@ from pathlib import Path
 import gradio as gr
 
 from hispec.engine.config import DEFAULT_LAYERS
-from hispec.evaluation.bench import BENCH_METHODS, split_weights
+from hispec.errors import ConfigError
+from hispec.evaluation.method import BENCH_METHODS, BenchMethod
 from hispec.evaluation.report import figures, table_html
 from hispec.serving.api import LIVE_SETS, MAX_LIVE_PROMPTS, MAX_LIVE_TOKENS, BenchRequest
 from hispec.serving.session import Server
@@ -77,15 +78,17 @@ METHOD = {"autoregressive": "plain decoding", "hispec": "HiSpec", "layerskip": "
 def method_words(key: str) -> str:
     """A bench method key in the page's words: 'hispec/auto@fp32' -> 'HiSpec, adaptive, on the float32 model',
     'lookup+full@a8/auto@q4' -> 'lookup → the 4-bit full model with int8 activations, adaptive, on the 4-bit
-    model', 'lookup+4/fixed' -> 'lookup → exit 4, fixed rounds' (an unknown part is passed on)."""
-    body, weights = split_weights(key)  # the bench's own reading: 'lookup+full@a8' names a level, not weights
-    spec, _, policy = body.partition("/")
-    if "+" in spec or spec.split("@")[0].isdigit():
-        words = " → ".join(level_words(part) for part in spec.split("+"))
+    model', 'lookup+4/fixed' -> 'lookup → exit 4, fixed rounds' (a key the bench cannot read is passed on)."""
+    try:
+        method = BenchMethod.parse(key)  # the bench's own reading: 'lookup+full@a8' names a level, not weights
+    except ConfigError:
+        return key
+    if method.levels is not None:
+        words = " → ".join(level_words(level) for level in method.levels)
     else:
-        words = METHOD.get(spec, spec)
-    return ", ".join(w for w in (words, POLICY.get(policy, policy), f"on the {WEIGHTS.get(weights, weights)}" if weights else "")
-                     if w)
+        words = METHOD.get(method.name, method.name)
+    weights = f"on the {WEIGHTS.get(method.weights, method.weights)}" if method.weights else ""
+    return ", ".join(w for w in (words, POLICY.get(method.policy, method.policy), weights) if w)
 
 
 def in_words(table: str, report: dict) -> str:

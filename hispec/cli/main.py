@@ -9,7 +9,6 @@ from dataclasses import replace
 
 from hispec.cli.parsers import build_parser
 from hispec.engine.config import METHODS, preset
-from hispec.engine.levels import parse_method
 from hispec.engine.planning.policy import DEFAULT_POLICY
 from hispec.errors import HiSpecError
 
@@ -40,10 +39,11 @@ def cmd_profile(args) -> int:
     return 0
 
 
-def parse_methods(text: str) -> list[str]:
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    for m in methods:
-        parse_method(m, METHODS)
+def parse_methods(text: str) -> list[tuple]:
+    """generate's --method: (each of ours as written, the name the output shows; its BenchMethod)."""
+    from hispec.evaluation.method import BenchMethod
+
+    methods = [(m.strip(), BenchMethod.parse_ours(m)) for m in text.split(",") if m.strip()]
     if not methods:
         raise HiSpecError(f"no method given; choose from {', '.join(METHODS)}")
     return methods
@@ -56,7 +56,8 @@ def cmd_generate(args) -> int:
     from hispec.model.loading import load_model
     from hispec.text import Detokenizer
 
-    methods = parse_methods(args.method)
+    parsed = parse_methods(args.method)
+    methods, specs = [m for m, _ in parsed], dict(parsed)
     if args.repeats < 1:
         raise HiSpecError("--repeats must be at least 1")
     if args.prompts:
@@ -65,7 +66,6 @@ def cmd_generate(args) -> int:
         prompts = [{"id": "0", "prompt": args.prompt, "chat": True}]
     for p in prompts:
         p["chat"] = p["chat"] and not args.raw
-    specs = {m: parse_method(m, METHODS) for m in methods}
     configs = {m: preset(method=spec.method, draft_layer=args.draft_layer, verify_layer=args.verify_layer,
                                draft_len=args.draft_len, verify_threshold=args.verify_threshold,
                                max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),
@@ -150,17 +150,16 @@ def _llama_bench(args, lm, report: dict) -> None:
 
 
 def cmd_bench(args) -> int:
-    from hispec.evaluation.bench import BENCH_METHODS, benchmark
+    from hispec.evaluation.bench import benchmark, expand_weights
     from hispec.evaluation.report import write_html
 
     if args.sweep is not None or any((args.draft_layers, args.verify_layers, args.draft_lens, args.verify_thresholds)):
         return cmd_sweep(args)
-    from hispec.evaluation.bench import check_methods
-
-    from hispec.evaluation.bench import expand_weights
+    from hispec.evaluation import peers
+    from hispec.evaluation.method import BENCH_METHODS, BenchMethod
     from hispec.model.loading import load_model
 
-    methods = [m.strip() for m in (args.methods or ",".join(BENCH_METHODS)).split(",") if m.strip()]
+    typed = [m.strip() for m in (args.methods or ",".join(BENCH_METHODS)).split(",") if m.strip()]
     for path, what in ((args.llama_bench, "--llama-bench"), (args.llama_bench_q4_0, "--llama-bench-q4_0")):
         if path is not None and not Path(path).is_file():
             raise HiSpecError(f"{what} {path}: no such file (build llama-bench with python scripts/measure/"
@@ -168,8 +167,8 @@ def cmd_bench(args) -> int:
     if args.llama_bench_q4_0 and not args.llama_bench:
         raise HiSpecError("--llama-bench-q4_0 needs --llama-bench BINARY")
     formats = _formats(args)
-    methods = expand_weights(methods, formats, args.policy)
-    check_methods(methods)
+    methods = expand_weights([BenchMethod.parse(m) for m in typed], formats, args.policy)
+    peers.check(methods)  # a peer that cannot run here, said once
     base, sets, lm = _bench_inputs(args, formats[0])
     models = {formats[0]: lm}
     for fmt in formats[1:]:  # the same model in the other formats, side by side in this process

@@ -7,7 +7,7 @@ import argparse
 
 from hispec.engine.config import DEFAULT_DRAFT_LEN, DEFAULT_LAYERS, DEFAULT_VERIFY_THRESHOLD, DecodeConfig, METHODS
 from hispec.engine.planning.policy import DEFAULT_POLICY, POLICIES
-from hispec.evaluation.bench import BENCH_METHODS
+from hispec.evaluation.method import BENCH_METHODS
 from hispec.training.heads import command as train_exits
 from hispec.training.layerskip import command as train_ee
 

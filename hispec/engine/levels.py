@@ -208,28 +208,3 @@ def describe_spec(spec: tuple) -> str:
 
 def describe(levels: tuple[Level, ...]) -> str:
     return " -> ".join(str(level) for level in levels)
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """One method as the CLI and bench name it: METHOD, METHOD/POLICY, or LEVELS[/POLICY] with the
-    levels joined by '+' (e.g. 'hispec/fixed', 'lookup+2+4/auto'); `label` is the name as written."""
-
-    label: str
-    method: str
-    policy: str | None = None
-    levels: tuple | None = None
-
-
-def parse_method(text: str, methods: tuple[str, ...]) -> MethodSpec:
-    label = text.strip()
-    name, _, policy = label.partition("/")
-    policy = policy.strip() or None
-    if policy is not None and policy not in ("fixed", "auto"):
-        raise ConfigError(f"unknown policy '{policy}' in '{label}'; write METHOD/fixed or METHOD/auto")
-    if name in methods:
-        return MethodSpec(label, name, policy)
-    if "+" in name or name.startswith("exit") or name.isdigit() or "@" in name:
-        return MethodSpec(label, "hispec", policy, parse_levels(name.split("+")))
-    raise ConfigError(f"unknown method '{name}'; choose from {', '.join(methods)}, optionally with /fixed or "
-                      "/auto, or a level list joined by '+' such as lookup+2+4")

@@ -4,7 +4,8 @@ Every prompt is one pass of every method, after a warm-up, timed by the loop ben
 (evaluation.timed_passes), the order of each pass balanced over passes (evaluation.order) and recorded,
 so that machine noise hits the methods alike. Our methods run on the engine and its event stream; the
 peers (transformers' `generate()` and its early exit and lookup, llama.cpp) are external references,
-named in one table (evaluation.peers). The JSON report is rewritten after every prompt, so an
+named in one table (evaluation.peers); each method is a value (evaluation.method: BenchMethod), its text
+kept only as the report's key. The JSON report is rewritten after every prompt, so an
 interrupted run keeps what it measured.
 
 Fair by construction: autoregressive is always the fixed plain loop (no policy, whatever the run's
@@ -28,57 +29,16 @@ from pathlib import Path
 from typing import Callable
 
 from hispec.engine.planning.costs import CostModel
-from hispec.engine.config import METHODS, DecodeConfig, Preset, default_exits, recommended_settings
-from hispec.engine.levels import LOOKUP, parse_method, split_level
-from hispec.errors import ConfigError
+from hispec.engine.config import DecodeConfig, Preset, default_exits, recommended_settings
+from hispec.engine.levels import LOOKUP, split_level
 from hispec.data.prompts import Prompt
 from hispec.evaluation import peers
+from hispec.evaluation.method import BenchMethod
 from hispec.evaluation.record import run_record
 from hispec.evaluation.timed_passes import Items, time_passes
 from hispec.runs.runner import run
-from hispec.model.loading import WEIGHTS, LoadedModel  # METHOD@FORMAT: a method on the model in that format
+from hispec.model.loading import LoadedModel
 from hispec.text import Detokenizer
-
-# A bench without a method list: ours and the peers of the default set (transformers'); every peer of the
-# table (llama.cpp's too) by name (evaluation.peers)
-BENCH_METHODS = ("autoregressive", *peers.DEFAULT_SET, "layerskip", "lookup", "hispec")
-
-
-def split_weights(method: str) -> tuple[str, str | None]:
-    """The weights tag after the method: 'hispec/auto@q4' -> ('hispec/auto', 'q4'); no tag -> (method, None).
-
-    '@' also names a level's precision ('lookup+full@q4/auto': lookup, then the whole model in 4-bit).
-    The last '@X' is the weights tag when it follows a policy ('lookup+4/auto@q4'), a plain method
-    name ('hispec@q4', 'llamacpp@q4'), a level that already has its precision ('full@q4@fp32'), or
-    when X is fp32 (never a level's precision); otherwise it is a level's: 'lookup+4@q4' runs exit 4
-    in 4-bit under the float32 model (write 'lookup+4/auto@q4' for those levels on 4-bit weights)."""
-    head, sep, tail = method.rpartition("@")
-    if not sep or "/" in tail or "+" in tail:
-        return method, None
-    plain = head.partition("/")[0] in METHODS or peers.is_peer(head)
-    if "/" in head or plain or "@" in head or tail == "fp32":
-        return head, tail or None
-    return method, None
-
-
-def check_methods(methods: list[str]) -> None:
-    """Each name a bench method, one of ours with /fixed or /auto, or a level list (see levels.parse_method)."""
-    for m in methods:
-        m, weights = split_weights(m)
-        if weights is not None and weights not in WEIGHTS:
-            raise ConfigError(f"'{m}@{weights}': the weights after @ are {', '.join(WEIGHTS)}")
-        if peers.is_peer(m):
-            peer, _ = peers.find(m)  # a malformed count is refused here
-            if weights is not None and not peer.on_weights:
-                raise ConfigError(f"'{m}@{weights}': {m} runs its own file, whatever the weights; write it without @")
-            continue
-        name = m.partition("/")[0]
-        if name not in METHODS and "+" not in name and "@" not in name and not name.startswith("exit") \
-                and not name.isdigit():
-            raise ConfigError(f"unknown benchmark method '{m}'; choose from {', '.join(BENCH_METHODS)} (ours "
-                              "optionally with /fixed or /auto), or a level list such as lookup+2+4")
-        parse_method(m, METHODS)
-    peers.check([split_weights(m)[0] for m in methods])  # a peer that cannot run here, said once
 
 
 def bench_exit(lm: LoadedModel) -> int:
@@ -87,12 +47,12 @@ def bench_exit(lm: LoadedModel) -> int:
     return recommended_settings(lm.ee).get("layerskip_exit") or default_exits(lm.ee.num_layers)[1]
 
 
-def method_config(lm: LoadedModel, method: str, base: DecodeConfig, layerskip_exit: int | None = None) -> DecodeConfig:
+def method_config(lm: LoadedModel, method: BenchMethod, base: DecodeConfig,
+                  layerskip_exit: int | None = None) -> DecodeConfig:
     """The configuration one of our methods runs with in a benchmark (not resolved). Autoregressive
     is always the fixed plain loop: a policy there would only add planning to the baseline."""
-    spec = parse_method(split_weights(method)[0], METHODS)
-    policy = "fixed" if spec.method == "autoregressive" else spec.policy or base.policy
-    return replace(base, levels=spec.levels, policy=policy, preset=_preset(lm, spec.method, base, layerskip_exit))
+    policy = "fixed" if method.method == "autoregressive" else method.policy or base.policy
+    return replace(base, levels=method.levels, policy=policy, preset=_preset(lm, method.method, base, layerskip_exit))
 
 
 def _preset(lm: LoadedModel, method: str, base: DecodeConfig, layerskip_exit: int | None) -> Preset:
@@ -148,14 +108,23 @@ class CostSnapshot:
                                 for p, c in self.lane_costs.items()}} if self.lane_costs else {})}
 
 
-def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, layerskip_exit: int | None = None,
-            costs: CostSnapshot | None = None) -> dict:
+def run_one(lm: LoadedModel, method: BenchMethod, ids: list[int], base: DecodeConfig,
+            layerskip_exit: int | None = None, costs: CostSnapshot | None = None) -> dict:
     """One generation of one method; the record the report aggregates. `base` holds hispec's
     layers; layerskip and generate(assistant_early_exit) use `layerskip_exit` (default L/4).
     `costs`: the cost model to start from (restored before the run, outside its timing)."""
-    method = split_weights(method)[0]
-    if peers.is_peer(method):
-        return peers.run(lm, method, ids, base.max_new_tokens, layerskip_exit or bench_exit(lm))
+    return (_run_peer if method.peer else _run_ours)(lm, method, ids, base, layerskip_exit, costs)
+
+
+def _run_peer(lm: LoadedModel, method: BenchMethod, ids: list[int], base: DecodeConfig,
+              layerskip_exit: int | None, costs: CostSnapshot | None) -> dict:
+    """A peer's generation (evaluation.peers): its own record; our cost model plays no part."""
+    return method.peer.run(lm, ids, base.max_new_tokens, layerskip_exit or bench_exit(lm), method.count)
+
+
+def _run_ours(lm: LoadedModel, method: BenchMethod, ids: list[int], base: DecodeConfig,
+              layerskip_exit: int | None, costs: CostSnapshot | None) -> dict:
+    """One of our methods on the engine, from the cost model `costs` holds."""
     config = method_config(lm, method, base, layerskip_exit)
     detok = Detokenizer(lm.tokenizer)
     if costs is not None:
@@ -170,33 +139,18 @@ def run_one(lm: LoadedModel, method: str, ids: list[int], base: DecodeConfig, la
             "policy_choices": s["policy_choices"], "settings": r.settings}
 
 
-def _with_policy(method: str, policy: str) -> str:
-    """A level list without a policy gets its '/policy' spelled out before a weights tag, so the tag is
-    not read as a level's precision ('lookup+4' -> 'lookup+4/auto' when auto is the policy)."""
-    name = method.partition("/")[0]
-    if "/" in method or name in METHODS or peers.is_peer(name):
-        return method
-    return f"{method}/{policy}"
-
-
-def expand_weights(methods: list[str], formats: list[str], policy: str | None = None) -> list[str]:
-    """With several weight formats, every method without a tag once per format (METHOD@FORMAT),
+def expand_weights(methods: list[BenchMethod], formats: list[str], policy: str | None = None) -> list[BenchMethod]:
+    """With several weight formats, every method without a tag once per format (METHOD@FORMAT, BenchMethod.on),
     format by format; peers that run their own file (llama.cpp) and tagged methods as written. One format:
-    the methods unchanged. `policy`: that of methods named without one (default DecodeConfig's)."""
+    the methods unchanged. `policy`: that of level lists named without one (default DecodeConfig's)."""
     policy = policy or DecodeConfig().policy
     if len(formats) < 2:
         return list(methods)
-    per_format = [m for m in methods if split_weights(m)[1] is None and _on_weights(m)]
-    return [f"{_with_policy(m, policy)}@{fmt}" for fmt in formats for m in per_format] + [
-        m for m in methods if m not in per_format]
+    per_format = [m for m in methods if m.weights is None and m.on_weights]
+    return [m.on(fmt, policy) for fmt in formats for m in per_format] + [m for m in methods if m not in per_format]
 
 
-def _on_weights(method: str) -> bool:
-    """Whether a method runs on the bench's loaded weights (ours, transformers' peers), so @FORMAT applies."""
-    return not peers.is_peer(method) or peers.find(method)[0].on_weights
-
-
-def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str], base: DecodeConfig,
+def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[BenchMethod], base: DecodeConfig,
               layerskip_exit: int | None = None, json_path: str | None = None, warmup: bool = True,
               progress: Callable[[int, int, str], None] | None = None,
               stop: threading.Event | None = None, models: dict[str, LoadedModel] | None = None,
@@ -210,10 +164,11 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
     `command`: the command line that asked for this run, kept in the report (the README's figures cite it).
     `background`: the load other processes put on the machine meanwhile (host.busy_cores), recorded."""
     models = dict(models or {})
-    peers.check([split_weights(m)[0] for m in methods], lm)  # before any prompt runs
-    on = lambda method: models.get(split_weights(method)[1], lm)  # noqa: E731
+    peers.check(methods, lm)  # before any prompt runs
+    on = lambda method: models.get(method.weights, lm)  # noqa: E731
     resolved = replace(base, preset=_preset(lm, "hispec", base, None)).resolve_for(lm.ee)
-    report = {**run_record(lm, command, base), "methods": methods, "max_new_tokens": base.max_new_tokens,
+    report = {**run_record(lm, command, base), "methods": [m.key for m in methods],
+              "max_new_tokens": base.max_new_tokens,
               "settings": {"policy": base.policy, "lookup_len": base.lookup_len,
                            "levels": resolved.levels,  # hispec's list (each record names its own)
                            "layerskip_exit": layerskip_exit or bench_exit(lm),
@@ -229,11 +184,11 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
         report["host"] = host_info.describe()
         if background:
             report["host"]["background_load"] = background
-    ours = [m for m in methods if not peers.is_peer(split_weights(m)[0])]
+    ours = [m for m in methods if m.peer is None]
     snapshots = _snapshots(lm, models, ours, base, layerskip_exit, report)
     costs_of = lambda method: snapshots.get(id(on(method)))  # noqa: E731
 
-    def one(method: str, ids: list[int], new_tokens: int | None) -> dict:
+    def one(method: BenchMethod, ids: list[int], new_tokens: int | None) -> dict:
         config = base if new_tokens is None else replace(base, max_new_tokens=new_tokens)
         return run_one(on(method), method, ids, config, layerskip_exit, costs_of(method))
 
@@ -242,15 +197,15 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
         if json_path:
             Path(json_path).write_text(json.dumps(report, indent=1))
 
-    time_passes(lm, sets, Items(methods, one, lambda m: {"method": m}, str), report, base.max_new_tokens,
-                warmup=warmup, stop=stop, progress=progress, saved=saved)
+    time_passes(lm, sets, Items(methods, one, lambda m: {"method": m.key}, lambda m: m.key), report,
+                base.max_new_tokens, warmup=warmup, stop=stop, progress=progress, saved=saved)
     if report["records"]:
         report["summary"] = summarise(report["records"], methods)
     if host:
         from hispec.model.formats.q4 import weight_bytes
 
         host_info.finish(report["host"])
-        formats = {split_weights(m)[1] for m in methods if split_weights(m)[1]} or {getattr(lm, "weights", "fp32")}
+        formats = {m.weights for m in methods if m.weights} or {getattr(lm, "weights", "fp32")}
         report["memory_bound"] = host_info.memory_bound(report, {f: weight_bytes(models.get(f, lm).model)
                                                                  for f in sorted(formats)})
     if json_path:
@@ -258,11 +213,11 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[str]
     return report
 
 
-def _snapshots(lm: LoadedModel, models: dict, ours: list[str], base: DecodeConfig, layerskip_exit: int | None,
-               report: dict) -> dict[int, CostSnapshot]:
+def _snapshots(lm: LoadedModel, models: dict, ours: list[BenchMethod], base: DecodeConfig,
+               layerskip_exit: int | None, report: dict) -> dict[int, CostSnapshot]:
     """One calibration per model (weights format) our methods run on, before anything runs, keyed by the
     model's id; each described in the report's `cost_model` (how, the exits, the calibrated figures)."""
-    on = lambda method: models.get(split_weights(method)[1], lm)  # noqa: E731
+    on = lambda method: models.get(method.weights, lm)  # noqa: E731
     named = {getattr(lm, "weights", "fp32"): lm, **models}
     snapshots: dict[int, CostSnapshot] = {}
     report["cost_model"] = {}
@@ -276,21 +231,22 @@ def _snapshots(lm: LoadedModel, models: dict, ours: list[str], base: DecodeConfi
     return snapshots
 
 
-def summarise(records: list[dict], methods: list[str]) -> dict:
+def summarise(records: list[dict], methods: list[BenchMethod]) -> dict:
     """Per prompt set (and 'all'): per method tokens/s median and spread, ratios to every other
     method (of the medians), the geometric mean of its per-prompt ratios to the reference
     (`vs_reference`: the headline figure), acceptance, tokens per full pass, work, and output equality."""
-    out = {}
+    out, keys = {}, [m.key for m in methods]
     for set_name in sorted({r["set"] for r in records}) + ["all"]:
         rows = [r for r in records if set_name == "all" or r["set"] == set_name]
-        reference = "autoregressive" if "autoregressive" in methods else methods[0]
+        reference = "autoregressive" if "autoregressive" in keys else keys[0]
         per = {}
-        for m in methods:
+        for method in methods:
+            m = method.key
             mine = [r for r in rows if r["method"] == m]
             if not mine:
                 continue
-            own = f"autoregressive@{split_weights(m)[1]}"  # a format's methods against its own plain decoding
-            ref_name = own if own in methods else reference
+            own = method.weights and BenchMethod.plain(method.weights).key  # a format's against its own plain decoding
+            ref_name = own if own in keys else reference
             ref_ids = {r["prompt_id"]: r["token_ids"] for r in rows if r["method"] == ref_name}
             ref_rows = {(r["set"], r["prompt_id"]): r for r in rows if r["method"] == ref_name}
             tps = [r["tokens_per_s"] for r in mine]

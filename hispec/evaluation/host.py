@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from hispec.evaluation.method import BenchMethod
+
 BANDWIDTH_BYTES = 256 * 2**20
 
 
@@ -137,7 +139,8 @@ def memory_bound(report: dict, weight_bytes: dict[str, int]) -> dict:
         entry = {"weight_bytes": nbytes, "read_gbs": read, "bound_ms": round(bound_ms, 3)}
         if fmt == "fp32" and products:  # the float32 weights through float32 products: the other floor
             entry.update(matvec_gbs=max(products), matvec_bound_ms=round(nbytes / (max(products) * 1e9) * 1e3, 3))
-        ar = per.get(f"autoregressive@{fmt}") or (per.get("autoregressive") if len(weight_bytes) == 1 else None)
+        ar = per.get(BenchMethod.plain(fmt).key) or (per.get(BenchMethod.plain().key) if len(weight_bytes) == 1
+                                                     else None)
         if ar and ar.get("tokens_per_s"):
             step = 1e3 / ar["tokens_per_s"]
             entry.update(step_ms=round(step, 3), step_over_bound=round(step / bound_ms, 3))

@@ -8,7 +8,8 @@
     llamacpp_lookup[:N]  llama.cpp     its n-gram prompt lookup, N drafted tokens (default 10)
 
 Our own methods (autoregressive, lookup, hispec, level lists) run on the engine (bench.run_one); a peer
-is everything else. Every peer is timed like ours, from before anything of its call is built to its last
+is everything else, named as a bench method (evaluation.method: 'llamacpp_lookup:4' is this table's
+entry and its N). Every peer is timed like ours, from before anything of its call is built to its last
 token, and gives the same record keys (token_ids, wall_s, tokens_per_s). A peer that cannot run here
 (llama.cpp not installed, another model than the one its file holds) is refused once, with why and how
 to fix it, before any prompt runs (`check`).
@@ -93,43 +94,20 @@ PEERS: dict[str, Peer] = {p.name: p for p in (
 DEFAULT_SET = tuple(name for name, peer in PEERS.items() if peer.in_default_set)
 
 
-def find(method: str) -> tuple[Peer, int | None] | None:
-    """The peer a method names ('llamacpp_lookup:4' -> (its peer, 4)), None when it names none; a
-    ConfigError for a count a peer does not take or a count out of its range."""
-    name, sep, n = method.partition(":")
-    peer = PEERS.get(name)
-    if peer is None:
-        return None
-    if not sep:
-        return peer, peer.count_default
-    if peer.count is None:
-        raise ConfigError(f"'{method}': {name} takes no count after ':'")
-    lo, hi = peer.count
-    if not n.isdigit() or not lo <= int(n) <= hi:
-        raise ConfigError(f"'{method}': {name}:N takes a whole number from {lo} to {hi}")
-    return peer, int(n)
-
-
-def is_peer(method: str) -> bool:
-    """Whether the name (without a weights tag) is a peer's; a malformed count still names one."""
-    return method.partition(":")[0] in PEERS
-
-
-def unavailable(methods: list[str]) -> str | None:
-    """One message for every peer among `methods` that cannot run on this machine, grouped by the
-    reason (None when all can): said once, whatever the number of those peers."""
+def unavailable(methods: list) -> str | None:
+    """One message for every peer among `methods` (bench methods, evaluation.method) that cannot run on this
+    machine, grouped by the reason (None when all can): said once, whatever the number of those peers."""
     why: dict[str, list[str]] = {}
     for m in methods:
-        found = find(m) if is_peer(m) else None
-        reason = found and found[0].missing()
+        reason = m.peer and m.peer.missing()
         if reason:
-            why.setdefault(reason, []).append(m)
+            why.setdefault(reason, []).append(m.name)
     if not why:
         return None
     return "; ".join(f"{', '.join(names)} cannot run here: {reason}" for reason, names in why.items())
 
 
-def check(methods: list[str], lm=None) -> None:
+def check(methods: list, lm=None) -> None:
     """ConfigError, once, when a peer among `methods` cannot run here (or, given `lm`, for this model)."""
     message = unavailable(methods)
     if message:
@@ -137,15 +115,8 @@ def check(methods: list[str], lm=None) -> None:
     if lm is not None:
         refused = {}
         for m in methods:
-            found = find(m) if is_peer(m) else None
-            reason = found and found[0].refuses(lm)
+            reason = m.peer and m.peer.refuses(lm)
             if reason:
-                refused.setdefault(reason, []).append(m)
+                refused.setdefault(reason, []).append(m.name)
         if refused:
             raise ConfigError("; ".join(f"{', '.join(n)} cannot run for this model: {r}" for r, n in refused.items()))
-
-
-def run(lm, method: str, ids: list[int], max_new_tokens: int, exit_layer: int) -> dict:
-    """One generation by the peer `method` names (see `find`): its record."""
-    peer, count = find(method)
-    return peer.run(lm, ids, max_new_tokens, exit_layer, count)

@@ -25,12 +25,14 @@ from typing import Callable
 from hispec.engine.config import DecodeConfig, Preset, default_exits, preset
 from hispec.errors import ConfigError
 from hispec.evaluation.bench import geomean, iqr, mean_or_none, run_one
+from hispec.evaluation.method import BenchMethod
 from hispec.evaluation.record import run_record
 from hispec.evaluation.timed_passes import Items, time_passes
 from hispec.data.prompts import Prompt
 from hispec.model.loading import LoadedModel
 
-REFERENCE = "autoregressive"
+PLAIN, HISPEC = BenchMethod.plain(), BenchMethod.parse("hispec")  # the reference, and every grid point
+REFERENCE = PLAIN.key
 # grid name -> (row axis, column axis); rows are the heatmap's y, columns its x
 AXES = {"layers": ("draft_layer", "verify_layer"), "lengths": ("draft_len", "verify_threshold")}
 LABELS = {"draft_layer": "draft layer d", "verify_layer": "verify layer v", "draft_len": "draft_len",
@@ -218,12 +220,12 @@ def sweep(lm: LoadedModel, sets: dict[str, list[Prompt]], grids: list[Grid], bas
         config = base if g is None else g.config(r, c, base)
         if max_new is not None:
             config = replace(config, max_new_tokens=max_new)
-        return run_one(lm, REFERENCE if g is None else "hispec", ids, config)
+        return run_one(lm, PLAIN if g is None else HISPEC, ids, config)
 
     def label(point) -> dict:
         g, r, c = point
         where = {"grid": None} if g is None else {"grid": g.name, g.axes[0]: r, g.axes[1]: c}
-        return {"method": REFERENCE if g is None else "hispec", **where}
+        return {"method": (PLAIN if g is None else HISPEC).key, **where}
 
     def name(point) -> str:
         g, r, c = point

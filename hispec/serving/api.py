@@ -32,6 +32,7 @@ from hispec.engine.levels import PRECISIONS, parse_levels
 from hispec.engine.planning.policy import DEFAULT_POLICY, POLICIES
 from hispec.errors import ConfigError
 from hispec.evaluation import bench, compare as comparing
+from hispec.evaluation.method import BENCH_METHODS, BenchMethod
 from hispec.runs import runner
 from hispec.explain import what_if as what_ifs
 from hispec.explain.beliefs import exit_beliefs
@@ -258,7 +259,7 @@ def live_prompts(set_name: str, count: int, seed: int = 0) -> dict[str, list[Pro
 class BenchRequest(Request):
     set_name: str = "examples"
     count: int = 2
-    methods: tuple[str, ...] = ("autoregressive", "layerskip", "hispec")
+    methods: tuple[BenchMethod, ...] = tuple(map(BenchMethod.parse, ("autoregressive", "layerskip", "hispec")))
     max_new_tokens: int = 16
     model: str | None = None
 
@@ -268,14 +269,15 @@ class BenchRequest(Request):
     @classmethod
     def parse(cls, raw: dict, limits: Limits) -> BenchRequest:
         limit = min(MAX_LIVE_TOKENS, limits.max_new_tokens)
-        methods = inputs.choices("methods", list(raw.get("methods") or []), bench.BENCH_METHODS)
+        methods = inputs.choices("methods", list(raw.get("methods") or []), BENCH_METHODS)
         if not methods:
-            raise ConfigError(f"pick at least one method of {', '.join(bench.BENCH_METHODS)}")
+            raise ConfigError(f"pick at least one method of {', '.join(BENCH_METHODS)}")
         n_new = inputs.whole("max new tokens", raw.get("max_new_tokens"), 1, None)
         if n_new > limit:
             raise ConfigError(f"max new tokens must be between 1 and {limit} for a live benchmark (got {n_new})")
         return cls(inputs.choice("prompt set", raw.get("set_name"), LIVE_SETS),
-                   inputs.whole("number of prompts", raw.get("count"), 1, MAX_LIVE_PROMPTS), tuple(methods), n_new,
+                   inputs.whole("number of prompts", raw.get("count"), 1, MAX_LIVE_PROMPTS),
+                   tuple(map(BenchMethod.parse, methods)), n_new,
                    inputs.name("model", raw.get("model")))
 
     def prepare(self, lm, limits: Limits):

@@ -12,6 +12,8 @@ import statistics
 
 import q4_goals as q
 
+from hispec.evaluation.method import BenchMethod
+
 FMT = "a8"
 AR, HS = f"autoregressive@{FMT}", f"hispec/auto@{FMT}"
 AR32, HS32, LLAMA = "autoregressive@fp32", "hispec/auto@fp32", "llamacpp"
@@ -110,9 +112,9 @@ def a8_goals_table(bench: dict, bench_avx2: dict, widths: dict, widths_avx2: dic
     tps = q.ratios(bench)["tokens_per_s"]
     rows = []
     for m in bench["methods"]:
-        fmt = m.partition("@")[2]
-        plain = f"autoregressive@{fmt}" if fmt else None
-        same = "–" if m.startswith("autoregressive") or not fmt else (
+        method = BenchMethod.parse(m)
+        plain = BenchMethod.plain(method.weights).key if method.weights else None
+        same = "–" if method.method == "autoregressive" or not method.weights else (
             "yes" if _equal(bench, m, plain) else "NO")
         rows.append([named(bench, m), f"{tps[m]:.1f}", _x(q.geomean_ratio(bench, m, plain)) if plain else "–",
                      _x(q.geomean_ratio(bench, m, LLAMA)), same])

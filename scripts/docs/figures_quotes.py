@@ -241,8 +241,9 @@ def _fp32_step_floors(*reports: dict) -> list[str]:
 
 def _summary(report: dict) -> dict:
     from hispec.evaluation.bench import summarise
+    from hispec.evaluation.method import BenchMethod
 
-    return summarise(report["records"], report["methods"])["all"]["methods"]
+    return summarise(report["records"], [BenchMethod.parse(m) for m in report["methods"]])["all"]["methods"]
 
 
 def _by_prompt(report: dict) -> dict[str, dict]:

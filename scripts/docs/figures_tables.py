@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import statistics
 
+from hispec.evaluation.method import BenchMethod
+
 # ---- formatting ----------------------------------------------------------------------------------
 
 def _x(v: float | None) -> str:
@@ -47,14 +49,15 @@ def named(report: dict, method: str) -> str:
     """A method with the level list it ran, where its name does not say it: hispec/auto ran the exits
     [lookup, 2, 4] before 2026-12-04 and [lookup, full@q4] since, under the same name."""
     levels = ran_levels(report, method)
-    if not method.startswith("hispec") or not levels:
+    if BenchMethod.parse(method).name != "hispec" or not levels:
         return method
     return f"{method} (ran {','.join(str(level) for level in levels)})"
 
 def _summary(report: dict) -> dict:
     from hispec.evaluation.bench import summarise
 
-    return summarise(report["records"], report["methods"]) if report.get("records") else report["summary"]
+    methods = [BenchMethod.parse(m) for m in report["methods"]]
+    return summarise(report["records"], methods) if report.get("records") else report["summary"]
 
 
 def bench_table(report: dict) -> str:
@@ -231,7 +234,7 @@ def layerskip_table(*reports: dict) -> str:
                 continue
             r = summary["methods"][m]
             acc = next(iter(r["acceptance"].values()), None)
-            rows.append([m.partition("/")[0].replace("+", ", "), str(length), _x(r["vs_reference"]["geomean"]),
+            rows.append([BenchMethod.parse(m).name.replace("+", ", "), str(length), _x(r["vs_reference"]["geomean"]),
                          _pct(acc), "yes" if r["outputs_equal"] else "NO"])
     ref_tps = ", ".join(f"{_summary(r)['all']['methods']['autoregressive']['tokens_per_s']:.1f}" for r in reports)
     prompts = _summary(reports[0])["all"]["methods"]["autoregressive"]["prompts"]
@@ -361,10 +364,10 @@ def q4_table(report: dict) -> str:
     summary = _summary(report)["all"]["methods"]
     rows = []
     for m in report["methods"]:
-        fmt = m.partition("@")[2]
+        fmt = BenchMethod.parse(m).weights  # llama.cpp runs its own file: none
         same = q.geomean_ratio(report, m, q.AR32)
-        equal = ("–" if m in (q.AR32, q.AR4) or m.startswith(q.LLAMA) or not fmt else
-                 "yes" if _equal_to(report, m, f"autoregressive@{fmt}") else "NO")
+        equal = ("–" if m in (q.AR32, q.AR4) or not fmt else
+                 "yes" if _equal_to(report, m, BenchMethod.plain(fmt).key) else "NO")
         rows.append([named(report, m), f"{r['tokens_per_s'][m]:.1f}", _x(same), _x(q.geomean_ratio(report, m, q.LLAMA)),
                      equal])
     out = [_table(["method@weights", "tokens/s (median)", "vs autoregressive@fp32", "vs llamacpp",
@@ -600,7 +603,7 @@ def third_level_line(report: dict) -> str:
     parts = []
     for fmt in ("fp32", "q4"):
         three = pg.with_method(report, fmt)
-        two = f"{pg.PRECISION[fmt][1]}/auto@{fmt}"
+        two = BenchMethod.parse(pg.PRECISION[fmt][1]).on(fmt, "auto").key  # e.g. full@q4/auto@fp32
         if three is None:
             continue
         ratio = pg.geomean_ratio(report, three, two)
@@ -782,11 +785,13 @@ def headline_table(*reports: dict) -> str:
             shown = any(r[0] == method for r in rows)
             if method not in report["methods"] or (shown and method != "autoregressive@q4"):
                 continue  # plain 4-bit decoding shows in every run: it says how far the runs' hosts differ
+            typed = BenchMethod.parse(method)
             if method == "llamacpp":
                 equal = f"no: differs on {sum(_differs(report, method))} of {prompts} prompts"
-            elif method.endswith("@fp32") and method != "autoregressive@fp32":
+            elif typed.weights == "fp32" and method != "autoregressive@fp32":
                 equal = "yes" if _equal_to(report, method, "autoregressive@fp32") else "NO"
-            elif method != "autoregressive@fp32" and (method.startswith("autoregressive@") or method.endswith("@a8")):
+            elif method != "autoregressive@fp32" and typed.weights and (typed.method == "autoregressive"
+                                                                           or typed.weights == "a8"):
                 n = sum(_differs(report, method))
                 equal = "yes" if n == 0 else f"no: differs on {n} of {prompts} prompts"
             else:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from q4_goals import geomean_ratio, output_pairs  # noqa: F401 (geomean_ratio also used by figures_tables)
 
+from dataclasses import replace
+
 from hispec.engine.planning.round import key_levels
+from hispec.evaluation.method import BenchMethod
 
 # hispec/auto with the precision level, per weight format: lookup, the cheaper full model, the exact model
 # (float32: the 4-bit model; 4-bit: the same blocks with int8 activations, the 'a8' level). Found by the
@@ -32,12 +35,19 @@ def with_method(report: dict, fmt: str) -> str | None:
     return next((m for m in found if base_of(m) == "hispec/auto"), found[0] if found else None)
 
 
-def fmt_of(method: str) -> str:
-    return method.rpartition("@")[2]
+def fmt_of(method: str) -> str | None:
+    """The weights a method key names ('hispec/auto@q4' -> 'q4'; None: none)."""
+    return BenchMethod.parse(method).weights
 
 
 def base_of(method: str) -> str:
-    return method.rpartition("@")[0]
+    """A method key without its weights ('lookup+full@q4/auto@fp32' -> 'lookup+full@q4/auto')."""
+    return replace(BenchMethod.parse(method), weights=None).key
+
+
+def on(method: str, fmt: str | None) -> str:
+    """A method key on the weights `fmt` ('lookup+4/auto', 'q4' -> 'lookup+4/auto@q4')."""
+    return replace(BenchMethod.parse(method), weights=fmt).key
 
 
 def three_level_share(report: dict, method: str) -> float | None:
@@ -61,7 +71,7 @@ def rows(report: dict) -> list[dict]:
     out = []
     for m in report["methods"]:
         fmt = fmt_of(m)
-        plain, without = f"autoregressive@{fmt}", f"{WITHOUT}@{fmt}"
+        plain, without = BenchMethod.plain(fmt).key, on(WITHOUT, fmt)
         out.append({"method": m, "format": fmt, "vs_plain": geomean_ratio(report, m, plain),
                     "vs_without": None if base_of(m) in (WITHOUT, "autoregressive") else geomean_ratio(report, m, without),
                     "three_level": three_level_share(report, m),
@@ -86,7 +96,7 @@ def goals(report: dict) -> list[tuple[str, str, bool | None]]:
                     None if share is None else share >= 0.30))
         out.append((f"{fmt}: {name}: >= {speed_goal}x plain decoding", f"{r['vs_plain']}x" if r["vs_plain"] is not None else "–",
                     None if r["vs_plain"] is None else r["vs_plain"] >= speed_goal))
-        out.append((f"{fmt}: {name}: >= 1.2x the same policy with exit 4 as its middle level ({WITHOUT})", f"{r['vs_without']}x" if r["vs_without"] is not None else f"– ({WITHOUT}@{fmt} not in this run)",
+        out.append((f"{fmt}: {name}: >= 1.2x the same policy with exit 4 as its middle level ({WITHOUT})", f"{r['vs_without']}x" if r["vs_without"] is not None else f"– ({on(WITHOUT, fmt)} not in this run)",
                     None if r["vs_without"] is None else r["vs_without"] >= 1.2))
         out.append((f"{fmt}: {name}: output equal to plain decoding", "yes" if r["equal"] else "NO", bool(r["equal"])))
     return out

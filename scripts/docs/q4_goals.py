@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from hispec.evaluation.method import BenchMethod
+
 AR32, AR4, HS32, HS4 = "autoregressive@fp32", "autoregressive@q4", "hispec/auto@fp32", "hispec/auto@q4"
 LLAMA, LLAMA_LOOKUP = "llamacpp", "llamacpp_lookup"  # llama.cpp's plain decoding and its n-gram lookup (defaults)
 
@@ -47,8 +49,8 @@ def best_lookup(report: dict) -> str:
     """The fastest of llama.cpp's lookups the run measured (llamacpp_lookup at its defaults, llamacpp_lookup:N
     for other lengths), by the geometric mean of its per-prompt ratios over llama.cpp's plain decoding: the
     goal compares hispec with the best setting of the peer, not only its defaults."""
-    lookups = sorted({rec["method"] for rec in report["records"]
-                      if rec["method"] == LLAMA_LOOKUP or rec["method"].startswith(LLAMA_LOOKUP + ":")})
+    ran = {rec["method"] for rec in report["records"]}
+    lookups = sorted(m for m in ran if getattr(BenchMethod.parse(m).peer, "name", None) == LLAMA_LOOKUP)
     scored = [(geomean_ratio(report, m, LLAMA) or 0.0, m) for m in lookups]
     return max(scored)[1] if scored else LLAMA_LOOKUP
 

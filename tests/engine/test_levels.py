@@ -8,7 +8,7 @@ from hispec.engine.config import DecodeConfig, preset
 from hispec.engine.decoding import Decoder
 from hispec.errors import ConfigError
 from hispec.engine.events import PolicyEvent, TokenEvent, TokenState
-from hispec.engine.levels import build_levels, parse_levels, parse_method
+from hispec.engine.levels import build_levels, parse_levels
 from hispec.engine.lookup import LookupIndex
 from hispec.engine.planning.policy import AutoPolicy
 from hispec.engine.planning.round import expected_run
@@ -64,17 +64,6 @@ def test_presets_resolve_to_their_level_lists():
     assert resolve(method="hispec", policy="auto") == ("lookup", 1, 2)
     assert resolve(method="lookup") == ("lookup",)
     assert resolve(method="hispec", levels="lookup,3,6") == ("lookup", 3, 6)
-
-
-def test_method_names_with_policies_and_level_lists():
-    methods = ("autoregressive", "layerskip", "hispec", "lookup")
-    assert parse_method("hispec/fixed", methods).policy == "fixed"
-    spec = parse_method("lookup+2+4/auto", methods)
-    assert (spec.method, spec.levels, spec.policy) == ("hispec", ("lookup", 2, 4), "auto")
-    with pytest.raises(ConfigError, match="unknown policy 'fast'"):
-        parse_method("hispec/fast", methods)
-    with pytest.raises(ConfigError, match="unknown method 'eagle'"):
-        parse_method("eagle", methods)
 
 
 def test_unknown_policy_is_refused():

@@ -7,6 +7,7 @@ import pytest
 
 from hispec.data import prompts as prompt_sets
 from hispec.evaluation.bench import benchmark, summarise
+from hispec.evaluation.method import BenchMethod
 from hispec.evaluation.order import Balanced
 from hispec.cli.main import main
 from hispec.engine.config import preset
@@ -15,6 +16,11 @@ from hispec.data.prompts import Prompt, load_sets
 from hispec.evaluation.report import write_html
 
 METHODS = ["autoregressive", "hf_generate", "hf_early_exit", "layerskip", "hispec"]
+
+
+def typed(names: list[str]) -> list[BenchMethod]:
+    """Bench methods as a person types them, parsed: what benchmark and summarise take."""
+    return [BenchMethod.parse(n) for n in names]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +59,7 @@ def test_report_schema_ratios_and_equality(lm, tmp_path):
     sets = {"mine": [Prompt("h", "hello"), Prompt("a", "abc", chat=False)], "more": [Prompt("x", "xyz")]}
     path = tmp_path / "b.json"
     seen = []
-    benchmark(lm, sets, METHODS, preset("hispec", 2, 5, max_new_tokens=12, policy="fixed"), layerskip_exit=4,
+    benchmark(lm, sets, typed(METHODS), preset("hispec", 2, 5, max_new_tokens=12, policy="fixed"), layerskip_exit=4,
                        json_path=str(path), progress=lambda d, t, w: seen.append(json.loads(path.read_text())))
     assert [len(s["records"]) for s in seen] == [5, 10, 15]  # written after every prompt
     saved = json.loads(path.read_text())
@@ -100,7 +106,7 @@ def test_decode_only_needs_the_first_tokens_time():
 def test_equality_flag_goes_false_when_an_output_differs():
     recs = [{"set": "s", "prompt_id": "p", "method": "autoregressive", "token_ids": [1, 2], "tokens_per_s": 2.0},
             {"set": "s", "prompt_id": "p", "method": "hispec", "token_ids": [1, 3], "tokens_per_s": 1.0}]
-    s = summarise(recs, ["autoregressive", "hispec"])
+    s = summarise(recs, typed(["autoregressive", "hispec"]))
     assert s["s"]["all_outputs_equal"] is False and s["s"]["methods"]["hispec"]["outputs_equal"] is False
     assert s["s"]["methods"]["hispec"]["speedup_vs"]["autoregressive"] == 0.5
 
@@ -113,18 +119,19 @@ def test_differing_outputs_are_counted_with_where_they_first_differ():
             rec("b", "autoregressive", [5, 6, 7, 8]), rec("b", "hispec", [5, 6, 9, 9]),
             rec("c", "autoregressive", [1, 1, 1]), rec("c", "hispec", [2, 1, 1]),
             rec("d", "autoregressive", [4, 4, 2]), rec("d", "hispec", [4, 4])]  # stopped early (EOS)
-    s = summarise(recs, ["autoregressive", "hispec"])["s"]["methods"]
+    s = summarise(recs, typed(["autoregressive", "hispec"]))["s"]["methods"]
     assert s["hispec"]["outputs_differ"] == 3 and s["hispec"]["first_divergence"] == [0, 2, 2]
     assert s["autoregressive"]["outputs_differ"] == 0 and s["autoregressive"]["first_divergence"] == []
     from hispec.cli.main import _equality
     from hispec.evaluation.report import summary_table
 
     assert _equality(s["hispec"]) == "NO (3 of 4 differ, first at token 1)" and _equality(s["autoregressive"]) == "yes"
-    assert "NO (3 of 4)" in summary_table({"summary": summarise(recs, ["autoregressive", "hispec"])})
+    assert "NO (3 of 4)" in summary_table({"summary": summarise(recs, typed(["autoregressive", "hispec"]))})
 
 
 def test_long_prompts_are_skipped_and_reported(lm):
-    report = benchmark(lm, {"x": [Prompt("long", "y" * 300, chat=False), Prompt("ok", "hi")]}, ["autoregressive"],
+    report = benchmark(lm, {"x": [Prompt("long", "y" * 300, chat=False), Prompt("ok", "hi")]},
+                       typed(["autoregressive"]),
                        preset("hispec", max_new_tokens=8), warmup=False)
     assert [s["prompt_id"] for s in report["skipped_prompts"]] == ["long"] and len(report["records"]) == 1
     assert report["order"]["passes"] == [["autoregressive"]]  # a skipped prompt is no pass
@@ -153,7 +160,7 @@ def test_cli_bench_writes_json_and_html(tmp_path, capsys):
 
 
 def test_html_report_from_a_report(lm, tmp_path):
-    report = benchmark(lm, {"s": [Prompt("h", "hello")]}, ["autoregressive", "hispec"],
+    report = benchmark(lm, {"s": [Prompt("h", "hello")]}, typed(["autoregressive", "hispec"]),
                        preset("hispec", 2, 5, max_new_tokens=6, policy="fixed"), warmup=False)
     write_html(report, str(tmp_path / "x.html"))
     assert "<table>" in (tmp_path / "x.html").read_text()
@@ -164,7 +171,7 @@ def test_stop_ends_the_run_and_keeps_whole_prompts_only(lm):
 
     stop = threading.Event()
     sets = {"s": [Prompt("h", "hello"), Prompt("a", "abc")]}
-    report = benchmark(lm, sets, ["autoregressive", "hispec"],
+    report = benchmark(lm, sets, typed(["autoregressive", "hispec"]),
                        preset("hispec", 2, 5, max_new_tokens=6, policy="fixed"),
                        warmup=False, progress=lambda d, t, w: stop.set(), stop=stop)
     assert report["stopped"] is True and report["complete"] is False
@@ -196,7 +203,7 @@ def test_compare_outputs_script_counts_divergences(tmp_path):
 def test_levels_policies_and_transformers_prompt_lookup_side_by_side(lm):
     sets = {"rep": [Prompt("r", "abcabcabcabc", chat=False)]}
     methods = ["autoregressive", "hf_lookup", "hispec/fixed", "hispec/auto", "lookup+2"]
-    report = benchmark(lm, sets, methods, preset("hispec", 2, 5, max_new_tokens=16, policy="auto"),
+    report = benchmark(lm, sets, typed(methods), preset("hispec", 2, 5, max_new_tokens=16, policy="auto"),
                        layerskip_exit=4, warmup=False)
     by = {r["method"]: r for r in report["records"]}
     assert set(by) == set(methods) and report["summary"]["all"]["all_outputs_equal"]
@@ -207,18 +214,16 @@ def test_levels_policies_and_transformers_prompt_lookup_side_by_side(lm):
 
 
 def test_unknown_bench_methods_are_refused():
-    from hispec.evaluation.bench import check_methods
-
     with pytest.raises(ConfigError, match="unknown benchmark method 'medusa'; choose from autoregressive"):
-        check_methods(["autoregressive", "medusa"])
+        typed(["autoregressive", "medusa"])
     with pytest.raises(ConfigError, match="unknown policy 'slow'"):
-        check_methods(["hispec/slow"])
+        typed(["hispec/slow"])
 
 
 # ---- fair comparisons (issue 29, item 4) ------------------------------------------------------
 
 def test_autoregressive_is_the_fixed_plain_loop_under_any_policy(lm):
-    report = benchmark(lm, {"s": [Prompt("h", "hello")]}, ["autoregressive", "autoregressive/auto", "hispec"],
+    report = benchmark(lm, {"s": [Prompt("h", "hello")]}, typed(["autoregressive", "autoregressive/auto", "hispec"]),
                        preset("hispec", 2, 5, max_new_tokens=8, policy="auto"), warmup=False)
     for r in report["records"]:
         if r["method"].startswith("autoregressive"):
@@ -245,7 +250,7 @@ def test_every_method_starts_from_one_calibrated_cost_model(lm, monkeypatch):
     monkeypatch.setattr(bench, "run", run)
     lm.ee.cost_model = None
     methods = ["hispec/auto", "lookup+2+5/auto", "autoregressive", "layerskip/fixed"]
-    report = benchmark(lm, {"s": [Prompt("h", "hello"), Prompt("a", "abcabc")]}, methods,
+    report = benchmark(lm, {"s": [Prompt("h", "hello"), Prompt("a", "abcabc")]}, typed(methods),
                        preset("hispec", 2, 5, max_new_tokens=10), layerskip_exit=4)
     assert calibrations == [(2, 4, 5)]  # once, for every exit the methods use
     start = report["cost_model"]["fp32"]
@@ -269,7 +274,7 @@ def test_timing_starts_before_the_decoder_is_built(lm, monkeypatch):
             super().__init__(*a, **kw)
 
     monkeypatch.setattr(runner, "Decoder", SlowToBuild)
-    rec = benchmark(lm, {"s": [Prompt("h", "hello")]}, ["hispec/fixed"],
+    rec = benchmark(lm, {"s": [Prompt("h", "hello")]}, typed(["hispec/fixed"]),
                     preset("hispec", 2, 5, max_new_tokens=6), warmup=False)["records"][0]
     assert rec["setup_s"] >= 0.05 and rec["wall_s"] >= rec["setup_s"]  # a lower bound, not a speed claim
     new = len(rec["token_ids"])
@@ -288,7 +293,7 @@ def test_geometric_mean_of_per_prompt_ratios_is_stored_and_drawn(tmp_path):
     recs = [rec("x", "a", "autoregressive", 5.0), rec("x", "a", "hispec", 10.0),
             rec("x", "b", "autoregressive", 20.0), rec("x", "b", "hispec", 10.0),
             rec("y", "c", "autoregressive", 2.0), rec("y", "c", "hispec", 4.0)]
-    summary = summarise(recs, ["autoregressive", "hispec"])
+    summary = summarise(recs, typed(["autoregressive", "hispec"]))
     x, y, every = (summary[k]["methods"]["hispec"]["vs_reference"] for k in ("x", "y", "all"))
     assert x["geomean"] == pytest.approx(1.0) and (x["min"], x["max"]) == (0.5, 2.0) and x["prompts"] == 2
     assert y["geomean"] == pytest.approx(2.0) and every["geomean"] == pytest.approx(2 ** (1 / 3))
@@ -300,24 +305,14 @@ def test_geometric_mean_of_per_prompt_ratios_is_stored_and_drawn(tmp_path):
     assert f"{2 ** (1 / 3):.2f}× (0.50–2.00)" in summary_table(report)
 
 
-def test_weights_tag_and_a_levels_precision_are_told_apart():
-    """'@' tags a method's weights ('hispec/auto@q4') and a level's precision ('lookup+full@q4/auto')."""
-    from hispec.evaluation.bench import check_methods, expand_weights, split_weights
+def test_several_formats_run_every_method_once_per_format():
+    """A level list without a policy gets one before the tag, so the tag stays the weights' (the grammar
+    itself: tests/evaluation/test_bench_method.py)."""
+    from hispec.evaluation.bench import expand_weights
 
-    assert split_weights("hispec/auto@q4") == ("hispec/auto", "q4")
-    assert split_weights("autoregressive@fp32") == ("autoregressive", "fp32")
-    assert split_weights("lookup+full@q4/auto") == ("lookup+full@q4/auto", None)
-    assert split_weights("full@q4") == ("full@q4", None)
-    assert split_weights("lookup+4@q4") == ("lookup+4@q4", None)  # exit 4 in 4-bit, float32 weights
-    assert split_weights("lookup+4/auto@q4") == ("lookup+4/auto", "q4")
-    assert split_weights("full@q4/auto@fp32") == ("full@q4/auto", "fp32")
-    # a level list without a policy gets one before the tag, so the tag stays the weights'
-    out = expand_weights(["autoregressive", "lookup+4", "full@q4/fixed"], ["fp32", "q4"], "auto")
-    assert out == ["autoregressive@fp32", "lookup+4/auto@fp32", "full@q4/fixed@fp32",
-                   "autoregressive@q4", "lookup+4/auto@q4", "full@q4/fixed@q4"]
-    assert [split_weights(m)[1] for m in out] == ["fp32"] * 3 + ["q4"] * 3
-    check_methods(out + ["lookup+full@q4/auto", "2@q4+full@q4"])
-    with pytest.raises(ConfigError, match="unknown precision 'q8'.*choose from q4"):
-        check_methods(["full@q8/auto"])
-    with pytest.raises(ConfigError, match="weights after @ are"):
-        check_methods(["hispec/auto@int3"])
+    out = expand_weights(typed(["autoregressive", "lookup+4", "full@q4/fixed"]), ["fp32", "q4"], "auto")
+    assert [m.key for m in out] == ["autoregressive@fp32", "lookup+4/auto@fp32", "full@q4/fixed@fp32",
+                                    "autoregressive@q4", "lookup+4/auto@q4", "full@q4/fixed@q4"]
+    assert [m.weights for m in out] == ["fp32"] * 3 + ["q4"] * 3
+    assert typed([m.key for m in out]) == out  # every key reads back as the method it names
+    assert expand_weights(typed(["lookup+4"]), ["q4"]) == typed(["lookup+4"])  # one format: as written

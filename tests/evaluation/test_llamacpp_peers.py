@@ -11,6 +11,7 @@ import pytest
 from hispec.errors import ConfigError
 from hispec.cli.main import main
 from hispec.evaluation import bench, llamacpp, peers
+from hispec.evaluation.method import BenchMethod
 
 
 class _Llama:
@@ -52,20 +53,28 @@ class _LM:
     name, eos_ids = "default", {2}
 
 
+def typed(names: list[str]) -> list[BenchMethod]:
+    return [BenchMethod.parse(n) for n in names]
+
+
 def test_peers_by_name_and_their_drafts(monkeypatch):
     monkeypatch.setattr(llamacpp, "available", lambda: True)
     names = ("llamacpp", "llamacpp_lookup", "llamacpp_lookup:4", "llamacpp2", "lookup", "hf_generate", "hf_lookup")
-    assert [peers.is_peer(m) for m in names] == [True, True, True, False, False, True, True]
-    assert [peers.find(m)[1] for m in ("llamacpp", "llamacpp_lookup", "llamacpp_lookup:4")] == [None, 10, 4]
+    with pytest.raises(ConfigError, match="unknown benchmark method 'llamacpp2'"):
+        typed(["llamacpp2"])
+    found = typed([m for m in names if m != "llamacpp2"])
+    assert [m.peer is not None for m in found] == [True, True, True, False, True, True]
+    assert [m.count for m in found[:3]] == [None, 10, 4]
     for bad in ("llamacpp_lookup:0", "llamacpp_lookup:x", "llamacpp_lookup:65"):
         with pytest.raises(ConfigError, match="llamacpp_lookup:N takes a whole number from 1 to 64"):
-            bench.check_methods(["autoregressive", bad])
+            typed(["autoregressive", bad])
     with pytest.raises(ConfigError, match="hf_generate takes no count"):
-        bench.check_methods(["hf_generate:3"])
+        typed(["hf_generate:3"])
     with pytest.raises(ConfigError, match="'llamacpp@q4': llamacpp runs its own file"):
-        bench.check_methods(["llamacpp@q4"])
-    bench.check_methods(["llamacpp", "llamacpp_lookup", "llamacpp_lookup:2", "hf_lookup@q4"])
-    assert bench.expand_weights(["autoregressive", "hf_generate", "llamacpp_lookup:2"], ["fp32", "q4"]) == [
+        typed(["llamacpp@q4"])
+    peers.check(typed(["llamacpp", "llamacpp_lookup", "llamacpp_lookup:2", "hf_lookup@q4"]))
+    expanded = bench.expand_weights(typed(["autoregressive", "hf_generate", "llamacpp_lookup:2"]), ["fp32", "q4"])
+    assert [m.key for m in expanded] == [
         "autoregressive@fp32", "hf_generate@fp32", "autoregressive@q4", "hf_generate@q4",
         "llamacpp_lookup:2"]  # transformers' peers run on the bench's weights; llama.cpp its own file
 
@@ -73,7 +82,7 @@ def test_peers_by_name_and_their_drafts(monkeypatch):
 def test_a_peer_that_cannot_run_here_is_refused_once_before_any_model_loads(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(llamacpp, "available", lambda: False)
     with pytest.raises(ConfigError) as refused:
-        bench.check_methods(["autoregressive", "llamacpp", "llamacpp_lookup:4", "hf_generate"])
+        peers.check(typed(["autoregressive", "llamacpp", "llamacpp_lookup:4", "hf_generate"]))
     message = str(refused.value)
     assert message.count("not installed") == 1 and message.startswith("llamacpp, llamacpp_lookup:4 cannot run here")
     assert "pip install -r requirements-llamacpp.txt" in message
@@ -82,7 +91,7 @@ def test_a_peer_that_cannot_run_here_is_refused_once_before_any_model_loads(monk
     assert "llamacpp cannot run here" in err and "no-such-model" not in err  # refused before the model loads
     monkeypatch.setattr(llamacpp, "available", lambda: True)
     with pytest.raises(ConfigError, match="llamacpp cannot run for this model: it runs the default model's GGUF"):
-        peers.check(["llamacpp"], type("LM", (), {"name": "tiny"})())
+        peers.check(typed(["llamacpp"]), type("LM", (), {"name": "tiny"})())
 
 
 def test_every_prompt_starts_from_an_empty_cache(fake_llama):
@@ -96,10 +105,11 @@ def test_every_prompt_starts_from_an_empty_cache(fake_llama):
 
 
 def test_the_lookup_peer_drafts_with_its_own_ngram_model(fake_llama):
-    record = peers.run(_LM(), "llamacpp_lookup:4", [1, 2, 3], 2, exit_layer=4)
+    four, default = typed(["llamacpp_lookup:4", "llamacpp_lookup"])
+    record = four.peer.run(_LM(), [1, 2, 3], 2, 4, four.count)
     (llm,) = fake_llama.made
     draft = llm.kwargs["draft_model"]
     assert llm.kwargs["logits_all"] is True and (draft.max_ngram_size, draft.num_pred_tokens) == (2, 4)
     assert record["token_ids"] == [5, 6] and record["settings"]["lookup"] == {"max_ngram_size": 2, "num_pred_tokens": 4}
-    peers.run(_LM(), "llamacpp_lookup", [1], 2, exit_layer=4)
+    default.peer.run(_LM(), [1], 2, 4, default.count)
     assert fake_llama.made[-1].kwargs["draft_model"].num_pred_tokens == 10  # its defaults: another model

@@ -274,7 +274,8 @@ def test_bench_runs_both_formats_side_by_side(tmp_path, monkeypatch):
     from helpers import EOS, char_tokenizer
 
     from hispec.evaluation import host
-    from hispec.evaluation.bench import benchmark, check_methods, expand_weights
+    from hispec.evaluation.bench import benchmark, expand_weights
+    from hispec.evaluation.method import BenchMethod
     from hispec.data.prompts import Prompt
     from hispec.model.loading import LoadedModel
 
@@ -285,16 +286,16 @@ def test_bench_runs_both_formats_side_by_side(tmp_path, monkeypatch):
     monkeypatch.setattr(host, "BANDWIDTH_BYTES", 8 * 2**20)  # the real run copies 256 MiB
     fp32 = loaded(tiny_model("llama", layers=8, seed=3), "fp32")
     q4 = loaded(_q4_model(seed=3), "q4")
-    methods = expand_weights(["autoregressive", "hispec/fixed"], ["fp32", "q4"])
-    assert methods == ["autoregressive@fp32", "hispec/fixed@fp32", "autoregressive@q4", "hispec/fixed@q4"]
-    check_methods(methods)
+    methods = expand_weights([BenchMethod.parse("autoregressive"), BenchMethod.parse("hispec/fixed")], ["fp32", "q4"])
+    keys = [m.key for m in methods]
+    assert keys == ["autoregressive@fp32", "hispec/fixed@fp32", "autoregressive@q4", "hispec/fixed@q4"]
     with pytest.raises(ConfigError):
-        check_methods(["autoregressive@int3"])
+        BenchMethod.parse("autoregressive@int3")
     sets = {"t": [Prompt("a", "hello there", False), Prompt("b", "abcabcabc", False)]}
     report = benchmark(fp32, sets, methods, preset("hispec", draft_layer=2, verify_layer=5, max_new_tokens=12),
                        json_path=str(tmp_path / "b.json"), models={"fp32": fp32, "q4": q4}, host=True)
     summary = report["summary"]["all"]["methods"]
-    assert all(summary[m]["outputs_equal"] for m in methods)  # each against its own format's plain decoding
+    assert all(summary[m]["outputs_equal"] for m in keys)  # each against its own format's plain decoding
     assert report["host"]["bandwidth_start"]["copy_gbs"] > 0 and report["host"]["q4_kernel_isa"] in ISAS
     bound = report["memory_bound"]
     assert bound["q4"]["weight_bytes"] < bound["fp32"]["weight_bytes"] / 3 and bound["q4"]["step_ms"] > 0
