@@ -66,6 +66,22 @@ def test_every_plan_of_the_default_run_is_estimated_with_its_break_even(browser,
     low, high = (float(measured[2]), float(measured[3])) if measured[2] else (float(measured[1]),) * 2
     if not low <= float(estimate[1]) <= high:  # outside the range: the gap is said in numbers
         assert re.search(r"the estimate is \d+% (above|below) the measured ratio", why), why
+    # the sliders vary the default run's own 4-bit plan (issue 56: the default had no slider curve at all)
+    label = page.inner_text("#hs-a-vt")
+    assert "4-bit" in label, label  # named by the plan's own pair into the full model
+    at_sliders = re.compile(r"4-bit[^\n]*, at the sliders[^\n]*?(\d+\.\d\d)×")
+    before = at_sliders.search(page.inner_text("#hs-why-table"))
+    assert before, page.inner_text("#hs-why-table")
+    assert page.locator("#hs-why-plot").is_visible(), "the plan's curve is drawn"
+    for value in ("0.2", "0.99"):  # move the acceptance into the full model: the estimate moves with it
+        number = page.locator("#hs-a-vt input[type=number]")
+        number.fill(value)
+        number.press("Enter")
+        page.wait_for_function("(old) => { const t = document.querySelector('#hs-why-table'); "
+                               "return t && !t.innerText.includes(old); }", arg=before[0])
+        after = at_sliders.search(page.inner_text("#hs-why-table"))
+        assert after and after[0] != before[0], (before[0], after and after[0])
+        before = after
     shots = os.environ.get("HISPEC_SHOTS")
     if shots:
         page.locator("#hs-why").screenshot(path=os.path.join(shots, "why_default_run.png"))
