@@ -182,8 +182,9 @@ def _stepper(p) -> None:
 def _why(p) -> None:
     with gr.Accordion("Why this speed: the cost model of this machine", open=True, elem_id="hs-why-box"):
         gr.Markdown("Speculation pays when a round commits more tokens per second than plain steps. After a run, the "
-                    "sliders hold its measured acceptance; move them to see what better (or worse) agreement between its "
-                    "levels would give with the costs measured here.")
+                    "sliders hold the measured acceptance of the plan that committed the most tokens (named on them); move "
+                    "them to see what better (or worse) agreement between its levels would give with the costs "
+                    "measured here.")
         with gr.Row():
             p.why_dv = gr.Slider(0, 1, value=0.5, step=0.01, label="Acceptance draft → verify",
                                  info="how often the middle level keeps what the level below it proposed", elem_id="hs-a-dv")
