@@ -28,6 +28,7 @@ import gradio as gr
 from hispec.errors import HiSpecError
 from hispec.evaluation import published
 from hispec.model.default_gguf import default_gguf_present, fetch_default_gguf
+from hispec.runs.lessons import load_lessons
 from hispec.runs.runner import warm_up
 from hispec.serving.caller import forwarded_headers_left_to_serving
 from hispec.serving.edge import Edge
@@ -40,6 +41,7 @@ from ui.model_view import model_defaults, model_info, settings_by_method, traine
 from ui.page import Setup, build_page
 from ui.panels.compare import Compare
 from ui.panels.generate import Generate
+from ui.panels.lesson import Lesson
 from ui.panels.model import Model
 from ui.panels.steps import Steps
 from ui.panels.what_if import WhatIf
@@ -49,31 +51,32 @@ ASSETS = Path(__file__).parent / "assets"
 TITLE = "HiSpec: hierarchical speculative decoding"
 
 
-def build(server: Server, model_choices: list[str] | None = None) -> gr.Blocks:
+def build(server: Server, model_choices: list[str] | None = None, lessons: list | None = None) -> gr.Blocks:
     """The page for a server whose start model is loaded; `model_choices`: what the model box offers
-    (only names the server allows are kept)."""
+    (only names the server allows are kept); `lessons`: the recorded runs it replays (None: those shipped)."""
+    lessons = load_lessons() if lessons is None else lessons
     lm = server.registry.get(server.default_model)
     allowed = server.limits.allowed_models
     choices = [m for m in (model_choices or [server.default_model]) if m in allowed] or [server.default_model]
     setup = Setup(server.default_model, choices, "*" in allowed, lm.ee.num_layers, model_defaults(lm),
                   trained_layers(lm), settings_by_method(lm), model_info(server.default_model, lm),
                   server.limits.max_new_tokens, server.limits.max_prompt_chars, server.limits.describe(),
-                  labels.default_levels(lm.ee.formats()))
+                  labels.default_levels(lm.ee.formats()), tuple(lesson.title for lesson in lessons))
     with gr.Blocks(title=TITLE) as demo:
         page = build_page(setup)
-        for panel in panels(server):
+        for panel in panels(server, lessons):
             panel.wire(page)
     return demo
 
 
-def panels(server: Server) -> list:
+def panels(server: Server, lessons: list = ()) -> list:
     """The page's panels (ui.panels), each wiring its own components by name; Why and Steps follow every run
-    of Generate, and the What-if's result is drawn by Why. The Benchmark tab comes first: it builds its own
+    of Generate and every lesson replayed, and the What-if's result is drawn by Why. The Benchmark tab comes first: it builds its own
     components as it wires, before /generate's (gr.api) are made, so every component keeps its id."""
     why = Why(server, published.load(ASSETS / "published_points.json"))
     steps = Steps(server)
-    return [BenchTab(server, max_new_tokens=server.limits.max_new_tokens), Generate(server, follow=(why, steps)), why,
-            WhatIf(server, why), Compare(server), steps, Model(server)]
+    return [BenchTab(server, max_new_tokens=server.limits.max_new_tokens), Generate(server, follow=(why, steps)),
+            Lesson(lessons, follow=(why, steps)), why, WhatIf(server, why), Compare(server), steps, Model(server)]
 
 
 def model_choices() -> list[str]:

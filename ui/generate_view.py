@@ -44,10 +44,11 @@ def stopped_message(ended: Ended, new_tokens: int) -> str:
 class GenerateView:
     """Folds one generation's updates; `update(u)` returns the page's outputs for it."""
 
-    def __init__(self, model_name: str, pairs: int = 0):
+    def __init__(self, model_name: str, pairs: int = 0, doing: str = "Generating"):
         """`pairs`: the plain-baseline pairs the request measures after the run (its status says "Done"
-        once, at the very end, not when the tokens are in)."""
-        self.model_name, self.pairs = model_name, pairs
+        once, at the very end, not when the tokens are in); `doing`: what the status says meanwhile
+        ('Replaying' a recorded run)."""
+        self.model_name, self.pairs, self.doing = model_name, pairs, doing
         self.fold = Generation()  # serving's fold of the updates: the run, its pairs, its prompt's ids
         self.run = self.fold.run
         self._charted = 0.0
@@ -78,7 +79,7 @@ class GenerateView:
             status = (f"Generated {stats['new_tokens']} tokens (stopped by {reason}); timing plain decoding against "
                       f"it next ({self.pairs} pair{'s' if self.pairs != 1 else ''})…")
         else:
-            status = f"Done: stopped by {reason}." if done else f"Generating… {stats['new_tokens']} tokens"
+            status = f"Done: stopped by {reason}." if done else f"{self.doing}… {stats['new_tokens']} tokens"
         shown = {"status": render.message_html(status, "info"), "tokens": self.tokens(),
                  "legend": render.legend_html(self.run.trace.counts()),
                  "stats": render.stats_html(stats, levels=self._levels())}

@@ -40,6 +40,7 @@ class Setup:
     max_prompt_chars: int
     limits_text: str
     levels: str = next(iter(labels.LEVELS))  # the Levels box's first value (labels.default_levels)
+    lessons: tuple[str, ...] = ()  # the titles of the recorded runs the page can replay (hispec.runs.lessons)
 
 
 def build_page(setup: Setup) -> SimpleNamespace:
@@ -92,6 +93,12 @@ def _ask(p, setup: Setup) -> None:
         p.generate_btn = gr.Button("Generate", variant="primary", elem_id="hs-generate")
         p.stop_btn = gr.Button("Stop", variant="stop", elem_id="hs-stop")
         p.compare_btn = gr.Button("Compare with baseline", elem_id="hs-compare-btn")
+    with gr.Row(visible=bool(setup.lessons), elem_id="hs-lesson-row"):
+        p.lesson_choice = gr.Dropdown(list(setup.lessons), value=setup.lessons[0] if setup.lessons else None,
+                                      label="Lesson: watch a recorded run", elem_id="hs-lesson", scale=4,
+                                      info="replayed at its recorded pace with every view below, no model time spent: "
+                                           "a whole class can watch at once (its figures are the recorded machine's)")
+        p.lesson_btn = gr.Button("Replay the lesson", elem_id="hs-lesson-btn", scale=1)
     p.status = gr.HTML(render.message_html("Ready.", "info"), elem_id="hs-status")
     # the Stop button's own reply: the status line above has one writer, the run, whose last word
     # (Done, Stopped after N tokens) a Stop's reply arriving late can never overwrite

@@ -172,7 +172,7 @@ def why_html(story: dict) -> str:
         calibration = (f" A plain step here: {plain['measured_decode_tokens_per_s']:.1f} tokens/s measured after the "
                        f"first token (the cost model alone: {plain['model_tokens_per_s']:.1f}); the estimates in "
                        "tokens/s are scaled to the measured one.")
-    return (f"<div class='hs-why'><p class='hs-definition'>{html.escape(story['definition'])}</p>"
+    return (f"<div class='hs-why'>{_recorded_words(story)}<p class='hs-definition'>{html.escape(story['definition'])}</p>"
             f"<p class='hs-speed-source'>{html.escape(speed_source_words(story))}</p>"
             f"<p><b>Plan by plan</b> ({html.escape(_policy_words(story))}):</p>{plans_table(story)}"
             f"<p><b>The run against plain decoding</b>:</p>{table}{notes}"
@@ -209,6 +209,17 @@ def speed_source_words(story: dict) -> str:
         text += (f" The exits' hierarchy (draft exit, then verifier exit, then the full model) ran in {hierarchy} of "
                  f"{rounds} rounds: to watch it at work, pick the Teaching preset (fixed rounds).")
     return text
+
+
+def _recorded_words(story: dict) -> str:
+    """A recorded run replayed (a lesson): whose figures these are, said first."""
+    on = story.get("recorded_on")
+    if not on:
+        return ""
+    where = f"{on.get('machine', 'an unnamed machine')} at commit {str(on.get('commit') or 'unknown')[:7]}"
+    return (f"<p class='hs-recorded'><b>A recorded run, replayed</b>: every figure below, measured or estimated, is "
+            f"that of {html.escape(where)} when it was recorded (its own timing pairs and pass costs), not this "
+            "machine's now. The sliders re-estimate it on those costs.</p>")
 
 
 def _costs_words(story: dict) -> str:

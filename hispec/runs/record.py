@@ -110,6 +110,10 @@ class RunRecord:
     pairs_asked: int = 0
     costs_whose: str | None = "run"  # 'run': kept by the run itself; 'first': fetched by its first explanation
     settings: Mapping = field(default_factory=dict)  # as the engine recorded them: written back out, never read
+    # a recorded run replayed (a lesson): where and when it ran ({"machine", "commit", "command"}), and what each
+    # exit believed (explain.beliefs), kept with it so that its views need no model; None for a live run
+    recorded_on: Mapping | None = None
+    beliefs: Mapping | None = None
 
     # ---- questions the views ask ---------------------------------------------------------------
     @property
@@ -177,7 +181,9 @@ class RunRecord:
                 "finish_reason": self.finish_reason, "acceptance": [p.to_json() for p in self.pairs],
                 "stats": stats, "vs_plain": None if self.vs_plain is None else dict(self.vs_plain),
                 "pairs_asked": self.pairs_asked, "costs_ms": costs, "costs_whose": self.costs_whose if costs else None,
-                "settings": dict(self.settings), "events": [event_to_dict(ev) for ev in self.events]}
+                "settings": dict(self.settings), "events": [event_to_dict(ev) for ev in self.events],
+                **({"recorded_on": dict(self.recorded_on)} if self.recorded_on else {}),
+                **({"beliefs": self.beliefs} if self.beliefs else {})}
 
 
 # ---- in: the one reader of recorded settings, pair keys and labels -----------------------------------------
@@ -315,6 +321,9 @@ def from_json(data: Mapping) -> RunRecord:
             fold.add(ev)
         stats.update(acceptance=fold.acceptance(), kept=fold.kept(), policy_choices=dict(fold.choices))
         stats.pop("vs_plain", None)
-    return build(events, stats, model=data.get("model") or "", prompt_ids=data.get("prompt_ids") or (),
-                 vs_plain=data.get("vs_plain"), pairs_asked=data.get("pairs_asked") or 0,
-                 costs_ms=data.get("costs_ms"), costs_whose="first")
+    record = build(events, stats, model=data.get("model") or "", prompt_ids=data.get("prompt_ids") or (),
+                   vs_plain=data.get("vs_plain"), pairs_asked=data.get("pairs_asked") or 0,
+                   costs_ms=data.get("costs_ms"), costs_whose="first")
+    if data.get("recorded_on") or data.get("beliefs"):
+        record = dataclasses.replace(record, recorded_on=data.get("recorded_on"), beliefs=data.get("beliefs"))
+    return record

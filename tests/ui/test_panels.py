@@ -20,7 +20,8 @@ def test_the_page_is_its_panels_each_wiring_itself(server):
     import app
 
     panels = app.panels(server)
-    assert [type(p).__name__ for p in panels] == ["BenchTab", "Generate", "Why", "WhatIf", "Compare", "Steps", "Model"]
+    assert [type(p).__name__ for p in panels] == ["BenchTab", "Generate", "Lesson", "Why", "WhatIf", "Compare", "Steps",
+                                                  "Model"]
     assert all(callable(getattr(p, "wire", None)) for p in panels)
     generate = panels[1]
     assert [type(p).__name__ for p in generate.follow] == ["Why", "Steps"], "the views that follow a run"

@@ -56,8 +56,8 @@ class Steps:
         for ev in run.events:
             trace.add(ev)
         try:
-            beliefs = None
-            if run.token_ids and run.prompt_ids:
+            beliefs = run.beliefs  # a recorded run (a lesson) brings its own: no model time
+            if beliefs is None and run.token_ids and run.prompt_ids:
                 beliefs = self.server.result(self.server.caller(request), BeliefsRequest, {
                     "model": run.model, "prompt_ids": list(run.prompt_ids), "token_ids": list(run.token_ids),
                     "formats": list(run.formats)})  # the run's 4-bit level gets its row of candidates
