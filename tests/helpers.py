@@ -129,3 +129,26 @@ def sketch_record(levels=(), policy="fixed", lengths=(1, 1), acceptance=None, nu
     return RunRecord(model="m", method="", levels=built, policy=policy, adapts=policy == "auto",
                      lengths=None if policy == "auto" else lengths, num_layers=num_layers, sampling=Sampling(),
                      plans={}, pairs=pairs, costs={}, events=(), stats={})
+
+
+def write_tiny_lesson(path, prompt_ids, max_new_tokens=20, title="A tiny lesson", prompt="hello"):
+    """A lesson file (hispec.runs.lessons) of a tiny model's adaptive run, as scripts/measure/lessons.py writes
+    one: the run's record with timing pairs, beliefs and a machine; returns the record it holds."""
+    import gzip
+    import json
+
+    from hispec.engine.config import DecodeConfig
+    from hispec.evaluation.pairs import summary
+    from hispec.explain.beliefs import exit_beliefs
+    from hispec.runs.record import build
+    from hispec.runs.runner import run
+
+    ee = EarlyExitModel(tiny_model("llama", layers=8, seed=3))
+    events = []
+    r = run(ee, list(prompt_ids), DecodeConfig(max_new_tokens=max_new_tokens), on_event=events.append)
+    measured = summary([1.1, 1.2, 1.3], 3) | {"new_tokens": max_new_tokens, "plain_decode_tokens_per_s": [9.0, 9.5, 10.0]}
+    record = build(events, r.stats, model="tiny", prompt_ids=prompt_ids, vs_plain=measured, pairs_asked=3)
+    data = record.to_json() | {"title": title, "prompt": prompt, "beliefs": exit_beliefs(ee, list(prompt_ids), r.token_ids),
+                               "recorded_on": {"machine": "a test host", "commit": "0123456789abcdef"}}
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    return record

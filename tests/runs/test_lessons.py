@@ -1,37 +1,20 @@
 """Lessons (hispec/runs/lessons.py): recorded runs that the page replays with no model time, at their pace."""
 
-import gzip
 import json
 
 import pytest
-from helpers import tiny_model
+from helpers import write_tiny_lesson
 
-from hispec.engine.config import DecodeConfig
 from hispec.engine.events import RoundEvent
-from hispec.evaluation.pairs import summary
-from hispec.explain.beliefs import exit_beliefs
-from hispec.model.early_exit import EarlyExitModel
 from hispec.runs import lessons
-from hispec.runs.record import build
-from hispec.runs.runner import run
 
 PROMPT = [5, 17, 42, 8, 63, 21]
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """A lesson file of a tiny model's adaptive run, as scripts/measure/lessons.py writes one."""
-    ee = EarlyExitModel(tiny_model("llama", layers=8, seed=3))
-    events = []
-    r = run(ee, PROMPT, DecodeConfig(max_new_tokens=20), on_event=events.append)
-    measured = summary([1.1, 1.2, 1.3], 3) | {"new_tokens": 20, "plain_decode_tokens_per_s": [9.0, 9.5, 10.0]}
-    record = build(events, r.stats, model="tiny", prompt_ids=PROMPT, vs_plain=measured)
-    data = record.to_json() | {"title": "A tiny lesson", "prompt": "hello",
-                               "beliefs": exit_beliefs(ee, PROMPT, r.token_ids),
-                               "recorded_on": {"machine": "a test host", "commit": "0123456789abcdef"}}
     folder = tmp_path_factory.mktemp("lessons")
-    (folder / "1-tiny.json.gz").write_bytes(gzip.compress(json.dumps(data).encode()))
-    return folder, record
+    return folder, write_tiny_lesson(folder / "1-tiny.json.gz", PROMPT)
 
 
 def test_a_lesson_reads_back_as_the_run_it_recorded_with_its_beliefs_and_machine(recorded):

@@ -3,19 +3,10 @@ that follow a run (Why, Steps) drawn from its record alone: no model, no server,
 
 from __future__ import annotations
 
-import gzip
-import json
-
 import pytest
-from helpers import tiny_model
+from helpers import write_tiny_lesson
 
-from hispec.engine.config import DecodeConfig
-from hispec.evaluation.pairs import summary
-from hispec.explain.beliefs import exit_beliefs
-from hispec.model.early_exit import EarlyExitModel
 from hispec.runs.lessons import read_lesson
-from hispec.runs.record import build
-from hispec.runs.runner import run
 from ui.generate_view import VIEWS
 from ui.panels.lesson import Lesson
 from ui.panels.steps import Steps
@@ -33,16 +24,8 @@ class NoServer:
 
 @pytest.fixture(scope="module")
 def lesson(tmp_path_factory):
-    ee = EarlyExitModel(tiny_model("llama", layers=8, seed=3))
-    events = []
-    r = run(ee, PROMPT, DecodeConfig(max_new_tokens=24), on_event=events.append)
-    measured = summary([1.1, 1.2, 1.3], 3) | {"new_tokens": 24, "plain_decode_tokens_per_s": [9.0, 9.5, 10.0]}
-    record = build(events, r.stats, model="tiny", prompt_ids=PROMPT, vs_plain=measured, pairs_asked=3)
-    data = record.to_json() | {"title": "A tiny lesson", "prompt": "hello again",
-                               "beliefs": exit_beliefs(ee, PROMPT, r.token_ids),
-                               "recorded_on": {"machine": "a test host", "commit": "0123456789abcdef"}}
     path = tmp_path_factory.mktemp("lessons") / "1-tiny.json.gz"
-    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    write_tiny_lesson(path, PROMPT, max_new_tokens=24, prompt="hello again")
     return read_lesson(path)
 
 
