@@ -146,7 +146,8 @@ def write_tiny_lesson(path, prompt_ids, max_new_tokens=20, title="A tiny lesson"
     ee = EarlyExitModel(tiny_model("llama", layers=8, seed=3))
     events = []
     r = run(ee, list(prompt_ids), DecodeConfig(max_new_tokens=max_new_tokens), on_event=events.append)
-    measured = summary([1.1, 1.2, 1.3], 3) | {"new_tokens": max_new_tokens, "plain_decode_tokens_per_s": [9.0, 9.5, 10.0]}
+    measured = summary([1.1, 1.2, 1.3], 3) | {"new_tokens": max_new_tokens, "plain_decode_tokens_per_s": [9.0, 9.5, 10.0],
+                                              "plain_tokens_per_s": [8.0, 8.5, 9.0], "prefill_s": 0.01}
     record = build(events, r.stats, model="tiny", prompt_ids=prompt_ids, vs_plain=measured, pairs_asked=3)
     data = record.to_json() | {"title": title, "prompt": prompt, "beliefs": exit_beliefs(ee, list(prompt_ids), r.token_ids),
                                "recorded_on": {"machine": "a test host", "commit": "0123456789abcdef"}}

@@ -123,3 +123,26 @@ def why_figure(curves: dict[str, list[tuple[float, float]]], points: dict[str, t
                       xaxis=dict(title=axis_label, range=[0, 1], tickformat=".0%"),
                       yaxis=dict(title="× plain decoding (tokens/s ratio)", rangemode="tozero"), **layout)
     return fig
+
+
+def race_figure(history: list[dict], plain: dict | None) -> go.Figure | None:
+    """The run against plain decoding on one clock: tokens committed over the seconds since the start, this
+    run's rounds beside plain decoding's line as its timing pairs measured it (its first token at their median
+    prefill, then their median decode rate). None without a measured pair (nothing to race against)."""
+    rates = [r for r in (plain or {}).get("plain_decode_tokens_per_s") or [] if r]
+    if not history or not rates or not (plain or {}).get("runs"):
+        return None
+    rate, first = sorted(rates)[len(rates) // 2], float(plain.get("prefill_s") or 0.0)
+    total = max(row["new_tokens"] for row in history)
+    end = first + (total - 1) / rate
+    run_t, run_n = [0.0] + [row["t"] for row in history], [0] + [row["new_tokens"] for row in history]
+    ahead = next((t for t, n in zip(run_t, run_n) if t > first and n > 1 + (t - first) * rate + 1e-9), None)
+    name = f"this run (ahead from {ahead:.2f} s)" if ahead is not None else "this run (never ahead)"
+    fig = go.Figure(go.Scatter(x=run_t, y=run_n, mode="lines+markers", name=name, line_shape="hv",
+                               hovertemplate="%{y} tokens at %{x:.2f} s<extra>this run</extra>"))
+    fig.add_trace(go.Scatter(x=[0.0, first, end], y=[0, 1, total], mode="lines", name="plain decoding (measured)",
+                             line=dict(dash="dot"), hovertemplate="%{y:.0f} tokens at %{x:.2f} s<extra>plain</extra>"))
+    fig.update_layout(title="Race: tokens committed over time, against plain decoding", showlegend=True,
+                      xaxis=dict(title="seconds since the start (this run's clock; plain: its pairs' medians)"),
+                      yaxis=dict(title="tokens committed", rangemode="tozero"), **_LAYOUT)
+    return fig

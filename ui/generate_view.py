@@ -7,6 +7,7 @@ tokens, stats, chart and its takes' summary, every view labelled synthetic.
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import gradio as gr
@@ -20,8 +21,8 @@ from hispec.serving.answer import Generation
 from hispec.serving.updates import Ended, Output, Status
 from ui import charts, render
 
-VIEWS = ("status", "tokens", "legend", "final", "stats", "acc_plot", "speed_plot", "work_plot", "last_run",
-         "stop_note")
+VIEWS = ("status", "tokens", "legend", "final", "stats", "acc_plot", "speed_plot", "work_plot", "race_plot",
+         "last_run", "stop_note")
 WHAT_IF_VIEWS = ("what_if_status", "what_if_tokens", "what_if_stats", "what_if_plot", "what_if_result")
 CHARTS_EVERY_S = 1.0  # the charts are redrawn at most this often while a run streams
 
@@ -29,7 +30,8 @@ CHARTS_EVERY_S = 1.0  # the charts are redrawn at most this often while a run st
 def cleared(status: str) -> dict:
     """Views (by name, VIEWS) with nothing of an earlier run left: empty text, stats and charts, no run kept."""
     return {"status": status, "tokens": render.tokens_html(Trace()), "legend": render.legend_html(), "final": "",
-            "stats": "", "acc_plot": None, "speed_plot": None, "work_plot": None, "last_run": None}
+            "stats": "", "acc_plot": None, "speed_plot": None, "work_plot": None,
+            "race_plot": gr.Plot(None, visible=False), "last_run": None}
 
 
 def stopped_message(ended: Ended, new_tokens: int) -> str:
@@ -113,8 +115,14 @@ class GenerateView:
             return {}
         self._charted = time.perf_counter()
         history = list(self.run.stats.history)
-        return {"acc_plot": charts.acceptance_figure(history, self._levels()), "speed_plot": charts.speed_figure(history),
-                "work_plot": charts.work_figure(stats["layer_tokens"], self._levels())}
+        plain = self.vs_plain if self.vs_plain and self.vs_plain.get("runs") else None
+        rates = (plain or {}).get("plain_tokens_per_s")
+        lines = {"plain decoding (measured)": statistics.median(rates)} if rates else {}
+        race = charts.race_figure(history, plain)
+        return {"acc_plot": charts.acceptance_figure(history, self._levels()),
+                "speed_plot": charts.speed_figure(history, lines),
+                "work_plot": charts.work_figure(stats["layer_tokens"], self._levels()),
+                "race_plot": gr.Plot(race, visible=race is not None)}
 
     def kept(self) -> RunRecord:
         """The finished run as one value, for the views after it (why this speed, step through, beliefs, stories)."""

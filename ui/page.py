@@ -68,6 +68,8 @@ def build_page(setup: Setup) -> SimpleNamespace:
                 p.acc_plot = gr.Plot(label="Acceptance", elem_id="hs-acc-plot")
                 p.speed_plot = gr.Plot(label="Speed", elem_id="hs-speed-plot")
                 p.work_plot = gr.Plot(label="Work", elem_id="hs-work-plot")
+            # this run against plain decoding on one clock, once its timing pairs measured plain decoding
+            p.race_plot = gr.Plot(label="Race against plain decoding", elem_id="hs-race-plot", visible=False)
             p.last_run = gr.State(None)  # the finished run (settings, stats, events), for the views below
             p.rounds_state, p.playing = gr.State(None), gr.State(False)
             _stepper(p)

@@ -38,6 +38,7 @@ def test_a_lesson_replays_into_the_runs_views_and_keeps_its_record(lesson):
     assert "Lesson replayed" in outs[-1]["status"] and "Generate runs the same prompt live" in outs[-1]["status"]
     assert "speed vs plain decoding, measured" in outs[-1]["stats"], "the recorded timing pairs are shown"
     assert sum("tokens" in o for o in outs) >= 3, "streamed round by round, not all at once"
+    assert outs[-1]["race_plot"].visible, "the race against plain decoding, from the lesson's own pairs"
     assert "Pick a lesson" in list(panel.replay("no such lesson"))[-1]["status"]
 
 
