@@ -12,7 +12,6 @@ prediction is a model, shown next to the measured speedup, never instead of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping
 
 from hispec.engine.planning.costs import CostModel
