@@ -33,13 +33,15 @@ LESSONS = (  # file name, title, prompt, configuration ("default" or the Teachin
 
 
 def record_one(lm, prompt: str, which: str, tokens: int, pairs: int) -> dict:
-    from hispec.engine.config import DecodeConfig, preset
+    from hispec.engine.config import DecodeConfig, recommended_settings
     from hispec.evaluation.compare import vs_plain
     from hispec.explain.beliefs import exit_beliefs
     from hispec.runs.record import build
     from hispec.runs.runner import run
-    # the Teaching preset (ui.controls): the model's recommended exits, the paper's lengths, fixed rounds
-    teaching = preset("hispec", draft_len=2, verify_threshold=4, policy="fixed", max_new_tokens=tokens)
+    # the Teaching preset (ui.controls): the model's recommended exits, the paper's lengths (2, 4), fixed rounds
+    exits = recommended_settings(lm.ee)
+    teaching = DecodeConfig(levels=(exits["draft"], exits["verify"]), lengths=(2, 4), policy="fixed",
+                            max_new_tokens=tokens)
     config = (DecodeConfig(max_new_tokens=tokens) if which == "default" else teaching).resolve_for(lm.ee)
     ids = lm.encode(prompt, chat=True)
     events = []

@@ -119,7 +119,7 @@ def test_why_this_speed_follows_the_run_and_the_sliders(page, tmp_path):
     box = page.locator("#hs-a-vt input[type=number]")
     box.fill("0.97")
     box.press("Enter")
-    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('97% → full')")
+    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').match(/97% exit \\d+ → full model/)")
     after = page.inner_text("#hs-why-table")
     assert after != before
     shot = tmp_path / "why.png"
@@ -294,7 +294,7 @@ def test_a_what_if_run_is_labelled_synthetic(page):
         box = page.locator(f"{slider} input[type=number]")
         box.fill("0.95")
         box.press("Enter")
-    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('95% → full')")
+    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').match(/95% exit \\d+ → full model/)")
     takes = page.locator("#hs-what-if-takes input[type=number]")
     takes.fill("2")
     takes.press("Enter")

@@ -112,7 +112,7 @@ def test_the_estimate_a_what_if_and_the_measured_ratio_sit_in_one_table(page):
     expect(page.locator("#hs-what-if-levels")).to_contain_text("fixed")
     for slider in ("hs-a-dv", "hs-a-vt"):
         set_number(page, slider, 0.9)
-    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('90% → full')")
+    page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').match(/90% exit \\d+ → full model/)")
     set_number(page, "hs-what-if-takes", 1)
     page.locator("#hs-what-if-btn").click()
     page.wait_for_function(
