@@ -146,3 +146,26 @@ def race_figure(history: list[dict], plain: dict | None) -> go.Figure | None:
                       xaxis=dict(title="seconds since the start (this run's clock; plain: its pairs' medians)"),
                       yaxis=dict(title="tokens committed", rangemode="tozero"), **_LAYOUT)
     return fig
+
+
+def position_figure(pairs) -> go.Figure:
+    """Acceptance by position in the block: one line per level pair that judged (runs.record.PairAcceptance,
+    named by its levels), x the position 1..k, y the share of its blocks whose token there survived (it and
+    every token before it kept)."""
+    fig = go.Figure()
+    for pair in pairs:
+        survival = pair.survival()
+        if not survival:
+            continue
+        judged = [n for _, n in pair.by_position]
+        fig.add_trace(go.Scatter(x=list(range(1, len(survival) + 1)), y=survival, mode="lines+markers",
+                                 name=pair.words, customdata=judged,
+                                 hovertemplate=f"{pair.words}: token %{{x}} survives in %{{y:.0%}} of blocks "
+                                               "(%{customdata} judged there)<extra></extra>"))
+    if not fig.data:
+        _not_applicable(fig, "no level judged another's tokens (plain steps only)")
+    fig.update_layout(title="Acceptance by position in the block", showlegend=True,
+                      xaxis=dict(title="position in the block", dtick=1),
+                      yaxis=dict(title="blocks whose token there survived", range=[0, 1.05], tickformat=".0%"),
+                      **_LAYOUT)
+    return fig

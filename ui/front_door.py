@@ -1,17 +1,26 @@
 """The page's first words: what the default runs and how much faster it measured on the developers' machine
 (not the host serving the page), read from the shipped benchmark reports (never typed in), and where the
-paper's exit hierarchy is (the Teaching preset).
-A report that is missing or unreadable leaves its figure out, never the page."""
+paper's exit hierarchy is (the Teaching preset), with the figure measured at the Teaching preset's own
+settings (its layers and lengths, fixed rounds), never another setting's.
+A report that is missing or unreadable, or that did not measure the preset as it is, leaves its figure out
+(and says where to measure it), never the page."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "assets" / "bench"
+from ui.controls import PAPER_LENGTHS
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+BENCH = ASSETS / "bench"
 DEFAULT_REPORT = "headline_cpu_fresh2.json"  # the README's headline: the default on heldout-fresh-2
-EXITS_REPORT = "levels_cpu_report.json"  # the level lists in float32, the paper's fixed hierarchy among them
+# the lengths sweep at the default exits, fixed rounds: its cell at the paper's lengths is the Teaching preset
+TEACHING_REPORT = "sweep_cpu_tune_lengths.json"
+EXITS_MANIFEST = ASSETS / "exits" / "smollm2-135m-instruct" / "manifest.json"  # the default's recommended exits
 DEFAULT_METHOD, PLAIN = "hispec/auto@fp32", "autoregressive@fp32"
+MEASURE_TEACHING = ("pick it with “pairs” above 0 to measure it on this server, or run `python -m hispec bench "
+                    "--sweep lengths` at its layers and lengths")
 
 
 def _report(name: str, folder: Path) -> dict | None:
@@ -31,15 +40,44 @@ def _geomean(report: dict | None, method: str, key: str = "vs_reference") -> tup
         return None
 
 
+def teaching(report: dict | None, manifest: dict | None) -> dict | None:
+    """The lengths sweep's cell at the Teaching preset's settings (a sweep runs fixed rounds): the default's
+    recommended exits (its manifest's), the paper's lengths; with its speed over plain decoding (geometric mean,
+    `speedup_geomean`) and its prompts. None when the report did not measure exactly that."""
+    if not report or not manifest:
+        return None
+    try:
+        exits = (manifest["default_layers"]["draft"], manifest["default_layers"]["verify"])
+        grid = report["grids"]["lengths"]
+        if tuple(sorted(grid["fixed"].values())) != exits:  # the exits it held fixed (draft below verify)
+            return None
+        cells = report["summary"]["grids"]["lengths"]["cells"]
+        return next((c for c in cells if (c[grid["rows_axis"]], c[grid["cols_axis"]]) == PAPER_LENGTHS), None)
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def _teaching_words(folder: Path, manifest_path: Path) -> str:
+    """The Teaching preset's measured speed, named with where and how it was measured; else where to measure it."""
+    report = _report(TEACHING_REPORT, folder)
+    measured = teaching(report, _report(manifest_path.name, manifest_path.parent))
+    if measured is None:
+        return f" (no shipped report measured it as it is: {MEASURE_TEACHING})"
+    ratio, prompts = measured["speedup_geomean"], measured["prompts"]
+    return (f" (the Teaching preset's own settings, fixed rounds: {ratio:.2f}× plain decoding, geometric mean over "
+            f"{prompts} tuning prompts, {report.get('max_new_tokens', '?')} tokens each, {_host(report)}; "
+            f"`assets/bench/{TEACHING_REPORT}`)")
+
+
 def _host(report: dict) -> str:
     env = report.get("environment") or {}
     return ", ".join(str(x) for x in (env.get("cpu"), f"{env['threads']} threads" if env.get("threads") else None)
                      if x)
 
 
-def intro(folder: Path = BENCH) -> str:
-    """The first screen's Markdown."""
-    default, exits = _report(DEFAULT_REPORT, folder), _report(EXITS_REPORT, folder)
+def intro(folder: Path = BENCH, manifest: Path = EXITS_MANIFEST) -> str:
+    """The first screen's Markdown (`folder`: the benchmark reports; `manifest`: the default's exits)."""
+    default = _report(DEFAULT_REPORT, folder)
     measured = _geomean(default, DEFAULT_METHOD)
     speed = ""
     if measured:
@@ -53,8 +91,7 @@ def intro(folder: Path = BENCH) -> str:
     agreement = sorted((default or {}).get("priors", {}).get("agreement", {}).values())
     agree = (f"its exits agree with the full model only {agreement[0]:.0%}–{agreement[-1]:.0%} of the time"
              if agreement else "its exits rarely agree with the full model")
-    fixed = _geomean(exits, "hispec/fixed")
-    slower = f" (fixed exit rounds: {fixed[0]:.2f}× plain decoding, `assets/bench/{EXITS_REPORT}`)" if fixed else ""
+    slower = _teaching_words(folder, manifest)
     return ("# HiSpec — hierarchical speculative decoding, token by token\n"
             "**What the default runs** (on the embedded SmolLM2-135M): a free lookup level copies earlier text, **the 4-bit model** (the same "
             "weights in 4-bit, multiplied with int8 activations) drafts and checks, and **the exact float32 model** (the GGUF file dequantised to float32 by "

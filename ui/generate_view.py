@@ -83,7 +83,7 @@ class GenerateView:
         else:
             status = f"Done: stopped by {reason}." if done else f"{self.doing}… {stats['new_tokens']} tokens"
         shown = {"status": render.message_html(status, "info"), "tokens": self.tokens(),
-                 "legend": render.legend_html(self.run.trace.counts()),
+                 "legend": render.legend_html(self.run.trace.counts(), self._levels()),
                  "stats": render.stats_html(stats, levels=self._levels())}
         if done:
             shown["final"] = self.run.done.text
@@ -98,7 +98,7 @@ class GenerateView:
         else:
             status = stopped_message(ended, stats["new_tokens"])
         shown = {"status": render.message_html(status, "info"), "tokens": self.tokens(),
-                 "legend": render.legend_html(self.run.trace.counts()), "final": self.run.done.text,
+                 "legend": render.legend_html(self.run.trace.counts(), self._levels()), "final": self.run.done.text,
                  "stats": render.stats_html(stats, self.vs_plain, levels=self._levels())}
         # the run's last word stands alone: a Stop's "Stopping…" reply goes with it
         return shown | self._charts(stats, True) | {"last_run": self.kept(), "stop_note": ""}

@@ -203,6 +203,10 @@ def _why(p) -> None:
         p.why_out = gr.HTML(render.message_html("Generate once: the run's acceptance and this machine's pass costs "
                                                 "then explain its speed here.", "info"), elem_id="hs-why")
         p.why_plot = gr.Plot(label="Predicted speedup vs acceptance", elem_id="hs-why-plot", visible=False)
+        # the run's acceptance by position in the block, per level pair, and one sentence on its fall
+        p.position_plot = gr.Plot(label="Acceptance by position in the block", elem_id="hs-position-plot",
+                                  visible=False)
+        p.position_note = gr.HTML("", elem_id="hs-position-note")
         with gr.Column(elem_id="hs-what-if-box"):
             gr.Markdown("**What if the levels agreed more (or less)?** Run the real engine on this prompt, on the "
                         "run's own levels and policy, with verdicts drawn at the sliders' acceptance instead of the model's (timing only: every pass runs, the text is not "

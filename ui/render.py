@@ -13,7 +13,7 @@ from hispec.runs.metrics import pair_name, stats_rows
 from hispec.runs.trace import LEGEND, Trace, TraceToken
 from hispec.text import printable, sentence
 from ui.labels import level_words, plan_words, run_words
-from ui.token_life import life
+from ui.token_life import drafter, life, who
 
 COLORS = {
     "drafted": "#d9d9d9",
@@ -27,17 +27,18 @@ COLORS = {
     "target-rejected": "#f4a3a3",
     "discarded": "#e0e0e0",
 }
+# a tooltip's first words by the token's state: {drafter} the level that proposed it, {middle} the level just
+# below the full model, each named by what it is (token_life: 'exit 4', 'the 4-bit full model')
 _STATE_WORDS = {
-    "drafted": "drafted at exit {d}, waiting",
-    "tentative": "tentatively accepted by the verifier (exit {v}), waiting for the full model",
+    "drafted": "drafted by {drafter}, waiting",
+    "tentative": "tentatively accepted by {middle}, waiting for the full model",
     "accepted": "drafted, accepted by the full model",
     "copied": "copied by the lookup level from earlier text (the prompt with its chat template, or the output so "
               "far), accepted by the full model",
-    "precision": "drafted by the same weights in a cheaper format (4-bit, or 4-bit with int8 activations), "
-                 "accepted by the full model",
-    "verify-wrote": "written by the intermediate verifier (exit {v})",
+    "precision": "drafted by {drafter} (the same weights in a cheaper format), accepted by the full model",
+    "verify-wrote": "written by {middle}",
     "target-wrote": "written by the full model",
-    "verify-rejected": "rejected by the intermediate verifier (exit {v})",
+    "verify-rejected": "rejected by {middle}",
     "target-rejected": "rejected by the full model",
     "discarded": "discarded: generation ended inside the block",
 }
@@ -53,12 +54,9 @@ def _title(token: TraceToken, roles: dict[str, int], winner: TraceToken | None =
     """The tooltip: what the token is now, then its whole life (who wrote it, who judged it, in which
     rounds) and, for a rejected token, what the position holds instead."""
     d, v = (roles.get(role, "?") for role in ("draft", "verify"))
-    words = _STATE_WORDS[token.css_class].format(d=d, v=v)
-    for level in (d, v):  # a level in a cheaper format is named by what it is, its verb says what it did:
-        if "@" in str(level):  # 'rejected by the 4-bit full model', not 'by the intermediate verifier (...)'
-            for role in ("the intermediate verifier", "the verifier", "the draft exit"):
-                words = words.replace(f"{role} (exit {level})", level_words(level))
-            words = words.replace(f"exit {level}", level_words(level))
+    # a level in a cheaper format is named by what it is, its verb says what it did: 'rejected by the 4-bit
+    # full model', never 'by the intermediate verifier (...)'
+    words = _STATE_WORDS[token.css_class].format(drafter=drafter(token.origin, d, v), middle=who("verify", d, v))
     story = life(token, d, v)
     if token.rejected and winner is not None and winner.serial != token.serial:
         story += f"; replaced by '{printable(winner.text)}' ({life(winner, d, v).partition(' in round')[0]})"
@@ -82,9 +80,38 @@ def tokens_html(trace: Trace, levels: tuple | None = None, show_rejected: bool =
     return f'<div class="hs-text">{body}</div>'
 
 
-def legend_html(counts: dict[str, int] | None = None) -> str:
+def _level_legend(levels: tuple) -> dict[str, tuple[str, str]]:
+    """The legend's (label, meaning) of the states a run's levels name (its list below the full model as
+    written, RunRecord.spec): who proposes, and the level just below the full model by what it is ('exit 4',
+    'the 4-bit full model'), never 'the intermediate verifier'; the colours stay the states'."""
+    names = [level_words(x) for x in levels]
+    proposers = " or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]
+    out = {"drafted": ("drafted", f"proposed by {proposers}, waiting to be judged")}
+    if "lookup" not in levels:
+        out["copied"] = ("copied", "not in this run: it has no lookup level")
+    cheaper = [level_words(x) for x in levels if "@" in str(x)]
+    out["precision"] = ("4-bit draft", f"drafted by {' or '.join(cheaper)} (the same weights in a cheaper format), "
+                                       "accepted by the full model" if cheaper else
+                        "not in this run: none of its levels runs the weights in a cheaper format")
+    middle = roles_of(levels).get("verify")
+    if middle is None:  # nothing between the proposer and the full model: these states cannot happen
+        absent = f"not in this run: no level sits between {proposers} and the full model"
+        return out | {cls: (label, absent) for cls, label, _ in LEGEND
+                      if cls in ("tentative", "verify-wrote", "verify-rejected")}
+    m = level_words(middle)
+    short = m.removeprefix("the ")
+    return out | {"tentative": ("tentative", f"accepted by {m}, waiting for the full model"),
+                  "verify-wrote": (f"{short}'s token", f"written by {m} (a correction), committed"),
+                  "verify-rejected": (f"rejected by {short}", f"draft thrown away early by {m}")}
+
+
+def legend_html(counts: dict[str, int] | None = None, levels: tuple | None = None) -> str:
+    """The colours' key; `levels`: the run's list below the full model as written (RunRecord.spec), once
+    known: the states are then named by its levels (without, the roles' general words)."""
+    named = _level_legend(tuple(levels)) if levels else {}
     items = []
     for cls, label, meaning in LEGEND:
+        label, meaning = named.get(cls, (label, meaning))
         n = f" ({counts[cls]})" if counts else ""
         items.append(f'<span class="hs-legend-item"><span class="hs-tok hs-{cls}">{html.escape(label)}</span>'
                      f'<span class="hs-legend-text">{html.escape(meaning)}{n}</span></span>')

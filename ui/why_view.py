@@ -9,6 +9,8 @@ from hispec.evaluation import pairs
 from hispec.runs.record import words as level_name
 from hispec.engine.planning.round import DRAFTS_ON_MEANS
 
+OFF_BY = 0.25  # the cost model's plain step further than this from the measured one is flagged
+
 
 def _pct(x) -> str:
     return "–" if x is None else f"{x:.0%}"
@@ -173,7 +175,7 @@ def why_html(story: dict) -> str:
                        f"first token (the cost model alone: {plain['model_tokens_per_s']:.1f}); the estimates in "
                        "tokens/s are scaled to the measured one.")
     return (f"<div class='hs-why'>{_recorded_words(story)}<p class='hs-definition'>{html.escape(story['definition'])}</p>"
-            f"<p class='hs-speed-source'>{html.escape(speed_source_words(story))}</p>"
+            f"<p class='hs-speed-source'>{html.escape(speed_source_words(story))}</p>{plain_step_flag(story['plain'])}"
             f"<p><b>Plan by plan</b> ({html.escape(_policy_words(story))}):</p>{plans_table(story)}"
             f"<p><b>The run against plain decoding</b>:</p>{table}{notes}"
             f"<p class='hs-hint'>Estimates: the cost model of this machine (pass and head costs timed for this model"
@@ -182,15 +184,41 @@ def why_html(story: dict) -> str:
             "</p></div>")
 
 
+def plain_step_flag(plain: dict) -> str:
+    """A flag when the cost model's plain step is more than a quarter off plain decoding measured on the run's
+    pairs (a busy machine moves one and not the other): by how much, and that the estimates use the measured
+    one. '' when they agree within a quarter or nothing was measured."""
+    measured, model = plain["measured_decode_tokens_per_s"], plain["model_tokens_per_s"]
+    if not measured or not model or abs(model / measured - 1) <= OFF_BY:
+        return ""
+    off = model / measured - 1
+    words = (f"The cost model's plain step ({model:.1f} tokens/s) is {abs(off):.0%} {'above' if off > 0 else 'below'} "
+             f"plain decoding measured on this run's pairs ({measured:.1f} tokens/s): the machine ran at another speed "
+             "when its pass costs were timed (a shared machine's load moves it). Every estimate's tokens/s here uses "
+             "the measured one; the × estimates are ratios within the cost model, so they hold only as far as its "
+             "costs kept their proportions.")
+    return f"<p class='hs-msg hs-msg-warn' id='hs-plain-flag'>{html.escape(words)}</p>"
+
+
+def _not_measured(story: dict) -> str:
+    """Why a run has no plain timing, in words."""
+    m = story.get("measured")
+    if m and m.get("asked"):
+        return f"every one of its {_n(m['asked'], 'timing pair')} was cut short"
+    if story.get("pairs_asked"):
+        return f"the run was stopped before its {_n(story['pairs_asked'], 'timing pair')}"
+    return "no timing pairs were asked for"
+
+
 def speed_source_words(story: dict) -> str:
     """Where the run's speed came from, in a sentence or two: which plans wrote how many tokens in how
-    much time, which of them beat plain decoding (measured here, else the cost model's plain step), and,
-    when the exits' hierarchy barely ran, that it did and where to see it."""
+    much time, which of them beat plain decoding measured here (with no plain timing, that it was not
+    measured: no ratio to the cost model's plain step), and, when the exits' hierarchy barely ran, that it
+    did and where to see it."""
     plans = [p for p in story["plans"] if p["new_tokens"]]
     if not plans:
         return ""
-    plain = story["plain"]["measured_decode_tokens_per_s"] or story["plain"]["model_tokens_per_s"]
-    source = "plain decoding measured here" if story["plain"]["measured_decode_tokens_per_s"] else "the cost model's plain step"
+    plain = story["plain"]["measured_decode_tokens_per_s"]
     parts, faster = [], []
     for p in sorted(plans, key=lambda p: -p["new_tokens"]):
         rate = p["measured_tokens_per_s"]
@@ -199,8 +227,12 @@ def speed_source_words(story: dict) -> str:
         if not p["plain"] and rate and plain and rate > plain:
             faster.append(f"{p['words']} ({rate / plain:.2f}×)")
     text = "Where the speed came from: " + "; ".join(parts) + ". "
-    text += (f"Faster than {source}: {', '.join(faster)}." if faster
-             else f"No plan beat {source} in this run.")
+    if not plain:
+        text += (f"Against plain decoding: not measured ({_not_measured(story)}), so no plan's speed is set against "
+                 "it here (the plan table's estimates are the cost model's own, labelled so).")
+    else:
+        text += (f"Faster than plain decoding measured here: {', '.join(faster)}." if faster
+                 else "No plan beat plain decoding measured here in this run.")
     rounds = sum(p["rounds"] for p in story["plans"])
     hierarchy = sum(p["rounds"] for p in story["plans"] if p["hierarchy"])
     # the list has a hierarchy of exits

@@ -160,8 +160,9 @@ def test_where_the_speed_came_from_names_the_faster_plans_and_a_hierarchy_that_b
     assert "exit 2 → exit 4 → full model (" not in words  # slower than plain: not named as faster
     assert "ran in 1 of 31 rounds" in words and "Teaching preset" in words
     assert "Teaching preset" not in speed_source_words({**story, "levels": build_levels(("lookup", "full@q4"), 8)})  # no exits
-    story["plain"]["measured_decode_tokens_per_s"] = None
-    assert "No plan beat" not in speed_source_words(story) and "the cost model's plain step" in speed_source_words(story)
+    story["plain"]["measured_decode_tokens_per_s"] = None  # no plain timing: no ratio to the cost model's step
+    assert "No plan beat" not in speed_source_words(story) and "not measured" in speed_source_words(story)
+    assert "×" not in speed_source_words(story)
 
 
 def test_the_levels_box_starts_on_the_precision_list_where_the_model_offers_4bit():

@@ -1,13 +1,17 @@
 """The Why panel: "Why this speed", the run's measured speed plan by plan beside the cost model's estimates,
-and the acceptance sliders that ask what if. It follows Generate (Generate's `follow`): after a run, the
-sliders take the run's own measured pairs and the view is drawn."""
+the acceptance sliders that ask what if, and the run's acceptance by position in the block. It follows
+Generate (Generate's `follow`): after a run, the sliders take the run's own measured pairs and the views are
+drawn."""
 
 from __future__ import annotations
+
+import html
 
 import gradio as gr
 
 from hispec.errors import HiSpecError
 from hispec.explain import what_if as what_ifs
+from hispec.explain.positions import fall_sentence, falls
 from hispec.explain.why import explained_costs, slider_values, speed_story
 from hispec.serving.session import Server
 from ui import charts, render, why_view
@@ -17,8 +21,9 @@ WHY_HINT = render.message_html("Generate once: the run's acceptance and this mac
                                "speed here.", "info")
 READS = ("last_run", "why_dv", "why_vt", "what_if_result")  # why()'s inputs, in its order
 WRITES = ("why_out", "why_plot")
-AFTER_RUN = (*WRITES, "what_if_levels", "why_dv", "why_vt", "last_run")  # why_after_run's outputs (the run keeps
-# the costs its first explanation fetched, when it kept none of its own)
+POSITIONS = ("position_plot", "position_note")  # the run's acceptance by position: drawn once after a run
+AFTER_RUN = (*WRITES, *POSITIONS, "what_if_levels", "why_dv", "why_vt", "last_run")  # why_after_run's outputs (the
+# run keeps the costs its first explanation fetched, when it kept none of its own)
 
 
 class Why:
@@ -69,8 +74,8 @@ class Why:
         """After a run, by name: the sliders take the run's own measured pairs (named after them), the
         what-if names the list it will run, and the view is redrawn."""
         if last_run is None:  # a new run starting, or an error: the last run's explanation goes too
-            return {"why_out": WHY_HINT, "why_plot": gr.Plot(None, visible=False), "what_if_levels": ""}
-        out = {}
+            return {"why_out": WHY_HINT, "why_plot": gr.Plot(None, visible=False), "what_if_levels": ""} | positions(None)
+        out = positions(last_run)
         if explained_costs(last_run, last_run.exact_exits)[0] is None:  # kept from its first explanation on
             try:
                 costs = self._costs(last_run.model, last_run.exact_exits, request)
@@ -94,6 +99,18 @@ class Why:
             out["why_vt"] = gr.update(value=a_vt, label=f"Acceptance {names['full_pair']}",
                                       info="the full model's verdicts on what reaches it, measured on this run")
         return out
+
+
+def positions(run) -> dict:
+    """The run's acceptance by position in the block (one line per level pair that judged) and one sentence on
+    what its fall says about the block lengths the run chose; hidden for no run or one of plain steps only."""
+    found = [] if run is None else falls(run)
+    if not found:
+        return {"position_plot": gr.Plot(None, visible=False), "position_note": ""}
+    words = html.escape(fall_sentence(found, run.adapts))
+    return {"position_plot": gr.Plot(charts.position_figure(run.pairs), visible=True),
+            "position_note": f"<p class='hs-hint' id='hs-position-words'>{words}</p>"}
+
 
 def what_if_words(replay: what_ifs.Replay) -> str:
     """The list a what-if will run, said above its button."""
