@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 LESSONS = (  # file name, title, prompt, configuration ("default" or the Teaching preset), tokens
-    ("1-default-list", "The default on a list to repeat: lookup copies, the 4-bit model drafts and judges",
-     "Repeat this list twice: red apple, green pear, yellow banana, blue plum.", "default", 64),
+    ("1-default-copy", "The default on a sentence to copy: lookup copies, the 4-bit model judges and drafts",
+     "Copy this sentence word for word: Speculative decoding lets a cheap drafter propose tokens that the expensive "
+     "target model then verifies in one batched pass.", "default", 64),
     ("2-default-sky", "The default on an explanation: the 4-bit model drafts most tokens",
      "Explain in two sentences why the sky is blue.", "default", 64),
     ("3-teaching-sky", "The Teaching preset: the paper's exit hierarchy (exit 2 drafts, exit 4 judges), fixed rounds",
@@ -38,6 +39,7 @@ def record_one(lm, prompt: str, which: str, tokens: int, pairs: int) -> dict:
     from hispec.explain.beliefs import exit_beliefs
     from hispec.runs.record import build
     from hispec.runs.runner import run
+    from hispec.text import Detokenizer
     # the Teaching preset (ui.controls): the model's recommended exits, the paper's lengths (2, 4), fixed rounds
     exits = recommended_settings(lm.ee)
     teaching = DecodeConfig(levels=(exits["draft"], exits["verify"]), lengths=(2, 4), policy="fixed",
@@ -45,7 +47,7 @@ def record_one(lm, prompt: str, which: str, tokens: int, pairs: int) -> dict:
     config = (DecodeConfig(max_new_tokens=tokens) if which == "default" else teaching).resolve_for(lm.ee)
     ids = lm.encode(prompt, chat=True)
     events = []
-    result = run(lm.ee, ids, config, lm.eos_ids, on_event=events.append)
+    result = run(lm.ee, ids, config, lm.eos_ids, detok=Detokenizer(lm.tokenizer), on_event=events.append)
     measured = None
     for item in vs_plain(lm, ids, config, len(result.token_ids), pairs, threading.Event()):
         if isinstance(item, dict):
