@@ -54,7 +54,10 @@ def test_two_visitors_watch_a_lesson_at_once_and_the_model_never_runs(browser, c
         assert page.input_value("#hs-prompt textarea") == lessons[0].prompt
         page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '')"
                                ".includes('A recorded run, replayed')")
-        page.wait_for_function("() => document.querySelectorAll('#hs-beliefs td').length > 0")
+        page.locator("#hs-beliefs-box").get_by_text("What each exit believes").click()
+        grid = page.locator("#hs-beliefs-grid")
+        grid.wait_for()
+        assert "4-bit" in grid.inner_text(), "the recorded beliefs, the run's 4-bit level's row among them"
         assert "4-bit" in page.inner_text("#hs-a-vt"), "the sliders vary the lesson's own 4-bit plan"
         assert "measured" in page.inner_text("#hs-stats")
     assert calls["passes"] == before, "a lesson spends no model time"
