@@ -48,7 +48,8 @@ def slider_plan(rows: list[PlanRow], pick: str | None = None) -> PlanRow | None:
     None when every round was a plain step."""
     candidates = [row for row in rows if not row.round.plain]
     chosen = [row for row in candidates if row.round.kind.words == pick]
-    return (chosen or sorted(candidates, key=lambda row: -row.new_tokens) or [None])[0]
+    # most tokens first; at a tie, the plan with more pairs to vary
+    return (chosen or sorted(candidates, key=lambda row: (-row.new_tokens, -len(row.pairs))) or [None])[0]
 
 
 def _interval_prediction(row, lanes: Lanes) -> tuple[float, float] | None:

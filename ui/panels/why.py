@@ -12,6 +12,7 @@ import gradio as gr
 from hispec.errors import HiSpecError
 from hispec.explain import what_if as what_ifs
 from hispec.explain.positions import fall_sentence, falls
+from hispec.explain.speed_model import pair_words
 from hispec.explain.why import explained_costs, slider_values, speed_story
 from hispec.serving.session import Server
 from ui import charts, render, why_view
@@ -83,8 +84,10 @@ class Why:
                 costs = None  # the view below says why
             if costs is not None:
                 last_run = out["last_run"] = last_run.with_costs({None: costs}, "first")
+        replay = None
         try:
-            note = render.message_html(what_if_words(what_ifs.replay_of(last_run)), "info")
+            replay = what_ifs.replay_of(last_run)
+            note = render.message_html(what_if_words(replay), "info")
         except HiSpecError as exc:
             note = render.message_html(f"What if: {exc}", "info")
         a_dv, a_vt, names = slider_values(last_run)
@@ -93,8 +96,7 @@ class Why:
         view, plot = self.why(last_run, a_dv, a_vt, None, request)
         out |= {"why_out": view, "why_plot": plot, "what_if_levels": note}
         if names:  # the sliders vary the plan that committed the most tokens, named by its own pairs
-            out["why_dv"] = gr.update(value=a_dv, label=f"Acceptance {names['low_pair']}" if names["low_pair"]
-                                      else "Acceptance of a middle level (none in this plan)",
+            out["why_dv"] = gr.update(value=a_dv, label=_low_label(names, replay),
                                       info=f"{names['words']}: its own pair, measured; move it to ask what if")
             out["why_vt"] = gr.update(value=a_vt, label=f"Acceptance {names['full_pair']}",
                                       info="the full model's verdicts on what reaches it, measured on this run")
@@ -110,6 +112,16 @@ def positions(run) -> dict:
     words = html.escape(fall_sentence(found, run.adapts))
     return {"position_plot": gr.Plot(charts.position_figure(run.pairs), visible=True),
             "position_note": f"<p class='hs-hint' id='hs-position-words'>{words}</p>"}
+
+
+def _low_label(names: dict, replay: what_ifs.Replay | None) -> str:
+    """The left slider's name: the varied plan's pair below the full model; a plan without one leaves the slider
+    to the what-if's middle level, named as such."""
+    if names["low_pair"]:
+        return f"Acceptance {names['low_pair']}"
+    if replay is not None and replay.dv_pair is not None:
+        return f"Acceptance {pair_words(replay.dv_pair)} (the what-if's middle level; this plan has none)"
+    return "Acceptance of a middle level (none in this run)"
 
 
 def what_if_words(replay: what_ifs.Replay) -> str:
