@@ -3,6 +3,7 @@
     python app.py &                # the default model, http://127.0.0.1:7860
     python scripts/docs/screenshots.py [--url URL] [--out assets] [--json assets/walkthrough.json]
     python scripts/docs/screenshots.py --default-only --out assets    # the README's picture only
+    python scripts/docs/screenshots.py --lessons-only --out assets    # a lesson, its race and its positions
 
 Needs Debian's chromium and the playwright package (scripts/setup.sh --dev). It clicks as a student
 would: the teaching preset and three pairs of runs against plain decoding, one prompt, the token
@@ -25,6 +26,7 @@ from pathlib import Path
 PROMPT = "Explain in two sentences why the sky is blue."
 COPY_PROMPT = ("Copy this sentence word for word: Speculative decoding lets a cheap drafter propose tokens that "
                "the expensive target model then verifies in one batched pass.")
+LESSON = "The default on an explanation: the 4-bit model drafts most tokens"  # assets/lessons/2-default-sky
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 # The token whose story shows the longest chain: a draft rejected, a verifier's token rejected, the fix.
 LONGEST_CHAIN = """() => {
@@ -135,6 +137,28 @@ def adaptive_run(page, out: Path, seen: dict) -> None:
     page.locator("#hs-why-plans").screenshot(path=str(out / "screenshot_plans.png"))
 
 
+def lesson_run(page, out: Path, seen: dict) -> None:
+    """A lesson replayed (no model time): the lesson's row and its tokens, the race against plain decoding, and
+    acceptance by position in the block, from the shipped recording of the default run on an explanation."""
+    page.locator("#hs-lesson input").click()
+    page.get_by_role("option", name=LESSON).click()
+    page.get_by_role("button", name="Replay the lesson").click()
+    wait_for_text(page, "#hs-status", "Lesson replayed")
+    wait_for_text(page, "#hs-why", "A recorded run, replayed")
+    page.wait_for_selector("#hs-race-plot .js-plotly-plot svg.main-svg")
+    page.wait_for_selector("#hs-position-plot .js-plotly-plot svg.main-svg")
+    time.sleep(2)  # the charts' last redraw
+    scrolled = page.evaluate("window.scrollY")
+    top = page.locator("#hs-lesson-row").bounding_box()
+    bottom = page.locator("#hs-tokens").bounding_box()
+    page.screenshot(path=str(out / "screenshot_lesson.png"), full_page=True,
+                    clip={"x": 0, "y": scrolled + top["y"] - 10, "width": 1400,
+                          "height": bottom["y"] + bottom["height"] - top["y"] + 20})
+    page.locator("#hs-race-plot").screenshot(path=str(out / "screenshot_race.png"))
+    page.locator("#hs-position-plot").screenshot(path=str(out / "screenshot_positions.png"))
+    seen["lesson_status"], seen["lesson_note"] = page.inner_text("#hs-status"), page.inner_text("#hs-position-note")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="http://127.0.0.1:7860/", help="the running app (default: %(default)s)")
@@ -143,6 +167,8 @@ def main() -> None:
     parser.add_argument("--what-if", type=float, default=0.9, help="acceptance of the what-if run (default: 0.9)")
     parser.add_argument("--default-only", action="store_true",
                         help="only the README's picture: the page's default run (screenshot_default.png)")
+    parser.add_argument("--lessons-only", action="store_true",
+                        help="only a lesson replayed: screenshot_lesson.png, _race.png and _positions.png")
     args = parser.parse_args()
     from playwright.sync_api import expect, sync_playwright
 
@@ -167,6 +193,8 @@ def main() -> None:
         page.wait_for_selector("#hs-tokens")
         if args.default_only:
             default_run(page, args.out, seen)
+        elif args.lessons_only:
+            lesson_run(page, args.out, seen)
         else:
             teaching_run(page, args.out, seen)
             what_if(page, args.out, seen, args.what_if)
