@@ -143,9 +143,7 @@ def why_html(story: dict) -> str:
                     "<td>estimate</td></tr>")
         w = at["what_if"]
         if w and w.get("median") is not None:
-            listed = html.escape(" → ".join(level_name(x).removeprefix("the ") for x in story.get("levels", ())))
-            rows.append(f"<tr><td>this run's levels ({listed}), what-if run at the sliders ({w['takes']} takes, "
-                        f"timing only)</td><td>{acc}</td>"
+            rows.append(f"<tr><td>{words}, what-if run at the sliders ({w['takes']} takes, timing only)</td><td>{acc}</td>"
                         f"<td>{_x(w['median'], (w['low'], w['high']) if w['takes'] > 1 else None)}</td>"
                         "<td>measured, SYNTHETIC verdicts</td></tr>")
             rows.append(f"<tr><td colspan='4' class='hs-hint' id='hs-what-if-gap'>{what_if_gap_html(w, at['what_if_gap'])}"

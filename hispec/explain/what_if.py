@@ -17,6 +17,7 @@ from typing import Iterator
 
 from hispec.engine.config import DecodeConfig
 from hispec.engine.levels import Level
+from hispec.engine.planning.round import Round
 from hispec.errors import ConfigError
 from hispec.evaluation import pairs
 from hispec.runs.record import RunRecord, words
@@ -39,6 +40,7 @@ class Replay:
     lengths: tuple[int, int] | None  # a fixed round's (k, t); None: the adaptive policy plans its own
     dv_pair: tuple[Level, Level] | None  # the pair the middle level judges; None: no middle level
     vt_pair: tuple[Level, Level]  # the pair the full model judges most
+    without_tail: bool = False  # the plan's judge drafted on after judging; the replay's fixed rounds do not
 
     @property
     def words(self) -> str:
@@ -48,7 +50,8 @@ class Replay:
         if not self.adapts and self.lengths:
             k, t = self.lengths
             policy += f" ({k} draft{'s' if k != 1 else ''} a round, the full model at {t} pending)"
-        return " → ".join(names) + f", {policy}"
+        tail = " (without the judge's drafts after judging)" if self.without_tail else ""
+        return " → ".join(names) + f", {policy}{tail}"
 
     def request_fields(self) -> dict:
         """GenerateRequest's fields that make the run's own list (a list is HiSpec's; the page's exit and
@@ -62,12 +65,22 @@ class Replay:
         return (measured.get(self.dv_pair) if self.dv_pair else None), measured.get(self.vt_pair)
 
 
-def replay_of(record: RunRecord | None) -> Replay:
-    """The what-if of a finished run; a ConfigError naming why where its drawn verdicts cannot model the run
-    (no run yet, no level that drafts, more than one level between the proposer and the full model: the
-    judges draw at one middle rate and one full-model rate)."""
+def replay_of(record: RunRecord | None, plan: Round | None = None) -> Replay:
+    """The what-if of a finished run: the plan the Why sliders vary (`plan`: its proposer and judges, in fixed
+    rounds at its lengths), so the sliders' acceptance is drawn on the very pairs they name and the result
+    sits beside that plan's estimate; without a plan (every round was a plain step), the run's own list and
+    policy. A ConfigError names why where drawn verdicts cannot model it (no run yet, no level that drafts, more
+    than one level between the proposer and the full model: the judges draw at one middle rate and one
+    full-model rate)."""
     if record is None:
         raise ConfigError("Generate once: a what-if replays the run's own levels with drawn verdicts.")
+    if plan is not None and not plan.plain and len(plan.judges) <= 1:
+        # deviation: a plan whose judge drafts on after judging ('drafts on') is replayed without that tail,
+        # as fixed rounds cannot say it; its words say so
+        levels = (plan.proposer, *plan.judges)
+        lengths = (max(plan.count, 1), plan.verify_at if plan.judges else 1)
+        return Replay(levels, "fixed", False, lengths, (levels[0], levels[1]) if len(levels) == 2 else None,
+                      (levels[-1], record.top), plan.then > 0)
     levels = record.below_full
     if not levels:
         raise ConfigError("this run drafted nothing (plain decoding): a what-if has no verdicts to draw.")

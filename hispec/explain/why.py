@@ -35,7 +35,7 @@ from hispec.explain.speed_model import (
     plan_acceptance,
     run_prediction,
 )
-from hispec.explain.what_if import gap
+from hispec.explain.what_if import gap, replay_of
 from hispec.runs.record import RunRecord, words
 
 DEFINITION = ("Acceptance, everywhere on this page: of the tokens a level proposes, the share the level above keeps, "
@@ -163,6 +163,12 @@ def speed_story(record: RunRecord, lanes: Lanes, sliders: tuple[float, float], w
             story["sliders"] = at
             story.update(_chart(model, row, sliders, plans, measured, predicted, at))
     return story
+
+
+def slider_replay(record: RunRecord, pick: str | None = None):
+    """The what-if of the plan the sliders vary (explain.what_if.replay_of): its pairs are the sliders' own."""
+    row = slider_plan(plan_rows(record), pick) if record is not None else None
+    return replay_of(record, None if row is None else row.round)
 
 
 def slider_values(record: RunRecord, pick: str | None = None) -> tuple[float | None, float | None, dict]:

@@ -108,7 +108,8 @@ def test_three_identical_runs_under_load_agree_and_say_done_once(page, served):
 def test_the_estimate_a_what_if_and_the_measured_ratio_sit_in_one_table(page):
     generate(page, "Hey there", pairs=1)
     # the what-if names the list it will run: the run's own (issue 49: it ran another hierarchy, unnamed)
-    expect(page.locator("#hs-what-if-levels")).to_contain_text("What if runs this run's own levels: exit ")
+    expect(page.locator("#hs-what-if-levels")).to_contain_text("What if runs the plan the sliders vary, on this run's "
+                                                                "own levels: exit ")
     expect(page.locator("#hs-what-if-levels")).to_contain_text("fixed")
     for slider in ("hs-a-dv", "hs-a-vt"):
         set_number(page, slider, 0.9)

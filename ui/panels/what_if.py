@@ -7,6 +7,7 @@ import gradio as gr
 
 from hispec.errors import HiSpecError
 from hispec.explain import what_if as what_ifs
+from hispec.explain.why import slider_replay
 from hispec.serving.api import WhatIfRequest
 from hispec.serving.session import Server
 from ui import render
@@ -33,11 +34,11 @@ class WhatIf:
 
     def what_if(self, settings: PageSettings, last_run=None, why_dv=0.5, why_vt=0.5,
                 what_if_takes=what_ifs.DEFAULT_TAKES, request: gr.Request = None):
-        """The real engine on the last run's own level list, policy and lengths, with TIMING ONLY verdicts
-        at the sliders' acceptance, each take after a real plain run: what better levels would give here.
-        A list the drawn verdicts cannot model is named, and nothing runs."""
+        """The real engine on the plan the Why sliders vary (its levels, in fixed rounds at its lengths), with
+        TIMING ONLY verdicts at the sliders' acceptance on the pairs they name, each take after a real plain run:
+        what better agreement would give here. A plan the drawn verdicts cannot model is named, and nothing runs."""
         try:
-            replay = what_ifs.replay_of(last_run)
+            replay = slider_replay(last_run)
         except HiSpecError as exc:
             yield {"what_if_status": render.message_html(str(exc), "info")}
             return

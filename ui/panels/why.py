@@ -13,7 +13,7 @@ from hispec.errors import HiSpecError
 from hispec.explain import what_if as what_ifs
 from hispec.explain.positions import fall_sentence, falls
 from hispec.explain.speed_model import pair_words
-from hispec.explain.why import explained_costs, slider_values, speed_story
+from hispec.explain.why import explained_costs, slider_replay, slider_values, speed_story
 from hispec.serving.session import Server
 from ui import charts, render, why_view
 from ui.panels.wiring import bind
@@ -86,7 +86,7 @@ class Why:
                 last_run = out["last_run"] = last_run.with_costs({None: costs}, "first")
         replay = None
         try:
-            replay = what_ifs.replay_of(last_run)
+            replay = slider_replay(last_run)
             note = render.message_html(what_if_words(replay), "info")
         except HiSpecError as exc:
             note = render.message_html(f"What if: {exc}", "info")
@@ -125,7 +125,7 @@ def _low_label(names: dict, replay: what_ifs.Replay | None) -> str:
 
 
 def what_if_words(replay: what_ifs.Replay) -> str:
-    """The list a what-if will run, said above its button."""
-    middle = "the left slider for the middle level's verdicts, " if replay.dv_pair else ""
-    return (f"What if runs this run's own levels: {replay.words}, with verdicts drawn at the sliders' acceptance "
-            f"({middle}the right one for the full model's, on whatever reaches it).")
+    """The plan a what-if will run, said above its button."""
+    middle = (f"the left slider for {pair_words(replay.dv_pair)}, " if replay.dv_pair else "")
+    return (f"What if runs the plan the sliders vary, on this run's own levels: {replay.words}, with verdicts drawn "
+            f"at the sliders' acceptance ({middle}the right one for {pair_words(replay.vt_pair)}).")
