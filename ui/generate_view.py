@@ -13,6 +13,7 @@ import time
 import gradio as gr
 
 from hispec.engine.events import Event
+from hispec.evaluation.host import loadavg
 from hispec.explain import what_if as what_ifs
 from hispec.runs.record import RunRecord
 from hispec.runs.runner import LiveRun
@@ -51,6 +52,7 @@ class GenerateView:
         once, at the very end, not when the tokens are in); `doing`: what the status says meanwhile
         ('Replaying' a recorded run)."""
         self.model_name, self.pairs, self.doing = model_name, pairs, doing
+        self.load: tuple[list[float] | None, str] | None = None  # the machine's load: taken as the run ends
         self.fold = Generation()  # serving's fold of the updates: the run, its pairs, its prompt's ids
         self.run = self.fold.run
         self._charted = 0.0
@@ -99,7 +101,8 @@ class GenerateView:
             status = stopped_message(ended, stats["new_tokens"])
         shown = {"status": render.message_html(status, "info"), "tokens": self.tokens(),
                  "legend": render.legend_html(self.run.trace.counts(), self._levels()), "final": self.run.done.text,
-                 "stats": render.stats_html(stats, self.vs_plain, levels=self._levels())}
+                 "stats": render.stats_html(stats, self.vs_plain, levels=self._levels(),
+                                            load=self.load or (loadavg(), "now"))}
         # the run's last word stands alone: a Stop's "Stopping…" reply goes with it
         return shown | self._charts(stats, True) | {"last_run": self.kept(), "stop_note": ""}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import os
 import statistics
 
 from hispec.engine.events import COMMITTED_STATES
@@ -171,19 +172,32 @@ def reason_words(reason: str | None) -> str:
             "stopped": "Stop"}.get(reason or "", (reason or "").replace("_", " "))
 
 
-def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = None, levels=None) -> str:
+def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = None, levels=None,
+               load: tuple[list[float] | None, str] | None = None) -> str:
     """The run's stats as a table (the CLI prints the same rows on one line); `vs_plain`: the
     measured ratio to plain decoding on this prompt (evaluation.compare.vs_plain), when taken;
     `stopped_by`: what ended it when the engine only knows it was stopped (the time limit, a Stop);
-    `levels`: the run's level list, once known (a level in a cheaper format is then named as such)."""
+    `levels`: the run's level list, once known (a level in a cheaper format is then named as such); `load`:
+    (the machine's 1, 5, 15-minute load averages, whose: 'now' or 'when recorded'), shown beside tokens/s."""
     plans = sorted((s.get("policy_choices") or {}).items(), key=lambda kv: -kv[1])
     page_words = {"stopped by": stopped_by or reason_words(s.get("finish_reason")),  # the page's words for these
                   "adaptive plans (rounds)": ", ".join(f"{plan_words(k)}: {n}" for k, n in plans)}
     rows = [(k, page_words.get(k, v)) for k, v in stats_rows(s, levels_by_role(tuple(levels or ())))]
     if vs_plain:
         rows.insert(3, ("speed vs plain decoding, measured", vs_plain_words(vs_plain)))
+    if load and load[0]:
+        rows.insert(3, (f"machine load ({load[1]})", load_words(load[0])))
     body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f'<table class="hs-stats">{body}</table>'
+
+
+def load_words(averages: list[float]) -> str:
+    """'1.9 (1 min) on 2 cores: busy; every tokens/s here slows with it, the ratio to plain decoding (pairs
+    run back to back) much less'."""
+    cores = os.cpu_count() or 1
+    busy = "busy" if averages[0] >= cores else "some load" if averages[0] >= cores / 2 else "quiet"
+    return (f"{averages[0]:.1f} (1 min) on {cores} cores: {busy}; other work on a shared machine slows every "
+            "tokens/s here alike, the ratio to plain decoding (its pairs run back to back) much less")
 
 
 def vs_plain_words(vs: dict) -> str:

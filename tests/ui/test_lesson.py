@@ -37,6 +37,7 @@ def test_a_lesson_replays_into_the_runs_views_and_keeps_its_record(lesson):
     assert outs[-1]["last_run"] is lesson.record, "the views after it read the lesson's own record"
     assert "Lesson replayed" in outs[-1]["status"] and "Generate runs the same prompt live" in outs[-1]["status"]
     assert "speed vs plain decoding, measured" in outs[-1]["stats"], "the recorded timing pairs are shown"
+    assert "machine load (when recorded)" not in outs[-1]["stats"], "the tiny lesson recorded no load"
     assert sum("tokens" in o for o in outs) >= 3, "streamed round by round, not all at once"
     assert outs[-1]["race_plot"].visible, "the race against plain decoding, from the lesson's own pairs"
     assert "Pick a lesson" in list(panel.replay("no such lesson"))[-1]["status"]

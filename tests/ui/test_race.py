@@ -29,3 +29,14 @@ def test_no_race_without_a_measured_pair():
     assert charts.race_figure(run, None) is None
     assert charts.race_figure(run, {**PLAIN, "runs": 0}) is None  # every pair cut short
     assert charts.race_figure([], PLAIN) is None
+
+
+def test_the_stats_name_the_machines_load_beside_the_speed():
+    from ui import render
+
+    stats = {"new_tokens": 3, "wall_s": 1.0, "tokens_per_s": 3.0, "acceptance": {}, "kept": {}, "full_passes": 3,
+             "tokens_per_full_pass": 1.0, "layer_tokens": {"useful": 1, "wasted": 0}}
+    shown = render.stats_html(stats, load=([9.0, 5.0, 2.0], "now"))
+    assert "machine load (now)" in shown and "busy" in shown and "ratio to plain decoding" in shown
+    assert "machine load" not in render.stats_html(stats, load=(None, "now"))  # no load average on this system
+    assert "quiet" in render.stats_html(stats, load=([0.0, 0.0, 0.0], "when recorded"))

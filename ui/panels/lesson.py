@@ -49,6 +49,7 @@ class Lesson:
             shown = view.update(Output(tuple(batch)))
             if shown:
                 yield shown
+        view.load = ((record.recorded_on or {}).get("loadavg_start"), "when recorded")
         last = view.update(Ended("done", ""))
         words = render.reason_words(record.finish_reason or "")
         status = (f"Lesson replayed: {len(record.token_ids)} tokens (stopped by {words}), recorded on {lesson.machine}. "
