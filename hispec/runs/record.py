@@ -60,10 +60,6 @@ class PairAcceptance:
         blocks = self.by_position[0][1] if self.by_position else 0
         return [kept / blocks for kept, _ in self.by_position] if blocks else []
 
-    def conditional(self) -> list[float | None]:
-        """The i-th token's acceptance given the ones before it were kept."""
-        return [kept / judged if judged else None for kept, judged in self.by_position]
-
     def to_json(self) -> dict:
         return {"from": str(self.low.spec), "to": str(self.high.spec), "words": self.words, "acceptance": self.rate,
                 "accepted": self.accepted, "judged": self.judged, "kept": self.kept,
@@ -136,19 +132,8 @@ class RunRecord:
         return tuple(dict.fromkeys(lv.precision for lv in self.levels if lv.precision is not None))
 
     @property
-    def roles(self) -> dict[str, Level]:
-        return {lv.name: lv for lv in self.levels}
-
-    @property
     def exact_exits(self) -> tuple[int, ...]:
         return tuple(sorted(lv.layer for lv in self.levels if lv.kind == "exit" and lv.precision is None))
-
-    @property
-    def level_words(self) -> str:
-        return " → ".join(words(lv) for lv in self.levels)
-
-    def pair(self, low: Level, high: Level) -> PairAcceptance | None:
-        return next((p for p in self.pairs if (p.low, p.high) == (low, high)), None)
 
     def acceptance(self) -> dict[tuple[Level, Level], float | None]:
         """Each pair's acceptance, keyed by the pair of levels."""

@@ -23,6 +23,15 @@ def events():
     return out
 
 
+def test_acceptance_by_position_counts_each_blocks_ith_verdict_up_to_its_first_rejection():
+    """Round 1 keeps its 1st draft and rejects its 2nd (the 3rd and 4th fall unjudged); round 2 keeps both:
+    position 1 was kept in 2 of 2 blocks, position 2 in 1 of 2, nothing past it was judged in order."""
+    stats = StatsCollector()
+    for ev in events():
+        stats.add(ev)
+    assert stats.by_position == {"draft->target": [[2, 2], [1, 2]]}
+
+
 def test_acceptance_stops_at_the_first_rejection_and_kept_counts_every_proposal():
     """One figure is called acceptance (per token, up to each block's first rejection: the speed
     model's a); the share of all proposals kept has another name."""

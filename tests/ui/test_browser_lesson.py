@@ -60,6 +60,12 @@ def test_two_visitors_watch_a_lesson_at_once_and_the_model_never_runs(browser, c
         assert "4-bit" in grid.inner_text(), "the recorded beliefs, the run's 4-bit level's row among them"
         assert "4-bit" in page.inner_text("#hs-a-vt"), "the sliders vary the lesson's own 4-bit plan"
         assert "measured" in page.inner_text("#hs-stats")
+        # the race against plain decoding (the lesson's own pairs) and acceptance by position, one line per pair
+        page.wait_for_selector("#hs-race-plot .js-plotly-plot svg.main-svg")
+        assert "plain decoding (measured)" in page.inner_text("#hs-race-plot")
+        page.wait_for_selector("#hs-position-plot .js-plotly-plot svg.main-svg")
+        lines = page.locator("#hs-position-plot .scatterlayer .trace").count()
+        assert lines == len(lessons[0].record.pairs), (lines, [p.words for p in lessons[0].record.pairs])
     assert calls["passes"] == before, "a lesson spends no model time"
     for context, _ in pages:
         context.close()
