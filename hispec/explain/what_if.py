@@ -49,7 +49,9 @@ class Replay:
         policy = "adaptive" if self.adapts else "fixed"
         if not self.adapts and self.lengths:
             k, t = self.lengths
-            policy += f" ({k} draft{'s' if k != 1 else ''} a round, the full model at {t} pending)"
+            drafts = ("lookup copies its whole match" if self.levels[0].kind == "lookup"  # the fixed policy's copy
+                      else f"{k} draft{'s' if k != 1 else ''}")
+            policy += f" ({drafts} a round, the full model at {t} pending)"
         tail = " (without the judge's drafts after judging)" if self.without_tail else ""
         return " → ".join(names) + f", {policy}{tail}"
 

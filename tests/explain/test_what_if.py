@@ -54,3 +54,5 @@ def test_a_what_if_runs_the_plan_the_sliders_vary_on_the_pairs_they_name():
     assert copied.request_fields()["levels"] == "lookup,full@a8" and copied.dv_pair == (lookup, a8)
     assert "without the judge's drafts after judging" in copied.words, "the deviation is said"
     assert replay_of(record, Round.plain_step(top)).policy == "auto", "no plan to vary: the run's own list"
+    copy = replay_of(record, Round(lookup, top, 4, (), 1))  # a copy, judged by the full model alone
+    assert "lookup copies its whole match a round" in copy.words and copy.dv_pair is None

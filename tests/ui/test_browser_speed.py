@@ -136,8 +136,9 @@ def test_an_adaptive_run_is_explained_plan_by_plan_lookup_included(page):
     assert "adaptive plans (rounds)" in stats and "lookup → full model" in stats
     assert "->" not in stats + plans.inner_text()  # the page's names of plans, never the engine's
     assert "share of the time" in plans.inner_text() and "break-even acceptance" in plans.inner_text()
-    # HiSpec's own adaptive list (lookup under two exits): the what-if says why it cannot model it, and runs nothing
-    expect(page.locator("#hs-what-if-levels")).to_contain_text("cannot be modelled")
+    # HiSpec's own adaptive list (lookup under two exits): the what-if runs the plan the sliders vary, named
+    expect(page.locator("#hs-what-if-levels")).to_contain_text("What if runs the plan the sliders vary")
+    expect(page.locator("#hs-what-if-levels")).to_contain_text("→ the full model, fixed (")
 
 
 def test_stop_ends_on_how_many_tokens_were_kept(page, served):
