@@ -149,8 +149,7 @@ def speed_story(record: RunRecord, lanes: Lanes, sliders: tuple[float, float], w
                        "model_tokens_per_s": plain_rate(lanes[None], L)},
              "differences": [], "slider_plan": None, "costs_frozen": frozen, "pairs_asked": record.pairs_asked,
              "run_acceptance": {p.words: p.rate for p in record.pairs},
-             "recorded_on": None if record.recorded_on is None else dict(record.recorded_on),
-             "plan_choices": [row.round.kind.words for row in rows if not row.round.plain]}
+             "recorded_on": None if record.recorded_on is None else dict(record.recorded_on)}
     if (measured and measured["median"] and predicted is not None
             and not measured["low"] <= predicted <= measured["high"]):
         story["differences"] = _differences(measured, predicted, stats)
