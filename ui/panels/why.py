@@ -48,7 +48,7 @@ class Why:
     # ---- why this speed -------------------------------------------------------------------------
     def why(self, run, a_dv, a_vt, what_if=None, request: gr.Request = None):
         """The run's measured speed, plan by plan, next to the cost model's estimates; at the sliders'
-        acceptance, the estimate for the run's fixed shape and a what-if run's result if one ran there."""
+        acceptance, the estimate for the plan they vary and a what-if run's result if one ran there."""
         if run is None:
             return WHY_HINT, gr.skip()
         lanes, whose = explained_costs(run, run.exact_exits)  # kept with the run: later runs cannot rewrite them
