@@ -243,10 +243,9 @@ def speed_source_words(story: dict) -> str:
 
 def _recorded_words(story: dict) -> str:
     """A recorded run replayed (a lesson): whose figures these are, said first."""
-    on = story.get("recorded_on")
-    if not on:
+    where = story.get("recorded_where")
+    if not where:
         return ""
-    where = f"{on.get('machine', 'an unnamed machine')} at commit {str(on.get('commit') or 'unknown')[:7]}"
     return (f"<p class='hs-recorded'><b>A recorded run, replayed</b>: every figure below, measured or estimated, is "
             f"that of {html.escape(where)} when it was recorded (its own timing pairs and pass costs), not this "
             "machine's now. The sliders re-estimate it on those costs.</p>")

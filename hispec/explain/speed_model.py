@@ -17,7 +17,7 @@ from typing import Mapping
 from hispec.engine.planning.costs import CostModel
 from hispec.engine.levels import LOOKUP, Level
 from hispec.engine.planning.round import Round, plain_rate
-from hispec.runs.record import words
+from hispec.runs.record import pair_words
 
 Lanes = Mapping[str | None, CostModel]  # each number format's costs (None: the exact format)
 Pair = tuple[Level, Level]
@@ -72,11 +72,6 @@ def _lowest(speedup) -> float | None:
 
 
 # ---- a run plan by plan (explain.plans), measured and predicted ------------------------------
-def pair_words(pair: Pair) -> str:
-    low, high = pair
-    return f"{words(low).removeprefix('the ')} → {words(high).removeprefix('the ')}"
-
-
 def swept_pair(r: Round) -> tuple[Level, Level] | None:
     """The pair whose acceptance a plan's break-even is stated in: for the hierarchy (a level drafting for
     a level that judges it), the pair into the full model, as the paper's curves have it; for every other

@@ -31,12 +31,11 @@ from hispec.explain.speed_model import (
     acceptance_interval,
     explain_plans,
     measured_acceptance,
-    pair_words,
     plan_acceptance,
     run_prediction,
 )
 from hispec.explain.what_if import gap, replay_of
-from hispec.runs.record import RunRecord, words
+from hispec.runs.record import RunRecord, pair_words, words
 
 DEFINITION = ("Acceptance, everywhere on this page: of the tokens a level proposes, the share the level above keeps, "
               "counted in order up to the first rejection of each block (what follows a rejection is thrown away "
@@ -149,7 +148,7 @@ def speed_story(record: RunRecord, lanes: Lanes, sliders: tuple[float, float], w
                        "model_tokens_per_s": plain_rate(lanes[None], L)},
              "differences": [], "slider_plan": None, "costs_frozen": frozen, "pairs_asked": record.pairs_asked,
              "run_acceptance": {p.words: p.rate for p in record.pairs},
-             "recorded_on": None if record.recorded_on is None else dict(record.recorded_on)}
+             "recorded_where": record.recorded_where}
     if (measured and measured["median"] and predicted is not None
             and not measured["low"] <= predicted <= measured["high"]):
         story["differences"] = _differences(measured, predicted, stats)

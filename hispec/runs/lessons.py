@@ -33,10 +33,8 @@ class Lesson:
 
     @property
     def machine(self) -> str:
-        """'AMD EPYC (AVX-512), 2 cores at commit 1a2b3c4': where and with what code it was recorded."""
-        on = self.record.recorded_on or {}
-        commit = on.get("commit") or "unknown"
-        return f"{on.get('machine', 'an unnamed machine')} at commit {commit[:7]}"
+        """Where and with what code it was recorded (RunRecord.recorded_where)."""
+        return self.record.recorded_where or "an unnamed machine"
 
 
 def read_lesson(path: Path) -> Lesson:

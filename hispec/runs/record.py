@@ -33,6 +33,12 @@ def words(level: Level) -> str:
     return "the full model" if level.kind == FULL and level.precision is None else level_words(level)
 
 
+def pair_words(pair: tuple[Level, Level]) -> str:
+    """A pair of levels as a reader says it: '4-bit, int8-activation full model → full model'."""
+    low, high = pair
+    return f"{words(low).removeprefix('the ')} → {words(high).removeprefix('the ')}"
+
+
 @dataclass(frozen=True)
 class PairAcceptance:
     """How often `high` kept what `low` proposed: per token, in order up to each block's first rejection
@@ -52,7 +58,7 @@ class PairAcceptance:
 
     @property
     def words(self) -> str:
-        return f"{words(self.low).removeprefix('the ')} → {words(self.high).removeprefix('the ')}"
+        return pair_words((self.low, self.high))
 
     def survival(self) -> list[float]:
         """The share of blocks whose i-th token survived (kept, all earlier ones kept too): what falls with i
@@ -138,6 +144,14 @@ class RunRecord:
     def acceptance(self) -> dict[tuple[Level, Level], float | None]:
         """Each pair's acceptance, keyed by the pair of levels."""
         return {(p.low, p.high): p.rate for p in self.pairs}
+
+    @property
+    def recorded_where(self) -> str | None:
+        """'AMD EPYC (AVX-512), 2 cores at commit 1a2b3c4': where a recorded run ran; None for a live run."""
+        if not self.recorded_on:
+            return None
+        commit = str(self.recorded_on.get("commit") or "unknown")
+        return f"{self.recorded_on.get('machine', 'an unnamed machine')} at commit {commit[:7]}"
 
     @property
     def done(self) -> DoneEvent | None:
@@ -251,8 +265,7 @@ def acceptance_in_words(acceptance: Mapping[str, float | None], settings: Mappin
     for key, rate in acceptance.items():
         low, _, high = key.partition("->")
         if low in by_role and high in by_role:
-            pair = PairAcceptance(by_role[low], by_role[high], 0, 0)
-            out.append(((rank[low], rank[high]), pair.words, rate))
+            out.append(((rank[low], rank[high]), pair_words((by_role[low], by_role[high])), rate))
     return {words_: rate for _, words_, rate in sorted(out)}
 
 
@@ -275,6 +288,8 @@ def build(events, stats: Mapping, model: str = "", prompt_ids=(), vs_plain: Mapp
     fold = StatsCollector()
     for ev in events:
         fold.add(ev)
+    # a stats dict read back without the engine's role-keyed figures (an answer names pairs in words) gets the fold's
+    stats = {"acceptance": fold.acceptance(), "kept": fold.kept(), "policy_choices": dict(fold.choices), **stats}
     own = _costs(done.costs_ms)
     costs, whose = (own, "run") if own else (_costs(costs_ms), costs_whose if costs_ms else None)
     return RunRecord(model=model, method=s.method, levels=s.levels, policy=s.policy, adapts=s.adapts,
@@ -300,12 +315,9 @@ def from_json(data: Mapping) -> RunRecord:
         raise ValueError("a recorded run needs its events ('events' or 'trace')")
     events = tuple(ev if not isinstance(ev, Mapping) else event_from_dict(dict(ev)) for ev in raw)
     stats = dict(data.get("stats") or {})
-    if version is not None:  # the answer's stats name pairs in words: the engine's fold comes back from the events
-        fold = StatsCollector()
-        for ev in events:
-            fold.add(ev)
-        stats.update(acceptance=fold.acceptance(), kept=fold.kept(), policy_choices=dict(fold.choices))
-        stats.pop("vs_plain", None)
+    if version is not None:  # the answer's stats name pairs in words: build() refolds them from the events
+        for key in ("acceptance", "kept", "policy_choices", "vs_plain"):
+            stats.pop(key, None)
     record = build(events, stats, model=data.get("model") or "", prompt_ids=data.get("prompt_ids") or (),
                    vs_plain=data.get("vs_plain"), pairs_asked=data.get("pairs_asked") or 0,
                    costs_ms=data.get("costs_ms"), costs_whose="first")

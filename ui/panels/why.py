@@ -12,7 +12,7 @@ import gradio as gr
 from hispec.errors import HiSpecError
 from hispec.explain import what_if as what_ifs
 from hispec.explain.positions import fall_sentence, falls
-from hispec.explain.speed_model import pair_words
+from hispec.runs.record import pair_words
 from hispec.explain.why import explained_costs, slider_replay, slider_values, speed_story
 from hispec.serving.session import Server
 from ui import charts, render, why_view
