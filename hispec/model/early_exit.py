@@ -65,6 +65,10 @@ class EarlyExitModel:
         params = inspect.signature(self.layers[0].forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._eager = config._attn_implementation == "eager"
+        # the file's blocks this float32 model's weights were dequantised from (use_blocks): by module id
+        self.blocks: dict | None = None
+        self.block_matrices: dict | None = None
+        self.f32_route_reason: str | None = "its products run on its float weights"  # why not on blocks
         # The lean path (hispec/model/lean.py) runs layer ranges; the stock path calls transformers'
         # layers. lean=None: lean unless HISPEC_LEAN=0 or the model needs the stock path.
         self.lean: LeanPath | None = None
@@ -82,6 +86,19 @@ class EarlyExitModel:
         self.lean = LeanPath(self) if on else None
         self.final_head.lean = self.lean
         self.graphs = None  # captured on the old path's weights
+
+    def use_blocks(self, matrices: dict | None) -> None:
+        """Run this float32 model's products on the file's blocks its weights were dequantised from
+        (`matrices` by transformers name, ``q4.read_gguf``; checked against the weights by ``q4.blocks_of``),
+        widened in registers to the same float32 values; None goes back to the float weights. The lean
+        path is rebuilt (the stock path and transformers' ``generate()`` keep the float weights)."""
+        from hispec.model.formats.q4 import blocks_of
+
+        self.blocks = None if matrices is None else blocks_of(self.model, matrices)
+        self.block_matrices = matrices
+        self.f32_route_reason = None if matrices is not None else "its products run on its float weights"
+        if self.lean is not None:
+            self.set_lean(True)
 
     def set_graphs(self, backend: str | None = "cuda", max_tokens: int = 16) -> None:
         """Replay layer passes of up to `max_tokens` new tokens from CUDA graphs (None: off).

@@ -143,13 +143,16 @@ def causal_mask(past: int, q_len: int, device) -> tuple[torch.Tensor | None, boo
 class LayerWeights:
     """One decoder layer's weights in the shapes the kernel uses (fused, optionally prepacked)."""
 
-    def __init__(self, layer: nn.Module, pack: bool):
+    def __init__(self, layer: nn.Module, pack: bool, fuse: Callable[[list[nn.Module], bool], Projection] = None):
+        """`fuse`: how linears become one projection (default ``fused``; a float32 model on its file's
+        blocks passes ``q4.wide_fuse``)."""
+        fuse = fuse or fused
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.qkv = fused([attn.q_proj, attn.k_proj, attn.v_proj], pack)
-        self.o = fused([attn.o_proj], pack)
-        self.gate_up = fused([mlp.gate_proj, mlp.up_proj], pack)
-        self.down = fused([mlp.down_proj], pack)
+        self.qkv = fuse([attn.q_proj, attn.k_proj, attn.v_proj], pack)
+        self.o = fuse([attn.o_proj], pack)
+        self.gate_up = fuse([mlp.gate_proj, mlp.up_proj], pack)
+        self.down = fuse([mlp.down_proj], pack)
         self.act = mlp.act_fn
         self.q_norm = getattr(attn, "q_norm", None)  # Qwen3: RMSNorm over each head's features
         self.k_norm = getattr(attn, "k_norm", None)

@@ -43,24 +43,34 @@ class LeanPath:
 
     def __init__(self, ee, pack: bool | None = None):
         device = ee.device
+        # a float32 model on its file's blocks (EarlyExitModel.use_blocks): the products widen the blocks to
+        # the model's float32 weights in registers (q4.WideProjection), no oneDNN packing
+        blocks = getattr(ee, "blocks", None)
         if pack is None:
             size = sum(p.numel() * p.element_size() for layer in ee.layers for p in layer.parameters())
             pack = device.type == "cpu" and ee.dtype == torch.float32 and can_pack() and size <= PACK_LIMIT_BYTES
             pack = pack and getattr(ee.model, "hispec_weights", "fp32") != "q4"  # 4-bit blocks: their own kernel
+            pack = pack and blocks is None
         self.packed = pack
-        self.layers = [LayerWeights(layer, pack) for layer in ee.layers]
+        fuse = None
+        if blocks is not None:
+            from hispec.model.formats.q4 import wide_fuse
+
+            fuse = wide_fuse(blocks)
+        self.layers = [LayerWeights(layer, pack, fuse) for layer in ee.layers]
         self.rotary = RotaryTable(ee.rotary_emb, ee.dtype)
         self.dtype, self.device = ee.dtype, device
         lm_head = ee.final_head.lm_head
-        self.lm_head = fused([lm_head], pack) if isinstance(lm_head, nn.Linear) else lm_head
-        # 4-bit layers: one native call per layer range (q4_layer.py) unless HISPEC_Q4_NATIVE=0 or the
-        # layout is not covered; None runs kernel.decoder_layer (the reference route).
+        self.lm_head = (fuse or fused)([lm_head], pack) if isinstance(lm_head, nn.Linear) else lm_head
+        # 4-bit layers, and float32 layers on their blocks: one native call per layer range (q4_layer.py)
+        # unless HISPEC_Q4_NATIVE=0 or the layout is not covered; None runs kernel.decoder_layer (the
+        # reference route).
         self.native = None
-        if getattr(ee.model, "hispec_weights", "fp32") == "q4":
+        if getattr(ee.model, "hispec_weights", "fp32") == "q4" or blocks is not None:
             from hispec.model.formats import q4_layer
 
             if q4_layer.enabled_by_env() and q4_layer.support(self) is None:
-                self.native = q4_layer.NativeLayers(self)
+                self.native = q4_layer.NativeLayers(self, mode="wide" if blocks is not None else "q4")
 
     @staticmethod
     def support(model: nn.Module) -> str | None:

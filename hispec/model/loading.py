@@ -252,6 +252,8 @@ def load_model(
         _say(progress, "Swapping the float32 weights for the GGUF file's own 4-bit blocks")
         load_gguf_weights(model, default_gguf_path(), cache_dir=source)  # blocks kept beside the conversion
     ee = EarlyExitModel(model)
+    if weights == "fp32":
+        _float32_on_blocks(ee, name, source, torch_dtype, device, progress)
     if weights == "a8":
         from hispec.model.formats.q4_layer import a8_copy
 
@@ -271,6 +273,40 @@ def load_model(
     _say(progress, f"Loaded {name} ({ee.num_layers} layers) in {load_s:.1f} s")
     return LoadedModel(name, model, tokenizer, ee, device, str(torch_dtype).replace("torch.", ""), load_s, source,
                        weights)
+
+
+def f32_blocks_reason(name: str, dtype: torch.dtype, device: str) -> str | None:
+    """Why the float32 model's products cannot run on its file's blocks here (None: they can)."""
+    if os.environ.get("HISPEC_F32_BLOCKS", "1").strip() == "0":
+        return "HISPEC_F32_BLOCKS=0"
+    if name != DEFAULT_MODEL:
+        return f"'{name}' has no GGUF blocks"
+    if dtype != torch.float32 or not device.startswith("cpu"):
+        return "the blocks run float32 on the CPU"
+    from hispec.model.formats import q4_kernel
+
+    return q4_kernel.cannot_build_reason()
+
+
+def _float32_on_blocks(ee: EarlyExitModel, name: str, source: str, dtype: torch.dtype, device: str,
+                       progress: Progress | None) -> None:
+    """The default float32 model's products on the GGUF blocks its weights were dequantised from, widened in
+    registers to the very same float32 values (csrc/q4_kernel.cpp's wide arithmetic): the exact lane reads
+    4.5 bits per weight instead of 32, and each row's bits do not depend on the rows beside it. Where that
+    cannot run (``f32_blocks_reason``), the lean path keeps the float weights (oneDNN); the reason is kept in
+    ``ee.f32_route_reason``."""
+    reason = f32_blocks_reason(name, dtype, device)
+    if reason is None:
+        from hispec.model.formats import q4_kernel
+        from hispec.model.formats.q4 import cached_gguf
+
+        _say(progress, "Reading the GGUF file's blocks for the float32 products")
+        try:
+            ee.use_blocks(cached_gguf(default_gguf_path(), ee.model.config, source))
+        except (q4_kernel.KernelUnavailable, ValueError) as exc:
+            ee.use_blocks(None)
+            reason = str(exc)
+    ee.f32_route_reason = reason
 
 
 def _offer_q4_levels(ee: EarlyExitModel, name: str, source: str, weights: str, device: str) -> None:
@@ -296,7 +332,8 @@ def _offer_q4_levels(ee: EarlyExitModel, name: str, source: str, weights: str, d
     def build() -> EarlyExitModel:
         from hispec.model.formats.q4 import cached_gguf, q4_copy
 
-        return EarlyExitModel(q4_copy(ee.model, cached_gguf(default_gguf_path(), ee.model.config, source)))
+        matrices = ee.block_matrices or cached_gguf(default_gguf_path(), ee.model.config, source)
+        return EarlyExitModel(q4_copy(ee.model, matrices))  # the same blocks as the float32 lane's, shared
 
     ee.add_format("q4", build, why)
 

@@ -106,7 +106,7 @@ def _run(ee, ids, chunks, layers=L):
 def test_the_a8_view_shares_the_blocks_and_runs_act8():
     q4, a8 = _views()
     assert a8.lean.native.act8 and not q4.lean.native.act8 and a8.model is q4.model
-    assert a8.lean.native.dims.act8 == 1
+    assert a8.lean.native.dims.mode == q4_layer.MODES["a8"] == 1
     ids = list(range(5, 25))
     h8, _ = _run(a8, ids, [20], layers=1)
     h4, _ = _run(q4, ids, [20], layers=1)

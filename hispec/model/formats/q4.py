@@ -64,15 +64,17 @@ class QuantizedMatrix:
         self.qs = qs.contiguous()
         self.d = d.contiguous()
         self.m = None if m is None else m.contiguous()
-        self._call = None  # bound to the kernel at the first product
+        self._calls = {}  # arithmetic (wide or not) -> the kernel call, bound at its first product
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
 
     # ---- the product ----------------------------------------------------------------------------
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., K) float32 -> x @ W.T (..., N) float32, through the kernel."""
+    def matmul(self, x: torch.Tensor, wide: bool = False) -> torch.Tensor:
+        """x (..., K) float32 -> x @ W.T (..., N) float32, through the kernel: in the 4-bit arithmetic, or
+        `wide`, each weight widened to its float32 value first (the float32 model's products; the kernel's
+        header says how the two sum)."""
         N, K = self.shape
         if x.dtype != torch.float32 or not x.is_cpu or x.shape[-1] != K:
             raise TypeError(f"the 4-bit kernel takes float32 inputs on the CPU with {K} features "
@@ -82,21 +84,19 @@ class QuantizedMatrix:
         M = x.numel() // K
         out = torch.empty(x.shape[:-1] + (N,), dtype=torch.float32)
         if M:
-            if self._call is None:
-                self._bind()
-            self._call(x.data_ptr(), M, out.data_ptr(), torch.get_num_threads())
+            call = self._calls.get(wide) or self._calls.setdefault(wide, self._bind(wide))
+            call(x.data_ptr(), M, out.data_ptr(), torch.get_num_threads())
         return out
 
-    def _bind(self) -> None:
+    def _bind(self, wide: bool):
         """The kernel call with this matrix's pointers fixed (its tensors live as long as it does)."""
         lib, (N, K) = q4_kernel.lib(), self.shape
         qs, d = self.qs.data_ptr(), self.d.data_ptr()
         if self.kind == Q4_1:
-            fn, m = lib.hispec_q41_matmul, self.m.data_ptr()
-            self._call = lambda x, M, out, t: fn(x, M, K, qs, d, m, N, out, N, t)
-        else:
-            fn = lib.hispec_q80_matmul
-            self._call = lambda x, M, out, t: fn(x, M, K, qs, d, N, out, N, t)
+            fn, m = lib.hispec_q41_matmul_w if wide else lib.hispec_q41_matmul, self.m.data_ptr()
+            return lambda x, M, out, t: fn(x, M, K, qs, d, m, N, out, N, t)
+        fn = lib.hispec_q80_matmul_w if wide else lib.hispec_q80_matmul
+        return lambda x, M, out, t: fn(x, M, K, qs, d, N, out, N, t)
 
     # ---- exact float32 values (rows for lookups and slices; everything only when asked) ----------
     def rows(self, ids) -> torch.Tensor:
@@ -277,6 +277,56 @@ class Q4Projection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.matrix.matmul(x)
         return y if self.bias is None else y + self.bias
+
+
+class WideProjection(Q4Projection):
+    """A float32 model's projection on the file's blocks its weights were dequantised from: the same
+    values, widened in registers (``QuantizedMatrix.matmul(wide=True)``), so the product reads 4.5 bits
+    per weight instead of 32 and gives each row the same bits whatever rows share the pass."""
+
+    wide = True
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matrix.matmul(x, wide=True)
+        return y if self.bias is None else y + self.bias
+
+
+def blocks_of(model: nn.Module, matrices: dict[str, QuantizedMatrix]) -> dict[int, QuantizedMatrix]:
+    """The float32 model's linear modules (by id) -> the file's blocks that hold exactly their weights.
+
+    Every decoder-layer projection and the LM head must have one (a tied head shares the embedding's).
+    Each is checked before use: shape, and three rows (first, middle, last) equal value for value to the
+    module's float32 weight (the file dequantised: the very numbers, not a computation of them). A file
+    that does not match the model raises ValueError, naming the tensor."""
+    backbone, out = model.model, {}
+    wanted = [(f"model.layers.{i}.{part}.{name}", getattr(getattr(layer, part), name))
+              for i, layer in enumerate(backbone.layers) for part, names in PROJECTIONS.items() for name in names]
+    head_key = "lm_head" if "lm_head" in matrices or model.lm_head.weight is not backbone.embed_tokens.weight \
+        else "model.embed_tokens"
+    wanted.append((head_key, model.lm_head))
+    for key, module in wanted:
+        matrix = matrices.get(key)
+        if matrix is None:
+            raise ValueError(f"{key}: the file has no blocks for this weight")
+        _check(matrix, module, key)
+        N = matrix.shape[0]
+        rows = torch.tensor([0, N // 2, N - 1])
+        if not torch.equal(matrix.rows(rows), module.weight.detach()[rows].float().cpu()):
+            raise ValueError(f"{key}: the file's blocks are not the model's float32 weights (another file or conversion)")
+        out[id(module)] = matrix
+    return out
+
+
+def wide_fuse(blocks: dict[int, QuantizedMatrix]):
+    """``kernel.fused``'s twin for a float32 model on its file's blocks: several linears -> one
+    WideProjection over their blocks stacked (q/k/v, gate/up)."""
+    def fuse(linears: list[nn.Module], pack: bool) -> WideProjection:
+        bias = None
+        if any(m.bias is not None for m in linears):
+            bias = torch.cat([m.bias.detach().float() if m.bias is not None else torch.zeros(m.out_features)
+                              for m in linears])
+        return WideProjection(QuantizedMatrix.cat([blocks[id(m)] for m in linears]), bias)
+    return fuse
 
 
 class Q8Embedding(nn.Module):

@@ -190,6 +190,11 @@ def open_library(path: Path) -> ctypes.CDLL:
     lib.hispec_q80_rows.argtypes = [p, i64, i64, p, p, p]
     lib.hispec_q80_rows.restype = None
     lib.hispec_q4_isa.restype = ctypes.c_char_p
+    if hasattr(lib, "hispec_q41_matmul_w"):  # the wide arithmetic (a build of before it lacks it: q4_ab.py)
+        lib.hispec_q41_matmul_w.argtypes = [p, i64, i64, p, p, p, i64, p, i64, ctypes.c_int]
+        lib.hispec_q41_matmul_w.restype = None
+        lib.hispec_q80_matmul_w.argtypes = [p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
+        lib.hispec_q80_matmul_w.restype = None
     # the whole decoder layer (q4_layer.py declares the structures it takes); the last argument, the a8
     # packings, is new: a build of before it ignores it (scripts/measure/q4_ab.py loads such builds)
     lib.hispec_q4_layers.argtypes = [p, i64, p, p, i64, i64, p, p, ctypes.c_int, p]

@@ -46,7 +46,11 @@ class _Layer(ctypes.Structure):
 
 class _Dims(ctypes.Structure):
     _fields_ = [("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64), ("inter", _i64),
-                ("eps", _f), ("qk_eps", _f), ("scaling", _f), ("act8", ctypes.c_int32)]
+                ("eps", _f), ("qk_eps", _f), ("scaling", _f), ("mode", ctypes.c_int32)]
+
+# the products' arithmetic (hispec_dims.mode): the 4-bit one over float32 activations, int8 activations
+# per block of 32, or the float32 model's own weights widened in registers (the exact float32 lane)
+MODES = {"q4": 0, "a8": 1, "wide": 2}
 
 
 def enabled_by_env() -> bool:
@@ -97,12 +101,14 @@ def support(lean) -> str | None:
 class NativeLayers:
     """Decoder layers of a 4-bit lean path, described once for ``hispec_q4_layers``."""
 
-    def __init__(self, lean, isa: str | None = None, act8: bool = False):
+    def __init__(self, lean, isa: str | None = None, act8: bool = False, mode: str | None = None):
         """`isa`: the kernel build to run ('avx512', 'avx2'; default the host's, ``q4_kernel.host_isa``);
-        `act8`: the products take int8 activations per block of 32 (the 'a8' precision level, a cheaper
-        drafter of the same weights, integer dot products in one kernel for every pass width; the kernel's
-        a8 section says how), else float32 (the exact 4-bit route). With act8 each matrix's blocks are
-        repacked once for the build's column groups (``packed_a8``: a copy as large as the file's blocks)."""
+        `mode` (``MODES``): 'q4' float32 activations in the 4-bit arithmetic (the exact 4-bit route), 'a8'
+        (or `act8`) int8 activations per block of 32 (the 'a8' precision level, a cheaper drafter of the
+        same weights, integer dot products in one kernel for every pass width; the kernel's a8 section says
+        how), 'wide' the float32 model's weights widened from the blocks (a float32 model on its file's
+        blocks: the exact float32 lane). With a8 each matrix's blocks are repacked once for the build's
+        column groups (``packed_a8``: a copy as large as the file's blocks)."""
         reason = support(lean)
         if reason:
             raise ValueError(f"the native 4-bit route cannot run this model: {reason}")
@@ -112,9 +118,12 @@ class NativeLayers:
         self.E = first.input_norm.weight.shape[0]
         self.H, self.KV, self.D, self.I = first.n_heads, first.n_kv, first.head_dim, first.intermediate
         qk_eps = _eps(first.q_norm) if first.q_norm is not None else 0.0
-        self.act8 = bool(act8)
+        self.mode = mode or ("a8" if act8 else "q4")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown native mode {self.mode!r}; modes: {', '.join(MODES)}")
+        self.act8 = self.mode == "a8"
         self.dims = _Dims(self.E, self.H, self.KV, self.D, self.I, _eps(first.input_norm), qk_eps, first.scaling,
-                          int(self.act8))
+                          MODES[self.mode])
         self.table = (_Layer * len(lean.layers))()
         self.packed = (_p * (4 * len(lean.layers)))()  # act8: each layer's 4 packings (hispec_q4_layers' last argument)
         self.keep = []  # tensors whose pointers the tables hold

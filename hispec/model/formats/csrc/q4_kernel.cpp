@@ -11,6 +11,16 @@
 //     acc = fma(d_b, t_b, acc)    blocks in order, one accumulator per element
 //     y   = lanes(acc) [+ sum_b m_b * sum(x_b)]    a fixed lane tree; Q4_1's minimum term apart
 // No float weight is ever formed in memory: the file's bytes are read and widened in registers.
+//
+// The wide arithmetic (WIDE = true: the exact float32 lane on the file's blocks, ``hispec_q4*_matmul_w``
+// and hispec_q4_layers' mode 2): each weight is widened in registers to w = fma(d_b, q, m_b) (Q8_0:
+// d_b * q), which is exactly the float32 value of the dequantised model (d * q is exact in float32, so
+// the one rounding of d * q + m is the fma's); then, per output element and block b in order,
+//     t_b = sum_i w_i * x_i   lane by lane (a product and FMAs);   acc = acc + t_b
+// and the lanes' fixed tree at the end. So it computes the dot products of the float32 model with the
+// float32 model's very weights, in an order of its own (not oneDNN's), reading 4.5 bits per weight
+// instead of 32. A block is widened once per tile of rows, so a k-row pass costs little more per row
+// than the 4-bit arithmetic.
 // Mathematically this is x . (d * q + m); in float32 it rounds differently from a product with the
 // dequantised weights (the float32 path), which is why the two formats' outputs can part after a
 // while. (Widening to w = fma(d, q, m) first, the float32 path's exact weights, costs a multiply-add
@@ -165,7 +175,18 @@ inline float min_term(const uint16_t *m, const float *s, int64_t nb) {
 // Per element and block b: t = q_b . x_b over the block's integers as floats, lane by lane (a product
 // and an FMA per vector), then acc = fma(d_b, t, acc); at the end the lanes' fixed tree, plus
 // sum_b m_b * sum(x_b) for Q4_1. One accumulator per element, blocks in order.
-template <int R, class W>
+// WIDE: the weights widened to their float32 values first (the header's wide arithmetic).
+template <class W>
+inline __attribute__((always_inline)) void widen(const W &w, int64_t n, int64_t b, vf dv, vf q[NV]) {
+    if constexpr (W::has_min) {
+        vf mv = vset1(half(w.m[n * w.nb + b]));
+        for (int j = 0; j < NV; j++) q[j] = vfma(dv, q[j], mv);
+    } else {
+        for (int j = 0; j < NV; j++) q[j] = vmul(dv, q[j]);
+    }
+}
+
+template <int R, class W, bool WIDE>
 inline __attribute__((always_inline)) void column(const float *x, int64_t ldx, const float *sx, const W &w, int64_t n,
                                                   float *out, int64_t ldo) {
     vf acc[R];
@@ -174,17 +195,18 @@ inline __attribute__((always_inline)) void column(const float *x, int64_t ldx, c
         vf q[NV];
         w.values(n, b, q);
         vf dv = vset1(half(w.d[n * w.nb + b]));
+        if constexpr (WIDE) widen(w, n, b, dv, q);
         const float *xb = x + b * QK;
         for (int r = 0; r < R; r++) {
             const float *xr = xb + r * ldx;
             vf t = vmul(q[0], vload(xr));
             for (int j = 1; j < NV; j++) t = vfma(q[j], vload(xr + j * VL), t);
-            acc[r] = vfma(dv, t, acc[r]);
+            acc[r] = WIDE ? vadd(acc[r], t) : vfma(dv, t, acc[r]);
         }
     }
     for (int r = 0; r < R; r++) {
         float total = vsum(acc[r]);
-        if constexpr (W::has_min) total = total + min_term(w.m + n * w.nb, sx + r * w.nb, w.nb);
+        if constexpr (W::has_min && !WIDE) total = total + min_term(w.m + n * w.nb, sx + r * w.nb, w.nb);
         out[r * ldo + n] = total;
     }
 }
@@ -192,7 +214,7 @@ inline __attribute__((always_inline)) void column(const float *x, int64_t ldx, c
 // C columns n .. n + C - 1 at once: each column's arithmetic is exactly column<R>'s (the same operations
 // in the same order on the same values, so the same bits); interleaving C independent accumulator
 // chains only lets the core overlap them (one column's chain of block FMAs is latency-bound).
-template <int R, int C, class W>
+template <int R, int C, class W, bool WIDE>
 inline __attribute__((always_inline)) void column_group(const float *x, int64_t ldx, const float *sx, const W &w,
                                                         int64_t n, float *out, int64_t ldo) {
     vf acc[C][R];
@@ -204,18 +226,19 @@ inline __attribute__((always_inline)) void column_group(const float *x, int64_t 
             vf q[NV];
             w.values(n + c, b, q);
             vf dv = vset1(half(w.d[(n + c) * w.nb + b]));
+            if constexpr (WIDE) widen(w, n + c, b, dv, q);
             for (int r = 0; r < R; r++) {
                 const float *xr = xb + r * ldx;
                 vf t = vmul(q[0], vload(xr));
                 for (int j = 1; j < NV; j++) t = vfma(q[j], vload(xr + j * VL), t);
-                acc[c][r] = vfma(dv, t, acc[c][r]);
+                acc[c][r] = WIDE ? vadd(acc[c][r], t) : vfma(dv, t, acc[c][r]);
             }
         }
     }
     for (int c = 0; c < C; c++)
         for (int r = 0; r < R; r++) {
             float total = vsum(acc[c][r]);
-            if constexpr (W::has_min) total = total + min_term(w.m + (n + c) * w.nb, sx + r * w.nb, w.nb);
+            if constexpr (W::has_min && !WIDE) total = total + min_term(w.m + (n + c) * w.nb, sx + r * w.nb, w.nb);
             out[r * ldo + n + c] = total;
         }
 }
@@ -237,33 +260,33 @@ inline __attribute__((always_inline)) void prefetch_column(const W &w, int64_t n
 }
 
 // Columns [n0, n1) for a tile of R rows, a few columns at a time (fewer for more rows: registers).
-template <int R, class W>
+template <int R, class W, bool WIDE>
 void columns(const float *x, int64_t ldx, const float *sx, const W &w, int64_t n0, int64_t n1, float *out,
              int64_t ldo) {
     constexpr int C = R <= 2 ? 4 : R <= 4 ? 2 : 1;
     int64_t n = n0;
     for (; n + C <= n1; n += C) {
         for (int c = 0; c < C; c++) prefetch_column(w, n + C + c);  // the next group's columns
-        column_group<R, C>(x, ldx, sx, w, n, out, ldo);
+        column_group<R, C, W, WIDE>(x, ldx, sx, w, n, out, ldo);
     }
-    for (; n < n1; n++) column<R>(x, ldx, sx, w, n, out, ldo);
+    for (; n < n1; n++) column<R, W, WIDE>(x, ldx, sx, w, n, out, ldo);
 }
 
-template <class W>
+template <class W, bool WIDE = false>
 void rows_tile(int R, const float *x, int64_t ldx, const float *sx, const W &w, int64_t n0, int64_t n1, float *out,
                int64_t ldo) {
     switch (R) {
-    case 1: columns<1>(x, ldx, sx, w, n0, n1, out, ldo); break;
-    case 2: columns<2>(x, ldx, sx, w, n0, n1, out, ldo); break;
-    case 3: columns<3>(x, ldx, sx, w, n0, n1, out, ldo); break;
-    case 4: columns<4>(x, ldx, sx, w, n0, n1, out, ldo); break;
+    case 1: columns<1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
+    case 2: columns<2, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
+    case 3: columns<3, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
+    case 4: columns<4, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
     default:
         if constexpr (ROWS > 4) {
             switch (R) {
-            case 5: columns<5 <= ROWS ? 5 : 1>(x, ldx, sx, w, n0, n1, out, ldo); break;
-            case 6: columns<6 <= ROWS ? 6 : 1>(x, ldx, sx, w, n0, n1, out, ldo); break;
-            case 7: columns<7 <= ROWS ? 7 : 1>(x, ldx, sx, w, n0, n1, out, ldo); break;
-            case 8: columns<8 <= ROWS ? 8 : 1>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 5: columns<5 <= ROWS ? 5 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 6: columns<6 <= ROWS ? 6 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 7: columns<7 <= ROWS ? 7 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 8: columns<8 <= ROWS ? 8 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
             }
         }
     }
@@ -283,12 +306,12 @@ void block_sums(const float *x, int64_t M, int64_t K, float *sx) {
 
 constexpr int64_t COLS_PER_TASK = 32;
 
-template <class W>
+template <class W, bool WIDE = false>
 void matmul(const float *x, int64_t M, int64_t K, const W &w, int64_t N, float *out, int64_t ldo, int nthreads) {
     int64_t nb = K / QK;
     float local[16 * 64];
     float *sx = nullptr;
-    if (W::has_min) {
+    if (W::has_min && !WIDE) {
         sx = M * nb <= 16 * 64 ? local : (float *)malloc(sizeof(float) * M * nb);
         block_sums(x, M, K, sx);
     }
@@ -298,7 +321,7 @@ void matmul(const float *x, int64_t M, int64_t K, const W &w, int64_t N, float *
         int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
         for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
             int R = (int)(M - r0 < ROWS ? M - r0 : ROWS);
-            rows_tile(R, x + r0 * K, K, sx ? sx + r0 * nb : nullptr, w, n0, n1, out + r0 * ldo, ldo);
+            rows_tile<W, WIDE>(R, x + r0 * K, K, sx ? sx + r0 * nb : nullptr, w, n0, n1, out + r0 * ldo, ldo);
         }
     }
     if (sx && sx != local) free(sx);
@@ -320,6 +343,19 @@ void hispec_q80_matmul(const float *x, int64_t M, int64_t K, const int8_t *qs, c
                        float *out, int64_t ldo, int nthreads) {
     Q80 w{qs, d, nullptr, K / QK};
     matmul(x, M, K, w, N, out, ldo, nthreads);
+}
+
+// The same products in the wide arithmetic (the float32 model's weights widened in registers; header).
+void hispec_q41_matmul_w(const float *x, int64_t M, int64_t K, const uint8_t *qs, const uint16_t *d,
+                         const uint16_t *m, int64_t N, float *out, int64_t ldo, int nthreads) {
+    Q41 w{qs, d, m, K / QK};
+    matmul<Q41, true>(x, M, K, w, N, out, ldo, nthreads);
+}
+
+void hispec_q80_matmul_w(const float *x, int64_t M, int64_t K, const int8_t *qs, const uint16_t *d, int64_t N,
+                         float *out, int64_t ldo, int nthreads) {
+    Q80 w{qs, d, nullptr, K / QK};
+    matmul<Q80, true>(x, M, K, w, N, out, ldo, nthreads);
 }
 
 // Rows `ids` of a Q8_0 matrix as float32 (the embedding lookup): out[i, :] = d * q, exact.
@@ -799,7 +835,8 @@ struct hispec_layer {
 struct hispec_dims {
     int64_t hidden, heads, kv_heads, head_dim, inter;
     float eps, qk_eps, scaling;
-    int32_t act8;  // 1: the products take int8 activations per block of 32 (the 'a8' level); 0: float32
+    int32_t mode;  // 0: float32 activations, the 4-bit arithmetic ('q4'); 1: int8 activations per block of 32
+                   // (the 'a8' level); 2: float32 activations, the wide arithmetic (the exact float32 lane)
 };
 
 }  // extern "C"
@@ -838,24 +875,27 @@ inline void rms_norm_row(const float *x, const float *w, int64_t n, float eps, f
 inline void block_sums_rows(const float *x, int64_t M, int64_t K, float *sx) { block_sums(x, M, K, sx); }
 
 // Columns [n0, n1) of x (M rows, stride K, block sums sx) @ W.T into out (stride ldo), rows tiled.
+template <bool WIDE>
 inline void product_cols(const float *x, int64_t M, const float *sx, const Mat &w, int64_t n0, int64_t n1, float *out,
                          int64_t ldo) {
     Q41 q{w.qs, w.d, w.m, w.K / QK};
     int64_t nb = w.K / QK;
     for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
         int R = (int)(M - r0 < ROWS ? M - r0 : ROWS);
-        rows_tile(R, x + r0 * w.K, w.K, sx + r0 * nb, q, n0, n1, out + r0 * ldo, ldo);
+        rows_tile<Q41, WIDE>(R, x + r0 * w.K, w.K, WIDE ? nullptr : sx + r0 * nb, q, n0, n1, out + r0 * ldo, ldo);
     }
 }
 
-// product_cols, or with act8 its int8-activation twin over the rows' quantisation (xq, dxe) and the
-// matrix's packing pk (hispec_q41_pack_a8)
-inline void product(bool act8, const float *x, const int8_t *xq, const float *dxe, int64_t M, const float *sx,
+// product_cols in the layer's mode: 0 the 4-bit arithmetic, 2 the wide one, 1 the int8-activation twin
+// over the rows' quantisation (xq, dxe) and the matrix's packing pk (hispec_q41_pack_a8)
+inline void product(int mode, const float *x, const int8_t *xq, const float *dxe, int64_t M, const float *sx,
                     const Mat &w, const uint8_t *pk, int64_t n0, int64_t n1, float *out, int64_t ldo) {
-    if (act8)
+    if (mode == 1)
         product_cols_a8<PackedQ41>(A8Rows{xq, dxe, sx, nullptr}, M, pk, w.N, w.K, n0, n1, out, ldo);
+    else if (mode == 2)
+        product_cols<true>(x, M, sx, w, n0, n1, out, ldo);
     else
-        product_cols(x, M, sx, w, n0, n1, out, ldo);
+        product_cols<false>(x, M, sx, w, n0, n1, out, ldo);
 }
 
 inline int64_t ntasks(int64_t N) { return (N + COLS_PER_TASK - 1) / COLS_PER_TASK; }
@@ -926,7 +966,9 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
         float *xn = (float *)malloc(sizeof(float) * q * maxk);  // this thread's normed rows
         float *sx = (float *)malloc(sizeof(float) * q * (maxk / QK + 1));
         float *scores = (float *)malloc(sizeof(float) * (total + 2 * D));
-        const bool act8 = dims->act8 != 0 && packed;  // each thread quantises every row into its own buffers
+        const bool act8 = dims->mode == 1 && packed;  // each thread quantises every row into its own buffers
+        const int mode = act8 ? 1 : dims->mode == 2 ? 2 : 0;
+        const bool sums = mode != 2;  // block sums: the 4-bit arithmetic's minimum term, a8's too
         int8_t *xq = act8 ? (int8_t *)malloc(q * maxk) : nullptr;
         float *dxe = act8 ? (float *)malloc(sizeof(float) * q * (maxk / QK)) : nullptr;
         float *rot = scores + total;  // D floats of scratch (rotary), D more (attention accumulators)
@@ -944,13 +986,13 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
             const uint8_t *const *pk = act8 ? packed + 4 * l : nullptr;  // qkv, o, gate_up, down
             // 1. input norm (every thread, all rows) and the fused q/k/v product (columns split)
             for (int64_t r = 0; r < q; r++) rms_norm_row(hidden + r * E, L.in_norm, E, dims->eps, xn + r * E);
-            block_sums_rows(xn, q, E, sx);
+            if (sums) block_sums_rows(xn, q, E, sx);
             if (act8) quantize_rows(xn, q, E, xq, dxe);
             mark(2);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(NQKV); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < NQKV ? n0 + COLS_PER_TASK : NQKV;
-                product(act8, xn, xq, dxe, q, sx, L.qkv, pk ? pk[0] : nullptr, n0, n1, qkv, NQKV);
+                product(mode, xn, xq, dxe, q, sx, L.qkv, pk ? pk[0] : nullptr, n0, n1, qkv, NQKV);
                 if (L.qkv_bias)
                     for (int64_t r = 0; r < q; r++)
                         for (int64_t n = n0; n < n1; n++) qkv[r * NQKV + n] = qkv[r * NQKV + n] + L.qkv_bias[n];
@@ -1013,13 +1055,13 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
             }
             mark(1);
             // 4. o_proj + residual
-            block_sums_rows(attn, q, H * D, sx);
+            if (sums) block_sums_rows(attn, q, H * D, sx);
             if (act8) quantize_rows(attn, q, H * D, xq, dxe);
             mark(2);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(E); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                product(act8, attn, xq, dxe, q, sx, L.o, pk ? pk[1] : nullptr, n0, n1, tmp, E);
+                product(mode, attn, xq, dxe, q, sx, L.o, pk ? pk[1] : nullptr, n0, n1, tmp, E);
                 for (int64_t r = 0; r < q; r++)
                     for (int64_t n = n0; n < n1; n++) {
                         float y = tmp[r * E + n];
@@ -1030,20 +1072,20 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
             mark(0);
             // 5. post norm, gate and up (a task computes the same columns of both), SiLU(gate) * up
             for (int64_t r = 0; r < q; r++) rms_norm_row(hidden + r * E, L.post_norm, E, dims->eps, xn + r * E);
-            block_sums_rows(xn, q, E, sx);
+            if (sums) block_sums_rows(xn, q, E, sx);
             if (act8) quantize_rows(xn, q, E, xq, dxe);
             mark(2);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(I); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < I ? n0 + COLS_PER_TASK : I;
                 // gate columns into tmp[:, n], up columns into act[:, n] (row stride I each)
-                product(act8, xn, xq, dxe, q, sx, L.gate_up, pk ? pk[2] : nullptr, n0, n1, tmp, I);
+                product(mode, xn, xq, dxe, q, sx, L.gate_up, pk ? pk[2] : nullptr, n0, n1, tmp, I);
                 Mat up = L.gate_up;
                 up.qs += I * (up.K / 2);
                 up.d += I * (up.K / QK);
                 up.m += I * (up.K / QK);
                 const uint8_t *pk_up = pk ? pk[2] + I * (up.K / QK) * 20 : nullptr;  // I / G whole groups of G
-                product(act8, xn, xq, dxe, q, sx, up, pk_up, n0, n1, act, I);
+                product(mode, xn, xq, dxe, q, sx, up, pk_up, n0, n1, act, I);
                 for (int64_t r = 0; r < q; r++) {  // n1 - n0 = 32 (the intermediate size is whole blocks)
                     if (L.gate_up_bias)
                         for (int64_t n = n0; n < n1; n++) {
@@ -1056,13 +1098,13 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
             }
             mark(0);
             // 6. down + residual
-            block_sums_rows(act, q, I, sx);
+            if (sums) block_sums_rows(act, q, I, sx);
             if (act8) quantize_rows(act, q, I, xq, dxe);
             mark(2);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < ntasks(E); t++) {
                 int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                product(act8, act, xq, dxe, q, sx, L.down, pk ? pk[3] : nullptr, n0, n1, tmp, E);
+                product(mode, act, xq, dxe, q, sx, L.down, pk ? pk[3] : nullptr, n0, n1, tmp, E);
                 for (int64_t r = 0; r < q; r++)
                     for (int64_t n = n0; n < n1; n++) {
                         float y = tmp[r * E + n];
