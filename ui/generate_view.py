@@ -1,7 +1,7 @@
 """Update streams (serving) as the page's components, update by update.
 
-GenerateView: status, tokens, legend, final text, stats, the three charts, and the finished run kept
-for the views below it (None until the run has ended). WhatIfView: a what-if request's status,
+GenerateView: status, tokens, legend, final text, stats, the three charts, the race, the passes by level,
+and the finished run kept for the views below it (None until the run has ended). WhatIfView: a what-if request's status,
 tokens, stats, chart, the synthetic run's own plan table and its takes' summary, every view labelled synthetic.
 """
 
@@ -24,7 +24,7 @@ from hispec.serving.updates import Ended, Output, Status
 from ui import charts, render, why_view
 
 VIEWS = ("status", "tokens", "legend", "final", "stats", "acc_plot", "speed_plot", "work_plot", "race_plot",
-         "last_run", "stop_note")
+         "lanes_plot", "lanes_note", "last_run", "stop_note")
 WHAT_IF_VIEWS = ("what_if_status", "what_if_tokens", "what_if_stats", "what_if_plot", "what_if_plans", "what_if_result")
 CHARTS_EVERY_S = 1.0  # the charts are redrawn at most this often while a run streams
 
@@ -33,7 +33,8 @@ def cleared(status: str) -> dict:
     """Views (by name, VIEWS) with nothing of an earlier run left: empty text, stats and charts, no run kept."""
     return {"status": status, "tokens": render.tokens_html(Trace()), "legend": render.legend_html(), "final": "",
             "stats": "", "acc_plot": None, "speed_plot": None, "work_plot": None,
-            "race_plot": gr.Plot(None, visible=False), "last_run": None}
+            "race_plot": gr.Plot(None, visible=False), "lanes_plot": gr.Plot(None, visible=False), "lanes_note": "",
+            "last_run": None}
 
 
 def stopped_message(ended: Ended, new_tokens: int) -> str:
@@ -105,7 +106,8 @@ class GenerateView:
                  "stats": render.stats_html(stats, self.vs_plain, levels=self._levels(),
                                             load=self.load or (loadavg(), "now"))}
         # the run's last word stands alone: a Stop's "Stopping…" reply goes with it
-        return shown | self._charts(stats, True) | {"last_run": self.kept(), "stop_note": ""}
+        kept = self.kept()
+        return shown | self._charts(stats, True) | lanes(kept) | {"last_run": kept, "stop_note": ""}
 
     def _levels(self) -> tuple:
         """The run's level list, known from its start (its roles are named by level)."""
@@ -131,6 +133,13 @@ class GenerateView:
     def kept(self) -> RunRecord:
         """The finished run as one value, for the views after it (why this speed, step through, beliefs, stories)."""
         return self.fold.record(self.model_name, self.pairs)
+
+
+def lanes(record: RunRecord) -> dict:
+    """The finished run's passes by level on its clock (charts.lanes_figure), with the sentence that says what
+    it shows."""
+    return {"lanes_plot": gr.Plot(charts.lanes_figure(record), visible=True),
+            "lanes_note": f"<p class='hs-hint' id='hs-lanes-words'>{charts.LANES_CAPTION}</p>"}
 
 
 class WhatIfView:

@@ -70,6 +70,9 @@ def build_page(setup: Setup) -> SimpleNamespace:
                 p.work_plot = gr.Plot(label="Work", elem_id="hs-work-plot")
             # this run against plain decoding on one clock, once its timing pairs measured plain decoding
             p.race_plot = gr.Plot(label="Race against plain decoding", elem_id="hs-race-plot", visible=False)
+            # where the time went: each level's passes as blocks on the run's clock, plain decoding's lane last
+            p.lanes_plot = gr.Plot(label="Passes by level", elem_id="hs-lanes-plot", visible=False)
+            p.lanes_note = gr.HTML("", elem_id="hs-lanes-note")
             p.last_run = gr.State(None)  # the finished run (settings, stats, events), for the views below
             p.rounds_state, p.playing = gr.State(None), gr.State(False)
             _stepper(p)
