@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from hispec.engine.levels import levels_by_role
+from hispec.engine.levels import LOOKUP, levels_by_role
+from hispec.explain.timeline import Lane, plain_pace, timeline_of
 from hispec.runs.metrics import in_stack_order, pair_name
 from ui.labels import level_words, run_words
+from ui.render import COLORS
 
 _LAYOUT = dict(height=300, margin=dict(l=55, r=10, t=36, b=50), legend=dict(orientation="h", y=-0.3),
                template="plotly_white")
@@ -129,10 +131,10 @@ def race_figure(history: list[dict], plain: dict | None) -> go.Figure | None:
     """The run against plain decoding on one clock: tokens committed over the seconds since the start, this
     run's rounds beside plain decoding's line as its timing pairs measured it (its first token at their median
     prefill, then their median decode rate). None without a measured pair (nothing to race against)."""
-    rates = [r for r in (plain or {}).get("plain_decode_tokens_per_s") or [] if r]
-    if not history or not rates or not (plain or {}).get("runs"):
+    pace = plain_pace(plain)
+    if not history or pace is None:
         return None
-    rate, first = sorted(rates)[len(rates) // 2], float(plain.get("prefill_s") or 0.0)
+    first, rate = pace
     total = max(row["new_tokens"] for row in history)
     end = first + (total - 1) / rate
     run_t, run_n = [0.0] + [row["t"] for row in history], [0] + [row["new_tokens"] for row in history]
@@ -168,4 +170,71 @@ def position_figure(pairs) -> go.Figure:
                       xaxis=dict(title="position in the block", dtick=1),
                       yaxis=dict(title="blocks whose token there survived", range=[0, 1.05], tickformat=".0%"),
                       **_LAYOUT)
+    return fig
+
+
+LANES_CAPTION = ("Where the time went: one lane per level of this run, each block one pass of that level's layers at its "
+                 "measured length, laid end to end from its round's start (the gaps are the exit heads, token choice and "
+                 "the engine's bookkeeping; lookup's copies run no layers and are marked), above plain decoding at the "
+                 "pace its timing pairs measured.")
+PREFILL_COLOR, PLAIN_COLOR = "#4a6d8c", "#9a9a9a"
+
+
+def _lane_color(lane: Lane) -> str:
+    """A level's hue on the page (ui.render.COLORS: the tokens it writes, the steps' edges)."""
+    level = lane.level
+    if level is None:
+        return PLAIN_COLOR
+    if level.kind == LOOKUP:
+        return COLORS["copied"]
+    if level.precision is not None:
+        return COLORS["precision"]
+    return {"draft": COLORS["accepted"], "verify": COLORS["verify-wrote"]}.get(level.name, COLORS["target-wrote"])
+
+
+def lanes_figure(record) -> go.Figure:
+    """The run's passes on one clock (explain.timeline): one lane per level, each pass of its layers a block,
+    the prompt's prefill hatched, lookup's copies marked, and plain decoding's pace as the last lane when timing
+    pairs measured it. A run whose events hold no pass timings says so instead."""
+    timeline = timeline_of(record)
+    fig = go.Figure()
+    names = [lane.words for lane in timeline.lanes]
+    prefill = [(lane, b) for lane in timeline.lanes if lane.level is not None for b in lane.blocks if b.prefill]
+    for lane in timeline.lanes:
+        blocks = [b for b in lane.blocks if lane.level is None or not b.prefill]
+        if blocks:
+            fig.add_trace(go.Bar(
+                orientation="h", y=[lane.words] * len(blocks), x=[b.seconds for b in blocks],
+                base=[b.start for b in blocks], name=lane.words,
+                marker=dict(color=_lane_color(lane), line=dict(width=0)),  # a short pass stays visible
+                customdata=[[b.round, f"{b.layers[0]}–{b.layers[1]}", b.tokens, b.seconds * 1e3] for b in blocks],
+                hovertemplate="round %{customdata[0]}: layers %{customdata[1]} over %{customdata[2]} token(s), "
+                              "%{customdata[3]:.2f} ms<extra>%{y}</extra>"))
+        if lane.copies:
+            fig.add_trace(go.Scatter(
+                mode="markers", y=[lane.words] * len(lane.copies), x=[t for t, _, _ in lane.copies],
+                name="lookup copies (no layer pass)", marker=dict(symbol="line-ns-open", size=14, color=_lane_color(lane),
+                                                                  line=dict(width=3, color=_lane_color(lane))),
+                customdata=[[r, n] for _, r, n in lane.copies],
+                hovertemplate="round %{customdata[0]}: lookup copied %{customdata[1]} token(s)<extra></extra>"))
+    for lane in timeline.lanes:  # a lane with nothing drawn (lookup that never copied) keeps its row
+        if not lane.blocks and not lane.copies:
+            fig.add_trace(go.Scatter(x=[0.0], y=[lane.words], mode="markers", marker=dict(opacity=0), showlegend=False,
+                                     hoverinfo="skip"))
+    if prefill:
+        fig.add_trace(go.Bar(
+            orientation="h", y=[lane.words for lane, _ in prefill], x=[b.seconds for _, b in prefill],
+            base=[b.start for _, b in prefill], name="the prompt's prefill", marker=dict(
+                color=PREFILL_COLOR, pattern=dict(shape="/")),
+            customdata=[[f"{b.layers[0]}–{b.layers[1]}", b.tokens, b.seconds * 1e3] for _, b in prefill],
+            hovertemplate="prefill: layers %{customdata[0]} over %{customdata[1]} prompt tokens, "
+                          "%{customdata[2]:.2f} ms<extra>%{y}</extra>"))
+    if not timeline.timed:
+        _not_applicable(fig, "no timings: this run's events hold no timed pass")
+    layout = dict(_LAYOUT, height=140 + 36 * len(names), margin=dict(l=10, r=10, t=36, b=50))
+    fig.update_layout(title="Passes by level, on the run's clock", showlegend=True, barmode="overlay",
+                      xaxis=dict(title="seconds since the start (passes: measured; plain: its pairs' medians)",
+                                 rangemode="tozero"),
+                      yaxis=dict(title="level (its layers)", categoryorder="array", categoryarray=names[::-1],
+                                 automargin=True), **layout)
     return fig

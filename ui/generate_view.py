@@ -1,8 +1,8 @@
 """Update streams (serving) as the page's components, update by update.
 
-GenerateView: status, tokens, legend, final text, stats, the three charts, and the finished run kept
-for the views below it (None until the run has ended). WhatIfView: a what-if request's status,
-tokens, stats, chart and its takes' summary, every view labelled synthetic.
+GenerateView: status, tokens, legend, final text, stats, the three charts, the race, the passes by level,
+and the finished run kept for the views below it (None until the run has ended). WhatIfView: a what-if request's status,
+tokens, stats, chart, the synthetic run's own plan table and its takes' summary, every view labelled synthetic.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import gradio as gr
 from hispec.engine.events import Event
 from hispec.evaluation.host import loadavg
 from hispec.explain import what_if as what_ifs
+from hispec.explain.why import plan_table
 from hispec.runs.record import RunRecord
 from hispec.runs.runner import LiveRun
 from hispec.runs.trace import Trace
 from hispec.serving.answer import Generation
 from hispec.serving.updates import Ended, Output, Status
-from ui import charts, render
+from ui import charts, render, why_view
 
 VIEWS = ("status", "tokens", "legend", "final", "stats", "acc_plot", "speed_plot", "work_plot", "race_plot",
-         "last_run", "stop_note")
-WHAT_IF_VIEWS = ("what_if_status", "what_if_tokens", "what_if_stats", "what_if_plot", "what_if_result")
+         "lanes_plot", "lanes_note", "last_run", "stop_note")
+WHAT_IF_VIEWS = ("what_if_status", "what_if_tokens", "what_if_stats", "what_if_plot", "what_if_plans", "what_if_result")
 CHARTS_EVERY_S = 1.0  # the charts are redrawn at most this often while a run streams
 
 
@@ -32,7 +33,8 @@ def cleared(status: str) -> dict:
     """Views (by name, VIEWS) with nothing of an earlier run left: empty text, stats and charts, no run kept."""
     return {"status": status, "tokens": render.tokens_html(Trace()), "legend": render.legend_html(), "final": "",
             "stats": "", "acc_plot": None, "speed_plot": None, "work_plot": None,
-            "race_plot": gr.Plot(None, visible=False), "last_run": None}
+            "race_plot": gr.Plot(None, visible=False), "lanes_plot": gr.Plot(None, visible=False), "lanes_note": "",
+            "last_run": None}
 
 
 def stopped_message(ended: Ended, new_tokens: int) -> str:
@@ -104,7 +106,8 @@ class GenerateView:
                  "stats": render.stats_html(stats, self.vs_plain, levels=self._levels(),
                                             load=self.load or (loadavg(), "now"))}
         # the run's last word stands alone: a Stop's "Stopping…" reply goes with it
-        return shown | self._charts(stats, True) | {"last_run": self.kept(), "stop_note": ""}
+        kept = self.kept()
+        return shown | self._charts(stats, True) | lanes(kept) | {"last_run": kept, "stop_note": ""}
 
     def _levels(self) -> tuple:
         """The run's level list, known from its start (its roles are named by level)."""
@@ -132,6 +135,13 @@ class GenerateView:
         return self.fold.record(self.model_name, self.pairs)
 
 
+def lanes(record: RunRecord) -> dict:
+    """The finished run's passes by level on its clock (charts.lanes_figure), with the sentence that says what
+    it shows."""
+    return {"lanes_plot": gr.Plot(charts.lanes_figure(record), visible=True),
+            "lanes_note": f"<p class='hs-hint' id='hs-lanes-words'>{charts.LANES_CAPTION}</p>"}
+
+
 class WhatIfView:
     """A what-if request's updates as (status, tokens, stats, chart), every view labelled synthetic."""
 
@@ -140,6 +150,7 @@ class WhatIfView:
         self.run = None  # the current take's synthetic run (runs.runner.LiveRun)
         self.plain: what_ifs.PlainTimed | None = None
         self.done: list[what_ifs.TakeDone] = []
+        self.plans = ""  # the last finished take's plan table (its synthetic run's own record)
 
     def update(self, update) -> dict:
         """The views (by name, WHAT_IF_VIEWS) this update changes: the result (for "Why this speed") once it ends."""
@@ -148,7 +159,8 @@ class WhatIfView:
         if isinstance(update, Ended):
             if not update.ok:
                 return {"what_if_status": render.message_html(update.message), "what_if_tokens": "",
-                        "what_if_stats": "", "what_if_plot": gr.Plot(None, visible=False), "what_if_result": None}
+                        "what_if_stats": "", "what_if_plot": gr.Plot(None, visible=False), "what_if_plans": "",
+                        "what_if_result": None}
             # the views are sent again with the summary, so that the stream ends with the chart shown
             return ({"what_if_status": render.message_html(self._summary(update), "info")} | self._views()
                     | {"what_if_result": self.result()})
@@ -164,6 +176,9 @@ class WhatIfView:
             elif isinstance(item, Event) and self.run is not None:
                 self.run.add(item)
                 changed = True
+                if self.run.done is not None:  # the take's synthetic run ended: its own plans, as a table
+                    self.plans = why_view.synthetic_plans_html(plan_table(self.run.record()), self.take.take,
+                                                               self.take.rates)
         return self._views() if changed else {}
 
     def result(self) -> dict | None:
@@ -180,10 +195,12 @@ class WhatIfView:
 
     def _views(self) -> dict:
         if self.run is None or not self.run.events:
-            return {"what_if_tokens": "", "what_if_stats": "", "what_if_plot": gr.Plot(None, visible=False)}
+            return {"what_if_tokens": "", "what_if_stats": "", "what_if_plot": gr.Plot(None, visible=False),
+                    "what_if_plans": self.plans}
         rates = self.take.rates
         tokens = render.what_if_tokens(render.tokens_html(self.run.trace, self.run.levels), rates)
         stats = render.what_if_stats(self.run.summary(), rates, self.plain, self.done, self.take.of, self.run.levels)
         lines = {"plain decoding (real, timed just before)": self.plain.tokens_per_s} if self.plain else {}
         figure = charts.speed_figure(list(self.run.stats.history), lines, synthetic=True)
-        return {"what_if_tokens": tokens, "what_if_stats": stats, "what_if_plot": gr.Plot(figure, visible=True)}
+        return {"what_if_tokens": tokens, "what_if_stats": stats, "what_if_plot": gr.Plot(figure, visible=True),
+                "what_if_plans": self.plans}

@@ -70,6 +70,9 @@ def build_page(setup: Setup) -> SimpleNamespace:
                 p.work_plot = gr.Plot(label="Work", elem_id="hs-work-plot")
             # this run against plain decoding on one clock, once its timing pairs measured plain decoding
             p.race_plot = gr.Plot(label="Race against plain decoding", elem_id="hs-race-plot", visible=False)
+            # where the time went: each level's passes as blocks on the run's clock, plain decoding's lane last
+            p.lanes_plot = gr.Plot(label="Passes by level", elem_id="hs-lanes-plot", visible=False)
+            p.lanes_note = gr.HTML("", elem_id="hs-lanes-note")
             p.last_run = gr.State(None)  # the finished run (settings, stats, events), for the views below
             p.rounds_state, p.playing = gr.State(None), gr.State(False)
             _stepper(p)
@@ -191,9 +194,13 @@ def _stepper(p) -> None:
 def _why(p) -> None:
     with gr.Accordion("Why this speed: the cost model of this machine", open=True, elem_id="hs-why-box"):
         gr.Markdown("Speculation pays when a round commits more tokens per second than plain steps. After a run, the "
-                    "sliders hold the measured acceptance of the plan that committed the most tokens (named on them); move "
-                    "them to see what better (or worse) agreement between its levels would give with the costs "
-                    "measured here.")
+                    "sliders hold the measured acceptance of the plan picked below (at first the one that committed the "
+                    "most tokens; named on them); move them to see what better (or worse) agreement between its levels "
+                    "would give with the costs measured here.")
+        # the run's plans by their words in the table (a plain step has no pair to vary); set after each run
+        p.why_plan = gr.Dropdown([], value=None, label="Plan the sliders vary", elem_id="hs-why-plan", visible=False,
+                                 info="each plan of this run but plain steps, as the table below names it; the "
+                                      "sliders, the estimate, its curve and the what-if follow the one picked")
         with gr.Row():
             p.why_dv = gr.Slider(0, 1, value=0.5, step=0.01, label="Acceptance draft → verify",
                                  info="how often the middle level keeps what the level below it proposed", elem_id="hs-a-dv")
@@ -224,6 +231,8 @@ def _why(p) -> None:
             p.what_if_tokens = gr.HTML("", elem_id="hs-what-if-tokens")
             p.what_if_stats = gr.HTML("", elem_id="hs-what-if-stats")
             p.what_if_plot = gr.Plot(label="What if (synthetic)", visible=False, elem_id="hs-what-if-plot")
+            # the synthetic run's own plan table: which plans it ran (the real run's table type)
+            p.what_if_plans = gr.HTML("", elem_id="hs-what-if-plans")
             p.what_if_result = gr.State(None)  # the takes' summary, for the table above
 
 

@@ -8,6 +8,7 @@ import html
 from hispec.evaluation import pairs
 from hispec.runs.record import words as level_name
 from hispec.engine.planning.round import DRAFTS_ON_MEANS
+from ui.render import SYNTHETIC
 
 OFF_BY = 0.25  # the cost model's plain step further than this from the measured one is flagged
 
@@ -46,7 +47,8 @@ def _break_even(p: dict) -> str:
     return f"{_pct(p['break_even'])} {p['break_even_pair']}"
 
 
-def plans_table(story: dict) -> str:
+def plans_table(story: dict, ids: tuple[str, str] = ("hs-why-plans", "hs-plan-key")) -> str:
+    """The plan table (story["plans"]: explain.why.plan_table's rows); `ids`: the table's and its key's."""
     rows = []
     for p in story["plans"]:
         measured = p["measured_tokens_per_s"]
@@ -67,8 +69,19 @@ def plans_table(story: dict) -> str:
            "it picked the plan (median over its rounds), from the acceptance it had measured until then.")
     if any(p["drafts_on"] for p in story["plans"]):
         key += " " + DRAFTS_ON_MEANS[0].upper() + DRAFTS_ON_MEANS[1:] + "."
-    return (scrolling(f"<table class='hs-stats' id='hs-why-plans'>{head}{''.join(rows)}</table>")
-            + f"<p class='hs-hint' id='hs-plan-key'>{html.escape(key)}</p>")
+    return (scrolling(f"<table class='hs-stats' id='{ids[0]}'>{head}{''.join(rows)}</table>")
+            + f"<p class='hs-hint' id='{ids[1]}'>{html.escape(key)}</p>")
+
+
+def synthetic_plans_html(plans: list[dict], take: int, rates: tuple[float, float]) -> str:
+    """A what-if take's own plan table (explain.why.plan_table of its synthetic run's record: the real run's
+    table type), so the plans the synthetic run used are seen, labelled synthetic."""
+    if not plans:
+        return ""
+    head = (f"<p class='hs-hint' id='hs-what-if-plans-head'><b>{html.escape(SYNTHETIC)}</b>: the plans of take {take}'s "
+            f"synthetic run, verdicts drawn at {rates[0]:.0%} / {rates[1]:.0%}; its acceptance is the drawn one, not "
+            "the model's.</p>")
+    return head + plans_table({"plans": plans}, ("hs-what-if-plans-table", "hs-what-if-plan-key"))
 
 
 def scrolling(table: str) -> str:

@@ -163,6 +163,16 @@ def speed_story(record: RunRecord, lanes: Lanes, sliders: tuple[float, float], w
     return story
 
 
+def slider_choices(record: RunRecord | None) -> tuple[list[str], str | None]:
+    """The plans the sliders can vary (every plan of the run but a plain step, by its words as the plan table
+    names them, most time first) and the one they vary unless another is picked (the most tokens)."""
+    if record is None:
+        return [], None
+    rows = plan_rows(record)
+    row = slider_plan(rows)
+    return [r.kind.words for r in rows if not r.round.plain], None if row is None else row.kind.words
+
+
 def slider_replay(record: RunRecord, pick: str | None = None):
     """The what-if of the plan the sliders vary (explain.what_if.replay_of): its pairs are the sliders' own."""
     row = slider_plan(plan_rows(record), pick) if record is not None else None

@@ -28,7 +28,8 @@ BUSY_HINT = render.message_html("The run is under way: why it was (or was not) f
                                 "the timing pairs when asked for.", "info")
 # what a new run empties: the last run's what-if, comparison, "Why this speed" (its acceptance by position too),
 # and the last Stop's reply
-STALE = ("what_if_status", "what_if_tokens", "what_if_stats", "what_if_plot", "what_if_result", "compare_out",
+STALE = ("what_if_status", "what_if_tokens", "what_if_stats", "what_if_plot", "what_if_plans", "what_if_result",
+         "compare_out",
          "compare_plot", "why_out", "why_plot", "position_plot", "position_note", "stop_note")
 log = logging.getLogger("hispec.app")
 
@@ -132,5 +133,5 @@ def stale_panels() -> dict:
     not left beside it, and the last Stop's reply goes (by name)."""
     hidden = gr.Plot(None, visible=False)
     return {"what_if_status": "", "what_if_tokens": "", "what_if_stats": "", "what_if_plot": hidden,
-            "what_if_result": None, "compare_out": "", "compare_plot": hidden, "why_out": BUSY_HINT,
+            "what_if_plans": "", "what_if_result": None, "compare_out": "", "compare_plot": hidden, "why_out": BUSY_HINT,
             "why_plot": hidden, "position_plot": hidden, "position_note": "", "stop_note": ""}

@@ -16,7 +16,7 @@ from ui.panels import why as why_panel
 from ui.panels.wiring import SETTINGS, bind
 from ui.settings import PageSettings
 
-READS = (*SETTINGS, "last_run", "why_dv", "why_vt", "what_if_takes")
+READS = (*SETTINGS, "last_run", "why_dv", "why_vt", "what_if_takes", "why_plan")
 
 
 class WhatIf:
@@ -33,18 +33,19 @@ class WhatIf:
                      api_name=False)
 
     def what_if(self, settings: PageSettings, last_run=None, why_dv=0.5, why_vt=0.5,
-                what_if_takes=what_ifs.DEFAULT_TAKES, request: gr.Request = None):
-        """The real engine on the plan the Why sliders vary (its levels, in fixed rounds at its lengths), with
+                what_if_takes=what_ifs.DEFAULT_TAKES, why_plan=None, request: gr.Request = None):
+        """The real engine on the plan the Why sliders vary (`why_plan`, picked in the Why panel by its words; None:
+        the one that committed the most tokens; its levels, in fixed rounds at its lengths), with
         TIMING ONLY verdicts at the sliders' acceptance on the pairs they name, each take after a real plain run:
         what better agreement would give here. A plan the drawn verdicts cannot model is named, and nothing runs."""
         try:
-            replay = slider_replay(last_run)
+            replay = slider_replay(last_run, why_plan or None)
         except HiSpecError as exc:
             yield {"what_if_status": render.message_html(str(exc), "info")}
             return
         yield {"what_if_status": render.message_html(f"Starting a what-if run of {replay.words}…", "info"),
                "what_if_tokens": "", "what_if_stats": "", "what_if_plot": gr.Plot(None, visible=False),
-               "what_if_result": None}
+               "what_if_plans": "", "what_if_result": None}
         own = replay.request_fields() | {"draft_layer": None, "verify_layer": None, "draft_len": None,
                                          "verify_threshold": None}  # the run's list and lengths, not the sliders'
         raw = {"generate": settings.request(**own), "policy": replay.policy,
