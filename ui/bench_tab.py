@@ -67,7 +67,7 @@ def describe(report: dict) -> str:
     return " · ".join(html.escape(str(b)) for b in bits if b)
 
 
-WEIGHTS = {"fp32": "float32 model", "q4": "4-bit model", "a8": "4-bit model with int8 activations",
+WEIGHTS = {"fp32": "float32 model", "fp32-torch": "float32 model through torch's products", "q4": "4-bit model", "a8": "4-bit model with int8 activations",
            "bf16": "bfloat16 model"}
 POLICY = {"auto": "adaptive", "fixed": "fixed rounds"}
 METHOD = {"autoregressive": "plain decoding", "hispec": "HiSpec", "layerskip": "LayerSkip", "lookup": "lookup",

@@ -209,6 +209,8 @@ def cmd_bench(args) -> int:
         if b.get("step_ms"):
             print(f"{fmt}: plain step {b['step_ms']:.2f} ms = {b['step_over_bound']:.2f}x its memory bound "
                   f"({b['weight_bytes'] / 1e6:.1f} MB at {b['read_gbs']:.1f} GB/s read = {b['bound_ms']:.2f} ms)"
+                  + (f", {b['step_over_float_bound']:.2f}x its float weights' ({b['float_bytes'] / 1e6:.1f} MB: "
+                     f"{b['float_bound_ms']:.2f} ms)" if b.get("step_over_float_bound") else "")
                   + (f", {b['step_over_matvec_bound']:.2f}x its float32 products' bound ({b['matvec_gbs']:.1f} GB/s "
                      f"through torch.mv = {b['matvec_bound_ms']:.2f} ms)" if b.get("step_over_matvec_bound") else ""))
     if not report["summary"]["all"]["all_outputs_equal"] and lm.dtype != "float32":

@@ -95,8 +95,11 @@ def engine_options() -> argparse.ArgumentParser:
     g.add_argument("--exits", default=None, metavar="FOLDER|none",
                    help="trained exit heads: a folder made by train-exits, or 'none' for the raw exits "
                         "(default: the heads found for this model, if any)")
-    g.add_argument("--weights", default=None, metavar="fp32|q4|a8",
-                   help="the weights' format: fp32 (the GGUF dequantised to float32: output equal to transformers'), "
+    g.add_argument("--weights", default=None, metavar="fp32|q4|a8|fp32-torch",
+                   help="the weights' format: fp32 (the GGUF dequantised to float32: output equal to transformers'; "
+                        "the default model's products widen the file's blocks to those float32 weights in registers), "
+                        "fp32-torch (the same model through torch's products on the float weights: the float32 route "
+                        "of before 2026-12-07), "
                         "q4 (the default model's own 4-bit GGUF blocks through the 4-bit CPU kernel, float32 "
                         "activations: about 5x fewer bytes a step) or a8 (the same blocks with int8 activations per "
                         "block of 32, as llama.cpp quantises them: cheaper still, k-token passes too; exact to itself, "
@@ -252,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--context", type=whole_number, default=128, help="tokens already in the cache (default 128)")
     prof.add_argument("--repeats", type=whole_number, default=20, help="timed calls per figure; medians (default 20)")
     prof.add_argument("--stock", action="store_true", help="make the engine use transformers' stock layers")
-    prof.add_argument("--weights", default=None, metavar="fp32|q4|a8",
+    prof.add_argument("--weights", default=None, metavar="fp32|q4|a8|fp32-torch",
                       help="the weights' format (see generate --help; default: $HISPEC_WEIGHTS, else fp32)")
     prof.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 

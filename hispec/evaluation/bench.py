@@ -202,12 +202,13 @@ def benchmark(lm: LoadedModel, sets: dict[str, list[Prompt]], methods: list[Benc
     if report["records"]:
         report["summary"] = summarise(report["records"], methods)
     if host:
-        from hispec.model.formats.q4 import weight_bytes
+        from hispec.model.formats.q4 import step_bytes, weight_bytes
 
         host_info.finish(report["host"])
         formats = {m.weights for m in methods if m.weights} or {getattr(lm, "weights", "fp32")}
-        report["memory_bound"] = host_info.memory_bound(report, {f: weight_bytes(models.get(f, lm).model)
-                                                                 for f in sorted(formats)})
+        named = {f: models.get(f, lm) for f in sorted(formats)}
+        report["memory_bound"] = host_info.memory_bound(report, {f: step_bytes(m.ee) for f, m in named.items()},
+                                                        {f: weight_bytes(m.model) for f, m in named.items()})
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=1))
     return report

@@ -120,10 +120,12 @@ def finish(host: dict, measure_bandwidth: bool = True) -> dict:
     return host
 
 
-def memory_bound(report: dict, weight_bytes: dict[str, int]) -> dict:
+def memory_bound(report: dict, weight_bytes: dict[str, int], float_bytes: dict[str, int] | None = None) -> dict:
     """Per weights format: bytes a plain step reads, the floor that sets at the run's read bandwidth
     (the higher of its start and end medians: what the machine can do, so the stricter floor), the
-    measured plain step (1 / autoregressive tokens/s over the run, the prefill included) and their ratio."""
+    measured plain step (1 / autoregressive tokens/s over the run, the prefill included) and their ratio.
+    `float_bytes`: for a float32 model whose step reads fewer bytes than its float weights (on its file's
+    blocks), the float weights' bytes, whose floor is recorded beside (``float_bound_ms``)."""
     host = report.get("host") or {}
     reads = [host.get(k, {}).get("read_gbs") for k in ("bandwidth_start", "bandwidth_end")]
     reads = [r for r in reads if r]
@@ -137,13 +139,18 @@ def memory_bound(report: dict, weight_bytes: dict[str, int]) -> dict:
     for fmt, nbytes in weight_bytes.items():
         bound_ms = nbytes / (read * 1e9) * 1e3
         entry = {"weight_bytes": nbytes, "read_gbs": read, "bound_ms": round(bound_ms, 3)}
-        if fmt == "fp32" and products:  # the float32 weights through float32 products: the other floor
-            entry.update(matvec_gbs=max(products), matvec_bound_ms=round(nbytes / (max(products) * 1e9) * 1e3, 3))
+        dense = (float_bytes or {}).get(fmt, nbytes)
+        if dense != nbytes:
+            entry.update(float_bytes=dense, float_bound_ms=round(dense / (read * 1e9) * 1e3, 3))
+        if fmt.startswith("fp32") and products:  # the float32 weights through float32 products: the other floor
+            entry.update(matvec_gbs=max(products), matvec_bound_ms=round(dense / (max(products) * 1e9) * 1e3, 3))
         ar = per.get(BenchMethod.plain(fmt).key) or (per.get(BenchMethod.plain().key) if len(weight_bytes) == 1
                                                      else None)
         if ar and ar.get("tokens_per_s"):
             step = 1e3 / ar["tokens_per_s"]
             entry.update(step_ms=round(step, 3), step_over_bound=round(step / bound_ms, 3))
+            if "float_bound_ms" in entry:
+                entry["step_over_float_bound"] = round(step / entry["float_bound_ms"], 3)
             if "matvec_bound_ms" in entry:
                 entry["step_over_matvec_bound"] = round(step / entry["matvec_bound_ms"], 3)
         out[fmt] = entry

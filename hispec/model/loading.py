@@ -32,7 +32,9 @@ _MARKER = "hispec-cache.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The weights' format; HISPEC_WEIGHTS sets the default (fp32). q4 and a8 are the default model's own GGUF
 # blocks; they differ in the activations the 4-bit products take: float32 (q4) or int8 per block of 32 (a8).
-WEIGHTS = ("fp32", "q4", "a8")
+WEIGHTS = ("fp32", "q4", "a8", "fp32-torch")
+# fp32-torch: the float32 model with its products through torch (oneDNN) on the float weights, as every float32
+# run did before the exact lane moved onto the file's blocks (2026-12-07): the baseline of before, for benches
 GGUF_FORMATS = ("q4", "a8")  # formats that run the GGUF file's own blocks (CPU, the default model only)
 
 Progress = Callable[[str], None]
@@ -254,6 +256,8 @@ def load_model(
     ee = EarlyExitModel(model)
     if weights == "fp32":
         _float32_on_blocks(ee, name, source, torch_dtype, device, progress)
+    elif weights == "fp32-torch":
+        ee.f32_route_reason = "--weights fp32-torch (torch's products on the float weights)"
     if weights == "a8":
         from hispec.model.formats.q4_layer import a8_copy
 
@@ -370,8 +374,8 @@ def resolve_weights(weights: str | None = None) -> str:
     value = (weights if weights is not None else os.environ.get("HISPEC_WEIGHTS", "") or "fp32").strip().lower()
     if value not in WEIGHTS:
         where = "HISPEC_WEIGHTS" if weights is None else "weights"
-        raise ConfigError(f"{where}='{value}': choose fp32 (float32 weights), q4 (the GGUF file's 4-bit blocks) "
-                          "or a8 (those blocks with int8 activations)")
+        raise ConfigError(f"{where}='{value}': choose fp32 (float32 weights), q4 (the GGUF file's 4-bit blocks), "
+                          "a8 (those blocks with int8 activations) or fp32-torch (float32 through torch's products)")
     return value
 
 

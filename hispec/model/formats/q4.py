@@ -410,6 +410,19 @@ def _check(matrix: QuantizedMatrix, module: nn.Module, key: str) -> None:
         raise ValueError(f"{key}: the file's weight is {list(matrix.shape)}, the model's {list(shape)}")
 
 
+def step_bytes(ee) -> int:
+    """Bytes of weights a plain step of an EarlyExitModel reads: a float32 model on its file's blocks reads
+    the blocks (once each) and its float parameters other than the linears' (norms); others, weight_bytes."""
+    if getattr(ee, "blocks", None) is None:
+        return weight_bytes(ee.model)
+    matrices = {id(m): m for m in ee.blocks.values()}
+    linear = {id(p) for module in ee.model.modules() if id(module) in ee.blocks for p in module.parameters()}
+    rest = sum(p.numel() * p.element_size() for p in ee.model.parameters() if id(p) not in linear)
+    embed = ee.model.model.embed_tokens.weight  # a lookup reads rows, not the matrix (tied: the head's blocks)
+    rest -= embed.numel() * embed.element_size() if id(embed) not in linear else 0
+    return sum(m.nbytes for m in matrices.values()) + rest
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of every weight the model reads (4-bit blocks counted once, plus float parameters)."""
     seen, total = set(), 0
