@@ -370,7 +370,7 @@ def _offer_a8_levels(ee: EarlyExitModel, name: str, weights: str, device: str) -
 
 
 def resolve_weights(weights: str | None = None) -> str:
-    """'fp32', 'q4' or 'a8'; None reads $HISPEC_WEIGHTS (the app's setting), else fp32."""
+    """'fp32', 'q4', 'a8' or 'fp32-torch'; None reads $HISPEC_WEIGHTS (the app's setting), else fp32."""
     value = (weights if weights is not None else os.environ.get("HISPEC_WEIGHTS", "") or "fp32").strip().lower()
     if value not in WEIGHTS:
         where = "HISPEC_WEIGHTS" if weights is None else "weights"

@@ -754,7 +754,10 @@ def gpu_profile_table(profile: dict, check: dict) -> str:
 # ---- the README's one table --------------------------------------------------------------------------
 
 HEADLINE_ROWS = (  # (method, what it runs), in the order shown; a row shows where its run measured the method
-    ("autoregressive@fp32", "plain decoding, the exact float32 model (the GGUF file dequantised by transformers)"),
+    ("autoregressive@fp32", "plain decoding, the exact float32 model (the GGUF file dequantised by transformers); "
+                            "its products widen the file's blocks to those float32 weights in registers"),
+    ("autoregressive@fp32-torch", "plain decoding of the same float32 model through torch's products on the float "
+                                  "weights (the float32 route until 2026-12-07)"),
     ("hispec/auto@fp32", "**the default**: lookup → the 4-bit model → the exact float32 model"),
     ("lookup+full@q4/auto@fp32", "the same with float32 activations in the 4-bit model (the default until 2026-12-05)"),
     ("full@q4/auto@fp32", "the 4-bit model drafting alone under the exact model (no lookup)"),
@@ -866,3 +869,32 @@ def _differs(report: dict, method: str) -> list[bool]:
     import q4_goals as q
 
     return [a != b for a, b in q.output_pairs(report, method, "autoregressive@fp32")]
+
+
+# ---- the float32 lane on the file's blocks (scripts/measure/f32_widths.py) ---------------------------------
+
+F32_WIDTH_WORDS = {"fp32-torch": "float32, torch's products on the float weights (before)",
+                   "fp32": "float32 on the file's blocks, widened in registers (after)",
+                   "q4": "4-bit, float32 activations", "a8": "4-bit, int8 activations"}
+
+
+def f32_widths_table(report: dict) -> str:
+    """One full-model pass per format and width (ms, and over the format's 1-row pass), its roofline, and how
+    far its 8-row logits are from the float32 route of before."""
+    widths = list(next(iter(report["formats"].values()))["ms"])
+    head = (["format", "bytes a step reads"] + [f"{w} row{'s' if w != '1' else ''}" for w in widths]
+            + ["roofline (read bandwidth)", "8 rows: max logit difference from before, argmax equal"])
+    rows = []
+    for fmt, e in report["formats"].items():
+        roof = f"{e['roofline_ms']:.2f} ms" + (f" (its float weights: {e['float_roofline_ms']:.2f} ms)"
+                                               if fmt == "fp32" and "float_roofline_ms" in e else "")
+        diff = e.get("vs_fp32_torch_8rows")
+        rows.append([F32_WIDTH_WORDS.get(fmt, fmt), f"{e['step_bytes'] / 1e6:.0f} MB"]
+                    + [f"{e['ms'][w]:.1f} ms ({e['over_1'][w]:.2f}×)" for w in widths] + [roof,
+                    "–" if fmt == "fp32-torch" or not diff else
+                    f"{diff['max_abs_logit_diff']:.1e}, {'yes' if diff['argmax_equal'] else 'NO'}"])
+    return (_table(head, rows) + f"\n\nA full-model pass (embedding, {'every decoder layer'}, final norm, LM head) of "
+            f"1-{widths[-1]} new rows after a {report['context']}-token context, the median of {report['repeats']} "
+            "calls taken round by round across formats; in brackets, over the same format's 1-row pass. Roofline: "
+            f"the bytes a step reads over the run's read bandwidth ({report['read_gbs']:.1f} GB/s, the higher of "
+            "its start and end medians).")

@@ -258,7 +258,7 @@ def test_the_switch_refuses_what_it_cannot_run(monkeypatch):
         load_model("default", weights="q4", dtype="bfloat16")
     # a8 (the same blocks, int8 activations): the same switch, the same checks, its own name in each refusal
     assert resolve_weights("A8") == "a8"
-    with pytest.raises(ConfigError, match=r"'int3': choose fp32 .*, q4 .* or a8"):
+    with pytest.raises(ConfigError, match=r"'int3': choose fp32 .*, q4 .*, a8 .* or fp32-torch"):
         resolve_weights("int3")
     with pytest.raises(ConfigError, match="--weights a8 runs the 4-bit blocks of a GGUF file"):
         load_model("some/other-model", weights="a8")

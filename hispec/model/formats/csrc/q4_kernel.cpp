@@ -272,6 +272,10 @@ void columns(const float *x, int64_t ldx, const float *sx, const W &w, int64_t n
     for (; n < n1; n++) column<R, W, WIDE>(x, ldx, sx, w, n, out, ldo);
 }
 
+// Rows per tile: the wide arithmetic widens a block once per tile (a multiply-add per vector), so it takes
+// 8 rows a tile on both builds; tiles decide only which rows share a widened block, never a row's sums.
+constexpr int tile_rows(bool wide) { return wide ? 8 : ROWS; }
+
 template <class W, bool WIDE = false>
 void rows_tile(int R, const float *x, int64_t ldx, const float *sx, const W &w, int64_t n0, int64_t n1, float *out,
                int64_t ldo) {
@@ -281,12 +285,13 @@ void rows_tile(int R, const float *x, int64_t ldx, const float *sx, const W &w, 
     case 3: columns<3, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
     case 4: columns<4, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
     default:
-        if constexpr (ROWS > 4) {
+        constexpr int T = tile_rows(WIDE);
+        if constexpr (T > 4) {
             switch (R) {
-            case 5: columns<5 <= ROWS ? 5 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
-            case 6: columns<6 <= ROWS ? 6 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
-            case 7: columns<7 <= ROWS ? 7 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
-            case 8: columns<8 <= ROWS ? 8 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 5: columns<5 <= T ? 5 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 6: columns<6 <= T ? 6 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 7: columns<7 <= T ? 7 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
+            case 8: columns<8 <= T ? 8 : 1, W, WIDE>(x, ldx, sx, w, n0, n1, out, ldo); break;
             }
         }
     }
@@ -319,8 +324,8 @@ void matmul(const float *x, int64_t M, int64_t K, const W &w, int64_t N, float *
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
     for (int64_t t = 0; t < tasks; t++) {
         int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
-        for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
-            int R = (int)(M - r0 < ROWS ? M - r0 : ROWS);
+        for (int64_t r0 = 0; r0 < M; r0 += tile_rows(WIDE)) {
+            int R = (int)(M - r0 < tile_rows(WIDE) ? M - r0 : tile_rows(WIDE));
             rows_tile<W, WIDE>(R, x + r0 * K, K, sx ? sx + r0 * nb : nullptr, w, n0, n1, out + r0 * ldo, ldo);
         }
     }
@@ -880,8 +885,8 @@ inline void product_cols(const float *x, int64_t M, const float *sx, const Mat &
                          int64_t ldo) {
     Q41 q{w.qs, w.d, w.m, w.K / QK};
     int64_t nb = w.K / QK;
-    for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
-        int R = (int)(M - r0 < ROWS ? M - r0 : ROWS);
+    for (int64_t r0 = 0; r0 < M; r0 += tile_rows(WIDE)) {
+        int R = (int)(M - r0 < tile_rows(WIDE) ? M - r0 : tile_rows(WIDE));
         rows_tile<Q41, WIDE>(R, x + r0 * w.K, w.K, WIDE ? nullptr : sx + r0 * nb, q, n0, n1, out + r0 * ldo, ldo);
     }
 }
