@@ -116,6 +116,8 @@ BLOCKS: dict[str, Block] = {
     # the README's one table: one run on heldout-fresh holds the default, the 4-bit models and llama.cpp
     "headline": Block(("assets/bench/headline_cpu_fresh2.json",), headline_table),
     "f32-widths": Block(("assets/bench/f32_widths_cpu.json",), f32_widths_table),
+    "f32-exact": Block(("assets/bench/f32_blocks_exact_cpu.json",), bench_table),
+    "f32-default-tune": Block(("assets/bench/f32_default_tune_cpu.json",), bench_table),
     "levels-report": Block(("assets/bench/levels_cpu_report.json",), levels_table),
     "levels": Block(("assets/bench/levels_cpu_default.json",), levels_table, LEVELS_COMMAND),
     "bench-heldout": Block(("assets/bench/bench_cpu_default.json",), bench_table, FP32_COMMAND),

@@ -62,7 +62,7 @@ def use(ee, lib) -> None:
     """Route the model's products, its native layers and an int8 LM head (a8) through `lib`."""
     q4_kernel._host_lib = lib  # what a matrix binds to (QuantizedMatrix._bind)
     for matrix in matrices(ee):
-        matrix._call = None
+        matrix._calls = {}
     if ee.lean is not None and ee.lean.native is not None:
         ee.lean.native.lib = lib
     if ee.lean is not None and hasattr(ee.lean.lm_head, "lib"):  # the a8 head's packing is the same in both
