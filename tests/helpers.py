@@ -153,3 +153,23 @@ def write_tiny_lesson(path, prompt_ids, max_new_tokens=20, title="A tiny lesson"
                                "recorded_on": {"machine": "a test host", "commit": "0123456789abcdef"}}
     path.write_bytes(gzip.compress(json.dumps(data).encode()))
     return record
+
+
+def kernel_product(matrix, x: torch.Tensor, isa: str, wide: bool = False) -> torch.Tensor:
+    """x @ W.T for a q4.QuantizedMatrix through one build of the 4-bit kernel (matrix.matmul uses the host's):
+    the 4-bit arithmetic, or `wide` (each weight widened to its float32 value first)."""
+    from hispec.model.formats import q4_kernel
+
+    lib = q4_kernel.load(isa)
+    N, K = matrix.shape
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], N)
+    if matrix.kind == "Q4_1":
+        fn = lib.hispec_q41_matmul_w if wide else lib.hispec_q41_matmul
+        fn(x.data_ptr(), x.shape[0], K, matrix.qs.data_ptr(), matrix.d.data_ptr(), matrix.m.data_ptr(), N,
+           out.data_ptr(), N, q4_kernel.threads())
+    else:
+        fn = lib.hispec_q80_matmul_w if wide else lib.hispec_q80_matmul
+        fn(x.data_ptr(), x.shape[0], K, matrix.qs.data_ptr(), matrix.d.data_ptr(), N, out.data_ptr(), N,
+           q4_kernel.threads())
+    return out

@@ -7,7 +7,7 @@ model's refused by name; and (real_model) the default model loading on its block
 
 import pytest
 import torch
-from helpers import hf_greedy, tiny_model
+from helpers import hf_greedy, kernel_product, tiny_model
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.model.early_exit import EarlyExitModel
@@ -23,18 +23,7 @@ QUANTIZE = {Q4_1: quantize_q4_1, Q8_0: quantize_q8_0}
 
 
 def _wide(matrix: QuantizedMatrix, x: torch.Tensor, isa: str) -> torch.Tensor:
-    """x @ W.T in the wide arithmetic through one build of the kernel."""
-    lib = q4_kernel.load(isa)
-    N, K = matrix.shape
-    x = x.contiguous()
-    out = torch.empty(x.shape[0], N)
-    if matrix.kind == Q4_1:
-        lib.hispec_q41_matmul_w(x.data_ptr(), x.shape[0], K, matrix.qs.data_ptr(), matrix.d.data_ptr(),
-                                matrix.m.data_ptr(), N, out.data_ptr(), N, q4_kernel.threads())
-    else:
-        lib.hispec_q80_matmul_w(x.data_ptr(), x.shape[0], K, matrix.qs.data_ptr(), matrix.d.data_ptr(), N,
-                                out.data_ptr(), N, q4_kernel.threads())
-    return out
+    return kernel_product(matrix, x, isa, wide=True)
 
 
 def on_blocks(model, head=Q8_0):

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from helpers import hf_greedy, tiny_model
+from helpers import hf_greedy, kernel_product, tiny_model
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.errors import ConfigError, ModelLoadError
@@ -28,18 +28,7 @@ QUANTIZE = {Q4_1: quantize_q4_1, Q8_0: quantize_q8_0}
 
 
 def _product(matrix: QuantizedMatrix, x: torch.Tensor, isa: str) -> torch.Tensor:
-    """x @ W.T through one build of the kernel (matrix.matmul uses the host's)."""
-    lib = q4_kernel.load(isa)
-    N, K = matrix.shape
-    x = x.contiguous()
-    out = torch.empty(x.shape[0], N)
-    if matrix.kind == Q4_1:
-        lib.hispec_q41_matmul(x.data_ptr(), x.shape[0], K, matrix.qs.data_ptr(), matrix.d.data_ptr(),
-                              matrix.m.data_ptr(), N, out.data_ptr(), N, q4_kernel.threads())
-    else:
-        lib.hispec_q80_matmul(x.data_ptr(), x.shape[0], K, matrix.qs.data_ptr(), matrix.d.data_ptr(), N,
-                              out.data_ptr(), N, q4_kernel.threads())
-    return out
+    return kernel_product(matrix, x, isa)
 
 
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])
