@@ -91,6 +91,9 @@ def weights_words(lm) -> str:
         return ("4-bit weights with int8 activations (the GGUF file's own blocks, activations quantised as llama.cpp does: "
                 "exact to its own decoding in this kernel build, AVX-512 or AVX2, whose texts differ; not to float32)")
     if str(lm.dtype) == "float32":
+        if getattr(lm.ee, "blocks", None) is not None:
+            return ("float32 weights (the exact reference: greedy output equals transformers' own), multiplied from "
+                    "the GGUF file's blocks widened in registers to those very float32 values")
         return "float32 weights (the exact reference: greedy output equals transformers' own)"
     return f"{lm.dtype} weights"
 
