@@ -64,8 +64,11 @@ def _teaching_words(folder: Path, manifest_path: Path) -> str:
     if measured is None:
         return f" (no shipped report measured it as it is: {MEASURE_TEACHING})"
     ratio, prompts = measured["speedup_geomean"], measured["prompts"]
+    env = report.get("environment") or {}
+    before = ("; measured before the float32 model multiplied from its file's blocks, against plain decoding through "
+              "torch's products" if env.get("weights", "fp32") == "fp32" and "f32_products" not in env else "")
     return (f" (the Teaching preset's own settings, fixed rounds: {ratio:.2f}× plain decoding, geometric mean over "
-            f"{prompts} tuning prompts, {report.get('max_new_tokens', '?')} tokens each, {_host(report)}; "
+            f"{prompts} tuning prompts, {report.get('max_new_tokens', '?')} tokens each, {_host(report)}{before}; "
             f"`assets/bench/{TEACHING_REPORT}`)")
 
 

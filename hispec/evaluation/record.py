@@ -55,7 +55,9 @@ def environment(lm) -> dict:
             "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(),
             "processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
             "avx512": "avx512f" in cpu_flags(), "loadavg_start": loadavg(), "device": lm.device, "dtype": lm.dtype,
-            "weights": getattr(lm, "weights", "fp32"), "model": lm.name, "layers": lm.ee.num_layers}
+            "weights": getattr(lm, "weights", "fp32"), "model": lm.name, "layers": lm.ee.num_layers,
+            # where a float32 model's products come from: its file's blocks (since 2026-12-07) or its float weights
+            "f32_products": "blocks" if getattr(lm.ee, "blocks", None) is not None else "float weights"}
 
 
 def priors(ee) -> dict:

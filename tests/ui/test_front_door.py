@@ -36,6 +36,11 @@ def test_the_teaching_presets_figure_is_its_own_settings_measured_or_none(tmp_pa
     text = front_door.intro()
     assert f"{cell['speedup_geomean']:.2f}× plain decoding" in text and front_door.TEACHING_REPORT in text
     assert f"over {cell['prompts']} tuning prompts" in text and "levels_cpu_report" not in text
+    # the sweep ran float32 through torch's products (its environment predates f32_products): the page says so
+    assert "measured before the float32 model multiplied from its file's blocks" in text
+    stamped = {**sweep, "environment": {**sweep["environment"], "f32_products": "blocks"}}
+    (tmp_path / front_door.TEACHING_REPORT).write_text(json.dumps(stamped))
+    assert "measured before" not in front_door.intro(tmp_path)
     levels = json.loads((front_door.BENCH / "levels_cpu_report.json").read_text())
     other = levels["summary"]["all"]["methods"]["hispec/fixed"]["vs_reference"]["geomean"]
     assert f"{other:.2f}×" not in text  # the fixed hierarchy at the Fastest preset's lengths: not the Teaching preset
