@@ -208,7 +208,17 @@ def vs_plain_words(vs: dict) -> str:
     words = f"{pairs.range_words(vs)}: {vs['verdict']}"
     if vs.get("cut"):
         words += f" ({vs['cut']} of {vs['asked']} pairs cut short, not counted)"
+    if vs.get("yielded"):
+        words += f" ({yielded_words(vs)})"
     return words
+
+
+def yielded_words(vs: dict) -> str:
+    """'1 of 3 timing pairs measured; the other 2 gave way to a visitor waiting for the model' (the summary's
+    "yielded": evaluation.compare.vs_plain)."""
+    n = vs["yielded"]
+    return (f"{vs.get('runs', 0)} of {vs['asked']} timing pairs measured; the other {n} gave way to a visitor "
+            "waiting for the model")
 
 
 def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | None = None) -> str:

@@ -111,6 +111,11 @@ class Turns:
                 self._forget_idle()
                 self._cond.notify_all()
 
+    def others_waiting(self, job: Job) -> bool:
+        """Whether a job of another visitor than `job`'s waits for the model."""
+        with self._cond:
+            return any(j.who != job.who for j in tuple(self._queue))
+
     def order(self) -> list[Job]:
         """The waiting jobs in the order they will get the model."""
         with self._cond:

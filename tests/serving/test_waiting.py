@@ -108,3 +108,84 @@ def test_a_request_with_the_model_free_hears_no_waiting():
     updates = list(server.submit(A, GenerateRequest, gen(max_new=2)))
     assert updates[-1].outcome == "done"
     assert not any(isinstance(u, Waiting) for u in updates)
+
+
+# ---- the timing pairs give way ---------------------------------------------------------------------
+def test_the_timing_pairs_give_way_to_a_visitor_who_waits():
+    server = tiny_server()
+    lm = server.registry.get("tiny")
+    with slow(lm, 0.01):
+        a = server.submit(A, GenerateRequest, gen(max_new=8, baseline=3))
+        seen = []
+        for update in a:  # A's run ends, its pairs start
+            seen.append(update)
+            if isinstance(update, Status) and update.text.startswith("Timing plain decoding"):
+                break
+        box = {}
+        b = threading.Thread(target=lambda: box.setdefault("b", list(server.submit(B, GenerateRequest,
+                                                                                 gen(max_new=40)))), daemon=True)
+        b.start()  # B waits for the model behind A's pairs
+        seen += list(a)
+        server.stop(B)
+        b.join(30)
+    assert seen[-1].outcome == "done"
+    measured = vs_plain_of(seen)
+    assert measured is not None and measured["asked"] == 3
+    # the pair under way when B came ran to its end (shared round by round); the pairs after it did not run
+    assert 1 <= measured["runs"] < 3, measured
+    assert measured["yielded"] == 3 - measured["runs"] and measured["cut"] == 0, measured
+    assert box["b"][-1].outcome in ("done", "stopped")
+
+
+def test_with_nobody_waiting_every_timing_pair_runs():
+    server = tiny_server()
+    updates = list(server.submit(A, GenerateRequest, gen(max_new=8, baseline=3)))
+    assert updates[-1].outcome == "done"
+    measured = vs_plain_of(updates)
+    assert measured["runs"] == 3 and measured["yielded"] == 0 and measured["cut"] == 0, measured
+
+
+def test_a_waiting_job_of_the_same_visitor_does_not_take_the_pairs():
+    """The pairs give way to another visitor: a visitor's own second request waits its turn, as it always did."""
+    server = tiny_server()
+    turns = server.registry.turns("tiny")
+    mine = Job(99, "tab-a2", "generate", visitor=A.address)
+    other = Job(98, "tab-b", "generate", visitor=B.address)
+    holder = Job(97, "tab-a", "generate", visitor=A.address)
+    assert turns.hold(holder, 1.0)
+    try:
+        waits = [turns.wait(mine, float("inf"))]
+        next(waits[0])  # queued
+        assert not turns.others_waiting(holder)
+        waits.append(turns.wait(other, float("inf")))
+        next(waits[1])
+        assert turns.others_waiting(holder) and turns.others_waiting(mine)
+    finally:
+        for w in waits:
+            w.close()
+        turns.release(holder)
+    assert turns.waiting == 0 and not turns.busy
+
+
+def test_vs_plain_asks_before_every_pair():
+    from helpers import tiny_registry
+
+    from hispec.engine.config import preset
+    from hispec.evaluation.compare import vs_plain
+
+    lm = tiny_registry().get("tiny")
+    ids = lm.encode("hi", chat=True)
+    config = preset("hispec", 2, 5, 2, 3, 6).resolve_for(lm.ee)
+
+    def measure(yield_to):
+        out = [i for i in vs_plain(lm, ids, config, 6, 3, threading.Event(), yield_to=yield_to) if isinstance(i, dict)]
+        return out[-1]["vs_plain"]
+
+    asked = []
+    after_one = measure(lambda: asked.append(1) or len(asked) > 1)  # nobody waits before pair 1; then someone does
+    assert after_one["runs"] == 1 and after_one["yielded"] == 2 and after_one["cut"] == 0
+    assert len(asked) == 2, "asked before the first pair and after it"
+    before_any = measure(lambda: True)
+    assert before_any["runs"] == 0 and before_any["yielded"] == 3 and before_any["cut"] == 0
+    assert "waiting for the model" in before_any["verdict"]
+    assert measure(None)["runs"] == 3 and measure(lambda: False)["yielded"] == 0
