@@ -38,3 +38,10 @@ def test_no_pair_measured_because_a_visitor_waited():
     row = why_view._measured_row({"measured": dict(none, median=None), "pairs_asked": 3})
     assert "gave way to a visitor waiting for the model" in row and "cut short" not in row
     assert "gave way" in why_view._not_measured({"measured": none, "pairs_asked": 3})
+
+
+def test_the_load_row_says_the_machine_is_shared_and_what_that_does_to_the_figures():
+    words = render.load_words([1.5, 1.0, 0.5])
+    assert words.startswith("1.5 (1 min) on ")
+    assert "This machine is shared" in words and "timing pairs" in words and "alone on the model" in words
+    assert render.SHARED_WORDS in render.load_words([0.1, 0.1, 0.1])  # said whatever the load
