@@ -192,12 +192,18 @@ def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = N
 
 
 def load_words(averages: list[float]) -> str:
-    """'1.9 (1 min) on 2 cores: busy; every tokens/s here slows with it, the ratio to plain decoding (pairs
-    run back to back) much less'."""
+    """'1.9 (1 min) on 2 cores: busy', then SHARED_WORDS: how sharing the machine changes the figures."""
     cores = os.cpu_count() or 1
     busy = "busy" if averages[0] >= cores else "some load" if averages[0] >= cores / 2 else "quiet"
-    return (f"{averages[0]:.1f} (1 min) on {cores} cores: {busy}; other work on a shared machine slows every "
-            "tokens/s here alike, the ratio to plain decoding (its pairs run back to back) much less")
+    return f"{averages[0]:.1f} (1 min) on {cores} cores: {busy}. {SHARED_WORDS}"
+
+
+# how sharing the machine changes the figures (serving: visitors take turns on the model, round by round; a run's
+# clock counts its own turns only; the timing pairs give way to a visitor who waits)
+SHARED_WORDS = ("This machine is shared: visitors take turns on the model and a run's clock counts only its own "
+                "turns, but other work here slows every tokens/s alike; the timing pairs time the method and plain "
+                "decoding back to back, each alone on the model, so the ratio to plain decoding moves much less "
+                "(and they give way to a visitor who waits).")
 
 
 def vs_plain_words(vs: dict) -> str:
@@ -208,7 +214,17 @@ def vs_plain_words(vs: dict) -> str:
     words = f"{pairs.range_words(vs)}: {vs['verdict']}"
     if vs.get("cut"):
         words += f" ({vs['cut']} of {vs['asked']} pairs cut short, not counted)"
+    if vs.get("yielded"):
+        words += f" ({yielded_words(vs)})"
     return words
+
+
+def yielded_words(vs: dict) -> str:
+    """'1 of 3 timing pairs measured; the other 2 gave way to a visitor waiting for the model' (the summary's
+    "yielded": evaluation.compare.vs_plain)."""
+    n = vs["yielded"]
+    return (f"{vs.get('runs', 0)} of {vs['asked']} timing pairs measured; the other {n} gave way to a visitor "
+            "waiting for the model")
 
 
 def compare_table(rows: list[dict], sampling: bool = False, order: list[str] | None = None) -> str:

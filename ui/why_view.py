@@ -99,11 +99,16 @@ def _measured_row(story: dict) -> str:
     if not m:
         return ("<tr><td>this run, measured</td><td>–</td><td>not measured: set “pairs” above 0 to time plain "
                 "decoding on this prompt</td><td>–</td></tr>")
+    if not m.get("runs") and m.get("yielded"):
+        return (f"<tr><td>this run, measured</td><td>–</td><td>not measured: its {m['yielded']} timing pair(s) gave "
+                "way to a visitor waiting for the model (the machine is shared)</td><td>–</td></tr>")
     if not m.get("runs"):
         return (f"<tr><td>this run, measured</td><td>–</td><td>not measured: {m.get('asked', 0)} pair(s) asked for, "
                 "every one cut short (a Stop or the server's time limit), and a cut pair is never counted</td>"
                 "<td>–</td></tr>")
     cut = f", {m['cut']} more cut short and not counted" if m.get("cut") else ""
+    if m.get("yielded"):
+        cut += f", {m['yielded']} more not run: they gave way to a visitor waiting for the model"
     pairs = f"{m['runs']} pair{'s' if m['runs'] > 1 else ''} of runs, {m.get('new_tokens', '?')} tokens each{cut}"
     # every pair the run measured (not only its main plan's): lookup may have written most tokens
     return (f"<tr><td>this run, measured against plain decoding ({pairs}, prefill included in both)</td>"
@@ -214,6 +219,8 @@ def plain_step_flag(plain: dict) -> str:
 def _not_measured(story: dict) -> str:
     """Why a run has no plain timing, in words."""
     m = story.get("measured")
+    if m and m.get("yielded") and not m.get("runs"):
+        return f"its {_n(m['yielded'], 'timing pair')} gave way to a visitor waiting for the model"
     if m and m.get("asked"):
         return f"every one of its {_n(m['asked'], 'timing pair')} was cut short"
     if story.get("pairs_asked"):

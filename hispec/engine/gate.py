@@ -6,6 +6,9 @@ at round boundaries (iteration-level scheduling). The engine knows nothing of vi
 inside ``gated(fn)``; then ``fn()`` may block until this job's next turn. The decoder keeps its clock
 still while it waits (``Decoder``'s elapsed times count its own compute only), so a shared model does
 not distort a job's tokens/s or its timed pairs against plain decoding.
+
+The gate may also say whether another job waits for the model (``others_waiting()``): work that is
+optional for the visitor who asked (the timing pairs after a run) gives way to it rather than share.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 _gate: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("hispec_round_gate", default=None)
+_waiting: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("hispec_others_waiting",
+                                                                                      default=None)
 
 
 def give_way() -> float:
@@ -28,11 +33,19 @@ def give_way() -> float:
     return time.perf_counter() - t0
 
 
+def others_waiting() -> bool:
+    """Whether another job waits for the model now (False outside a gate, or when the gate cannot tell)."""
+    fn = _waiting.get()
+    return bool(fn()) if fn is not None else False
+
+
 @contextmanager
-def gated(fn: Callable[[], None]) -> Iterator[None]:
-    """Generations run in this thread inside the block call `fn` between their rounds."""
-    token = _gate.set(fn)
+def gated(fn: Callable[[], None], waiting: Callable[[], bool] | None = None) -> Iterator[None]:
+    """Generations run in this thread inside the block call `fn` between their rounds; `waiting`: whether
+    another job waits for the model (what `others_waiting()` asks)."""
+    token, told = _gate.set(fn), _waiting.set(waiting)
     try:
         yield
     finally:
+        _waiting.reset(told)
         _gate.reset(token)

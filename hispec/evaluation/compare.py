@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import threading
 from dataclasses import replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 from hispec.engine.config import DecodeConfig, run_name
 from hispec.engine.levels import level_words
@@ -95,25 +95,43 @@ def _fold(row: dict, r) -> None:
 
 
 def vs_plain(lm, ids: list[int], config: DecodeConfig, new_tokens: int, pairs: int,
-             stop: threading.Event) -> Iterator[object]:
+             stop: threading.Event, yield_to: Callable[[], bool] | None = None) -> Iterator[object]:
     """The method's speed over plain decoding's on this prompt, measured: `pairs` pairs of runs
     (evaluation.pairs: interleaved, timed alike, prefill included, nothing streamed to a viewer),
     both `new_tokens` long (plain decoding ignores end-of-text). Yields progress text, then
     {"vs_plain": pairs.summary(...) with "new_tokens", each pair's tokens/s and decode rates}; a pair
-    cut short (a Stop, the time limit) is not counted, and the summary says how many were."""
+    cut short (a Stop, the time limit) is not counted, and the summary says how many were.
+
+    `yield_to()`: whether someone else waits for the model (serving: another visitor); asked before
+    every pair, and when it says so the pairs left are not run: the summary's "yielded" counts them
+    (0 when every pair ran or was cut), apart from "cut"."""
     method = replace(config, max_new_tokens=new_tokens)
     plain = replace(plain_config(config), max_new_tokens=new_tokens).resolve_for(lm.ee)
     done: list[timed_pairs.Pair] = []
-    for item in timed_pairs.pairs(lm, ids, method, plain, pairs, new_tokens, stop, method_eos=lm.eos_ids):
-        if isinstance(item, timed_pairs.Pair):
-            done.append(item)
+    yielded = 0
+    items = timed_pairs.pairs(lm, ids, method, plain, pairs, new_tokens, stop, method_eos=lm.eos_ids)
+    try:
+        if yield_to is not None and yield_to():  # before the first pair: none runs
+            yielded = pairs
         else:
-            yield item
+            for item in items:
+                if not isinstance(item, timed_pairs.Pair):
+                    yield item
+                    continue
+                done.append(item)
+                if len(done) < pairs and yield_to is not None and yield_to():  # the pairs left give way
+                    yielded = pairs - len(done)
+                    break
+    finally:
+        items.close()
     summary = timed_pairs.summary([p.ratio for p in done], pairs)
     if summary is None:
-        yield {"vs_plain": {"runs": 0, "asked": pairs, "cut": pairs, "new_tokens": new_tokens,
-                            "verdict": "not measured: the plain runs were cut short"}}
+        verdict = ("not measured: another visitor was waiting for the model, and the timing pairs gave way"
+                   if yielded else "not measured: the plain runs were cut short")
+        yield {"vs_plain": {"runs": 0, "asked": pairs, "cut": pairs - yielded, "yielded": yielded,
+                            "new_tokens": new_tokens, "verdict": verdict}}
         return
+    summary = dict(summary, cut=max(0, summary["cut"] - yielded), yielded=yielded)
     yield {"vs_plain": {**summary, "new_tokens": new_tokens,
                         "method_tokens_per_s": [p.method.stats["tokens_per_s"] for p in done],
                         "plain_tokens_per_s": [p.plain.stats["tokens_per_s"] for p in done],

@@ -28,6 +28,7 @@ from pathlib import Path
 from hispec.engine.config import METHODS, DecodeConfig, check_prompt, preset
 from hispec.engine.planning.costs import model_costs
 from hispec.engine.events import DoneEvent
+from hispec.engine.gate import others_waiting
 from hispec.engine.levels import PRECISIONS, parse_levels
 from hispec.engine.planning.policy import DEFAULT_POLICY, POLICIES
 from hispec.errors import ConfigError
@@ -170,7 +171,8 @@ def _generate(lm, ids, config, pairs, stop, emit):
         yield ev
         done = ev if isinstance(ev, DoneEvent) else done
     if pairs and done is not None and done.token_ids and not stop.is_set():
-        yield from comparing.vs_plain(lm, ids, config, len(done.token_ids), pairs, stop)
+        # optional for its visitor: the pairs left give way to another visitor who waits for the model
+        yield from comparing.vs_plain(lm, ids, config, len(done.token_ids), pairs, stop, yield_to=others_waiting)
 
 
 def api_signature() -> inspect.Signature:

@@ -23,7 +23,7 @@ from typing import Callable
 from hispec.serving.jobs import TIME_LIMIT, Job
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.turns import Turns
-from hispec.serving.updates import Status
+from hispec.serving.updates import Status, Waiting
 
 HEARTBEAT_S = 1.0  # longest silence of a job that waits: how often serving looks at it
 TICK = object()  # an update for serving only (see above)
@@ -73,7 +73,8 @@ class Hold:
 
     def take_turn(self):
         """Wait for the model's turn, however long (the wait is not counted against the time limit):
-        a generator returning True once the job holds it, False if the job was told to end first."""
+        a generator returning True once the job holds it, False if the job was told to end first. A job
+        that cannot take it at once hears so at once (serving.updates.Waiting), then whenever its place changes."""
         self.turns = self.registry.turns(self.name)
         waiting, said = self.turns.wait(self.job, float("inf")), None
         try:
@@ -83,8 +84,7 @@ class Hold:
                     yield TICK
                     continue
                 said = ahead
-                yield Status(f"Waiting for the model: {ahead} request{'s' if ahead != 1 else ''} ahead of "
-                             "this one (one runs at a time).")
+                yield Waiting.behind(ahead)
         except StopIteration as end:
             return bool(end.value)
         finally:

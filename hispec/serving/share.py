@@ -40,6 +40,10 @@ class Share:
             self._pausing = None
         self._slice_start = self._clock()
 
+    def others_waiting(self) -> bool:
+        """Whether a job of another visitor waits for this model now (the timing pairs give way to it)."""
+        return self.turns is not None and self.turns.others_waiting(self.job)
+
     def deadline(self) -> float:
         """The time limit as it stands now: the job's own time on the model, its waits not counted."""
         since = self._pausing

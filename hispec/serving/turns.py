@@ -44,12 +44,13 @@ class Turns:
         self._now = 0  # the round of the job holding the model (or of the last one that did)
 
     def wait(self, job: Job, deadline: float, step_s: float = STEP_S) -> Iterator[int]:
-        """Wait for the model: yields the job's place (1 = next) every `step_s` while others run;
-        returns True once the job holds the model, False if it was told to end or the deadline
-        passed first. A generator: `held = yield from turns.wait(job, deadline)`."""
+        """Wait for the model: yields the job's place (1 = next) at once when it cannot take the model, then
+        every `step_s` while others run; returns True once the job holds the model, False if it was told to
+        end or the deadline passed first. A generator: `held = yield from turns.wait(job, deadline)`."""
         with self._cond:
             self._queue.append(job)
             self._round[job] = self._latest[job.who] = max(self._now, self._latest.get(job.who, -1) + 1)
+        first = True
         try:
             while True:
                 with self._cond:
@@ -57,9 +58,11 @@ class Turns:
                         return False
                     if self._take(job):
                         return True
-                    self._cond.wait(min(step_s, max(0.0, deadline - time.monotonic())))
-                    if self._take(job):
-                        return True  # our turn came while waiting: take it without reporting a place
+                    if not first:  # a job that must wait hears its place at once, then every step_s
+                        self._cond.wait(min(step_s, max(0.0, deadline - time.monotonic())))
+                        if self._take(job):
+                            return True  # our turn came while waiting: take it without reporting a place
+                    first = False
                     place = self._place(job)
                 yield place
         finally:
@@ -107,6 +110,11 @@ class Turns:
                 self._round.pop(job, None)
                 self._forget_idle()
                 self._cond.notify_all()
+
+    def others_waiting(self, job: Job) -> bool:
+        """Whether a job of another visitor than `job`'s waits for the model."""
+        with self._cond:
+            return any(j.who != job.who for j in tuple(self._queue))
 
     def order(self) -> list[Job]:
         """The waiting jobs in the order they will get the model."""

@@ -1,6 +1,8 @@
-"""What a request's update stream carries (serving.session): three small types, nothing else.
+"""What a request's update stream carries (serving.session): three small types (one with a variant), nothing else.
 
-    Status(text)         progress in words: loading, waiting (with the place), a step of the work
+    Status(text)         progress in words: loading, a step of the work
+      Waiting(text, ahead)  a Status: the job waits for the model's turn, `ahead` requests before it
+                            (the one running counted); sent at once, and again whenever `ahead` changes
     Output(items)        what the work emitted since the last update (engine events, results);
                          empty: a heartbeat, sent after a second of silence
     Ended(outcome, msg)  always last: done | stopped | time limit | left | refused | failed
@@ -18,6 +20,19 @@ FAILED_OUTCOMES = ("refused", "failed")
 @dataclass(frozen=True)
 class Status:
     text: str
+
+
+@dataclass(frozen=True)
+class Waiting(Status):
+    """The job waits for the model (another visitor's run, or its timing pairs, holds it): a Status, so every
+    reader shows its words, and `ahead` as a number for a reader that needs it (no words parsed back)."""
+
+    ahead: int = 0
+
+    @classmethod
+    def behind(cls, ahead: int) -> Waiting:
+        return cls(f"Waiting for the model: {ahead} request{'s' if ahead != 1 else ''} ahead of this one "
+                   "(one runs at a time).", ahead)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ class Worker:
 
     def _run(self) -> None:
         try:
-            with gated(self.share.give_way):  # between the engine's rounds: share the model round by round
+            # between the engine's rounds: share the model round by round; the timing pairs ask whether anyone waits
+            with gated(self.share.give_way, waiting=self.share.others_waiting):
                 out = self.work(self.job.stop, self._items.put)  # a generator yields its items; other work emits
                 for item in out or ():
                     self._items.put(item)
