@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -173,3 +175,31 @@ def kernel_product(matrix, x: torch.Tensor, isa: str, wide: bool = False) -> tor
         fn(x.data_ptr(), x.shape[0], K, matrix.qs.data_ptr(), matrix.d.data_ptr(), N, out.data_ptr(), N,
            q4_kernel.threads())
     return out
+
+
+@contextlib.contextmanager
+def slow(lm, seconds: float):
+    """Every layer-range call of the model takes `seconds` more (the serving tests' long generations)."""
+    own = "run_layers" in vars(lm.ee)
+    original = lm.ee.run_layers
+
+    def slowed(*args, **kwargs):
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    lm.ee.run_layers = slowed
+    try:
+        yield
+    finally:
+        if own:
+            lm.ee.run_layers = original
+        else:
+            del lm.ee.run_layers
+
+
+def wait_until(condition, timeout: float = 20.0) -> None:
+    """Poll `condition` every 10 ms; fail the test after `timeout` seconds."""
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.01)

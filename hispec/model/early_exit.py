@@ -23,6 +23,7 @@ from hispec.model.lean import LeanPath
 # Architectures whose decoder layers follow the Llama layout (pre-norm, rotary, KV cache
 # updated through ``cache.update``) and which the engine has been tested on.
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+ON_FLOAT_WEIGHTS = "its products run on its float weights"  # f32_route_reason off the blocks
 
 
 class FinalHead(nn.Module):
@@ -68,7 +69,7 @@ class EarlyExitModel:
         # the file's blocks this float32 model's weights were dequantised from (use_blocks): by module id
         self.blocks: dict | None = None
         self.block_matrices: dict | None = None
-        self.f32_route_reason: str | None = "its products run on its float weights"  # why not on blocks
+        self.f32_route_reason: str | None = ON_FLOAT_WEIGHTS  # why its products are not on blocks (None: they are)
         # The lean path (hispec/model/lean.py) runs layer ranges; the stock path calls transformers'
         # layers. lean=None: lean unless HISPEC_LEAN=0 or the model needs the stock path.
         self.lean: LeanPath | None = None
@@ -96,7 +97,7 @@ class EarlyExitModel:
 
         self.blocks = None if matrices is None else blocks_of(self.model, matrices)
         self.block_matrices = matrices
-        self.f32_route_reason = None if matrices is not None else "its products run on its float weights"
+        self.f32_route_reason = None if matrices is not None else ON_FLOAT_WEIGHTS
         if self.lean is not None:
             self.set_lean(True)
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from helpers import tiny_registry
+from helpers import slow, tiny_registry
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
@@ -54,21 +54,6 @@ def app_on_loopback(queue_max: int = 64, max_threads: int = 40, **limits):
     finally:
         demo.close()
         torch.set_num_threads(threads)
-
-
-@contextlib.contextmanager
-def slow(lm, seconds: float):
-    original = lm.ee.run_layers
-
-    def slowed(*args, **kwargs):
-        time.sleep(seconds)
-        return original(*args, **kwargs)
-
-    lm.ee.run_layers = slowed
-    try:
-        yield
-    finally:
-        del lm.ee.run_layers
 
 
 def generate(client: Client, **fields):

@@ -4,7 +4,6 @@ ending that says what ended it; an overall rate figure that refuses only those o
 
 from __future__ import annotations
 
-import contextlib
 import html
 import math
 import re
@@ -12,7 +11,7 @@ import threading
 import time
 
 import pytest
-from helpers import tiny_server
+from helpers import slow, tiny_server, wait_until
 
 from hispec.engine.events import DoneEvent
 from hispec.errors import ConfigError
@@ -40,34 +39,11 @@ def done_of(updates) -> DoneEvent | None:
     return next((e for e in reversed(events_of(updates)) if isinstance(e, DoneEvent)), None)
 
 
-@contextlib.contextmanager
-def slow(lm, seconds: float):
-    """Every layer-range call of the model takes `seconds` more."""
-    original = lm.ee.run_layers
-
-    def slowed(*args, **kwargs):
-        time.sleep(seconds)
-        return original(*args, **kwargs)
-
-    lm.ee.run_layers = slowed
-    try:
-        yield
-    finally:
-        del lm.ee.run_layers
-
-
 def in_thread(fn):
     box = {}
     thread = threading.Thread(target=lambda: box.setdefault("out", fn()), daemon=True)
     thread.start()
     return thread, box
-
-
-def wait_until(condition, timeout=20.0):
-    t0 = time.monotonic()
-    while not condition():
-        assert time.monotonic() - t0 < timeout, "timed out"
-        time.sleep(0.01)
 
 
 # ---- a Stop that cannot be lost ----------------------------------------------------------------------

@@ -10,7 +10,8 @@ import threading
 import time
 
 import pytest
-from helpers import EOS, char_tokenizer, tiny_model, tiny_server
+from helpers import EOS, char_tokenizer, slow, tiny_model, tiny_server
+from helpers import wait_until as _wait_until
 
 from hispec.engine.config import preset
 from hispec.engine.events import DoneEvent
@@ -42,22 +43,6 @@ def server():
     registry.add("tiny", tiny_lm())
     return Server(registry, Limits(rate_per_minute=0, global_rate_per_minute=0, allowed_models=("tiny",)),
                   default_model="tiny", throttle_s=0.0)
-
-
-@contextlib.contextmanager
-def slow(lm, seconds: float):
-    """Every layer-range call of the model takes `seconds` more."""
-    original = lm.ee.run_layers
-
-    def slowed(*args, **kwargs):
-        time.sleep(seconds)
-        return original(*args, **kwargs)
-
-    lm.ee.run_layers = slowed
-    try:
-        yield
-    finally:
-        lm.ee.run_layers = original
 
 
 @contextlib.contextmanager
@@ -98,10 +83,7 @@ def in_thread(fn):
 
 
 def wait_until(condition, timeout=10.0):
-    t0 = time.monotonic()
-    while not condition():
-        assert time.monotonic() - t0 < timeout, "timed out"
-        time.sleep(0.01)
+    _wait_until(condition, timeout)
 
 
 def expected_ids(lm, prompt, max_new):

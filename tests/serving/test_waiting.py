@@ -8,7 +8,7 @@ import contextlib
 import threading
 import time
 
-from helpers import tiny_server
+from helpers import slow, tiny_server, wait_until
 
 from hispec.serving.api import GenerateRequest
 from hispec.serving.caller import Caller
@@ -33,29 +33,6 @@ def held_by_another(turns):
         yield holder
     finally:
         turns.release(holder)
-
-
-@contextlib.contextmanager
-def slow(lm, seconds: float):
-    """Every layer-range call of the model takes `seconds` more."""
-    original = lm.ee.run_layers
-
-    def slowed(*args, **kwargs):
-        time.sleep(seconds)
-        return original(*args, **kwargs)
-
-    lm.ee.run_layers = slowed
-    try:
-        yield
-    finally:
-        del lm.ee.run_layers
-
-
-def wait_until(condition, timeout=20.0):
-    t0 = time.monotonic()
-    while not condition():
-        assert time.monotonic() - t0 < timeout, "timed out"
-        time.sleep(0.01)
 
 
 def vs_plain_of(updates) -> dict | None:

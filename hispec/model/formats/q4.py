@@ -284,8 +284,6 @@ class WideProjection(Q4Projection):
     values, widened in registers (``QuantizedMatrix.matmul(wide=True)``), so the product reads 4.5 bits
     per weight instead of 32 and gives each row the same bits whatever rows share the pass."""
 
-    wide = True
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.matrix.matmul(x, wide=True)
         return y if self.bias is None else y + self.bias
@@ -416,10 +414,10 @@ def step_bytes(ee) -> int:
     if getattr(ee, "blocks", None) is None:
         return weight_bytes(ee.model)
     matrices = {id(m): m for m in ee.blocks.values()}
-    linear = {id(p) for module in ee.model.modules() if id(module) in ee.blocks for p in module.parameters()}
-    rest = sum(p.numel() * p.element_size() for p in ee.model.parameters() if id(p) not in linear)
-    embed = ee.model.model.embed_tokens.weight  # a lookup reads rows, not the matrix (tied: the head's blocks)
-    rest -= embed.numel() * embed.element_size() if id(embed) not in linear else 0
+    # not read as float weights: the linears' (their blocks instead) and the embedding's (a lookup reads rows)
+    skip = {id(p) for module in ee.model.modules() if id(module) in ee.blocks for p in module.parameters()}
+    skip.add(id(ee.model.model.embed_tokens.weight))
+    rest = sum(p.numel() * p.element_size() for p in ee.model.parameters() if id(p) not in skip)
     return sum(m.nbytes for m in matrices.values()) + rest
 
 
