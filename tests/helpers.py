@@ -203,3 +203,23 @@ def wait_until(condition, timeout: float = 20.0) -> None:
     while not condition():
         assert time.monotonic() - t0 < timeout, "timed out"
         time.sleep(0.01)
+
+
+def on_blocks(model, head: str = "Q8_0"):
+    """A tiny model whose float32 weights are exactly a file's blocks dequantised (as the default model's are),
+    and those blocks by transformers name."""
+    from hispec.model.formats.q4 import PROJECTIONS, Q4_1, quantize_q4_1, quantize_q8_0
+
+    matrices = {}
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            for part, names in PROJECTIONS.items():
+                for name in names:
+                    linear = getattr(getattr(layer, part), name)
+                    matrix = quantize_q4_1(linear.weight)
+                    linear.weight.copy_(matrix.dequantize())
+                    matrices[f"model.layers.{i}.{part}.{name}"] = matrix
+        matrix = (quantize_q4_1 if head == Q4_1 else quantize_q8_0)(model.lm_head.weight)
+        model.lm_head.weight.copy_(matrix.dequantize())
+        matrices["lm_head"] = matrix
+    return model, matrices

@@ -7,12 +7,12 @@ model's refused by name; and (real_model) the default model loading on its block
 
 import pytest
 import torch
-from helpers import hf_greedy, kernel_product, tiny_model
+from helpers import hf_greedy, kernel_product, on_blocks, tiny_model
 
 from hispec.engine.config import DecodeConfig, preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.model.formats import q4_kernel, q4_layer
-from hispec.model.formats.q4 import (PROJECTIONS, Q4_1, Q8_0, QuantizedMatrix, WideProjection, quantize_q4_1,
+from hispec.model.formats.q4 import (Q4_1, Q8_0, QuantizedMatrix, WideProjection, quantize_q4_1,
                                      quantize_q8_0)
 from hispec.runs.runner import run
 
@@ -24,24 +24,6 @@ QUANTIZE = {Q4_1: quantize_q4_1, Q8_0: quantize_q8_0}
 
 def _wide(matrix: QuantizedMatrix, x: torch.Tensor, isa: str) -> torch.Tensor:
     return kernel_product(matrix, x, isa, wide=True)
-
-
-def on_blocks(model, head=Q8_0):
-    """A tiny model whose float32 weights are exactly a file's blocks dequantised (as the default model's are),
-    and those blocks by transformers name."""
-    matrices = {}
-    with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
-            for part, names in PROJECTIONS.items():
-                for name in names:
-                    linear = getattr(getattr(layer, part), name)
-                    matrix = quantize_q4_1(linear.weight)
-                    linear.weight.copy_(matrix.dequantize())
-                    matrices[f"model.layers.{i}.{part}.{name}"] = matrix
-        matrix = QUANTIZE[head](model.lm_head.weight)
-        model.lm_head.weight.copy_(matrix.dequantize())
-        matrices["lm_head"] = matrix
-    return model, matrices
 
 
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0])

@@ -199,6 +199,9 @@ def open_library(path: Path) -> ctypes.CDLL:
     # packings, is new: a build of before it ignores it (scripts/measure/q4_ab.py loads such builds)
     lib.hispec_q4_layers.argtypes = [p, i64, p, p, i64, i64, p, p, ctypes.c_int, p]
     lib.hispec_q4_layers.restype = None
+    if hasattr(lib, "hispec_q4_layers_rows"):  # the shared pass (a build of before it lacks it: q4_ab.py)
+        lib.hispec_q4_layers_rows.argtypes = [p, i64, p, p, i64, p, p, p, p, p, ctypes.c_int, p]
+        lib.hispec_q4_layers_rows.restype = None
     lib.hispec_q4_profile.argtypes = [ctypes.c_int, ctypes.c_int, p]
     lib.hispec_q4_profile.restype = None
     if not hasattr(lib, "hispec_q41_pack_a8"):  # a build of before the packed int8 products (q4_ab.py)

@@ -44,6 +44,10 @@ class _Layer(ctypes.Structure):
                 ("keys", _p), ("values", _p), ("cap", _i64)]
 
 
+class _KV(ctypes.Structure):  # one layer's cache of one sequence in a shared pass (hispec_kv)
+    _fields_ = [("keys", _p), ("values", _p), ("cap", _i64)]
+
+
 class _Dims(ctypes.Structure):
     _fields_ = [("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64), ("inter", _i64),
                 ("eps", _f), ("qk_eps", _f), ("scaling", _f), ("mode", ctypes.c_int32)]
@@ -151,35 +155,96 @@ class NativeLayers:
     def run_layers(self, hidden: torch.Tensor, start: int, end: int, cache) -> torch.Tensor:
         """Layers [start, end) on hidden (1, q, E), appending to each layer's cache (LeanPath.run_layers)."""
         past, q = cache.lengths[start], hidden.shape[1]
-        if hidden.shape[0] != 1 or hidden.dtype != torch.float32 or not hidden.is_cpu:
-            raise TypeError("the native 4-bit route runs one float32 sequence on the CPU")
-        KV, D = self.KV, self.D
+        self._check_rows(hidden)
         for idx in range(start, end):
-            if cache.lengths[idx] != past:  # the stack's invariant: one frontier per segment
-                raise RuntimeError(f"layer {idx} cache holds {cache.lengths[idx]} positions, expected {past}")
-            keys = cache.keys[idx]
-            if keys is None or past + q > keys.shape[-2]:
-                room = torch.zeros(1, KV, q, D)
-                cache.update(room, room, idx)  # grows the layer's buffers; the kernel writes the rows
-                keys = cache.keys[idx]
-            slot, values = self.table[idx], cache.values[idx]
+            keys, values = self._room(cache, idx, past, q)
+            slot = self.table[idx]
             # a freed cache's address can come back with another capacity: compare everything
             if slot.keys != keys.data_ptr() or slot.values != values.data_ptr() or slot.cap != keys.shape[-2]:
-                if keys.shape != (1, KV, keys.shape[-2], D) or not (keys.is_contiguous() and values.is_contiguous()) \
-                        or keys.dtype != torch.float32 or values.shape != keys.shape:
-                    raise RuntimeError(f"layer {idx}'s cache is not laid out as the native route writes it")
+                self._check_layout(idx, keys, values)
                 slot.keys, slot.values, slot.cap = keys.data_ptr(), values.data_ptr(), keys.shape[-2]
         rotary = self.lean.rotary
         rotary.ensure(past + q, hidden.device)
         out = hidden.clone(memory_format=torch.contiguous_format)
-        row = D * 4  # bytes of one table row
+        row = self.D * 4  # bytes of one table row
         self.lib.hispec_q4_layers(ctypes.addressof(self.table) + start * self.stride, end - start,
                                   ctypes.addressof(self.dims), out.data_ptr(), q, past,
                                   rotary.cos.data_ptr() + past * row, rotary.sin.data_ptr() + past * row,
-                                  q4_kernel.threads(), ctypes.addressof(self.packed) + start * 4 * ctypes.sizeof(_p))
+                                  q4_kernel.threads(), self._packed_at(start))
         for idx in range(start, end):
             cache.lengths[idx] = past + q
         return out
+
+    def run_shared(self, parts: list[tuple[torch.Tensor, object]], start: int, end: int) -> list[torch.Tensor]:
+        """A shared pass: layers [start, end) over the rows of several sequences at once, each part (hidden
+        (1, q_i, E), its own cache) appending to its cache as ``run_layers`` would. The products run once
+        over every row; attention reads each row's own cache. Each part's output has the bits it has alone
+        (the kernel is batch-invariant: tests/model/test_shared_pass.py). The caches must be distinct."""
+        if len({id(cache) for _, cache in parts}) != len(parts):
+            raise ValueError("a shared pass takes each sequence's cache once")
+        if not parts:
+            return []
+        pos, seq, rows = [], [], []
+        n = end - start
+        tables = (ctypes.POINTER(_KV) * len(parts))()
+        keep = []
+        for s, (hidden, cache) in enumerate(parts):
+            self._check_rows(hidden)
+            past, q = cache.lengths[start], hidden.shape[1]
+            kv = (_KV * max(n, 1))()
+            for j, idx in enumerate(range(start, end)):
+                keys, values = self._room(cache, idx, past, q)
+                self._check_layout(idx, keys, values)
+                kv[j] = _KV(keys.data_ptr(), values.data_ptr(), keys.shape[-2])
+            tables[s] = ctypes.cast(kv, ctypes.POINTER(_KV))
+            keep.append(kv)
+            pos += range(past, past + q)
+            seq += [s] * q
+            rows.append(hidden[0])
+        hidden = torch.cat(rows).contiguous()
+        total = hidden.shape[0]
+        positions = torch.tensor(pos, dtype=torch.int64)
+        owners = torch.tensor(seq, dtype=torch.int32)
+        rotary = self.lean.rotary
+        rotary.ensure(max(pos) + 1, hidden.device)
+        self.lib.hispec_q4_layers_rows(ctypes.addressof(self.table) + start * self.stride, n,
+                                       ctypes.addressof(self.dims), hidden.data_ptr(), total, positions.data_ptr(),
+                                       owners.data_ptr(), ctypes.addressof(tables), rotary.cos.data_ptr(),
+                                       rotary.sin.data_ptr(), q4_kernel.threads(), self._packed_at(start))
+        outs, at = [], 0
+        for part_hidden, cache in parts:
+            q = part_hidden.shape[1]
+            past = cache.lengths[start]
+            for idx in range(start, end):
+                cache.lengths[idx] = past + q
+            outs.append(hidden[at : at + q][None])
+            at += q
+        return outs
+
+    def _packed_at(self, start: int) -> int:
+        return ctypes.addressof(self.packed) + start * 4 * ctypes.sizeof(_p)
+
+    @staticmethod
+    def _check_rows(hidden: torch.Tensor) -> None:
+        if hidden.shape[0] != 1 or hidden.dtype != torch.float32 or not hidden.is_cpu:
+            raise TypeError("the native 4-bit route runs float32 sequences on the CPU, one (1, q, E) tensor each")
+
+    def _room(self, cache, idx: int, past: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer idx's key and value buffers, grown to hold q more positions after past."""
+        if cache.lengths[idx] != past:  # the stack's invariant: one frontier per segment
+            raise RuntimeError(f"layer {idx} cache holds {cache.lengths[idx]} positions, expected {past}")
+        keys = cache.keys[idx]
+        if keys is None or past + q > keys.shape[-2]:
+            room = torch.zeros(1, self.KV, q, self.D)
+            cache.update(room, room, idx)  # grows the layer's buffers; the kernel writes the rows
+            cache.lengths[idx] = past  # update() counted the placeholder rows
+            keys = cache.keys[idx]
+        return keys, cache.values[idx]
+
+    def _check_layout(self, idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if keys.shape != (1, self.KV, keys.shape[-2], self.D) or not (keys.is_contiguous() and values.is_contiguous()) \
+                or keys.dtype != torch.float32 or values.shape != keys.shape:
+            raise RuntimeError(f"layer {idx}'s cache is not laid out as the native route writes it")
 
 
 def packed_a8(lib, matrix) -> torch.Tensor:

@@ -949,16 +949,27 @@ inline vf vsilu_mul(vf g, vf u) { return vmul(vdiv(g, vadd(vset1(1.0f), vexp(vsu
 
 extern "C" {
 
-// Layers [0, n_layers) of `layers` over hidden[q, E] (in place), the rows at positions past .. past+q-1.
-// cos/sin: the rotary table's rows for those positions ([q, D]). Each layer's cache must hold past
-// positions and room for q more (the caller grows it first). packed (act8 only, else ignored): per layer
-// the int8 packings of qkv, o, gate_up and down (4 pointers a layer; an argument of its own, so that the
-// layer table keeps its layout for builds of before it).
-void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec_dims *dims, float *hidden, int64_t q,
-                      int64_t past, const float *cos, const float *sin, int nthreads,
-                      const uint8_t *const *packed) {
+// The rows of one pass, each with its own sequence: row r is at position pos[r] of sequence seq[r], whose
+// layer l keeps its keys and values in kv[seq[r]][l] (a shared pass carries several generations, each
+// with its own cache; the rows of one sequence are its consecutive positions, in order). cos/sin: the
+// rotary table, row r reading its row pos[r] - rot0. Everything but attention runs over all rows at once;
+// attention reads each row's own sequence's cache, so a row's bits are those it gets alone.
+struct hispec_kv {
+    float *keys, *values;  // [KV, cap, D]
+    int64_t cap;
+};
+
+}  // extern "C"
+
+namespace {
+
+void layers_rows(const hispec_layer *layers, int64_t n_layers, const hispec_dims *dims, float *hidden, int64_t q,
+                 const int64_t *pos, const int32_t *seq, const hispec_kv *const *kv, const float *cos,
+                 const float *sin, int64_t rot0, int nthreads, const uint8_t *const *packed) {
     const int64_t E = dims->hidden, H = dims->heads, KV = dims->kv_heads, D = dims->head_dim, I = dims->inter;
-    const int64_t NQKV = (H + 2 * KV) * D, total = past + q, group = H / KV;
+    int64_t total = 0;  // the longest attention span of a row (its position + 1)
+    for (int64_t r = 0; r < q; r++) total = pos[r] + 1 > total ? pos[r] + 1 : total;
+    const int64_t NQKV = (H + 2 * KV) * D, group = H / KV;
     float *qkv = (float *)malloc(sizeof(float) * q * NQKV);
     float *attn = (float *)malloc(sizeof(float) * q * H * D);
     float *tmp = (float *)malloc(sizeof(float) * q * (E > I ? E : I));  // product outputs before the residual
@@ -1010,20 +1021,22 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
                 float *x = qkv + r * NQKV + hd * D;
                 const float *nw = hd < H ? L.q_norm : L.k_norm;
                 if (nw) rms_norm_row(x, nw, D, dims->qk_eps, x);
-                rotate_head(x, cos + r * D, sin + r * D, D, rot);
+                rotate_head(x, cos + (pos[r] - rot0) * D, sin + (pos[r] - rot0) * D, D, rot);
                 if (hd >= H) {
-                    int64_t g = hd - H, pos = past + r;
-                    memcpy(L.keys + (g * L.cap + pos) * D, x, sizeof(float) * D);
-                    memcpy(L.values + (g * L.cap + pos) * D, qkv + r * NQKV + (H + KV + g) * D, sizeof(float) * D);
+                    const hispec_kv &C = kv[seq[r]][l];
+                    int64_t g = hd - H;
+                    memcpy(C.keys + (g * C.cap + pos[r]) * D, x, sizeof(float) * D);
+                    memcpy(C.values + (g * C.cap + pos[r]) * D, qkv + r * NQKV + (H + KV + g) * D, sizeof(float) * D);
                 }
             }
             mark(1);
             // 3. attention: each (row, head) on one thread, over cache positions [0, pos]
 #pragma omp for schedule(static)
             for (int64_t u = 0; u < q * H; u++) {
-                int64_t r = u / H, h = u % H, g = h / group, n = past + r + 1;
+                int64_t r = u / H, h = u % H, g = h / group, n = pos[r] + 1;
                 const float *qv = qkv + r * NQKV + h * D;
-                const float *K = L.keys + g * L.cap * D, *V = L.values + g * L.cap * D;
+                const hispec_kv &C = kv[seq[r]][l];
+                const float *K = C.keys + g * C.cap * D, *V = C.values + g * C.cap * D;
                 float mx = -INFINITY;
                 for (int64_t j = 0; j < n; j++) {
                     float s = dot(qv, K + j * D, D) * dims->scaling;
@@ -1129,6 +1142,38 @@ void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec
     free(attn);
     free(tmp);
     free(act);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Layers [0, n_layers) of `layers` over hidden[q, E] (in place), the rows of one sequence at positions
+// past .. past+q-1, its cache in the layer table (keys, values, cap). cos/sin: the rotary table's rows for
+// those positions ([q, D]). Each layer's cache must hold past positions and room for q more (the caller
+// grows it first). packed (act8 only, else ignored): per layer the int8 packings of qkv, o, gate_up and
+// down (4 pointers a layer; an argument of its own, so that the layer table keeps its layout for builds of
+// before it).
+void hispec_q4_layers(const hispec_layer *layers, int64_t n_layers, const hispec_dims *dims, float *hidden, int64_t q,
+                      int64_t past, const float *cos, const float *sin, int nthreads,
+                      const uint8_t *const *packed) {
+    int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * (q > 0 ? q : 1));
+    int32_t *seq = (int32_t *)calloc(q > 0 ? q : 1, sizeof(int32_t));
+    hispec_kv *own = (hispec_kv *)malloc(sizeof(hispec_kv) * (n_layers > 0 ? n_layers : 1));
+    for (int64_t r = 0; r < q; r++) pos[r] = past + r;
+    for (int64_t l = 0; l < n_layers; l++) own[l] = hispec_kv{layers[l].keys, layers[l].values, layers[l].cap};
+    const hispec_kv *kv[1] = {own};
+    layers_rows(layers, n_layers, dims, hidden, q, pos, seq, kv, cos, sin, past, nthreads, packed);
+    free(pos);
+    free(seq);
+    free(own);
+}
+
+// A shared pass: the rows of several sequences in one call (layers_rows above says how).
+void hispec_q4_layers_rows(const hispec_layer *layers, int64_t n_layers, const hispec_dims *dims, float *hidden,
+                           int64_t q, const int64_t *pos, const int32_t *seq, const hispec_kv *const *kv,
+                           const float *cos, const float *sin, int nthreads, const uint8_t *const *packed) {
+    layers_rows(layers, n_layers, dims, hidden, q, pos, seq, kv, cos, sin, 0, nthreads, packed);
 }
 
 // Phase clock of hispec_q4_layers (thread 0, from barrier to barrier): [0] products, [1] attention
