@@ -19,6 +19,7 @@ from torch import nn
 from hispec.model.cache import LayerKVCache
 from hispec.errors import ConfigError, ModelLoadError
 from hispec.model.lean import LeanPath
+from hispec.model.shared import BOARD
 
 # Architectures whose decoder layers follow the Llama layout (pre-norm, rotary, KV cache
 # updated through ``cache.update``) and which the engine has been tested on.
@@ -36,8 +37,18 @@ class FinalHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lean is not None:
+            if BOARD.is_member:  # a shared pass's rows: one product over every member's rows (shared.py)
+                return BOARD.run(("head", id(self.lean)), hidden, self._logits_many)
             return self.lean.logits(hidden, self.norm)
         return self.lm_head(self.norm(hidden))
+
+    def _logits_many(self, items: list[torch.Tensor]) -> list[torch.Tensor]:
+        if len(items) == 1:
+            return [self.lean.logits(items[0], self.norm)]
+        rows = torch.cat([h.reshape(-1, h.shape[-1]) for h in items])
+        out = self.lean.logits(rows, self.norm)
+        sizes = [h.numel() // h.shape[-1] for h in items]
+        return [part.reshape(*h.shape[:-1], -1) for h, part in zip(items, out.split(sizes))]
 
 
 class EarlyExitModel:
@@ -171,6 +182,10 @@ class EarlyExitModel:
             if out is not None:
                 return out
         if self.lean is not None:
+            native = self.lean.native
+            if native is not None and BOARD.is_member:  # several generations' rows in one call (shared.py)
+                return BOARD.run(("layers", id(native), start, end), (hidden, cache),
+                                 lambda parts: native.run_shared(parts, start, end))
             return self.lean.run_layers(hidden, start, end, cache)
         past = cache.lengths[start]
         q_len = hidden.shape[1]

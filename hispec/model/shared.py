@@ -1,0 +1,166 @@
+"""Passes of several generations carried by one call: each generation runs in its own thread and asks for
+its passes as it always does; the passes of the threads that are members of the board meet here, and
+those through the same layers (or the same final head) run as one shared pass.
+
+A member's pass waits until every member is waiting at the board (then nobody else can add a row), or
+until the oldest waiting pass has waited WINDOW_S (since it was posted or the last call ended: a member
+busy elsewhere, sampling or planning, is not waited for longer). Then the largest group of passes with one
+key (the oldest among equals) runs as one call, by whichever waiting thread saw it first, while the others
+wait for their results; one call runs at a time (it uses every core). Taking the largest group brings
+members whose passes went different ways (one at its head, another at its layers) back into step. A member's result is what it gets alone: the shared native call is batch-invariant
+(``q4_layer.NativeLayers.run_shared``; tests/model/test_shared_pass.py), so sharing changes its speed,
+never its tokens. A fused call that fails is run again part by part, so that a fault ends only the
+generation whose pass caused it.
+
+Threads that are not members (the board's default for every thread) run their passes directly, as
+before. One board serves the process (``BOARD``): the machine's cores are one resource.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+WINDOW_S = 0.004  # the longest a pass waits for members busy elsewhere
+
+
+@dataclass(eq=False)
+class _Pass:
+    item: Any
+    run_many: Callable[[list], list]  # the same operation for every pass of a key
+    since: float
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+
+@dataclass
+class BoardCounts:
+    """What the board ran: calls, rows by call, and how many members' passes each call carried."""
+
+    calls: int = 0
+    passes: int = 0
+    by_width: Counter = field(default_factory=Counter)  # members' passes in a call -> calls
+
+    def as_dict(self) -> dict:
+        return {"calls": self.calls, "passes": self.passes,
+                "by_width": {str(k): v for k, v in sorted(self.by_width.items())}}
+
+
+class PassBoard:
+    def __init__(self, window_s: float = WINDOW_S):
+        self.window_s = window_s
+        self._cond = threading.Condition()
+        self._local = threading.local()
+        self._members = 0
+        self._waiting = 0  # members' passes posted and not yet taken into a call
+        self._pending: dict[Hashable, list[_Pass]] = {}
+        self._running = False
+        self._ended = 0.0  # when the last call ended (time.monotonic())
+        self.counts = BoardCounts()
+
+    @contextlib.contextmanager
+    def member(self):
+        """This thread's passes meet the other members' while inside (re-entrant)."""
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        if depth == 0:
+            with self._cond:
+                self._members += 1
+        try:
+            yield self
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                with self._cond:
+                    self._members -= 1
+                    self._cond.notify_all()  # the others no longer wait for this one
+
+    @property
+    def is_member(self) -> bool:
+        return getattr(self._local, "depth", 0) > 0
+
+    @property
+    def members(self) -> int:
+        with self._cond:
+            return self._members
+
+    def run(self, key: Hashable, item: Any, run_many: Callable[[list], list]) -> Any:
+        """`item`'s result of run_many([...items of the same key...]); a non-member runs run_many([item]) at once."""
+        if not self.is_member:
+            return run_many([item])[0]
+        mine = _Pass(item, run_many, time.monotonic())
+        with self._cond:
+            self._pending.setdefault(key, []).append(mine)
+            self._waiting += 1
+            self._cond.notify_all()
+            while not mine.done:
+                group = self._take()
+                if group is None:
+                    self._cond.wait(self._until())
+                    continue
+                self._cond.release()
+                try:
+                    _run_group(group)
+                finally:
+                    self._cond.acquire()
+                    self._running = False
+                    self._ended = time.monotonic()
+                    self._cond.notify_all()
+        if mine.error is not None:
+            raise mine.error
+        return mine.result
+
+    # ---- under the lock ---------------------------------------------------------------------------
+    def _take(self):
+        """The group to run now (taken out of the pending passes), or None."""
+        if self._running or not self._pending:
+            return None
+        everyone = self._waiting >= self._members
+        if not everyone and time.monotonic() - self._since() < self.window_s:
+            return None
+        # the largest group (then the oldest): members whose passes went different ways fall into step
+        key = max(self._pending, key=lambda k: (len(self._pending[k]), -self._pending[k][0].since))
+        group = self._pending.pop(key)
+        self._waiting -= len(group)
+        self._running = True
+        self.counts.calls += 1
+        self.counts.passes += len(group)
+        self.counts.by_width[len(group)] += 1
+        return group
+
+    def _until(self) -> float:
+        if not self._pending or self._running:
+            return self.window_s
+        return max(0.0005, self.window_s - (time.monotonic() - self._since()))
+
+    def _since(self) -> float:
+        """When the oldest waiting pass began to wait for others: its posting, or the end of the last call if
+        later (the members that call carried get the window to post their next pass)."""
+        return max(min(group[0].since for group in self._pending.values()), self._ended)
+
+
+def _run_group(group: list[_Pass]) -> None:
+    """Run the group's items as one call; if it fails, each item alone (a fault is its own pass's)."""
+    run_many = group[0].run_many
+    try:
+        for p, result in zip(group, run_many([p.item for p in group]), strict=True):
+            p.result = result
+    except BaseException as exc:
+        if len(group) == 1:
+            group[0].error = exc
+        else:
+            for p in group:
+                try:
+                    p.result = run_many([p.item])[0]
+                except BaseException as own:
+                    p.error = own
+    for p in group:
+        p.done = True
+
+
+BOARD = PassBoard()
