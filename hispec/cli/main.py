@@ -131,7 +131,7 @@ def _llama_bench(args, lm, report: dict) -> None:
     and median prompt length; kept in the report and its JSON."""
     import torch
 
-    from hispec.evaluation import llama_bench as lb
+    from hispec.evaluation.llama_cpp import llama_bench as lb
     from hispec.evaluation.record import write
     from hispec.model.loading import default_gguf_path
 
@@ -155,6 +155,8 @@ def cmd_bench(args) -> int:
 
     if args.sweep is not None or any((args.draft_layers, args.verify_layers, args.draft_lens, args.verify_thresholds)):
         return cmd_sweep(args)
+    if args.visitors is not None:
+        return cmd_visitors(args)
     from hispec.evaluation import peers
     from hispec.evaluation.method import BENCH_METHODS, BenchMethod
     from hispec.model.loading import load_model
@@ -217,6 +219,32 @@ def cmd_bench(args) -> int:
         print(f"note: in {lm.dtype}, passes over different numbers of tokens can round a "
               "near-tie differently, so outputs may differ from autoregressive; exactness holds in float32",
               file=sys.stderr)
+    return 0
+
+
+def cmd_visitors(args) -> int:
+    """bench --visitors: several visitors at once against one after another (evaluation.visitors)."""
+    from hispec.evaluation.bench import expand_weights
+    from hispec.evaluation.method import BenchMethod
+    from hispec.evaluation.visitors import table, visitor_counts, visitors_bench
+    from hispec.model.loading import load_model
+
+    counts = visitor_counts(args.visitors)  # checked before the model loads
+    formats = _formats(args)
+    typed = [m.strip() for m in (args.methods or "hispec,autoregressive").split(",") if m.strip()]
+    methods = expand_weights([BenchMethod.parse(m) for m in typed], formats, args.policy)
+    base, sets, lm = _bench_inputs(args, formats[0])
+    models = {formats[0]: lm}
+    for fmt in formats[1:]:
+        models[fmt] = load_model(args.model, device=args.device, dtype=args.dtype, exits=args.exits, weights=fmt,
+                                 progress=lambda m: print(m, file=sys.stderr))
+    prompts = [lm.encode(p.text, chat=p.chat) for group in sets.values() for p in group]
+    if not prompts:
+        raise HiSpecError(f"--prompts {args.prompts}: no prompts to run")
+    report = visitors_bench(models, prompts, methods, base, counts, formats[0], json_path=args.json,
+                            progress=lambda line: print(line, file=sys.stderr, flush=True),
+                            command=getattr(args, "command_line", None))
+    print(table(report))
     return 0
 
 

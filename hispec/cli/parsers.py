@@ -37,6 +37,15 @@ BENCH_EPILOG = f"""examples:
       --prompts mtbench:10 --max-new-tokens 64 --json layers.json --html layers.html
   python -m hispec bench --sweep lengths --draft-lens 1,2,3,4 --verify-thresholds 2,4,6,8 \\
       --prompts humaneval:10 --json lengths.json --html lengths.html
+  python -m hispec bench --visitors 1,2,4,8 --weights fp32,a8 \\
+      --methods hispec/auto@fp32,autoregressive@fp32,autoregressive@a8 --prompts heldout-tune --json visitors.json
+
+Visitors mode (--visitors) runs N prompts one after another, then all N at once, each visitor's
+passes sharing one call of the native route with the others' (the pass board), for each N; it
+reports the machine's tokens/s both ways and their ratio, each visitor's tokens/s against its solo
+run, and whether every visitor's token ids equal its solo run's (they must: the shared call is
+batch-invariant). The JSON (kind "visitors") holds both series per method and N, the board's calls
+by how many visitors each carried, and the host.
 
 Sweep mode (--sweep) runs hispec at every grid point and autoregressive on the same prompts,
 rotating their order from prompt to prompt after a warm-up, and reports each point as a speedup
@@ -229,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--background-load", metavar="N", type=whole_number, default=0,
                        help="keep N other processes busy (one core each) while it runs: a loaded machine, as a "
                             "shared host or a Space is (recorded in the JSON's host)")
+    bench.add_argument("--visitors", metavar="LIST", default=None,
+                       help="visitors mode: for each count N (e.g. 1,2,4,8), N prompts one after another, then all N "
+                            "at once sharing their passes (one call of the native route carries every visitor's "
+                            "rows): the machine's tokens/s both ways, each visitor's, and whether each visitor's "
+                            "token ids equal its solo run (default methods: hispec and autoregressive)")
     sweep = bench.add_argument_group("sweep mode (hispec over a grid of settings, vs autoregressive)")
     sweep.add_argument("--sweep", metavar="GRIDS", default=None,
                        help="layers, lengths or layers,lengths: instead of methods side by side, run hispec at "

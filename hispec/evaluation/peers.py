@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from hispec.errors import ConfigError
-from hispec.evaluation import llamacpp
+from hispec.evaluation.llama_cpp import llamacpp
 from hispec.evaluation.timing import timed_record
 
 HF_LOOKUP_TOKENS = 10  # generate(prompt_lookup_num_tokens=10), as in transformers' documentation

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import figures_prose  # noqa: E402
 from a8_goals import a8_goals_table, widths_table  # noqa: E402
 from hispec.paths import ASSETS  # noqa: E402
-from figures_tables import (FP32_COMMAND, f32_widths_table, headline_table, LEVELS_COMMAND, agreement_table, bench_table, bf16_table,  # noqa: E402
+from figures_tables import (FP32_COMMAND, f32_widths_table, visitors_table, headline_table, LEVELS_COMMAND, agreement_table, bench_table, bf16_table,  # noqa: E402
                            a8_agreement_table, ee_gpu_table, gpu_profile_table, gpu_table, precision_breakeven_table, layerskip_table, levels_table, load_table, loaded_table, precision_agreement_table,
                            precision_table, priors_table, profile_table, q4_ab_table, q4_alternatives_table, q4_profile_table, q4_table,
                            sweep_table, time_split_table)
@@ -116,6 +116,7 @@ BLOCKS: dict[str, Block] = {
     # the README's one table: one run on heldout-fresh holds the default, the 4-bit models and llama.cpp
     "headline": Block(("assets/bench/headline_cpu_fresh2.json",), headline_table),
     "f32-widths": Block(("assets/bench/f32_widths_cpu.json",), f32_widths_table),
+    "visitors": Block(("assets/bench/visitors_cpu.json",), visitors_table),
     "f32-exact": Block(("assets/bench/f32_blocks_exact_cpu.json",), bench_table),
     "f32-default-tune": Block(("assets/bench/f32_default_tune_cpu.json",), bench_table),
     "levels-report": Block(("assets/bench/levels_cpu_report.json",), levels_table),

@@ -822,7 +822,7 @@ def headline_table(*reports: dict) -> str:
 
 
 def _median_prompt(report: dict) -> int:
-    from hispec.evaluation.llama_bench import median_prompt_tokens
+    from hispec.evaluation.llama_cpp.llama_bench import median_prompt_tokens
 
     return median_prompt_tokens(report["records"])
 
@@ -831,7 +831,7 @@ def _llama_bench_rows(report: dict) -> list[list[str]]:
     """llama-bench's rows (the default file, and another file where it ran one): its speeds as a run of the
     bench's budget after the run's median prompt, against the median plain float32 and q4 runs."""
     import q4_goals as q
-    from hispec.evaluation.llama_bench import as_run
+    from hispec.evaluation.llama_cpp.llama_bench import as_run
 
     rows = []
     for figures in (report.get("llama_bench") or {}).get("files", []):
@@ -898,3 +898,26 @@ def f32_widths_table(report: dict) -> str:
             "calls taken round by round across formats; in brackets, over the same format's 1-row pass. Roofline: "
             f"the bytes a step reads over the run's read bandwidth ({report['read_gbs']:.1f} GB/s, the higher of "
             "its start and end medians).")
+
+
+# ---- several visitors at once (bench --visitors) -------------------------------------------------------------
+
+def visitors_table(report: dict) -> str:
+    """Per method and visitor count: the machine's tokens/s one after another and at once, their ratio, each
+    visitor's speed against its solo run, and whether every visitor's token ids equal its solo run's."""
+    head = ["method", "visitors", "one after another, tok/s", "at once, tok/s", "machine ×", "each visitor × its solo "
+            "(median, lowest)", "first token at once (median, slowest)", "token ids equal to solo"]
+    rows = []
+    for r in report["results"]:
+        ttft = sorted(v["ttft_s"] for v in r["together"]["visitors"])
+        rows.append([r["method"], r["visitors"], f"{r['alone']['machine_tokens_per_s']:.1f}",
+                     f"{r['together']['machine_tokens_per_s']:.1f}", f"{r['machine_ratio']:.2f}×",
+                     f"{r['visitor_ratio_median']:.2f}×, {r['visitor_ratio_min']:.2f}×",
+                     f"{ttft[len(ttft) // 2]:.2f} s, {ttft[-1]:.2f} s",
+                     "yes" if r["all_equal_to_solo"] else f"NO ({len(r['differ'])} differ)"])
+    return (_table(head, rows) + f"\n\n{report['prompts']} prompts, {report['max_new_tokens']} new tokens each; N "
+            "visitors take the first N (repeated where fewer). Both series count prompt evaluation (a visitor's "
+            "clock starts before its prompt is read); the machine's tokens/s is every visitor's tokens over the wall "
+            "clock from the first start to the last end. At once, each visitor runs in its own thread and its passes "
+            "share one call of the native route with the others' (the pass board).")
+

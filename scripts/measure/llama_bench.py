@@ -19,7 +19,7 @@ information (CPU, AVX-512, AVX-VNNI as its build saw them), the build's commit a
     python scripts/measure/llama_bench.py --build-only
 
 `python -m hispec bench ... --llama-bench .build/llama.cpp/build-VERSION/bin/llama-bench` runs the same
-measurement inside a bench run (hispec.evaluation.llama_bench), so one artifact holds both.
+measurement inside a bench run (hispec.evaluation.llama_cpp.llama_bench), so one artifact holds both.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     from hispec.evaluation.record import code_version, write
     from hispec.model.loading import default_gguf_path
 
-    from hispec.evaluation.llama_bench import DEFAULT_FILE, Q4_0_FILE, measure
+    from hispec.evaluation.llama_cpp.llama_bench import DEFAULT_FILE, Q4_0_FILE, measure
 
     threads = args.threads or torch.get_num_threads()
     model = Path(default_gguf_path())

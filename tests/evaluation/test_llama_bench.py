@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hispec.errors import ConfigError
-from hispec.evaluation import llama_bench as lb
+from hispec.evaluation.llama_cpp import llama_bench as lb
 
 # llama-bench -o json records as its build 0c1e570 writes them (avg_ts, stddev_ts); tokens/s by (prompt, generated): tg 130; a k-token pass k * 150 / (1 + k / 8) tokens/s; prompts 400 tokens/s
 FAKE = '''#!{python}

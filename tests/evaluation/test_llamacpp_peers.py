@@ -1,4 +1,4 @@
-"""The bench's peers (hispec/evaluation/peers.py) and llama.cpp among them (hispec/evaluation/llamacpp.py),
+"""The bench's peers (hispec/evaluation/peers.py) and llama.cpp among them (hispec/evaluation/llama_cpp/llamacpp.py),
 without llama.cpp: a stand-in `llama_cpp` module records what the peer asks of it. Peers by name from one
 table, the cache emptied before every prompt, the lookup peer's draft model and settings, malformed names
 refused, and a peer that cannot run here refused once, before any model loads."""
@@ -10,7 +10,8 @@ import pytest
 
 from hispec.errors import ConfigError
 from hispec.cli.main import main
-from hispec.evaluation import bench, llamacpp, peers
+from hispec.evaluation import bench, peers
+from hispec.evaluation.llama_cpp import llamacpp
 from hispec.evaluation.method import BenchMethod
 
 

@@ -292,7 +292,7 @@ def test_bench_runs_both_formats_side_by_side(tmp_path, monkeypatch):
 
 
 def test_llamacpp_method_says_what_is_missing(monkeypatch):
-    from hispec.evaluation import llamacpp
+    from hispec.evaluation.llama_cpp import llamacpp
 
     monkeypatch.setattr(llamacpp, "available", lambda: False)
 
