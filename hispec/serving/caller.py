@@ -4,7 +4,7 @@ request arrived.
 The session is Gradio's session hash (one per browser tab or API client): a visitor's Stop reaches
 the requests of that session only. The address is the peer's IP, or, when the operator says which
 proxies stand in front of the server (HISPEC_TRUSTED_PROXIES, HISPEC_PROXY_HOPS), the address that
-chain names in X-Forwarded-For (serving.proxies). A client cannot choose its address by sending a
+chain names in X-Forwarded-For (serving.addresses.proxies). A client cannot choose its address by sending a
 header: headers from untrusted peers are ignored, loopback included.
 
 That holds only if nothing under the app believes the header first: uvicorn (which serves Gradio)
@@ -27,7 +27,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from hispec.serving.proxies import ProxyChain, forwarded_for, forwarded_in_scope
+from hispec.serving.addresses.proxies import ProxyChain, forwarded_for, forwarded_in_scope
 
 ARRIVED = "hispec.arrived"  # the ASGI scope key of a request's arrival (time.monotonic())
 UVICORN_TRUST = "FORWARDED_ALLOW_IPS"  # uvicorn's own list of peers whose forwarded headers it believes
@@ -61,7 +61,7 @@ def caller_of(request, proxies: ProxyChain | tuple[str, ...] = ()) -> Caller:
 
 
 def client_address(peer: str, forwarded: str | None, trusted_proxies: tuple[str, ...], hops: int = 0) -> str:
-    """The client's address (serving.proxies): the peer, or the forwarded address the chain names."""
+    """The client's address (serving.addresses.proxies): the peer, or the forwarded address the chain names."""
     return ProxyChain(tuple(trusted_proxies), hops).client(peer, forwarded)
 
 
@@ -89,7 +89,7 @@ def forwarded_headers_left_to_serving(env=None) -> None:
 
 
 def _forwarded(request) -> str | None:
-    """Every X-Forwarded-For field line of the request, joined (serving.proxies.forwarded_for): from its ASGI
+    """Every X-Forwarded-For field line of the request, joined (serving.addresses.proxies.forwarded_for): from its ASGI
     scope (gr.Request -> the starlette request), else from its headers (getlist where they have it)."""
     scope = getattr(getattr(request, "request", None), "scope", None)
     if isinstance(scope, dict) and "headers" in scope:

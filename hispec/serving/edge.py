@@ -38,8 +38,8 @@ from urllib.parse import parse_qs
 
 from hispec.errors import HiSpecError
 from hispec.serving.caller import ARRIVED, Caller, joins_queue
-from hispec.serving.proxies import forwarded_in_scope
-from hispec.serving.ratelimit import RateLimits
+from hispec.serving.addresses.proxies import forwarded_in_scope
+from hispec.serving.addresses.ratelimit import RateLimits
 from hispec.text import sentence
 
 STOP_PATH = "/hispec/stop"

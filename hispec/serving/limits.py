@@ -7,7 +7,7 @@ figure when everyone together is over it), the model allow-list; the prompt's le
 once it is tokenized. The time limit counts a request's own time on the model, from when it gets
 its turn: waiting behind other visitors is not counted against it.
 
-The client address comes from the proxy chain the operator states (serving.proxies):
+The client address comes from the proxy chain the operator states (serving.addresses.proxies):
 HISPEC_TRUSTED_PROXIES (the proxies' addresses or ranges, "private", or "*" when the server can be
 reached only through its proxy; on Hugging Face Spaces "*,private" by default) or HISPEC_PROXY_HOPS
 (how many proxies stand in front of the server); unset, no forwarded header is believed, from
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hispec.errors import ConfigError, ModelLoadError
-from hispec.serving.proxies import ANY, PRIVATE, ProxyChain
+from hispec.serving.addresses.proxies import ANY, PRIVATE, ProxyChain
 
 DEFAULT_MODEL_NAME = "default"
 LAYERSKIP_CHECKPOINT = "facebook/layerskip-llama3.2-1B"
@@ -47,7 +47,7 @@ class Limits:
     rate_per_minute: int = 12  # requests per client address per minute (0 = no limit)
     allowed_models: tuple[str, ...] = (DEFAULT_MODEL_NAME,)  # what visitors may choose; "*": any hub id
     global_rate_per_minute: int = 60  # beyond this many a minute from everyone, each address its fair share (0: off)
-    trusted_proxies: tuple[str, ...] = ()  # proxies whose X-Forwarded-For is believed (serving.proxies)
+    trusted_proxies: tuple[str, ...] = ()  # proxies whose X-Forwarded-For is believed (serving.addresses.proxies)
     proxy_hops: int = 0  # or: exactly this many proxies stand in front of the server (0: read `trusted_proxies`)
     # requests per address per minute that may join the HTTP queue (the page sends 3 per run; 0 = no limit):
     # counted at the edge, before anything is queued (serving.edge)

@@ -45,7 +45,7 @@ from hispec.serving.jobs import LEFT, STOPPED, TIME_LIMIT, Job, Jobs
 from hispec.serving.limits import Limits
 from hispec.serving.presence import Streams
 from hispec.serving.protocol import Request
-from hispec.serving.ratelimit import RateLimits
+from hispec.serving.addresses.ratelimit import RateLimits
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.share import Share
 from hispec.serving.updates import Ended, Output, Status

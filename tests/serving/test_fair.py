@@ -19,7 +19,7 @@ from hispec.serving import jobs as jobs_module
 from hispec.serving.api import GenerateRequest
 from hispec.serving.caller import Caller
 from hispec.serving.jobs import Job, Jobs
-from hispec.serving.ratelimit import RateLimits
+from hispec.serving.addresses.ratelimit import RateLimits
 from hispec.serving.turns import Turns
 from hispec.serving.updates import Ended, Output
 

@@ -1,4 +1,4 @@
-"""Which address of a proxy chain is the visitor's (serving.proxies): a second hop inside the host's
+"""Which address of a proxy chain is the visitor's (serving.addresses.proxies): a second hop inside the host's
 network must not make every visitor one address, by default on Spaces; an operator can state the
 chain by trusted ranges or by a hop count."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from hispec.errors import ConfigError
 from hispec.serving.limits import Limits
-from hispec.serving.proxies import ProxyChain
+from hispec.serving.addresses.proxies import ProxyChain
 
 SPACES = {"SPACE_ID": "someone/hispec"}
 

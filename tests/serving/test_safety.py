@@ -22,7 +22,7 @@ from hispec.model.fits import check_fits
 from hispec.serving.api import GenerateRequest, LoadRequest
 from hispec.serving.caller import Caller, caller_of, client_address
 from hispec.serving.limits import LAYERSKIP_CHECKPOINT, Limits
-from hispec.serving.ratelimit import RateLimits
+from hispec.serving.addresses.ratelimit import RateLimits
 from hispec.serving.registry import ModelRegistry
 from hispec.serving.session import Server
 from hispec.serving.updates import Ended
@@ -161,7 +161,7 @@ def test_limits_from_env_and_hosted_default(monkeypatch):
     assert Limits.from_env({}).allowed_models == ("default",)  # unset: the embedded default only
     assert Limits.from_env({}).allowing("my/model").allowed_models == ("default", "my/model")
     monkeypatch.setenv("SPACE_ID", "someone/hispec")
-    # Spaces' proxy is the only way in, and hops inside its private network are skipped (serving.proxies)
+    # Spaces' proxy is the only way in, and hops inside its private network are skipped (serving.addresses.proxies)
     assert Limits.from_env({}).trusted_proxies == ("*", "private")
     with pytest.raises(ConfigError, match="HISPEC_RATE_LIMIT='many' is not a number"):
         Limits.from_env({"HISPEC_RATE_LIMIT": "many"})
