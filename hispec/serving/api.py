@@ -91,6 +91,7 @@ class GenerateRequest(Request):
 
     kind = "generate"
     what = "generation"
+    shares_pass = True
 
     @classmethod
     def parse(cls, raw: dict, limits: Limits) -> GenerateRequest:

@@ -48,6 +48,7 @@ class Job:
     reason: str | None = None  # the first reason it was told to end (None: it was not)
     overtaken_by: float | None = None  # stopped by a Stop that found nothing this many seconds before it arrived
     visitor: str = ""  # whose turn this is when the model is shared out (the client address); "": the session
+    shares: bool = False  # may hold the model beside other sharing jobs, its passes shared (serving.turns)
 
     def end(self, reason: str) -> None:
         """Tell the job to end (its work checks `stop` between steps); the first reason stays."""

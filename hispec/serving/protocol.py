@@ -3,6 +3,8 @@
     kind        the name a Stop reaches it by ("generate", "compare", ...)
     what        its name in the messages a visitor reads ("generation")
     needs_turn  it runs on the model, so it waits for the model's turn (False: a load, which only leases it)
+    shares_pass it may hold the model beside other such jobs, its passes shared with theirs (a generation:
+                its output is what it writes alone); False: it holds the model alone (its timings are its own)
     follow_up   part of a run the visitor already made ("Why this speed"): not counted again by the
                 per-address rate limit
     model       the model it asks for (None: the server's)
@@ -26,6 +28,7 @@ class Request(ABC):
     kind: ClassVar[str]
     what: ClassVar[str]
     needs_turn: ClassVar[bool] = True
+    shares_pass: ClassVar[bool] = False
     follow_up: ClassVar[bool] = False
 
     @property

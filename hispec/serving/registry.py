@@ -9,10 +9,11 @@ names a visitor may ask for is not decided here: serving.session checks the allo
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from hispec.errors import ModelLoadError
@@ -23,9 +24,26 @@ from hispec.serving.turns import Turns
 @dataclass(eq=False)
 class _Entry:
     lm: LoadedModel
-    turns: Turns = field(default_factory=Turns)
+    turns: Turns | None = None
     leases: int = 0
     pinned: bool = False
+
+    def __post_init__(self):
+        self.turns = self.turns or Turns(seats(self.lm))
+
+
+SEATS = 8  # generations holding one model at once, their passes shared (HISPEC_SEATS)
+
+
+def seats(lm: LoadedModel) -> int:
+    """How many generations may hold the model at once: SEATS (or $HISPEC_SEATS) where its passes run on the
+    native route, whose shared calls are batch-invariant (hispec.model.shared), else 1 (one at a time)."""
+    ee = getattr(lm, "ee", None)
+    lean = getattr(ee, "lean", None)
+    if lean is None or getattr(lean, "native", None) is None or getattr(ee, "graphs", None) is not None:
+        return 1
+    told = os.environ.get("HISPEC_SEATS", "").strip()
+    return max(1, int(told)) if told.isdigit() else SEATS
 
 
 class ModelRegistry:

@@ -132,6 +132,7 @@ class Server:
                 with self.room.entered():
                     lm = yield from hold.lease(name, deadline)
                     work = None if lm is None else request.prepare(lm, self.limits)
+                    job.shares = request.shares_pass  # a generation holds the model beside others where it can
                     # a request that runs nothing on the model (a load) does not wait for its turn
                     held = lm is not None and (not request.needs_turn or (yield from hold.take_turn()))
             except HiSpecError as exc:

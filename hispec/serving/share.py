@@ -41,8 +41,9 @@ class Share:
         self._slice_start = self._clock()
 
     def others_waiting(self) -> bool:
-        """Whether a job of another visitor waits for this model now (the timing pairs give way to it)."""
-        return self.turns is not None and self.turns.others_waiting(self.job)
+        """Whether a job of another visitor waits for this model now, or another job holds it beside this one (the
+        timing pairs give way: their figures must be the method's alone)."""
+        return self.turns is not None and (self.turns.others_waiting(self.job) or self.turns.others_holding(self.job))
 
     def deadline(self) -> float:
         """The time limit as it stands now: the job's own time on the model, its waits not counted."""

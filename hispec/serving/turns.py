@@ -1,8 +1,12 @@
-"""One job at a time on a model, shared out fairly between visitors, and a waiting job can leave.
+"""A model's turns, shared out fairly between visitors, and a waiting job can leave.
 
-A model's layers are shared by every visitor; its KV caches and the timings the adaptive policy
-relies on are not, so one generation (or comparison, benchmark, timing) runs on a model at a time.
-Waiting jobs learn their place; a Stop or a client that left takes a job out of the queue at once.
+A model's layers are shared by every visitor; its KV caches are each generation's own. Where the
+model's passes can be shared (``seats`` > 1: its passes run on the batch-invariant native route, and
+hispec.model.shared fuses the passes of the generations that run together), up to `seats` jobs that
+share (Job.shares: generations) hold the model at once, each in its own thread, and each writes what it
+would alone. Any other job (a comparison, a benchmark, a timing) holds it alone, as every job does where
+seats is 1: its timings must be its own. Waiting jobs learn their place; a Stop or a client that left
+takes a job out of the queue at once.
 
 The order is fair between visitors (a visitor: the client address of the job, Job.who), not
 first come first served: each job gets a round when it arrives, the round of the job holding the
@@ -35,10 +39,11 @@ STEP_S = 0.5  # how often a waiting job looks at its stop flag and reports its p
 
 
 class Turns:
-    def __init__(self):
+    def __init__(self, seats: int = 1):
+        self.seats = max(1, seats)  # jobs that share (Job.shares) holding the model at once
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()  # in arrival order
-        self._holder: Job | None = None
+        self._holders: set[Job] = set()
         self._round: dict[Job, int] = {}  # each waiting or holding job's round
         self._latest: dict[str, int] = {}  # each visitor's latest round
         self._now = 0  # the round of the job holding the model (or of the last one that did)
@@ -87,9 +92,9 @@ class Turns:
         next round, as if it had just arrived). Blocks until then, whatever happens to `job` meanwhile:
         a generation must not touch the model between rounds without holding it. True if it passed."""
         with self._cond:
-            if self._holder is not job or not any(j.who != job.who for j in tuple(self._queue)):
+            if job not in self._holders or not any(j.who != job.who for j in tuple(self._queue)):
                 return False
-            self._holder = None
+            self._holders.discard(job)
             # its next turn is the next round; the visitor's own waiting jobs move one round back, so
             # that a visitor's jobs keep their order among themselves while visitors take turns
             for other in tuple(self._queue):
@@ -105,8 +110,8 @@ class Turns:
 
     def release(self, job: Job) -> None:
         with self._cond:
-            if self._holder is job:
-                self._holder = None
+            if job in self._holders:
+                self._holders.discard(job)
                 self._round.pop(job, None)
                 self._forget_idle()
                 self._cond.notify_all()
@@ -116,6 +121,11 @@ class Turns:
         with self._cond:
             return any(j.who != job.who for j in tuple(self._queue))
 
+    def others_holding(self, job: Job) -> bool:
+        """Whether another job holds the model beside `job` (its passes share the machine)."""
+        with self._cond:
+            return any(j is not job for j in tuple(self._holders))
+
     def order(self) -> list[Job]:
         """The waiting jobs in the order they will get the model."""
         with self._cond:
@@ -123,12 +133,17 @@ class Turns:
 
     # ---- under the lock ---------------------------------------------------------------------------
     def _take(self, job: Job) -> bool:
-        if self._holder is not None or self._order()[0] is not job:
+        if self._order()[0] is not job or not self._seat_for(job):
             return False
         self._queue.remove(job)
-        self._holder = job
+        self._holders.add(job)
         self._now = self._round[job]
         return True
+
+    def _seat_for(self, job: Job) -> bool:
+        """A free model, or a free seat beside holders that all share (and `job` shares too)."""
+        holders = tuple(self._holders)
+        return not holders or (job.shares and len(holders) < self.seats and all(j.shares for j in holders))
 
     def _order(self) -> list[Job]:
         queue, rounds = list(self._queue), dict(self._round)
@@ -158,7 +173,7 @@ class Turns:
     @property
     def busy(self) -> bool:
         with self._cond:
-            return self._holder is not None
+            return bool(self._holders)
 
     @property
     def waiting(self) -> int:

@@ -9,6 +9,7 @@ told to the work when it passes; a work that does not notice is waited for GRACE
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -16,6 +17,7 @@ import time
 
 from hispec.engine.events import DoneEvent
 from hispec.engine.gate import gated
+from hispec.model.shared import BOARD
 from hispec.serving.hold import HEARTBEAT_S, Hold, out_of_time
 from hispec.serving.jobs import LEFT, STOPPED, TIME_LIMIT, Job
 from hispec.serving.protocol import Work
@@ -48,12 +50,16 @@ class Worker:
     def _run(self) -> None:
         try:
             # between the engine's rounds: share the model round by round; the timing pairs ask whether anyone waits
-            with gated(self.share.give_way, waiting=self.share.others_waiting):
+            with gated(self.share.give_way, waiting=self.share.others_waiting), self._member():
                 out = self.work(self.job.stop, self._items.put)  # a generator yields its items; other work emits
                 for item in out or ():
                     self._items.put(item)
         except BaseException as exc:  # handed to the stream, reported there
             self._items.put(Failure(exc))
+
+    def _member(self):
+        """A sharing job's passes meet those of the others holding the model (model.shared's board)."""
+        return BOARD.member() if self.job.shares else contextlib.nullcontext()
 
     def stream(self):
         """The work's updates (Status, Output); returns its Failure, or None when it ended (or the
