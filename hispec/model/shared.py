@@ -35,9 +35,28 @@ class _Pass:
     item: Any
     run_many: Callable[[list], list]  # the same operation for every pass of a key
     since: float
+    tally: Tally | None = None  # its member's
     done: bool = False
     result: Any = None
     error: BaseException | None = None
+
+
+@dataclass
+class Tally:
+    """One member's share of the board: the calls that carried its passes, how many of them carried other
+    members' passes too, and theirs in those calls (what the page says of a run that shared the machine)."""
+
+    calls: int = 0
+    shared_calls: int = 0
+    others_passes: int = 0
+    most_members: int = 1  # the most members' passes one of its calls carried
+
+    def add(self, width: int) -> None:
+        self.calls += 1
+        if width > 1:
+            self.shared_calls += 1
+            self.others_passes += width - 1
+            self.most_members = max(self.most_members, width)
 
 
 @dataclass
@@ -68,14 +87,15 @@ class PassBoard:
 
     @contextlib.contextmanager
     def member(self):
-        """This thread's passes meet the other members' while inside (re-entrant)."""
+        """This thread's passes meet the other members' while inside (re-entrant); yields its Tally."""
         depth = getattr(self._local, "depth", 0)
         self._local.depth = depth + 1
         if depth == 0:
+            self._local.tally = Tally()
             with self._cond:
                 self._members += 1
         try:
-            yield self
+            yield self._local.tally
         finally:
             self._local.depth = depth
             if depth == 0:
@@ -96,7 +116,7 @@ class PassBoard:
         """`item`'s result of run_many([...items of the same key...]); a non-member runs run_many([item]) at once."""
         if not self.is_member:
             return run_many([item])[0]
-        mine = _Pass(item, run_many, time.monotonic())
+        mine = _Pass(item, run_many, time.monotonic(), self._local.tally)
         with self._cond:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._serve, name="hispec-pass-board", daemon=True)
@@ -146,6 +166,8 @@ class PassBoard:
         self.counts.calls += 1
         self.counts.passes += len(group)
         self.counts.by_width[len(group)] += 1
+        for p in group:
+            p.tally.add(len(group))
         return group
 
     def _until(self) -> float:

@@ -23,6 +23,7 @@ from hispec.engine.levels import FULL, Level, level_words, recorded_levels
 from hispec.engine.planning.costs import CostModel
 from hispec.engine.planning.policy import POLICIES, adapts
 from hispec.engine.planning.round import Round, kind_words
+from hispec.model.shared import Tally
 from hispec.runs.metrics import StatsCollector
 
 SCHEMA_VERSION = 1
@@ -116,6 +117,7 @@ class RunRecord:
     # exit believed (explain.beliefs), kept with it so that its views need no model; None for a live run
     recorded_on: Mapping | None = None
     beliefs: Mapping | None = None
+    shared: Tally | None = None  # the calls its passes shared with other visitors' (model.shared); None: ran alone
 
     # ---- questions the views ask ---------------------------------------------------------------
     @property
@@ -182,6 +184,7 @@ class RunRecord:
                 "pairs_asked": self.pairs_asked, "costs_ms": costs, "costs_whose": self.costs_whose if costs else None,
                 "settings": dict(self.settings), "events": [event_to_dict(ev) for ev in self.events],
                 **({"recorded_on": dict(self.recorded_on)} if self.recorded_on else {}),
+                **({"shared": dataclasses.asdict(self.shared)} if self.shared else {}),
                 **({"beliefs": self.beliefs} if self.beliefs else {})}
 
 
@@ -321,6 +324,7 @@ def from_json(data: Mapping) -> RunRecord:
     record = build(events, stats, model=data.get("model") or "", prompt_ids=data.get("prompt_ids") or (),
                    vs_plain=data.get("vs_plain"), pairs_asked=data.get("pairs_asked") or 0,
                    costs_ms=data.get("costs_ms"), costs_whose="first")
-    if data.get("recorded_on") or data.get("beliefs"):
-        record = dataclasses.replace(record, recorded_on=data.get("recorded_on"), beliefs=data.get("beliefs"))
+    if data.get("recorded_on") or data.get("beliefs") or data.get("shared"):
+        record = dataclasses.replace(record, recorded_on=data.get("recorded_on"), beliefs=data.get("beliefs"),
+                                     shared=Tally(**data["shared"]) if data.get("shared") else None)
     return record

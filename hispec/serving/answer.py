@@ -8,11 +8,13 @@ coloured tokens drawn by the caller (`html_of`: the UI's renderer, the only part
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Iterable, Iterator
 
 from hispec.engine.events import Event
 from hispec.errors import HiSpecError
 from hispec.explain.why import plan_table
+from hispec.model.shared import Tally
 from hispec.runs.record import RunRecord
 from hispec.runs.runner import LiveRun
 from hispec.serving.updates import Ended, Output, Status
@@ -23,11 +25,14 @@ class Generation:
         self.run = LiveRun()
         self.vs_plain: dict | None = None
         self.prompt_ids: list[int] | None = None
+        self.shared: Tally | None = None  # the calls its passes shared with other visitors' (serving.worker)
 
     def add(self, items: Iterable[object]) -> list[Event]:
         """Fold one Output's items; the engine events among them, in order."""
         items = list(items)
         for item in items:
+            if isinstance(item, Tally):
+                self.shared = item
             if isinstance(item, dict):
                 self.vs_plain = item.get("vs_plain", self.vs_plain)
                 self.prompt_ids = item.get("prompt_ids", self.prompt_ids)
@@ -40,8 +45,9 @@ class Generation:
 
     def record(self, model: str = "", pairs_asked: int = 0) -> RunRecord:
         """The finished generation as one value (runs.record.RunRecord), what every view after it reads."""
-        return self.run.record(model=model, prompt_ids=self.prompt_ids or (), vs_plain=self.vs_plain,
-                               pairs_asked=pairs_asked)
+        record = self.run.record(model=model, prompt_ids=self.prompt_ids or (), vs_plain=self.vs_plain,
+                                 pairs_asked=pairs_asked)
+        return dataclasses.replace(record, shared=self.shared) if self.shared is not None else record
 
     def response(self, html: str, model: str = "") -> dict:
         """What /generate returns: the run's record (RunRecord.to_json, with its schema version: its levels in

@@ -50,16 +50,18 @@ class Worker:
     def _run(self) -> None:
         try:
             # between the engine's rounds: share the model round by round; the timing pairs ask whether anyone waits
-            with gated(self.share.give_way, waiting=self.share.others_waiting), self._member():
+            with gated(self.share.give_way, waiting=self.share.others_waiting), self._member() as tally:
                 out = self.work(self.job.stop, self._items.put)  # a generator yields its items; other work emits
                 for item in out or ():
                     self._items.put(item)
+            if tally is not None and tally.shared_calls:  # what sharing the machine did to this run (the page says)
+                self._items.put(tally)
         except BaseException as exc:  # handed to the stream, reported there
             self._items.put(Failure(exc))
 
     def _member(self):
         """A sharing job's passes meet those of the others holding the model (model.shared's board)."""
-        return BOARD.member() if self.job.shares else contextlib.nullcontext()
+        return BOARD.member() if self.job.shares else contextlib.nullcontext(None)
 
     def stream(self):
         """The work's updates (Status, Output); returns its Failure, or None when it ended (or the

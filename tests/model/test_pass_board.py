@@ -69,6 +69,27 @@ def test_members_waiting_together_run_as_one_call():
     assert board.counts.by_width == {4: 1}
 
 
+def test_each_member_tallies_the_calls_it_shared():
+    board, op = PassBoard(window_s=5.0), Recorder()
+    tallies, gate = {}, threading.Barrier(3)
+
+    def work(i):
+        with board.member() as tally:
+            gate.wait()
+            board.run("k", i, op)
+            tallies[i] = tally
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all((t.calls, t.shared_calls, t.others_passes, t.most_members) == (1, 1, 2, 3) for t in tallies.values())
+    with board.member() as alone:
+        board.run("k", 9, op)
+    assert (alone.calls, alone.shared_calls, alone.others_passes) == (1, 0, 0)
+
+
 def test_members_whose_passes_went_different_ways_fall_into_step():
     """Member 0 starts at step 'b', member 1 at step 'a'; each alternates a, b, a, b... The largest group
     goes first, so after the first call they post the same key and share every later call."""

@@ -18,6 +18,8 @@ from hispec.model.formats import q4_kernel
 from hispec.model.formats.q4 import to_q4
 from hispec.model.loading import LoadedModel
 from hispec.model.shared import BOARD
+from hispec.runs.record import from_json
+from hispec.serving.answer import Generation
 from hispec.serving.api import GenerateRequest
 from hispec.serving.caller import Caller
 from hispec.serving.jobs import Job
@@ -134,3 +136,15 @@ def test_visitors_at_once_share_passes_and_each_gets_its_solo_answer():
         assert vs is not None and vs["runs"] + vs["yielded"] + vs["cut"] == 1
     assert any(vs["yielded"] for _, vs in answers)
     assert not turns.busy and server.jobs.of() == []
+    # each record says what sharing did: the calls its passes shared, and the others' passes in them
+    records = []
+    for i in range(4):
+        fold = Generation()
+        for u in out[i]:
+            if isinstance(u, Output):
+                fold.add(u.items)
+        records.append(fold.record())
+    told = [r.shared for r in records if r.shared is not None]
+    assert told and all(t.shared_calls >= 1 and t.others_passes >= t.shared_calls and t.most_members >= 2 for t in told)
+    back = from_json(records[[r.shared is not None for r in records].index(True)].to_json())
+    assert back.shared == told[0]
