@@ -104,7 +104,7 @@ class GenerateView:
         shown = {"status": render.message_html(status, "info"), "tokens": self.tokens(),
                  "legend": render.legend_html(self.run.trace.counts(), self._levels()), "final": self.run.done.text,
                  "stats": render.stats_html(stats, self.vs_plain, levels=self._levels(),
-                                            load=self.load or (loadavg(), "now"))}
+                                            load=self.load or (loadavg(), "now"), shared=self.fold.shared)}
         # the run's last word stands alone: a Stop's "Stopping…" reply goes with it
         kept = self.kept()
         return shown | self._charts(stats, True) | lanes(kept) | {"last_run": kept, "stop_note": ""}

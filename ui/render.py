@@ -173,12 +173,13 @@ def reason_words(reason: str | None) -> str:
 
 
 def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = None, levels=None,
-               load: tuple[list[float] | None, str] | None = None) -> str:
+               load: tuple[list[float] | None, str] | None = None, shared=None) -> str:
     """The run's stats as a table (the CLI prints the same rows on one line); `vs_plain`: the
     measured ratio to plain decoding on this prompt (evaluation.compare.vs_plain), when taken;
     `stopped_by`: what ended it when the engine only knows it was stopped (the time limit, a Stop);
     `levels`: the run's level list, once known (a level in a cheaper format is then named as such); `load`:
-    (the machine's 1, 5, 15-minute load averages, whose: 'now' or 'when recorded'), shown beside tokens/s."""
+    (the machine's 1, 5, 15-minute load averages, whose: 'now' or 'when recorded'), shown beside tokens/s;
+    `shared`: the calls the run's passes shared with other visitors' (model.shared.Tally), when they did."""
     plans = sorted((s.get("policy_choices") or {}).items(), key=lambda kv: -kv[1])
     page_words = {"stopped by": stopped_by or reason_words(s.get("finish_reason")),  # the page's words for these
                   "adaptive plans (rounds)": ", ".join(f"{plan_words(k)}: {n}" for k, n in plans)}
@@ -187,6 +188,8 @@ def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = N
         rows.insert(3, ("speed vs plain decoding, measured", vs_plain_words(vs_plain)))
     if load and load[0]:
         rows.insert(3, (f"machine load ({load[1]})", load_words(load[0])))
+    if shared is not None and shared.shared_calls:
+        rows.insert(3, ("shared with other visitors", shared_words(shared)))
     body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f'<table class="hs-stats">{body}</table>'
 
@@ -198,12 +201,21 @@ def load_words(averages: list[float]) -> str:
     return f"{averages[0]:.1f} (1 min) on {cores} cores: {busy}. {SHARED_WORDS}"
 
 
-# how sharing the machine changes the figures (serving: visitors take turns on the model, round by round; a run's
-# clock counts its own turns only; the timing pairs give way to a visitor who waits)
-SHARED_WORDS = ("This machine is shared: visitors take turns on the model and a run's clock counts only its own "
-                "turns, but other work here slows every tokens/s alike; the timing pairs time the method and plain "
-                "decoding back to back, each alone on the model, so the ratio to plain decoding moves much less "
-                "(and they give way to a visitor who waits).")
+# how sharing the machine changes the figures (serving: visitors' generations hold the model together and their passes
+# share calls, or take turns round by round where they cannot; the timing pairs give way to another visitor)
+SHARED_WORDS = ("This machine is shared: visitors' generations run together, their passes carried by the same calls "
+                "(each writes exactly what it would alone), and other work here slows every tokens/s alike, so a "
+                "run's tokens/s is its speed beside the others; the timing pairs time the method and plain decoding "
+                "back to back, each alone on the model, so the ratio to plain decoding moves much less (and they "
+                "give way while another visitor runs or waits).")
+
+
+def shared_words(tally) -> str:
+    """'12 of its 40 calls carried other visitors' passes too (31 of theirs; up to 3 visitors in one call): its
+    tokens/s is its speed beside them; alone it runs faster, and the machine serves more tokens in all.'"""
+    return (f"{tally.shared_calls} of its {tally.calls} calls carried other visitors' passes too "
+            f"({tally.others_passes} of theirs; up to {tally.most_members} visitors in one call): its tokens/s is its "
+            "speed beside them; alone it runs faster, and the machine serves more tokens in all.")
 
 
 def vs_plain_words(vs: dict) -> str:

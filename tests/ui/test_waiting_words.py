@@ -45,3 +45,15 @@ def test_the_load_row_says_the_machine_is_shared_and_what_that_does_to_the_figur
     assert words.startswith("1.5 (1 min) on ")
     assert "This machine is shared" in words and "timing pairs" in words and "alone on the model" in words
     assert render.SHARED_WORDS in render.load_words([0.1, 0.1, 0.1])  # said whatever the load
+
+
+def test_a_run_that_shared_its_calls_says_so_beside_its_speed():
+    from hispec.model.shared import Tally
+
+    stats = {"new_tokens": 3, "wall_s": 1.0, "tokens_per_s": 3.0, "acceptance": {}, "kept": {}, "full_passes": 3,
+             "tokens_per_full_pass": 1.0, "layer_tokens": {"useful": 1, "wasted": 0}}
+    shared = Tally(calls=40, shared_calls=12, others_passes=31, most_members=3)
+    with_row = render.stats_html(stats, shared=shared)
+    assert "shared with other visitors" in with_row and "12 of its 40 calls" in with_row and "up to 3 visitors" in with_row
+    alone = render.stats_html(stats, shared=Tally(calls=40))
+    assert "shared with other visitors" not in alone and "shared with other visitors" not in render.stats_html(stats)
