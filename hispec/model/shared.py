@@ -18,6 +18,7 @@ before. One board serves the process (``BOARD``): the machine's cores are one re
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 import time
@@ -82,6 +83,7 @@ class PassBoard:
         self._pending: dict[Hashable, list[_Pass]] = {}
         self._running = False
         self._worker: threading.Thread | None = None
+        self._closed = False
         self._ended = 0.0  # when the last call ended (time.monotonic())
         self.counts = BoardCounts()
 
@@ -135,7 +137,7 @@ class PassBoard:
         (a call from each member's own thread started a team per thread, and the idle teams' spinning
         threads took the cores from the working one: one member ran at 0.73x its speed alone)."""
         with self._cond:
-            while True:
+            while not self._closed:
                 group = self._take()
                 if group is None:
                     self._cond.wait(self._until() if self._pending else None)
@@ -149,6 +151,17 @@ class PassBoard:
                     self._running = False
                     self._ended = time.monotonic()
                     self._cond.notify_all()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the runner thread (at exit: a daemon thread still alive as the interpreter finalises is ended
+        inside the runtime, and one that had run torch's and the kernel's OpenMP regions aborted the process:
+        'terminate called without an active exception', exit code 134)."""
+        with self._cond:
+            self._closed = True
+            worker, self._worker = self._worker, None
+            self._cond.notify_all()
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout)
 
     # ---- under the lock ---------------------------------------------------------------------------
     def _take(self):
@@ -201,3 +214,4 @@ def _run_group(group: list[_Pass]) -> None:
 
 
 BOARD = PassBoard()
+atexit.register(BOARD.close)

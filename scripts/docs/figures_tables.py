@@ -514,11 +514,15 @@ def load_table(r: dict) -> str:
            lat("latency_s_long"), f"{r['seconds']:.0f} s"]
     long = f" and {r['long_tokens']} for a long one" if r.get("long_tokens") else ""
     visitors = (", each session a visitor of its own (its own client address)" if r.get("visitors") else "")
+    seats = r.get("seats") or 1
+    sharing = ("one generation at a time per model, its turn shared round by round between visitors, so requests "
+               "queue." if seats == 1 else
+               f"up to {seats} generations hold the model at once, their passes sharing calls (each writing what it "
+               "would alone); beyond them, turns are shared round by round between visitors.")
     return (_table(["sessions × requests", "completed", "malformed, refused with their message", "failed", "crossed",
                     "short latency p50 / p90 / p99", "long latency p50 / p90 / p99", "wall time"], [row])
             + f"\n\nModel {r['model']}, {r['max_new_tokens']} new tokens for a short request{long}, every session at "
-              f"once{visitors}; one generation at a time per model, its turn shared round by round between visitors, "
-              "so requests queue." + _stops_line(r))
+              f"once{visitors}; {sharing}" + _stops_line(r))
 
 
 LOADED_FLOOR = 0.9  # issue 37: hispec/auto never more than 10% slower than plain decoding on any prompt

@@ -384,6 +384,14 @@ def default_run(records: list[dict]) -> str | None:
     return max(set(runs), key=runs.count) if runs else None
 
 
+def seats_held() -> int | None:
+    """How many generations could hold the model at once (serving.turns' seats; 1: one at a time)."""
+    server = SERVED.get("server")
+    if server is None:
+        return None
+    return max((server.registry.turns(name).seats for name in server.registry.loaded()), default=None)
+
+
 def report_of(records: list[dict], args, seconds: float, unfinished: int, memory: dict | None = None) -> dict:
     # stopped_ahead: sent right after a Stop of its session that found nothing, and stopped by it (serving.jobs.AHEAD_S)
     count = {k: sum(r["outcome"] == k for r in records) for k in ("completed", "refused_as_expected", "crossed",
@@ -395,7 +403,7 @@ def report_of(records: list[dict], args, seconds: float, unfinished: int, memory
             "host_note": args.host_note, "model": args.model, "default_run": default_run(records),
             "sessions": args.sessions, "requests_per_session": args.requests,
             "max_new_tokens": args.max_new_tokens, "long_tokens": args.long_tokens, "long_share": args.long_share,
-            "visitors": "one client address per session",
+            "visitors": "one client address per session", "seats": seats_held(),
             "seconds": round(seconds, 1), "requests": len(records), **count,
             "unfinished_sessions": unfinished, **({"stuck": stuck()} if unfinished else {}),
             "by_kind": {k: sum(r["kind"] == k for r in records) for k in ("normal", "long", "stop", "bad", "late")},
