@@ -15,6 +15,7 @@ HTML the page shows). From the panel's story (hispec.explain.why.speed_story, th
     plain step      plain decoding measured on the pairs against the cost model's, and whether the page flags the
                     cost model as off by more than a quarter (ui.why_view.plain_step_flag: the page has no
                     "too busy to estimate" words; that flag is its nearest)
+    costs           the pass costs (ms per layer by new tokens, per head) of every lane the estimate used
 
 and the report says whether every estimate lies inside every run's stated range, and whether the ranges overlap.
 The load is hispec.evaluation.host.busy_cores (`--busy` Python busy loops), from before the model loads to the
@@ -89,6 +90,8 @@ def one_run(server, settings, pairs: int) -> dict:
         "plain_step": {"measured_decode_tokens_per_s": plain["measured_decode_tokens_per_s"],
                        "cost_model_tokens_per_s": plain["model_tokens_per_s"]},
         "plain_step_flagged": bool(flag), "costs_whose": whose,
+        # the pass costs the estimate was made of, per lane (None: the exact model's), as the run kept them
+        "costs_ms": {str(fmt or "exact"): cost.figures_ms() for fmt, cost in (lanes or {}).items()},
         "differences": dict(story["differences"]) if story["differences"] else {},
     }
 
