@@ -231,7 +231,9 @@ def lanes_figure(record) -> go.Figure:
                           "%{customdata[2]:.2f} ms<extra>%{y}</extra>"))
     if not timeline.timed:
         _not_applicable(fig, "no timings: this run's events hold no timed pass")
-    layout = dict(_LAYOUT, height=140 + 36 * len(names), margin=dict(l=10, r=10, t=36, b=50))
+    # the legend (two rows) at the figure's foot, under the axis title, not over it
+    layout = dict(_LAYOUT, height=190 + 36 * len(names), margin=dict(l=10, r=10, t=36, b=100),
+                  legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"))
     fig.update_layout(title="Passes by level, on the run's clock", showlegend=True, barmode="overlay",
                       xaxis=dict(title="seconds since the start (passes: measured; plain: its pairs' medians)",
                                  rangemode="tozero"),

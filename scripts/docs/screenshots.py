@@ -3,7 +3,7 @@
     python app.py &                # the default model, http://127.0.0.1:7860
     python scripts/docs/screenshots.py [--url URL] [--out assets] [--json assets/walkthrough.json]
     python scripts/docs/screenshots.py --default-only --out assets    # the README's picture only
-    python scripts/docs/screenshots.py --lessons-only --out assets    # a lesson, its race and its positions
+    python scripts/docs/screenshots.py --lessons-only --out assets    # a lesson: race, lanes, positions
 
 Needs Debian's chromium and the playwright package (scripts/setup.sh --dev). It clicks as a student
 would: the teaching preset and three pairs of runs against plain decoding, one prompt, the token
@@ -138,14 +138,16 @@ def adaptive_run(page, out: Path, seen: dict) -> None:
 
 
 def lesson_run(page, out: Path, seen: dict) -> None:
-    """A lesson replayed (no model time): the lesson's row and its tokens, the race against plain decoding, and
-    acceptance by position in the block, from the shipped recording of the default run on an explanation."""
+    """A lesson replayed (no model time): the lesson's row and its tokens, the race against plain decoding, its
+    passes by level on the run's clock, and acceptance by position in the block, from the shipped recording of the
+    default run on an explanation."""
     page.locator("#hs-lesson input").click()
     page.get_by_role("option", name=LESSON).click()
     page.get_by_role("button", name="Replay the lesson").click()
     wait_for_text(page, "#hs-status", "Lesson replayed")
     wait_for_text(page, "#hs-why", "A recorded run, replayed")
     page.wait_for_selector("#hs-race-plot .js-plotly-plot svg.main-svg")
+    page.wait_for_selector("#hs-lanes-plot .js-plotly-plot svg.main-svg")
     page.wait_for_selector("#hs-position-plot .js-plotly-plot svg.main-svg")
     time.sleep(2)  # the charts' last redraw
     scrolled = page.evaluate("window.scrollY")
@@ -155,8 +157,15 @@ def lesson_run(page, out: Path, seen: dict) -> None:
                     clip={"x": 0, "y": scrolled + top["y"] - 10, "width": 1400,
                           "height": bottom["y"] + bottom["height"] - top["y"] + 20})
     page.locator("#hs-race-plot").screenshot(path=str(out / "screenshot_race.png"))
+    # the lanes' chart with its caption under it (the shot above scrolled the page: boxes are in the viewport)
+    scrolled = page.evaluate("window.scrollY")
+    lanes, note = page.locator("#hs-lanes-plot").bounding_box(), page.locator("#hs-lanes-note").bounding_box()
+    page.screenshot(path=str(out / "screenshot_lanes.png"), full_page=True,
+                    clip={"x": lanes["x"], "y": scrolled + lanes["y"], "width": lanes["width"],
+                          "height": note["y"] + note["height"] - lanes["y"] + 10})
     page.locator("#hs-position-plot").screenshot(path=str(out / "screenshot_positions.png"))
     seen["lesson_status"], seen["lesson_note"] = page.inner_text("#hs-status"), page.inner_text("#hs-position-note")
+    seen["lesson_lanes_note"] = page.inner_text("#hs-lanes-note")
 
 
 def main() -> None:
@@ -168,7 +177,8 @@ def main() -> None:
     parser.add_argument("--default-only", action="store_true",
                         help="only the README's picture: the page's default run (screenshot_default.png)")
     parser.add_argument("--lessons-only", action="store_true",
-                        help="only a lesson replayed: screenshot_lesson.png, _race.png and _positions.png")
+                        help="only a lesson replayed: screenshot_lesson.png, _race.png, _lanes.png and "
+                             "_positions.png")
     args = parser.parse_args()
     from playwright.sync_api import expect, sync_playwright
 
