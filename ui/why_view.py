@@ -11,6 +11,8 @@ from hispec.engine.planning.round import DRAFTS_ON_MEANS
 from ui.render import SYNTHETIC
 
 OFF_BY = 0.25  # the cost model's plain step further than this from the measured one is flagged
+# what the run's estimate row says instead of a figure when the plain step is flagged (issue 58)
+TOO_BUSY = "too busy to estimate: the pass costs were timed at another speed than this run's"
 
 
 def _pct(x) -> str:
@@ -148,9 +150,11 @@ def spread_words(m: dict) -> str:
 
 def why_html(story: dict) -> str:
     rows = [_measured_row(story)]
+    busy = bool(plain_step_flag(story["plain"]))  # the costs were timed at another speed: no estimate of the run
     if story["measured"] and story["predicted"] is not None:
+        figure = (f"– ({TOO_BUSY})" if busy else _x(story['predicted'], story['predicted_range']))
         rows.append(f"<tr><td>this run, estimated from its plans (decoding only)</td><td>–</td>"
-                    f"<td>{_x(story['predicted'], story['predicted_range'])}</td><td>estimate</td></tr>")
+                    f"<td>{figure}</td><td>estimate</td></tr>")
     plan = story.get("slider_plan")
     if plan is not None:
         at = story["sliders"]
@@ -176,7 +180,7 @@ def why_html(story: dict) -> str:
     table = scrolling("<table class='hs-stats' id='hs-why-table'><tr><th>figure</th><th>acceptance</th>"
                       f"<th>× plain decoding</th><th>kind</th></tr>{''.join(rows)}</table>")
     notes = ""
-    if story["differences"]:
+    if story["differences"] and not busy:
         items = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in story["differences"])
         notes = ("<p>The estimate lies outside the measured range. By how much, and why they may differ:</p>"
                  f"<ul class='hs-why-notes'>{items}</ul>")
@@ -210,9 +214,10 @@ def plain_step_flag(plain: dict) -> str:
     off = model / measured - 1
     words = (f"The cost model's plain step ({model:.1f} tokens/s) is {abs(off):.0%} {'above' if off > 0 else 'below'} "
              f"plain decoding measured on this run's pairs ({measured:.1f} tokens/s): the machine ran at another speed "
-             "when its pass costs were timed (a shared machine's load moves it). Every estimate's tokens/s here uses "
-             "the measured one; the × estimates are ratios within the cost model, so they hold only as far as its "
-             "costs kept their proportions.")
+             "when its pass costs were timed (a shared machine's load moves it). So the page does not estimate the run "
+             "as a whole: the machine is too busy to estimate. The plans' estimates below use the measured plain step "
+             "for tokens/s; their × figures are ratios within the cost model, and hold only as far as its costs kept "
+             "their proportions.")
     return f"<p class='hs-msg hs-msg-warn' id='hs-plain-flag'>{html.escape(words)}</p>"
 
 

@@ -1,6 +1,6 @@
 """The 4-bit CPU kernel (csrc/q4_kernel.cpp): built at first use, loaded with ctypes.
 
-The source is plain C++ with x86 intrinsics and OpenMP, no torch headers, so a build takes a few
+The source is plain C++ with x86 intrinsics and its own thread pool, no torch headers, so a build takes a few
 seconds. It is compiled once per instruction set and cached as
 ``<build dir>/q4_kernel-<isa>-<hash>.so`` (the hash covers the source, the flags and the compiler),
 written to a temporary name and renamed into place, so concurrent first uses never load half a file.
@@ -15,8 +15,8 @@ Two builds of one source:
   AVX-512 for every kernel at once. ``HISPEC_Q4_ISA=avx2|avx512`` overrides the choice.
 
 The two give different last bits (different lane sums); each is batch-invariant on its own (see the
-source's header). The library links libgomp by its soname, so inside a process that imported torch
-it shares torch's OpenMP runtime and thread pool instead of starting a second one.
+source's header). Its threads are its own (a pool started at first use, csrc/q4_kernel.cpp says why not
+OpenMP): torch's OpenMP teams, one per Python thread that ran a torch operation, no longer slow its barriers.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ ISA_FLAGS = {
 # VNNI (dpbusd) for the int8-activation products where the AVX-512 host has it; without it the same
 # integers come from maddubs + madd, so the flag changes speed, never a bit.
 VNNI_FLAG = "-mavx512vnni"
-COMMON_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+COMMON_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
 
 NO_COMPILER = ("the 4-bit kernel is compiled at first use and needs a C++ compiler (g++), which this host lacks: "
                "install g++ (apt-get install g++)")

@@ -37,11 +37,18 @@
 
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 namespace {
 
@@ -311,6 +318,139 @@ void block_sums(const float *x, int64_t M, int64_t K, float *sx) {
 
 constexpr int64_t COLS_PER_TASK = 32;
 
+// ---- the kernel's own thread pool ---------------------------------------------------------------------------
+// One pool for the process, its workers started at first use. A call (`Pool::run`) runs fn(tid) on n threads,
+// the caller being tid 0; calls from several threads take turns (one at a time: each uses every core). Inside a
+// call the threads meet at spinning barriers; between calls a worker spins a little (SPIN_IDLE pauses, about a
+// tenth of a millisecond: a spinning worker takes a core from the Python threads that prepare the next pass) and
+// then sleeps on a condition variable, so a call pays one wake-up at most, never one per barrier.
+// Why not OpenMP: libgomp shortens its spin to a hundred iterations as soon as the process has more OpenMP
+// threads than cores (every Python thread that ran a torch operation owns a team), and a decoder pass meets
+// at about two hundred barriers; each then cost a futex sleep and wake-up (measured on a 2-core host: a one-row
+// int8-activation pass 12.7 ms with libgomp's throttled barriers, 3.9 ms when its threads spun). Which thread
+// computes which column never changes a bit (the header above): the schedule is free to change.
+constexpr int SPIN_IDLE = 2000;  // pauses a worker spins for the next call before it sleeps
+constexpr int SPIN_YIELD = 4000;  // pauses at a barrier before each yield (a core may be lent to another thread)
+
+inline void relax() { _mm_pause(); }
+
+class Pool {
+  public:
+    template <class F>
+    void run(int n, F &&fn) {
+        std::lock_guard<std::mutex> turn(run_lock_);
+        if (n > 1) grow(n - 1);
+        n = n < 1 ? 1 : n > 1 + (int)workers_.size() ? 1 + (int)workers_.size() : n;
+        if (n == 1) {
+            active_ = 1;
+            fn(0);
+            return;
+        }
+        ctx_ = (void *)&fn;
+        call_ = [](void *ctx, int tid) { (*(F *)ctx)(tid); };
+        active_ = n;
+        count_.store(0, std::memory_order_relaxed);
+        done_.store(0, std::memory_order_relaxed);
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            gen_.fetch_add(1, std::memory_order_release);
+        }
+        cv_.notify_all();
+        fn(0);
+        const int others = (int)workers_.size();
+        for (int spins = 0; done_.load(std::memory_order_acquire) < others; spins++) {
+            relax();
+            if (spins % SPIN_YIELD == SPIN_YIELD - 1) sched_yield();
+        }
+    }
+
+    // The threads of the running call meet here (tid < n only).
+    void barrier() {
+        if (active_ <= 1) return;
+        const int phase = phase_.load(std::memory_order_acquire);
+        if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == active_) {
+            count_.store(0, std::memory_order_relaxed);
+            phase_.store(phase + 1, std::memory_order_release);
+            return;
+        }
+        for (int spins = 0; phase_.load(std::memory_order_acquire) == phase; spins++) {
+            relax();
+            if (spins % SPIN_YIELD == SPIN_YIELD - 1) sched_yield();
+        }
+    }
+
+    int active() const { return active_; }
+
+  private:
+    void grow(int want) {
+        while ((int)workers_.size() < want) {
+            int tid = 1 + (int)workers_.size();
+            // the call it must take part in next is the one after this generation (read before run() moves it on)
+            uint64_t seen = gen_.load(std::memory_order_acquire);
+            workers_.emplace_back([this, tid, seen] { work(tid, seen); });
+            workers_.back().detach();  // lives as long as the process (never joined: no exit-time teardown)
+        }
+    }
+
+    void work(int tid, uint64_t seen) {
+        for (;;) {
+            int spins = 0;
+            while (gen_.load(std::memory_order_acquire) == seen) {
+                if (++spins < SPIN_IDLE) {
+                    relax();
+                    continue;
+                }
+                std::unique_lock<std::mutex> lk(m_);
+                cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
+            }
+            seen = gen_.load(std::memory_order_acquire);
+            if (tid < active_) call_(ctx_, tid);
+            done_.fetch_add(1, std::memory_order_acq_rel);
+        }
+    }
+
+    std::mutex run_lock_, m_;
+    std::condition_variable cv_;
+    std::vector<std::thread> workers_;
+    std::atomic<uint64_t> gen_{0};
+    std::atomic<int> done_{0}, count_{0}, phase_{0};
+    int active_ = 1;
+    void *ctx_ = nullptr;
+    void (*call_)(void *, int) = nullptr;
+};
+
+Pool *g_pool = nullptr;  // never destroyed: its detached workers outlive every static destructor
+std::once_flag g_pool_once;
+
+Pool &pool() {
+    std::call_once(g_pool_once, [] {
+        g_pool = new Pool();
+        // a forked child has none of the parent's workers: it starts a pool of its own at its first call
+        pthread_atfork(nullptr, nullptr, [] { g_pool = new Pool(); });
+    });
+    return *g_pool;
+}
+
+// Iterations [0, N) of a static schedule: thread tid of n gets one contiguous chunk (the first N % n one more).
+inline void chunk(int64_t N, int tid, int n, int64_t &lo, int64_t &hi) {
+    int64_t q = N / n, r = N % n;
+    lo = tid * q + (tid < r ? tid : r);
+    hi = lo + q + (tid < r ? 1 : 0);
+}
+
+// for t in [0, N): fn(t), split over the pool's threads (one call, no barrier needed after it: run returns
+// when every thread is done).
+template <class F>
+void parallel_for(int64_t N, int nthreads, F &&fn) {
+    int n = nthreads > 1 && N > 1 ? nthreads : 1;
+    pool().run(n, [&](int tid) {
+        int64_t lo, hi;
+        chunk(N, tid, pool().active(), lo, hi);
+        for (int64_t t = lo; t < hi; t++) fn(t);
+    });
+}
+
+
 template <class W, bool WIDE = false>
 void matmul(const float *x, int64_t M, int64_t K, const W &w, int64_t N, float *out, int64_t ldo, int nthreads) {
     int64_t nb = K / QK;
@@ -321,14 +461,13 @@ void matmul(const float *x, int64_t M, int64_t K, const W &w, int64_t N, float *
         block_sums(x, M, K, sx);
     }
     int64_t tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
-    for (int64_t t = 0; t < tasks; t++) {
+    parallel_for(tasks, nthreads, [&](int64_t t) {
         int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
         for (int64_t r0 = 0; r0 < M; r0 += tile_rows(WIDE)) {
             int R = (int)(M - r0 < tile_rows(WIDE) ? M - r0 : tile_rows(WIDE));
             rows_tile<W, WIDE>(R, x + r0 * K, K, sx ? sx + r0 * nb : nullptr, w, n0, n1, out + r0 * ldo, ldo);
         }
-    }
+    });
     if (sx && sx != local) free(sx);
 }
 
@@ -732,11 +871,10 @@ void matmul_a8(const float *x, int64_t M, int64_t K, const uint8_t *packed, int6
         xs[i] = s;
     }
     const int64_t tasks = (N + COLS_PER_TASK - 1) / COLS_PER_TASK;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
-    for (int64_t t = 0; t < tasks; t++) {
+    parallel_for(tasks, nthreads, [&](int64_t t) {
         int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < N ? n0 + COLS_PER_TASK : N;
         product_cols_a8<P>(A8Rows{xq, dx, sx, xs}, M, packed, N, K, n0, n1, out, ldo);
-    }
+    });
     free(xq);
     free(dx);
     free(sx);
@@ -802,7 +940,7 @@ int hispec_q4_vnni(void) {
 //     rotary on q and k (the table's rows);  k, v written into the layer's KV cache at their positions;
 //     attention of each query over cache positions [0, its own position];  h += attn @ Wo.T (+ b);
 //     x = RMSNorm(h) * w_post;  h += (SiLU(x @ Wg.T) * (x @ Wu.T)) @ Wd.T
-// One OpenMP region for the whole range; phases meet at barriers.
+// One call of the kernel's thread pool for the whole range; phases meet at its barriers.
 //
 // Batch invariance, phase by phase (a row's bits never depend on the number of rows or its place):
 // - products: the kernel above (per element, its own accumulator; threads split columns);
@@ -975,8 +1113,8 @@ void layers_rows(const hispec_layer *layers, int64_t n_layers, const hispec_dims
     float *tmp = (float *)malloc(sizeof(float) * q * (E > I ? E : I));  // product outputs before the residual
     float *act = (float *)malloc(sizeof(float) * q * I);
     const bool prof = g_prof_on != 0;
-#pragma omp parallel num_threads(nthreads)
-    {
+    pool().run(nthreads, [&](int tid) {
+        const int threads_ = pool().active();
         int64_t maxk = E > I ? E : I;
         maxk = maxk > H * D ? maxk : H * D;  // the widest row a product takes (attention rows: H * D)
         float *xn = (float *)malloc(sizeof(float) * q * maxk);  // this thread's normed rows
@@ -988,7 +1126,7 @@ void layers_rows(const hispec_layer *layers, int64_t n_layers, const hispec_dims
         int8_t *xq = act8 ? (int8_t *)malloc(q * maxk) : nullptr;
         float *dxe = act8 ? (float *)malloc(sizeof(float) * q * (maxk / QK)) : nullptr;
         float *rot = scores + total;  // D floats of scratch (rotary), D more (attention accumulators)
-        const bool lead = omp_get_thread_num() == 0;
+        const bool lead = tid == 0;
         double t0 = prof && lead ? now() : 0;
         auto mark = [&](int phase) {
             if (prof && lead) {
@@ -1005,131 +1143,155 @@ void layers_rows(const hispec_layer *layers, int64_t n_layers, const hispec_dims
             if (sums) block_sums_rows(xn, q, E, sx);
             if (act8) quantize_rows(xn, q, E, xq, dxe);
             mark(2);
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < ntasks(NQKV); t++) {
-                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < NQKV ? n0 + COLS_PER_TASK : NQKV;
-                product(mode, xn, xq, dxe, q, sx, L.qkv, pk ? pk[0] : nullptr, n0, n1, qkv, NQKV);
-                if (L.qkv_bias)
-                    for (int64_t r = 0; r < q; r++)
-                        for (int64_t n = n0; n < n1; n++) qkv[r * NQKV + n] = qkv[r * NQKV + n] + L.qkv_bias[n];
+            {  // the static schedule of [0, ntasks(NQKV)), then every thread meets the others
+                int64_t lo_, hi_;
+                chunk(ntasks(NQKV), tid, threads_, lo_, hi_);
+                for (int64_t t = lo_; t < hi_; t++) {
+                    int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < NQKV ? n0 + COLS_PER_TASK : NQKV;
+                    product(mode, xn, xq, dxe, q, sx, L.qkv, pk ? pk[0] : nullptr, n0, n1, qkv, NQKV);
+                    if (L.qkv_bias)
+                        for (int64_t r = 0; r < q; r++)
+                            for (int64_t n = n0; n < n1; n++) qkv[r * NQKV + n] = qkv[r * NQKV + n] + L.qkv_bias[n];
+                }
             }
+            pool().barrier();
             mark(0);
             // 2. per-head norms (Qwen3), rotary, keys and values into the cache
-#pragma omp for schedule(static)
-            for (int64_t u = 0; u < q * (H + KV); u++) {
-                int64_t r = u / (H + KV), hd = u % (H + KV);
-                float *x = qkv + r * NQKV + hd * D;
-                const float *nw = hd < H ? L.q_norm : L.k_norm;
-                if (nw) rms_norm_row(x, nw, D, dims->qk_eps, x);
-                rotate_head(x, cos + (pos[r] - rot0) * D, sin + (pos[r] - rot0) * D, D, rot);
-                if (hd >= H) {
-                    const hispec_kv &C = kv[seq[r]][l];
-                    int64_t g = hd - H;
-                    memcpy(C.keys + (g * C.cap + pos[r]) * D, x, sizeof(float) * D);
-                    memcpy(C.values + (g * C.cap + pos[r]) * D, qkv + r * NQKV + (H + KV + g) * D, sizeof(float) * D);
+            {  // the static schedule of [0, q * (H + KV)), then every thread meets the others
+                int64_t lo_, hi_;
+                chunk(q * (H + KV), tid, threads_, lo_, hi_);
+                for (int64_t u = lo_; u < hi_; u++) {
+                    int64_t r = u / (H + KV), hd = u % (H + KV);
+                    float *x = qkv + r * NQKV + hd * D;
+                    const float *nw = hd < H ? L.q_norm : L.k_norm;
+                    if (nw) rms_norm_row(x, nw, D, dims->qk_eps, x);
+                    rotate_head(x, cos + (pos[r] - rot0) * D, sin + (pos[r] - rot0) * D, D, rot);
+                    if (hd >= H) {
+                        const hispec_kv &C = kv[seq[r]][l];
+                        int64_t g = hd - H;
+                        memcpy(C.keys + (g * C.cap + pos[r]) * D, x, sizeof(float) * D);
+                        memcpy(C.values + (g * C.cap + pos[r]) * D, qkv + r * NQKV + (H + KV + g) * D, sizeof(float) * D);
+                    }
                 }
             }
+            pool().barrier();
             mark(1);
             // 3. attention: each (row, head) on one thread, over cache positions [0, pos]
-#pragma omp for schedule(static)
-            for (int64_t u = 0; u < q * H; u++) {
-                int64_t r = u / H, h = u % H, g = h / group, n = pos[r] + 1;
-                const float *qv = qkv + r * NQKV + h * D;
-                const hispec_kv &C = kv[seq[r]][l];
-                const float *K = C.keys + g * C.cap * D, *V = C.values + g * C.cap * D;
-                float mx = -INFINITY;
-                for (int64_t j = 0; j < n; j++) {
-                    float s = dot(qv, K + j * D, D) * dims->scaling;
-                    scores[j] = s;
-                    mx = s > mx ? s : mx;
-                }
-                // e_j = exp(s_j - max); their sum: VL lanes over whole vectors of j, the lanes' tree, then
-                // the tail in order (an order fixed by n alone)
-                for (int64_t j = 0; j < n; j++) scores[j] = scores[j] - mx;
-                exp_n(scores, scores, n);
-                vf vs = vzero();
-                int64_t j0 = 0;
-                for (; j0 + VL <= n; j0 += VL) vs = vadd(vs, vload(scores + j0));
-                float sum = vsum(vs);
-                for (; j0 < n; j0++) sum = sum + scores[j0];
-                float *out = attn + r * H * D + h * D;
-                const vf inv = vset1(1.0f / sum);
-                if (D % VL == 0 && D / VL <= 16) {  // every feature's chain over j at once
-                    const int64_t nv = D / VL;
-                    vf acc[16];
-                    for (int64_t c = 0; c < nv; c++) acc[c] = vzero();
+            {  // the static schedule of [0, q * H), then every thread meets the others
+                int64_t lo_, hi_;
+                chunk(q * H, tid, threads_, lo_, hi_);
+                for (int64_t u = lo_; u < hi_; u++) {
+                    int64_t r = u / H, h = u % H, g = h / group, n = pos[r] + 1;
+                    const float *qv = qkv + r * NQKV + h * D;
+                    const hispec_kv &C = kv[seq[r]][l];
+                    const float *K = C.keys + g * C.cap * D, *V = C.values + g * C.cap * D;
+                    float mx = -INFINITY;
                     for (int64_t j = 0; j < n; j++) {
-                        vf e = vset1(scores[j]);
-                        for (int64_t c = 0; c < nv; c++) acc[c] = vfma(e, vload(V + j * D + c * VL), acc[c]);
+                        float s = dot(qv, K + j * D, D) * dims->scaling;
+                        scores[j] = s;
+                        mx = s > mx ? s : mx;
                     }
-                    for (int64_t c = 0; c < nv; c++) vstore(out + c * VL, vmul(acc[c], inv));
-                } else {
-                    for (int64_t i = 0; i < D; i++) {
-                        float acc = 0.0f;
-                        for (int64_t j = 0; j < n; j++) acc = fmaf(scores[j], V[j * D + i], acc);
-                        out[i] = acc * (1.0f / sum);
+                    // e_j = exp(s_j - max); their sum: VL lanes over whole vectors of j, the lanes' tree, then
+                    // the tail in order (an order fixed by n alone)
+                    for (int64_t j = 0; j < n; j++) scores[j] = scores[j] - mx;
+                    exp_n(scores, scores, n);
+                    vf vs = vzero();
+                    int64_t j0 = 0;
+                    for (; j0 + VL <= n; j0 += VL) vs = vadd(vs, vload(scores + j0));
+                    float sum = vsum(vs);
+                    for (; j0 < n; j0++) sum = sum + scores[j0];
+                    float *out = attn + r * H * D + h * D;
+                    const vf inv = vset1(1.0f / sum);
+                    if (D % VL == 0 && D / VL <= 16) {  // every feature's chain over j at once
+                        const int64_t nv = D / VL;
+                        vf acc[16];
+                        for (int64_t c = 0; c < nv; c++) acc[c] = vzero();
+                        for (int64_t j = 0; j < n; j++) {
+                            vf e = vset1(scores[j]);
+                            for (int64_t c = 0; c < nv; c++) acc[c] = vfma(e, vload(V + j * D + c * VL), acc[c]);
+                        }
+                        for (int64_t c = 0; c < nv; c++) vstore(out + c * VL, vmul(acc[c], inv));
+                    } else {
+                        for (int64_t i = 0; i < D; i++) {
+                            float acc = 0.0f;
+                            for (int64_t j = 0; j < n; j++) acc = fmaf(scores[j], V[j * D + i], acc);
+                            out[i] = acc * (1.0f / sum);
+                        }
                     }
                 }
             }
+            pool().barrier();
             mark(1);
             // 4. o_proj + residual
             if (sums) block_sums_rows(attn, q, H * D, sx);
             if (act8) quantize_rows(attn, q, H * D, xq, dxe);
             mark(2);
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < ntasks(E); t++) {
-                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                product(mode, attn, xq, dxe, q, sx, L.o, pk ? pk[1] : nullptr, n0, n1, tmp, E);
-                for (int64_t r = 0; r < q; r++)
-                    for (int64_t n = n0; n < n1; n++) {
-                        float y = tmp[r * E + n];
-                        if (L.o_bias) y = y + L.o_bias[n];
-                        hidden[r * E + n] = hidden[r * E + n] + y;
-                    }
+            {  // the static schedule of [0, ntasks(E)), then every thread meets the others
+                int64_t lo_, hi_;
+                chunk(ntasks(E), tid, threads_, lo_, hi_);
+                for (int64_t t = lo_; t < hi_; t++) {
+                    int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
+                    product(mode, attn, xq, dxe, q, sx, L.o, pk ? pk[1] : nullptr, n0, n1, tmp, E);
+                    for (int64_t r = 0; r < q; r++)
+                        for (int64_t n = n0; n < n1; n++) {
+                            float y = tmp[r * E + n];
+                            if (L.o_bias) y = y + L.o_bias[n];
+                            hidden[r * E + n] = hidden[r * E + n] + y;
+                        }
+                }
             }
+            pool().barrier();
             mark(0);
             // 5. post norm, gate and up (a task computes the same columns of both), SiLU(gate) * up
             for (int64_t r = 0; r < q; r++) rms_norm_row(hidden + r * E, L.post_norm, E, dims->eps, xn + r * E);
             if (sums) block_sums_rows(xn, q, E, sx);
             if (act8) quantize_rows(xn, q, E, xq, dxe);
             mark(2);
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < ntasks(I); t++) {
-                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < I ? n0 + COLS_PER_TASK : I;
-                // gate columns into tmp[:, n], up columns into act[:, n] (row stride I each)
-                product(mode, xn, xq, dxe, q, sx, L.gate_up, pk ? pk[2] : nullptr, n0, n1, tmp, I);
-                Mat up = L.gate_up;
-                up.qs += I * (up.K / 2);
-                up.d += I * (up.K / QK);
-                up.m += I * (up.K / QK);
-                const uint8_t *pk_up = pk ? pk[2] + I * (up.K / QK) * 20 : nullptr;  // I / G whole groups of G
-                product(mode, xn, xq, dxe, q, sx, up, pk_up, n0, n1, act, I);
-                for (int64_t r = 0; r < q; r++) {  // n1 - n0 = 32 (the intermediate size is whole blocks)
-                    if (L.gate_up_bias)
-                        for (int64_t n = n0; n < n1; n++) {
-                            tmp[r * I + n] = tmp[r * I + n] + L.gate_up_bias[n];
-                            act[r * I + n] = act[r * I + n] + L.gate_up_bias[I + n];
-                        }
-                    for (int64_t n = n0; n < n1; n += VL)
-                        vstore(act + r * I + n, vsilu_mul(vload(tmp + r * I + n), vload(act + r * I + n)));
+            {  // the static schedule of [0, ntasks(I)), then every thread meets the others
+                int64_t lo_, hi_;
+                chunk(ntasks(I), tid, threads_, lo_, hi_);
+                for (int64_t t = lo_; t < hi_; t++) {
+                    int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < I ? n0 + COLS_PER_TASK : I;
+                    // gate columns into tmp[:, n], up columns into act[:, n] (row stride I each)
+                    product(mode, xn, xq, dxe, q, sx, L.gate_up, pk ? pk[2] : nullptr, n0, n1, tmp, I);
+                    Mat up = L.gate_up;
+                    up.qs += I * (up.K / 2);
+                    up.d += I * (up.K / QK);
+                    up.m += I * (up.K / QK);
+                    const uint8_t *pk_up = pk ? pk[2] + I * (up.K / QK) * 20 : nullptr;  // I / G whole groups of G
+                    product(mode, xn, xq, dxe, q, sx, up, pk_up, n0, n1, act, I);
+                    for (int64_t r = 0; r < q; r++) {  // n1 - n0 = 32 (the intermediate size is whole blocks)
+                        if (L.gate_up_bias)
+                            for (int64_t n = n0; n < n1; n++) {
+                                tmp[r * I + n] = tmp[r * I + n] + L.gate_up_bias[n];
+                                act[r * I + n] = act[r * I + n] + L.gate_up_bias[I + n];
+                            }
+                        for (int64_t n = n0; n < n1; n += VL)
+                            vstore(act + r * I + n, vsilu_mul(vload(tmp + r * I + n), vload(act + r * I + n)));
+                    }
                 }
             }
+            pool().barrier();
             mark(0);
             // 6. down + residual
             if (sums) block_sums_rows(act, q, I, sx);
             if (act8) quantize_rows(act, q, I, xq, dxe);
             mark(2);
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < ntasks(E); t++) {
-                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                product(mode, act, xq, dxe, q, sx, L.down, pk ? pk[3] : nullptr, n0, n1, tmp, E);
-                for (int64_t r = 0; r < q; r++)
-                    for (int64_t n = n0; n < n1; n++) {
-                        float y = tmp[r * E + n];
-                        if (L.down_bias) y = y + L.down_bias[n];
-                        hidden[r * E + n] = hidden[r * E + n] + y;
-                    }
+            {  // the static schedule of [0, ntasks(E)), then every thread meets the others
+                int64_t lo_, hi_;
+                chunk(ntasks(E), tid, threads_, lo_, hi_);
+                for (int64_t t = lo_; t < hi_; t++) {
+                    int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
+                    product(mode, act, xq, dxe, q, sx, L.down, pk ? pk[3] : nullptr, n0, n1, tmp, E);
+                    for (int64_t r = 0; r < q; r++)
+                        for (int64_t n = n0; n < n1; n++) {
+                            float y = tmp[r * E + n];
+                            if (L.down_bias) y = y + L.down_bias[n];
+                            hidden[r * E + n] = hidden[r * E + n] + y;
+                        }
+                }
             }
+            pool().barrier();
             mark(0);
         }
         free(xn);
@@ -1137,7 +1299,7 @@ void layers_rows(const hispec_layer *layers, int64_t n_layers, const hispec_dims
         free(scores);
         free(xq);
         free(dxe);
-    }
+    });
     free(qkv);
     free(attn);
     free(tmp);
