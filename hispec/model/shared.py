@@ -3,10 +3,11 @@ its passes as it always does; the passes of the threads that are members of the 
 those through the same layers (or the same final head) run as one shared pass.
 
 A member's pass waits until every member is waiting at the board (then nobody else can add a row), or
-until the oldest waiting pass has waited WINDOW_S (since it was posted or the last call ended: a member
-busy elsewhere, sampling or planning, is not waited for longer). Then the largest group of passes with one
-key (the oldest among equals) runs as one call, in the board's own runner thread, while the members wait for
-their results; one call runs at a time (it uses every core). Taking the largest group brings
+until no member has posted a pass for a window (WINDOW_S for each member not yet waiting, since the latest
+posting or the end of the last call: a member busy elsewhere, sampling or planning, is not waited for longer). Then the largest group of passes with one
+key (the oldest among equals) runs as one call, in the thread of whichever waiting member saw it ready (a
+lone member runs its own pass at once), while the others wait for their results; one call runs at a time (it
+uses every core; the kernel's own thread pool serves any calling thread alike). Taking the largest group brings
 members whose passes went different ways (one at its head, another at its layers) back into step. A member's result is what it gets alone: the shared native call is batch-invariant
 (``q4_layer.NativeLayers.run_shared``; tests/model/test_shared_pass.py), so sharing changes its speed,
 never its tokens. A fused call that fails is run again part by part, so that a fault ends only the
@@ -18,7 +19,6 @@ before. One board serves the process (``BOARD``): the machine's cores are one re
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import threading
 import time
@@ -28,7 +28,11 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-WINDOW_S = 0.004  # the longest a pass waits for members busy elsewhere
+# How long the oldest pass waits for the members not yet waiting: WINDOW_S for each of them, at most WINDOW_CAP_S.
+# Their Python work between two passes runs one thread at a time (the interpreter's lock), so the more members
+# are still at it, the longer the last of them takes (a one-row pass: 3.5-10 ms on 2 cores).
+WINDOW_S = 0.001
+WINDOW_CAP_S = 0.006
 
 
 @dataclass(eq=False)
@@ -82,8 +86,6 @@ class PassBoard:
         self._waiting = 0  # members' passes posted and not yet taken into a call
         self._pending: dict[Hashable, list[_Pass]] = {}
         self._running = False
-        self._worker: threading.Thread | None = None
-        self._closed = False
         self._ended = 0.0  # when the last call ended (time.monotonic())
         self.counts = BoardCounts()
 
@@ -120,28 +122,16 @@ class PassBoard:
             return run_many([item])[0]
         mine = _Pass(item, run_many, time.monotonic(), self._local.tally)
         with self._cond:
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._serve, name="hispec-pass-board", daemon=True)
-                self._worker.start()
             self._pending.setdefault(key, []).append(mine)
             self._waiting += 1
             self._cond.notify_all()
             while not mine.done:
-                self._cond.wait()
-        if mine.error is not None:
-            raise mine.error
-        return mine.result
-
-    def _serve(self) -> None:
-        """The board's one runner: every shared call runs in this thread, so one OpenMP team serves them all
-        (a call from each member's own thread started a team per thread, and the idle teams' spinning
-        threads took the cores from the working one: one member ran at 0.73x its speed alone)."""
-        with self._cond:
-            while not self._closed:
                 group = self._take()
                 if group is None:
-                    self._cond.wait(self._until() if self._pending else None)
+                    self._cond.wait(self._until())
                     continue
+                # whichever waiting member sees a group ready runs it, in its own thread (a lone member runs its
+                # own pass at once, with no hand-over); the others wait for their results
                 self._cond.release()
                 try:
                     with torch.inference_mode():  # the members' tensors (and caches) are inference tensors
@@ -151,17 +141,9 @@ class PassBoard:
                     self._running = False
                     self._ended = time.monotonic()
                     self._cond.notify_all()
-
-    def close(self, timeout: float = 5.0) -> None:
-        """End the runner thread (at exit: a daemon thread still alive as the interpreter finalises is ended
-        inside the runtime, and one that had run torch's and the kernel's OpenMP regions aborted the process:
-        'terminate called without an active exception', exit code 134)."""
-        with self._cond:
-            self._closed = True
-            worker, self._worker = self._worker, None
-            self._cond.notify_all()
-        if worker is not None and worker is not threading.current_thread():
-            worker.join(timeout)
+        if mine.error is not None:
+            raise mine.error
+        return mine.result
 
     # ---- under the lock ---------------------------------------------------------------------------
     def _take(self):
@@ -169,7 +151,7 @@ class PassBoard:
         if self._running or not self._pending:
             return None
         everyone = self._waiting >= self._members
-        if not everyone and time.monotonic() - self._since() < self.window_s:
+        if not everyone and time.monotonic() - self._since() < self._window():
             return None
         # the largest group (then the oldest): members whose passes went different ways fall into step
         key = max(self._pending, key=lambda k: (len(self._pending[k]), -self._pending[k][0].since))
@@ -186,12 +168,16 @@ class PassBoard:
     def _until(self) -> float:
         if not self._pending or self._running:
             return self.window_s
-        return max(0.0005, self.window_s - (time.monotonic() - self._since()))
+        return max(0.0005, self._window() - (time.monotonic() - self._since()))
+
+    def _window(self) -> float:
+        return min(WINDOW_CAP_S, self.window_s * max(1, self._members - self._waiting))
 
     def _since(self) -> float:
-        """When the oldest waiting pass began to wait for others: its posting, or the end of the last call if
-        later (the members that call carried get the window to post their next pass)."""
-        return max(min(group[0].since for group in self._pending.values()), self._ended)
+        """Since when the waiting passes have waited for the others: the latest posting, or the end of the last
+        call if later (the members that call carried get the window to post their next pass). From the latest
+        posting: while members keep arriving, one every so often, the pass waits for the rest."""
+        return max(max(group[-1].since for group in self._pending.values()), self._ended)
 
 
 def _run_group(group: list[_Pass]) -> None:
@@ -214,4 +200,3 @@ def _run_group(group: list[_Pass]) -> None:
 
 
 BOARD = PassBoard()
-atexit.register(BOARD.close)

@@ -11,7 +11,12 @@ arithmetic, such as prefetching; a change of the sums would show here first).
     python scripts/measure/q4_ab.py --base d41e436 --json assets/bench/q4_ab_prefetch_avx512.json
 
 `--format a8` times the a8 model instead (the same blocks with int8 activations, its LM head too), and
-`--tokens` sets the token counts (default 1 4 8).
+`--tokens` sets the token counts (default 1 4 8). `--in-thread` times the steps in a thread of their own, as the
+app runs every generation (a worker thread per job, beside the main thread that loaded the model): where a
+build's threads come from OpenMP, each such thread owns a team of its own (a past build's source that used
+OpenMP is built with -fopenmp: q4_kernel.flags_for).
+
+    python scripts/measure/q4_ab.py --base 1a80aab --format a8 --in-thread --json assets/bench/q4_ab_pool_a8.json
 """
 
 from __future__ import annotations
@@ -105,6 +110,19 @@ def compare(ee, libs: dict, context: list[int], rounds: int, per_turn: int = 3, 
     return out
 
 
+def in_thread(wanted: bool, work):
+    """work() here, or in a thread of its own (what the app does with each generation)."""
+    if not wanted:
+        return work()
+    import threading
+
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("steps", work()), name="q4-ab-steps")
+    thread.start()
+    thread.join()
+    return out["steps"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", default="HEAD", help="the commit whose kernel source is the baseline (default HEAD)")
@@ -113,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", choices=("q4", "a8"), default="q4",
                    help="the 4-bit model (float32 activations) or its a8 view (int8 activations)")
     p.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="new tokens per step")
+    p.add_argument("--in-thread", action="store_true",
+                   help="time the steps in a thread of their own, as the app runs a generation")
     args = p.parse_args(argv)
     isa = q4_kernel.host_isa()
     if isa is None:
@@ -131,10 +151,11 @@ def main(argv: list[str] | None = None) -> int:
                   "code": code_version(), "base": args.base, "isa": isa, "threads": torch.get_num_threads(),
                   "base_commit": subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.base], capture_output=True,
                                                 text=True).stdout.strip() or None,
-                  "format": args.format,
+                  "format": args.format, "in_thread": args.in_thread,
                   "native_route": lm.ee.lean is not None and lm.ee.lean.native is not None,
                   "host": host.describe(), "context": len(context),
-                  "steps": compare(lm.ee, libs, context, args.rounds, tokens=tuple(args.tokens))}
+                  "steps": in_thread(args.in_thread, lambda: compare(lm.ee, libs, context, args.rounds,
+                                                                      tokens=tuple(args.tokens)))}
     host.finish(report["host"])
     print(json.dumps({k: v for k, v in report.items() if k != "host"}, indent=1))
     record.write(args.json, report)

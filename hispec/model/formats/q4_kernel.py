@@ -113,9 +113,15 @@ def _compiler_version(cxx: str) -> str:
 
 def library_path(isa: str, cxx: str, source: Path = SOURCE) -> Path:
     digest = hashlib.sha1()
-    for part in (source.read_bytes(), " ".join(COMMON_FLAGS + isa_flags(isa)).encode(), _compiler_version(cxx).encode()):
+    for part in (source.read_bytes(), " ".join(flags_for(source) + isa_flags(isa)).encode(),
+                 _compiler_version(cxx).encode()):
         digest.update(part)
     return build_dir() / f"q4_kernel-{isa}-{digest.hexdigest()[:12]}.so"
+
+
+def flags_for(source: Path) -> list[str]:
+    """The common flags, and OpenMP's for a past version of the source that used it (its pool came later)."""
+    return COMMON_FLAGS + (["-fopenmp"] if b"#pragma omp" in source.read_bytes() else [])
 
 
 def build(isa: str, source: Path = SOURCE) -> Path:
@@ -130,7 +136,7 @@ def build(isa: str, source: Path = SOURCE) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    cmd = [cxx, *COMMON_FLAGS, *isa_flags(isa), str(source), "-o", tmp]
+    cmd = [cxx, *flags_for(source), *isa_flags(isa), str(source), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
