@@ -154,6 +154,8 @@ BLOCKS: dict[str, Block] = {
                                   "assets/policy/priors_a8_cpu_report.json", "assets/policy/priors_q4_cpu_report.json"),
                                  precision_breakeven_table),
     "q4-alternatives": Block(("assets/bench/q4_alternatives_cpu.json",), q4_alternatives_table),
+    "pool-a8": Block(("assets/bench/q4_ab_pool_a8.json",), q4_ab_table),
+    "pool-q4": Block(("assets/bench/q4_ab_pool_q4.json",), q4_ab_table),
     "q4-prefetch": Block(("assets/bench/q4_ab_prefetch_avx512.json", "assets/bench/q4_ab_prefetch_avx2.json"), q4_ab_table),
     "a8-widths": Block(("assets/bench/q4_widths_cpu.json", "assets/bench/q4_widths_cpu_avx2.json"), widths_table),
     "a8-stream": Block(("assets/bench/q4_ab_a8_stream_avx512.json", "assets/bench/q4_ab_a8_stream_avx2.json"), q4_ab_table),

@@ -432,8 +432,11 @@ def q4_ab_table(*reports: dict) -> str:
     return (_table(["kernel build", "new tokens", f"ms per step at {base[:7]}", "ms per step now",
                     "now / before", "logits the same bits"], rows)
             + f"\n\nSteps of {model}: medians of {first['steps']['1']['new']['steps']} steps per build, the builds "
-              f"taking turns in one process; {first['threads']} threads, a {first['context']}-token context; the AVX2 "
-              "build run on the same AVX-512 host (`ATEN_CPU_CAPABILITY=avx2`).")
+              f"taking turns in one process; {first['threads']} threads, a {first['context']}-token context"
+              + ("; the steps in a thread of their own, as the app runs a generation (the model loaded in the main "
+                 "thread)" if first.get("in_thread") else "")
+              + ("; the AVX2 build run on the same AVX-512 host (`ATEN_CPU_CAPABILITY=avx2`)."
+                 if any(r["isa"] == "avx2" for r in reports) else "."))
 
 
 def q4_profile_table(*reports: dict) -> str:
