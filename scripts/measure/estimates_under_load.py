@@ -13,8 +13,8 @@ HTML the page shows). From the panel's story (hispec.explain.why.speed_story, th
     measured        "this run, measured against plain decoding": the median ratio of its pairs and the range
                     stated (their spread, widened to the noise floor)
     plain step      plain decoding measured on the pairs against the cost model's, and whether the page flags the
-                    cost model as off by more than a quarter (ui.why_view.plain_step_flag: the page has no
-                    "too busy to estimate" words; that flag is its nearest)
+                    cost model as off by more than a quarter (ui.why_view.plain_step_flag); when it does, the page
+                    withholds the run's estimate and says the machine is too busy to estimate (ui.why_view.TOO_BUSY)
     costs           the pass costs (ms per layer by new tokens, per head) of every lane the estimate used
 
 and the report says whether every estimate lies inside every run's stated range, and whether the ranges overlap.
@@ -171,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
               **code_version(), "host": host, "load": load, "loadavg_before": before,
               "loadavg_end": loadavg(), "app_start_s": started, "prompt": args.prompt,
               "settings": settings.request() | {"prompt": None}, "runs": runs, "agreement": agreement(runs),
-              "too_busy_words": "none: the page has no 'too busy to estimate' path; the nearest is the plain-step "
-                                "flag (ui.why_view.plain_step_flag), counted in agreement.plain_step_flagged"}
+              "too_busy_words": "a flagged plain step (ui.why_view.plain_step_flag, counted in agreement.plain_step_flagged) "
+                                "withholds the run's estimate: its row reads ui.why_view.TOO_BUSY (estimate_on_page)"}
     print(json.dumps(report["agreement"], indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -61,11 +61,15 @@ def test_every_plan_of_the_default_run_is_estimated_with_its_break_even(browser,
     estimate = re.search(r"this run, estimated from its plans[^\n]*?(\d+\.\d\d)×", table)
     measured = re.search(r"this run, measured against plain decoding[^\n]*?(\d+\.\d\d)×(?: \((\d+\.\d\d)–(\d+\.\d\d)×\))?",
                          table)
-    assert estimate and measured, table
     why = page.inner_text("#hs-why")
-    low, high = (float(measured[2]), float(measured[3])) if measured[2] else (float(measured[1]),) * 2
-    if not low <= float(estimate[1]) <= high:  # outside the range: the gap is said in numbers
-        assert re.search(r"the estimate is \d+% (above|below) the measured ratio", why), why
+    assert measured, table
+    if page.locator("#hs-plain-flag").count():  # the cost model's plain step is off: no estimate of the run
+        assert estimate is None and "too busy to estimate" in table, table
+    else:
+        assert estimate, table
+        low, high = (float(measured[2]), float(measured[3])) if measured[2] else (float(measured[1]),) * 2
+        if not low <= float(estimate[1]) <= high:  # outside the range: the gap is said in numbers
+            assert re.search(r"the estimate is \d+% (above|below) the measured ratio", why), why
     # the sliders vary the default run's own 4-bit plan (issue 56: the default had no slider curve at all)
     label = page.inner_text("#hs-a-vt")
     assert "4-bit" in label, label  # named by the plan's own pair into the full model
