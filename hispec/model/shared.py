@@ -4,14 +4,16 @@ those through the same layers (or the same final head) run as one shared pass.
 
 A member's pass waits until every member is waiting at the board (then nobody else can add a row), or
 until no member has posted a pass for a window (WINDOW_S for each member not yet waiting, since the latest
-posting or the end of the last call: a member busy elsewhere, sampling or planning, is not waited for longer). Then the largest group of passes with one
-key (the oldest among equals) runs as one call, in the thread of whichever waiting member saw it ready (a
-lone member runs its own pass at once), while the others wait for their results; one call runs at a time (it
-uses every core; the kernel's own thread pool serves any calling thread alike). Taking the largest group brings
-members whose passes went different ways (one at its head, another at its layers) back into step. A member's result is what it gets alone: the shared native call is batch-invariant
-(``q4_layer.NativeLayers.run_shared``; tests/model/test_shared_pass.py), so sharing changes its speed,
-never its tokens. A fused call that fails is run again part by part, so that a fault ends only the
-generation whose pass caused it.
+posting or the end of the last call: a member busy elsewhere, sampling or planning, is not waited for
+longer). Then the largest group of passes with one key (the oldest among equals) runs as one call, in the
+thread of whichever waiting member saw it ready (a lone member runs its own pass at once), while the others
+wait for their results; one call runs at a time (it uses every core; the kernel's own thread pool serves any
+calling thread alike). Taking the largest group brings members whose passes went different ways (one at its
+head, another at its layers) back into step; a pass passed over MAX_SKIPS times goes next, so a member on a
+lane of its own is never starved by a crowd on another. A member's result is what it gets alone: the shared
+native call is batch-invariant (``q4_layer.NativeLayers.run_shared``; tests/model/test_shared_pass.py), so
+sharing changes its speed, never its tokens. A fused call that fails is run again part by part, so that a
+fault ends only the generation whose pass caused it.
 
 Threads that are not members (the board's default for every thread) run their passes directly, as
 before. One board serves the process (``BOARD``): the machine's cores are one resource.
@@ -33,6 +35,7 @@ import torch
 # are still at it, the longer the last of them takes (a one-row pass: 3.5-10 ms on 2 cores).
 WINDOW_S = 0.001
 WINDOW_CAP_S = 0.006
+MAX_SKIPS = 2  # calls a waiting pass may watch go before its own group runs
 
 
 @dataclass(eq=False)
@@ -41,6 +44,7 @@ class _Pass:
     run_many: Callable[[list], list]  # the same operation for every pass of a key
     since: float
     tally: Tally | None = None  # its member's
+    skipped: int = 0  # calls that ran while it waited
     done: bool = False
     result: Any = None
     error: BaseException | None = None
@@ -128,7 +132,7 @@ class PassBoard:
             while not mine.done:
                 group = self._take()
                 if group is None:
-                    self._cond.wait(self._until())
+                    self._cond.wait(None if self._running else self._until())  # a running call notifies its end
                     continue
                 # whichever waiting member sees a group ready runs it, in its own thread (a lone member runs its
                 # own pass at once, with no hand-over); the others wait for their results
@@ -153,9 +157,14 @@ class PassBoard:
         everyone = self._waiting >= self._members
         if not everyone and time.monotonic() - self._since() < self._window():
             return None
-        # the largest group (then the oldest): members whose passes went different ways fall into step
-        key = max(self._pending, key=lambda k: (len(self._pending[k]), -self._pending[k][0].since))
+        # a group passed over MAX_SKIPS times first; else the largest (then the oldest): members whose passes went
+        # different ways fall into step
+        key = max(self._pending, key=lambda k: (self._pending[k][0].skipped >= MAX_SKIPS, len(self._pending[k]),
+                                                -self._pending[k][0].since))
         group = self._pending.pop(key)
+        for others in self._pending.values():
+            for p in others:
+                p.skipped += 1
         self._waiting -= len(group)
         self._running = True
         self.counts.calls += 1
@@ -166,7 +175,7 @@ class PassBoard:
         return group
 
     def _until(self) -> float:
-        if not self._pending or self._running:
+        if not self._pending:
             return self.window_s
         return max(0.0005, self._window() - (time.monotonic() - self._since()))
 

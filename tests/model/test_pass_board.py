@@ -15,6 +15,7 @@ from hispec.engine.config import preset
 from hispec.model.early_exit import EarlyExitModel
 from hispec.model.formats import q4_kernel
 from hispec.model.formats.q4 import to_q4
+from hispec.model import shared
 from hispec.model.shared import BOARD, PassBoard
 from hispec.runs.runner import run
 
@@ -167,3 +168,23 @@ def test_generations_sharing_passes_write_what_they_write_alone(weights):
     assert together == alone
     shared = Counter(BOARD.counts.by_width) - before
     assert any(width > 1 for width in shared), shared  # passes were shared
+
+
+def test_a_member_alone_on_its_key_is_not_starved_by_a_crowd_on_another():
+    """Three members alternate keys 'a' and 'b' in step; a fourth waits on key 'c' throughout. Largest-first
+    alone would run the crowd's groups until they finish; the lone pass goes within MAX_SKIPS calls."""
+    board, op = PassBoard(window_s=5.0), Recorder()
+    order, lock = [], threading.Lock()
+
+    def body(i):
+        if i == 3:
+            out = board.run("c", 100, op)
+            with lock:
+                order.append(("c", len(op.calls)))
+            return out
+        return [board.run("ab"[s % 2], s, op) for s in range(8)]
+
+    out = _members(board, 4, body)
+    assert out[3] == 200
+    (_, calls_before_c), = order
+    assert shared.MAX_SKIPS == 2 and calls_before_c <= 3, op.calls  # after two of the crowd's calls at most (not 9th)
