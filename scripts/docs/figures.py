@@ -118,6 +118,7 @@ BLOCKS: dict[str, Block] = {
     "f32-widths": Block(("assets/bench/f32_widths_cpu.json",), f32_widths_table),
     "visitors": Block(("assets/bench/visitors_cpu.json",), visitors_table),
     "f32-exact": Block(("assets/bench/f32_blocks_exact_cpu.json",), bench_table),
+    "f32-exact-avx512": Block(("assets/bench/f32_blocks_exact_avx512.json",), bench_table),
     "f32-default-tune": Block(("assets/bench/f32_default_tune_cpu.json",), bench_table),
     "levels-report": Block(("assets/bench/levels_cpu_report.json",), levels_table),
     "levels": Block(("assets/bench/levels_cpu_default.json",), levels_table, LEVELS_COMMAND),
