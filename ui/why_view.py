@@ -215,8 +215,8 @@ def plain_step_flag(plain: dict) -> str:
     words = (f"The cost model's plain step ({model:.1f} tokens/s) is {abs(off):.0%} {'above' if off > 0 else 'below'} "
              f"plain decoding measured on this run's pairs ({measured:.1f} tokens/s): the machine ran at another speed "
              "when its pass costs were timed (a shared machine's load moves it). So the page does not estimate the run "
-             "as a whole: the machine is too busy to estimate. The plans' estimates below use the measured plain step "
-             "for tokens/s; their × figures are ratios within the cost model, and hold only as far as its costs kept "
+             "as a whole: the machine is too busy to estimate. The plans' estimates below use the measured one for "
+             "tokens/s; their × figures are ratios within the cost model, and hold only as far as its costs kept "
              "their proportions.")
     return f"<p class='hs-msg hs-msg-warn' id='hs-plain-flag'>{html.escape(words)}</p>"
 
