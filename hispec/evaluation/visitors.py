@@ -27,6 +27,8 @@ from hispec.evaluation.method import BenchMethod
 from hispec.evaluation.record import finish, run_record
 from hispec.model.shared import BOARD
 
+MAX_VISITORS = 32
+
 
 def visitor_counts(text: str) -> list[int]:
     """'1,2,4,8' -> [1, 2, 4, 8]; each between 1 and MAX_VISITORS, no repeats."""
@@ -39,8 +41,6 @@ def visitor_counts(text: str) -> list[int]:
                           "without repeats, e.g. 1,2,4,8")
     return counts
 
-
-MAX_VISITORS = 32
 
 
 def _series(runs: list[Callable[[], dict]], together: bool) -> dict:

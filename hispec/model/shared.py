@@ -76,10 +76,6 @@ class BoardCounts:
     passes: int = 0
     by_width: Counter = field(default_factory=Counter)  # members' passes in a call -> calls
 
-    def as_dict(self) -> dict:
-        return {"calls": self.calls, "passes": self.passes,
-                "by_width": {str(k): v for k, v in sorted(self.by_width.items())}}
-
 
 class PassBoard:
     def __init__(self, window_s: float = WINDOW_S):
@@ -114,11 +110,6 @@ class PassBoard:
     @property
     def is_member(self) -> bool:
         return getattr(self._local, "depth", 0) > 0
-
-    @property
-    def members(self) -> int:
-        with self._cond:
-            return self._members
 
     def run(self, key: Hashable, item: Any, run_many: Callable[[list], list]) -> Any:
         """`item`'s result of run_many([...items of the same key...]); a non-member runs run_many([item]) at once."""

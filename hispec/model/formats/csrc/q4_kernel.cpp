@@ -1135,6 +1135,27 @@ void layers_rows(const hispec_layer *layers, int64_t n_layers, const hispec_dims
                 t0 = t;
             }
         };
+        // [0, N) in the static schedule (this thread's contiguous share), then every thread meets the others
+        auto each = [&](int64_t N, auto &&fn) {
+            int64_t lo, hi;
+            chunk(N, tid, threads_, lo, hi);
+            for (int64_t t = lo; t < hi; t++) fn(t);
+            pool().barrier();
+        };
+        // x (q rows) @ W.T (+ b) added to the residual stream, columns split: o_proj and down (the rows' block
+        // sums or int8 quantisation, sx / xq / dxe, made by the caller for x)
+        auto add_product = [&](const float *x, const Mat &w, const uint8_t *pk_w, const float *bias) {
+            each(ntasks(E), [&](int64_t t) {
+                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
+                product(mode, x, xq, dxe, q, sx, w, pk_w, n0, n1, tmp, E);
+                for (int64_t r = 0; r < q; r++)
+                    for (int64_t n = n0; n < n1; n++) {
+                        float y = tmp[r * E + n];
+                        if (bias) y = y + bias[n];
+                        hidden[r * E + n] = hidden[r * E + n] + y;
+                    }
+            });
+        };
         for (int64_t l = 0; l < n_layers; l++) {
             const hispec_layer &L = layers[l];
             const uint8_t *const *pk = act8 ? packed + 4 * l : nullptr;  // qkv, o, gate_up, down
@@ -1143,155 +1164,107 @@ void layers_rows(const hispec_layer *layers, int64_t n_layers, const hispec_dims
             if (sums) block_sums_rows(xn, q, E, sx);
             if (act8) quantize_rows(xn, q, E, xq, dxe);
             mark(2);
-            {  // the static schedule of [0, ntasks(NQKV)), then every thread meets the others
-                int64_t lo_, hi_;
-                chunk(ntasks(NQKV), tid, threads_, lo_, hi_);
-                for (int64_t t = lo_; t < hi_; t++) {
-                    int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < NQKV ? n0 + COLS_PER_TASK : NQKV;
-                    product(mode, xn, xq, dxe, q, sx, L.qkv, pk ? pk[0] : nullptr, n0, n1, qkv, NQKV);
-                    if (L.qkv_bias)
-                        for (int64_t r = 0; r < q; r++)
-                            for (int64_t n = n0; n < n1; n++) qkv[r * NQKV + n] = qkv[r * NQKV + n] + L.qkv_bias[n];
-                }
-            }
-            pool().barrier();
+            each(ntasks(NQKV), [&](int64_t t) {
+                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < NQKV ? n0 + COLS_PER_TASK : NQKV;
+                product(mode, xn, xq, dxe, q, sx, L.qkv, pk ? pk[0] : nullptr, n0, n1, qkv, NQKV);
+                if (L.qkv_bias)
+                    for (int64_t r = 0; r < q; r++)
+                        for (int64_t n = n0; n < n1; n++) qkv[r * NQKV + n] = qkv[r * NQKV + n] + L.qkv_bias[n];
+            });
             mark(0);
             // 2. per-head norms (Qwen3), rotary, keys and values into the cache
-            {  // the static schedule of [0, q * (H + KV)), then every thread meets the others
-                int64_t lo_, hi_;
-                chunk(q * (H + KV), tid, threads_, lo_, hi_);
-                for (int64_t u = lo_; u < hi_; u++) {
-                    int64_t r = u / (H + KV), hd = u % (H + KV);
-                    float *x = qkv + r * NQKV + hd * D;
-                    const float *nw = hd < H ? L.q_norm : L.k_norm;
-                    if (nw) rms_norm_row(x, nw, D, dims->qk_eps, x);
-                    rotate_head(x, cos + (pos[r] - rot0) * D, sin + (pos[r] - rot0) * D, D, rot);
-                    if (hd >= H) {
-                        const hispec_kv &C = kv[seq[r]][l];
-                        int64_t g = hd - H;
-                        memcpy(C.keys + (g * C.cap + pos[r]) * D, x, sizeof(float) * D);
-                        memcpy(C.values + (g * C.cap + pos[r]) * D, qkv + r * NQKV + (H + KV + g) * D, sizeof(float) * D);
-                    }
+            each(q * (H + KV), [&](int64_t u) {
+                int64_t r = u / (H + KV), hd = u % (H + KV);
+                float *x = qkv + r * NQKV + hd * D;
+                const float *nw = hd < H ? L.q_norm : L.k_norm;
+                if (nw) rms_norm_row(x, nw, D, dims->qk_eps, x);
+                rotate_head(x, cos + (pos[r] - rot0) * D, sin + (pos[r] - rot0) * D, D, rot);
+                if (hd >= H) {
+                    const hispec_kv &C = kv[seq[r]][l];
+                    int64_t g = hd - H;
+                    memcpy(C.keys + (g * C.cap + pos[r]) * D, x, sizeof(float) * D);
+                    memcpy(C.values + (g * C.cap + pos[r]) * D, qkv + r * NQKV + (H + KV + g) * D, sizeof(float) * D);
                 }
-            }
-            pool().barrier();
+            });
             mark(1);
             // 3. attention: each (row, head) on one thread, over cache positions [0, pos]
-            {  // the static schedule of [0, q * H), then every thread meets the others
-                int64_t lo_, hi_;
-                chunk(q * H, tid, threads_, lo_, hi_);
-                for (int64_t u = lo_; u < hi_; u++) {
-                    int64_t r = u / H, h = u % H, g = h / group, n = pos[r] + 1;
-                    const float *qv = qkv + r * NQKV + h * D;
-                    const hispec_kv &C = kv[seq[r]][l];
-                    const float *K = C.keys + g * C.cap * D, *V = C.values + g * C.cap * D;
-                    float mx = -INFINITY;
+            each(q * H, [&](int64_t u) {
+                int64_t r = u / H, h = u % H, g = h / group, n = pos[r] + 1;
+                const float *qv = qkv + r * NQKV + h * D;
+                const hispec_kv &C = kv[seq[r]][l];
+                const float *K = C.keys + g * C.cap * D, *V = C.values + g * C.cap * D;
+                float mx = -INFINITY;
+                for (int64_t j = 0; j < n; j++) {
+                    float s = dot(qv, K + j * D, D) * dims->scaling;
+                    scores[j] = s;
+                    mx = s > mx ? s : mx;
+                }
+                // e_j = exp(s_j - max); their sum: VL lanes over whole vectors of j, the lanes' tree, then
+                // the tail in order (an order fixed by n alone)
+                for (int64_t j = 0; j < n; j++) scores[j] = scores[j] - mx;
+                exp_n(scores, scores, n);
+                vf vs = vzero();
+                int64_t j0 = 0;
+                for (; j0 + VL <= n; j0 += VL) vs = vadd(vs, vload(scores + j0));
+                float sum = vsum(vs);
+                for (; j0 < n; j0++) sum = sum + scores[j0];
+                float *out = attn + r * H * D + h * D;
+                const vf inv = vset1(1.0f / sum);
+                if (D % VL == 0 && D / VL <= 16) {  // every feature's chain over j at once
+                    const int64_t nv = D / VL;
+                    vf acc[16];
+                    for (int64_t c = 0; c < nv; c++) acc[c] = vzero();
                     for (int64_t j = 0; j < n; j++) {
-                        float s = dot(qv, K + j * D, D) * dims->scaling;
-                        scores[j] = s;
-                        mx = s > mx ? s : mx;
+                        vf e = vset1(scores[j]);
+                        for (int64_t c = 0; c < nv; c++) acc[c] = vfma(e, vload(V + j * D + c * VL), acc[c]);
                     }
-                    // e_j = exp(s_j - max); their sum: VL lanes over whole vectors of j, the lanes' tree, then
-                    // the tail in order (an order fixed by n alone)
-                    for (int64_t j = 0; j < n; j++) scores[j] = scores[j] - mx;
-                    exp_n(scores, scores, n);
-                    vf vs = vzero();
-                    int64_t j0 = 0;
-                    for (; j0 + VL <= n; j0 += VL) vs = vadd(vs, vload(scores + j0));
-                    float sum = vsum(vs);
-                    for (; j0 < n; j0++) sum = sum + scores[j0];
-                    float *out = attn + r * H * D + h * D;
-                    const vf inv = vset1(1.0f / sum);
-                    if (D % VL == 0 && D / VL <= 16) {  // every feature's chain over j at once
-                        const int64_t nv = D / VL;
-                        vf acc[16];
-                        for (int64_t c = 0; c < nv; c++) acc[c] = vzero();
-                        for (int64_t j = 0; j < n; j++) {
-                            vf e = vset1(scores[j]);
-                            for (int64_t c = 0; c < nv; c++) acc[c] = vfma(e, vload(V + j * D + c * VL), acc[c]);
-                        }
-                        for (int64_t c = 0; c < nv; c++) vstore(out + c * VL, vmul(acc[c], inv));
-                    } else {
-                        for (int64_t i = 0; i < D; i++) {
-                            float acc = 0.0f;
-                            for (int64_t j = 0; j < n; j++) acc = fmaf(scores[j], V[j * D + i], acc);
-                            out[i] = acc * (1.0f / sum);
-                        }
+                    for (int64_t c = 0; c < nv; c++) vstore(out + c * VL, vmul(acc[c], inv));
+                } else {
+                    for (int64_t i = 0; i < D; i++) {
+                        float acc = 0.0f;
+                        for (int64_t j = 0; j < n; j++) acc = fmaf(scores[j], V[j * D + i], acc);
+                        out[i] = acc * (1.0f / sum);
                     }
                 }
-            }
-            pool().barrier();
+            });
             mark(1);
             // 4. o_proj + residual
             if (sums) block_sums_rows(attn, q, H * D, sx);
             if (act8) quantize_rows(attn, q, H * D, xq, dxe);
             mark(2);
-            {  // the static schedule of [0, ntasks(E)), then every thread meets the others
-                int64_t lo_, hi_;
-                chunk(ntasks(E), tid, threads_, lo_, hi_);
-                for (int64_t t = lo_; t < hi_; t++) {
-                    int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                    product(mode, attn, xq, dxe, q, sx, L.o, pk ? pk[1] : nullptr, n0, n1, tmp, E);
-                    for (int64_t r = 0; r < q; r++)
-                        for (int64_t n = n0; n < n1; n++) {
-                            float y = tmp[r * E + n];
-                            if (L.o_bias) y = y + L.o_bias[n];
-                            hidden[r * E + n] = hidden[r * E + n] + y;
-                        }
-                }
-            }
-            pool().barrier();
+            add_product(attn, L.o, pk ? pk[1] : nullptr, L.o_bias);
             mark(0);
             // 5. post norm, gate and up (a task computes the same columns of both), SiLU(gate) * up
             for (int64_t r = 0; r < q; r++) rms_norm_row(hidden + r * E, L.post_norm, E, dims->eps, xn + r * E);
             if (sums) block_sums_rows(xn, q, E, sx);
             if (act8) quantize_rows(xn, q, E, xq, dxe);
             mark(2);
-            {  // the static schedule of [0, ntasks(I)), then every thread meets the others
-                int64_t lo_, hi_;
-                chunk(ntasks(I), tid, threads_, lo_, hi_);
-                for (int64_t t = lo_; t < hi_; t++) {
-                    int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < I ? n0 + COLS_PER_TASK : I;
-                    // gate columns into tmp[:, n], up columns into act[:, n] (row stride I each)
-                    product(mode, xn, xq, dxe, q, sx, L.gate_up, pk ? pk[2] : nullptr, n0, n1, tmp, I);
-                    Mat up = L.gate_up;
-                    up.qs += I * (up.K / 2);
-                    up.d += I * (up.K / QK);
-                    up.m += I * (up.K / QK);
-                    const uint8_t *pk_up = pk ? pk[2] + I * (up.K / QK) * 20 : nullptr;  // I / G whole groups of G
-                    product(mode, xn, xq, dxe, q, sx, up, pk_up, n0, n1, act, I);
-                    for (int64_t r = 0; r < q; r++) {  // n1 - n0 = 32 (the intermediate size is whole blocks)
-                        if (L.gate_up_bias)
-                            for (int64_t n = n0; n < n1; n++) {
-                                tmp[r * I + n] = tmp[r * I + n] + L.gate_up_bias[n];
-                                act[r * I + n] = act[r * I + n] + L.gate_up_bias[I + n];
-                            }
-                        for (int64_t n = n0; n < n1; n += VL)
-                            vstore(act + r * I + n, vsilu_mul(vload(tmp + r * I + n), vload(act + r * I + n)));
-                    }
+            each(ntasks(I), [&](int64_t t) {
+                int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < I ? n0 + COLS_PER_TASK : I;
+                // gate columns into tmp[:, n], up columns into act[:, n] (row stride I each)
+                product(mode, xn, xq, dxe, q, sx, L.gate_up, pk ? pk[2] : nullptr, n0, n1, tmp, I);
+                Mat up = L.gate_up;
+                up.qs += I * (up.K / 2);
+                up.d += I * (up.K / QK);
+                up.m += I * (up.K / QK);
+                const uint8_t *pk_up = pk ? pk[2] + I * (up.K / QK) * 20 : nullptr;  // I / G whole groups of G
+                product(mode, xn, xq, dxe, q, sx, up, pk_up, n0, n1, act, I);
+                for (int64_t r = 0; r < q; r++) {  // n1 - n0 = 32 (the intermediate size is whole blocks)
+                    if (L.gate_up_bias)
+                        for (int64_t n = n0; n < n1; n++) {
+                            tmp[r * I + n] = tmp[r * I + n] + L.gate_up_bias[n];
+                            act[r * I + n] = act[r * I + n] + L.gate_up_bias[I + n];
+                        }
+                    for (int64_t n = n0; n < n1; n += VL)
+                        vstore(act + r * I + n, vsilu_mul(vload(tmp + r * I + n), vload(act + r * I + n)));
                 }
-            }
-            pool().barrier();
+            });
             mark(0);
             // 6. down + residual
             if (sums) block_sums_rows(act, q, I, sx);
             if (act8) quantize_rows(act, q, I, xq, dxe);
             mark(2);
-            {  // the static schedule of [0, ntasks(E)), then every thread meets the others
-                int64_t lo_, hi_;
-                chunk(ntasks(E), tid, threads_, lo_, hi_);
-                for (int64_t t = lo_; t < hi_; t++) {
-                    int64_t n0 = t * COLS_PER_TASK, n1 = n0 + COLS_PER_TASK < E ? n0 + COLS_PER_TASK : E;
-                    product(mode, act, xq, dxe, q, sx, L.down, pk ? pk[3] : nullptr, n0, n1, tmp, E);
-                    for (int64_t r = 0; r < q; r++)
-                        for (int64_t n = n0; n < n1; n++) {
-                            float y = tmp[r * E + n];
-                            if (L.down_bias) y = y + L.down_bias[n];
-                            hidden[r * E + n] = hidden[r * E + n] + y;
-                        }
-                }
-            }
-            pool().barrier();
+            add_product(act, L.down, pk ? pk[3] : nullptr, L.down_bias);
             mark(0);
         }
         free(xn);
