@@ -24,14 +24,16 @@ class CostModel:
     def __init__(self):
         self._layer: dict[int, float] = {}  # n tokens -> seconds per layer
         self._head: dict[tuple[int, int], float] = {}  # (exit layer, n rows) -> seconds
+        self.step = 0.0  # the engine's own seconds per pass (module docstring); 0 until a generation measures it
         self.calibrated = False
 
     @classmethod
-    def given(cls, layer: dict[int, float], head: dict[tuple[int, int], float]) -> CostModel:
+    def given(cls, layer: dict[int, float], head: dict[tuple[int, int], float], step: float = 0.0) -> CostModel:
         """A cost model of these figures: `layer` maps new tokens to seconds per layer, `head` maps
-        (exit layer, rows) to seconds (the full model's head at exit layer L). Counts as calibrated."""
+        (exit layer, rows) to seconds (the full model's head at exit layer L), `step` the engine's own
+        seconds per pass. Counts as calibrated."""
         costs = cls()
-        costs._layer, costs._head = dict(layer), dict(head)
+        costs._layer, costs._head, costs.step = dict(layer), dict(head), float(step)
         costs.calibrated = True
         return costs
 
@@ -43,12 +45,14 @@ class CostModel:
         for key, ms in (figures.get("head") or {}).items():
             e, n = key.split("x")
             head[int(e), int(n)] = ms / 1e3
-        return cls.given(layer, head)
+        return cls.given(layer, head, (figures.get("step") or 0.0) / 1e3)  # runs recorded before it: none
 
     def figures_ms(self) -> dict:
-        """The figures in milliseconds, JSON-ready: per layer by new tokens, per head as 'layer x rows'."""
+        """The figures in milliseconds, JSON-ready: per layer by new tokens, per head as 'layer x rows', and
+        the engine's own work per pass ('step', once measured)."""
         return {"layer": {str(n): round(s * 1e3, 4) for n, s in sorted(self._layer.items())},
-                "head": {f"{e}x{n}": round(s * 1e3, 4) for (e, n), s in sorted(self._head.items())}}
+                "head": {f"{e}x{n}": round(s * 1e3, 4) for (e, n), s in sorted(self._head.items())},
+                **({"step": round(self.step * 1e3, 4)} if self.step else {})}
 
     # ---- queries --------------------------------------------------------------------------
     @staticmethod
@@ -86,6 +90,11 @@ class CostModel:
     def observe_head(self, layer: int, n: int, seconds: float, weight: float = 0.1) -> None:
         if n > 0 and seconds > 0:
             self._mix(self._head, (layer, n), seconds, weight)
+
+    def observe_step(self, seconds: float, weight: float = 0.2) -> None:
+        """The engine's own work per pass in one round (CostLearner.on_round)."""
+        if seconds >= 0:
+            self.step = seconds if not self.step else (1 - weight) * self.step + weight * seconds
 
     @staticmethod
     def _mix(table: dict, key, value: float, weight: float) -> None:
@@ -157,6 +166,7 @@ class CostLearner:
 
     def __init__(self, models: dict, levels, adaptive: bool):
         self.lanes = {}
+        self._timed, self._passes = 0.0, 0  # this round's passes and heads: seconds, and how many passes
         for precision, model in models.items():
             exits = tuple(lv.layer for lv in levels if lv.kind == "exit" and lv.precision == precision)
             self.lanes[precision] = model_costs(model, exits) if adaptive else getattr(model, "cost_model", None)
@@ -174,6 +184,7 @@ class CostLearner:
     def on_pass(self, p) -> None:
         """A decode pass (engine.stack.StagePass); the prefill's passes are not handed in."""
         costs = self.lanes[p.precision]
+        self._timed, self._passes = self._timed + p.seconds, self._passes + 1
         if costs is not None and len(p.serials) <= 16:
             costs.observe_pass(p.end - p.start, len(p.serials), p.seconds)
 
@@ -182,6 +193,18 @@ class CostLearner:
         step, for a head that has one, is in the stack's `head_work` (drained here)."""
         attend = sum(s for at, _, s in head_work if at == level.layer)
         head_work.clear()
+        self._timed += seconds + attend
         costs = self.lanes[level.precision]
         if costs is not None:
             costs.observe_head(level.layer, rows, seconds + attend)
+
+    def begin_round(self) -> None:
+        self._timed, self._passes = 0.0, 0
+
+    def on_round(self, seconds: float) -> None:
+        """A round took `seconds` of the generation's own time: what its passes and heads did not take is the
+        engine's own work, per pass, kept by the exact lane (one engine runs every lane's passes)."""
+        costs = self.lanes.get(None)
+        if costs is not None and self._passes:
+            costs.observe_step(max(0.0, seconds - self._timed) / self._passes)
+        self.begin_round()

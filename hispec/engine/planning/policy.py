@@ -58,8 +58,9 @@ WORSE_THAN_PLAIN = 0.9  # dropped when its measured tokens/s over its recent rou
 DROP_ROUNDS = 24  # rounds it stays dropped; then it is tried again (costs and text may have changed)
 RECENT_ROUNDS = 8  # the recent rounds a kind's measured speed is taken over
 MIN_GAIN = 1.15  # a plan is chosen over a plain step only when expected to beat it by this much: an estimate is
-#                 optimistic (the best of many noisy candidates, picked after the rounds that flattered it, and
-#                 the engine's own work between passes left out). Measured, the tuning split, 3 prompts a set,
+#                 optimistic (the best of many noisy candidates, picked after the rounds that flattered it; the
+#                 engine's own work between passes, left out when this was measured, is now counted: CostModel.step,
+#                 and the margin was kept, not tuned again). Measured, the tuning split, 3 prompts a set,
 #                 128 tokens (scripts/plan_realized.py, removed in a52c47b: every plan's expected gain is now in
 #                 its PolicyEvent, beside what it realized in explain.why.plan_table): exit plans realized 0.77-0.87 of their expected speed
 #                 over plain, the hierarchy 0.82, in both formats; lookup 0.96 (4-bit) to 1.28 (float32).

@@ -15,7 +15,8 @@ reader of labels, for traces recorded before rounds travelled as values.
 The expected rate of a round, in committed tokens per second, is (1 + expected accepted) / expected
 seconds: acceptance per token and in order (a geometric run, ``expected_run``), seconds from each lane's
 cost model (``engine.planning.costs``; a level in a cheaper format runs in its own lane, so the exact model then
-runs all L layers over what survived it).
+runs all L layers over what survived it), plus the engine's own work per pass (``CostModel.step``, the exact
+lane's: one engine runs every lane's passes) times the passes the round makes.
 """
 
 from __future__ import annotations
@@ -49,18 +50,18 @@ def expected_run(rate: float, k: float) -> float:
 # ---- expected committed tokens per second of each shape of round ---------------------------
 def plain_rate(c: CostModel, L: int) -> float:
     """A plain step: one pass of [0, L) and the final head over one token."""
-    return 1.0 / (L * c.layer(1) + c.head(L, 1))
+    return 1.0 / (L * c.layer(1) + c.head(L, 1) + c.step)
 
 
 def lookup_rate(c: CostModel, L: int, k: int, a: float) -> float:
     """k copied tokens verified by one pass of [0, L) over k + 1 tokens."""
-    return (1 + expected_run(a, k)) / (L * c.layer(k + 1) + c.head(L, k + 1))
+    return (1 + expected_run(a, k)) / (L * c.layer(k + 1) + c.head(L, k + 1) + c.step)
 
 
 def exit_rate(c: CostModel, L: int, e: int, k: int, a: float) -> float:
     """Single-exit self-speculation: k drafts at exit e, then [e, L) over k + 1 tokens."""
     seconds = (k + 1) * (e * c.layer(1)) + k * c.head(e, 1) + (L - e) * c.layer(k + 1) + c.head(L, k + 1)
-    return (1 + expected_run(a, k)) / seconds
+    return (1 + expected_run(a, k)) / (seconds + (k + 1) * c.step)  # k drafts, the verification
 
 
 def hierarchy_rate(c: CostModel, L: int, d: int, v: int, k: int, T: int, a_dv: float, a_vt: float,
@@ -75,6 +76,7 @@ def hierarchy_rate(c: CostModel, L: int, d: int, v: int, k: int, T: int, a_dv: f
     t = int(round(rounds * per_round))
     tc, top_layers = (c, L - v) if top is None else (top, L)
     seconds = rounds * round_s + top_layers * tc.layer(t + 1) + tc.head(L, t + 1)
+    seconds += (rounds * (k + 1) + 1) * tc.step  # per round k drafts and the judge, then the full model
     return (1 + expected_run(a_vt, rounds * per_round)) / seconds
 
 
@@ -82,7 +84,7 @@ def lane_draft_rate(low: CostModel, top: CostModel, L: int, e: int, k: int, a: f
     """k drafts at depth e in a cheaper format (e = L: the whole model in that format), then the exact
     model over k + 1 tokens."""
     seconds = k * (e * low.layer(1) + low.head(e, 1)) + L * top.layer(k + 1) + top.head(L, k + 1)
-    return (1 + expected_run(a, k)) / seconds
+    return (1 + expected_run(a, k)) / (seconds + (k + 1) * top.step)  # k drafts, the verification
 
 
 def lookup_judged_rate(mid: CostModel, top: CostModel, L: int, e: int, k: int, a_lm: float, a_mt: float,
@@ -98,7 +100,8 @@ def lookup_judged_rate(mid: CostModel, top: CostModel, L: int, e: int, k: int, a
     m = expected_run(a_lm, k) + (1 - a_lm**k) + then
     n = int(round(m)) + 1
     layers = L if top_layers is None else top_layers
-    return (1 + expected_run(a_mt, m)) / (judged + drafted + layers * top.layer(n) + top.head(L, n))
+    steps = (then + 2) * top.step  # the judge's pass, its drafts, the full model's
+    return (1 + expected_run(a_mt, m)) / (judged + drafted + layers * top.layer(n) + top.head(L, n) + steps)
 
 
 # ---- the value --------------------------------------------------------------------------------
