@@ -2,8 +2,10 @@
 (HISPEC_*), its default and the message a visitor sees when it applies (README, Hosting it in public).
 
 The checks that cost nothing come first (serving.session): the prompt's length in characters
-before any templating or tokenizing, the rate per client address (and a fair share of the overall
-figure when everyone together is over it), the model allow-list; the prompt's length in tokens
+before any templating or tokenizing, the rate per visitor (a session within a client address: a
+class behind one school network is many visitors) and per address, its visitors together (a client
+that opens a new session for every request is still one address), and a fair share of the overall
+figure per address when everyone together is over it, the model allow-list; the prompt's length in tokens
 once it is tokenized. The time limit counts a request's own time on the model, from when it gets
 its turn: waiting behind other visitors is not counted against it.
 
@@ -44,7 +46,7 @@ class Limits:
     max_new_tokens: int = 512
     max_seconds: float = 120.0  # time of one request on the model, from its turn (the wait is not counted)
     queue_size: int = 16  # requests waiting for a model (or its load) before new ones are refused
-    rate_per_minute: int = 12  # requests per client address per minute (0 = no limit)
+    rate_per_minute: int = 12  # requests per visitor (a session within a client address) per minute (0 = no limit)
     allowed_models: tuple[str, ...] = (DEFAULT_MODEL_NAME,)  # what visitors may choose; "*": any hub id
     global_rate_per_minute: int = 60  # beyond this many a minute from everyone, each address its fair share (0: off)
     trusted_proxies: tuple[str, ...] = ()  # proxies whose X-Forwarded-For is believed (serving.addresses.proxies)
@@ -53,6 +55,9 @@ class Limits:
     # counted at the edge, before anything is queued (serving.edge)
     join_rate_per_minute: int = 120
     stop_rate_per_minute: int = 60  # Stops per address per minute: /hispec/stop and the page's Stop (0 = no limit)
+    # requests per client address per minute, its visitors (sessions) together (0 = no limit): a class of 30 behind
+    # one school network making two runs each; one client rotating session hashes gets no more
+    address_rate_per_minute: int = 60
 
     @classmethod
     def from_env(cls, env=None) -> Limits:
@@ -85,7 +90,8 @@ class Limits:
                    names("HISPEC_TRUSTED_PROXIES", (ANY, PRIVATE) if on_spaces() else ()),
                    number("HISPEC_PROXY_HOPS", cls.proxy_hops),
                    number("HISPEC_JOIN_RATE_LIMIT", cls.join_rate_per_minute),
-                   number("HISPEC_STOP_RATE_LIMIT", cls.stop_rate_per_minute))
+                   number("HISPEC_STOP_RATE_LIMIT", cls.stop_rate_per_minute),
+                   number("HISPEC_ADDRESS_RATE_LIMIT", cls.address_rate_per_minute))
 
     def __post_init__(self):
         try:
@@ -132,8 +138,10 @@ class Limits:
 
     def describe(self) -> str:
         models = ", ".join(m if m != ANY_HUB_MODEL else "any Hugging Face id" for m in self.allowed_models)
-        rate = (f"{self.rate_per_minute} requests per minute per address" if self.rate_per_minute
-                else "no rate limit per address")
+        rate = (f"{self.rate_per_minute} requests per minute per visitor" if self.rate_per_minute
+                else "no rate limit per visitor")
+        rate += (f", {self.address_rate_per_minute} per address" if self.address_rate_per_minute
+                 else ", none per address")
         overall = (f" (beyond {self.global_rate_per_minute} from everyone, each address its fair share)"
                    if self.global_rate_per_minute else "")
         joins = (f" · {self.join_rate_per_minute} calls per minute per address into the queue"

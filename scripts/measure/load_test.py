@@ -113,8 +113,8 @@ def serve(model: str, max_new: int, sessions: int):
         lm = load_model(model, device="cpu")
     registry = ModelRegistry(device="cpu")
     registry.add(model, lm)
-    limits = Limits(rate_per_minute=0, global_rate_per_minute=0, join_rate_per_minute=0, queue_size=4 * sessions,
-                    max_seconds=3600, allowed_models=(model,), trusted_proxies=("127.0.0.1",))
+    limits = Limits(rate_per_minute=0, address_rate_per_minute=0, global_rate_per_minute=0, join_rate_per_minute=0,
+                    queue_size=4 * sessions, max_seconds=3600, allowed_models=(model,), trusted_proxies=("127.0.0.1",))
     config = preset("autoregressive", max_new_tokens=max_new, policy="fixed")
     expected = {p: run_loaded(lm, lm.encode(p), config).token_ids for p in PROMPTS}
     server = SERVED["server"] = app.serve(registry, model, limits)

@@ -1,0 +1,93 @@
+"""A class is many visitors (issue 60, item 5): a teacher opens the app and thirty students open it at once,
+all behind one school network address. Each student (a session within the address) is a visitor: its own rate
+figure and its own turns. The address still bounds what one client can do by rotating session hashes (its own,
+larger figure), and turns are fair between addresses first, so a class cannot crowd out a visitor on an address
+of its own. The defaults let a class of 30 in."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+
+import pytest
+from helpers import tiny_server, wait_until
+
+from hispec.engine.events import DoneEvent
+from hispec.errors import ConfigError
+from hispec.serving.addresses.ratelimit import RateLimits
+from hispec.serving.api import GenerateRequest
+from hispec.serving.caller import Caller
+from hispec.serving.jobs import Job
+from hispec.serving.limits import Limits
+from hispec.serving.turns import Turns
+from hispec.serving.updates import Ended, Output
+
+SCHOOL = "192.0.2.10"  # one school network: every student's address
+CLASS = 30
+PAGE_JOINS_PER_RUN = 3  # a page run joins Gradio's queue three times: the run and its two follow-ups (serving.edge)
+
+
+def gen(prompt: str, max_new: int = 6) -> dict:
+    return {"prompt": prompt, "method": "hispec", "policy": "fixed", "draft_layer": 2, "verify_layer": 5,
+            "draft_len": 2, "verify_threshold": 3, "max_new_tokens": max_new, "chat": True}
+
+
+def token_ids(updates) -> list[int] | None:
+    items = [item for u in updates if isinstance(u, Output) for item in u.items]
+    done = next((e for e in reversed(items) if isinstance(e, DoneEvent)), None)
+    return None if done is None else done.token_ids
+
+
+# ---- the rate limits: per visitor (a session within an address), and per address ------------------------
+def test_each_session_within_one_address_has_its_own_rate_figure():
+    rates = RateLimits(per_client=2, per_address=100, window_s=60)
+    for student in range(CLASS):
+        for _ in range(2):
+            rates.admit(SCHOOL, f"student-{student}", now=1.0)  # 60 requests from one address: all admitted
+    with pytest.raises(ConfigError, match=r"^rate limit: at most 2 requests per minute from one visitor \(a browser "
+                                          r"tab or API session\); try again in 59 s$"):
+        rates.admit(SCHOOL, "student-0", now=2.0)
+    rates.admit(SCHOOL, "student-0", now=61.5)  # its requests left the window
+
+
+def test_a_client_rotating_sessions_is_bounded_by_its_address():
+    rates = RateLimits(per_client=12, per_address=5, window_s=60)
+    for i in range(5):
+        rates.admit("10.6.6.6", f"fresh-{i}", now=float(i))
+    with pytest.raises(ConfigError, match=r"^rate limit: at most 5 requests per minute from one address, its visitors "
+                                          r"together; try again in 55 s$"):
+        rates.admit("10.6.6.6", "fresh-5", now=5.0)
+    rates.admit("10.7.7.7", "fresh-5", now=5.0)  # another address is not touched
+    assert rates.tracked() == 2 + 5 + 1  # two addresses, their 6 sessions; the refused one is not remembered
+    rates.admit("10.6.6.6", "fresh-6", now=60.5)  # the first left the window
+    rates.admit("late", "s", now=200.0)
+    assert rates.tracked() == 2  # idle addresses and sessions are forgotten
+
+
+def test_without_a_session_the_address_is_the_visitor():
+    """The edge's counts (joins, Stops) have no session they could trust: there the address has the figure."""
+    rates = RateLimits(per_client=2, per_address=100)
+    rates.admit("10.5.5.5", now=0.0)
+    rates.admit("10.5.5.5", now=0.0)
+    with pytest.raises(ConfigError, match=r"^rate limit: at most 2 requests per minute from one address; try again"):
+        rates.admit("10.5.5.5", now=0.0)
+
+
+def test_the_overall_fair_share_counts_addresses_not_sessions():
+    rates = RateLimits(per_client=10, overall=4, per_address=0, window_s=60)  # sessions remembered: not addresses
+    for student in range(3):
+        rates.admit(SCHOOL, f"student-{student}", now=0.0)
+    rates.admit("10.0.0.2", "alone", now=0.0)  # the minute holds 4: the server is busy
+    with pytest.raises(ConfigError, match=r"this address has had 3, its fair share of 2 among 2 addresses"):
+        rates.admit(SCHOOL, "student-3", now=1.0)
+    rates.admit("10.0.0.3", "newcomer", now=1.0)  # a new address is still let in
+
+
+def test_a_client_rotating_sessions_on_one_address_is_refused_at_the_address_figure():
+    server = tiny_server(rate_per_minute=12, address_rate_per_minute=4)
+    endings = [list(server.submit(Caller(f"rotated-{i}", "10.6.6.6"), GenerateRequest, gen("hi", 2)))[-1]
+               for i in range(5)]
+    assert [e.outcome for e in endings] == ["done"] * 4 + ["refused"]
+    assert re.fullmatch(r"Rate limit: at most 4 requests per minute from one address, its visitors together; try "
+                        r"again in \d+ s", endings[-1].message), endings[-1]
