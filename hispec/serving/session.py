@@ -99,7 +99,7 @@ class Server:
             log.exception("%s could not be read", kind)
             yield Ended("failed", f"Could not read this request ({type(exc).__name__}: {exc}).")
             return
-        job = self.jobs.open(caller.session, kind, submitted, visitor=caller.address)
+        job = self.jobs.open(caller.session, kind, submitted, address=caller.address)
         hold = Hold(self.registry, job)
         updates = self._serve(caller, request, job, hold)
         try:

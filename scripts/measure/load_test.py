@@ -364,7 +364,7 @@ def stuck() -> dict:
     server = SERVED.get("server")
     if server is None:
         return {}
-    jobs = [{"session": j.session, "kind": j.kind, "visitor": j.visitor, "reason": j.reason} for j in server.jobs.of()]
+    jobs = [{"session": j.session, "kind": j.kind, "address": j.address, "reason": j.reason} for j in server.jobs.of()]
     turns = {name: {"busy": server.registry.turns(name).busy, "waiting": server.registry.turns(name).waiting}
              for name in server.registry.loaded()}
     return {"jobs": jobs[:50], "open_jobs": len(jobs), "turns": turns}

@@ -84,6 +84,94 @@ def test_the_overall_fair_share_counts_addresses_not_sessions():
     rates.admit("10.0.0.3", "newcomer", now=1.0)  # a new address is still let in
 
 
+# ---- turns: between addresses first, then between an address's visitors ---------------------------------
+def queued(turns: Turns, job: Job):
+    waiting = turns.wait(job, math.inf, step_s=0.01)
+    assert next(waiting) >= 1  # it waits, its place reported
+    return waiting
+
+
+def took(waiting) -> bool:
+    try:
+        while True:
+            next(waiting)
+    except StopIteration as end:
+        return bool(end.value)
+
+
+def in_thread(fn):
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.setdefault("out", fn()), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def test_students_on_one_address_take_turns_round_by_round():
+    """A generation passes its turn to a classmate on the same address, and the classmates take it in order."""
+    turns = Turns()
+    a0, a1, a2 = (Job(i, f"student-{i}", "generate", address=SCHOOL) for i in range(3))
+    assert turns.hold(a0, 1.0)
+    waits = {job: queued(turns, job) for job in (a1, a2)}
+    assert turns.others_waiting(a0)  # the timing pairs of a0's run would give way to a classmate
+    passing, box = in_thread(lambda: turns.pass_turn(a0, step_s=0.01))
+    assert took(waits[a1]), "the classmate never got the turn"
+    assert turns.order() == [a2, a0]  # a0 comes back after every classmate waiting before it
+    turns.release(a1)
+    assert took(waits[a2])
+    turns.release(a2)
+    passing.join(5)
+    assert box["out"] is True and turns.order() == []
+    turns.release(a0)
+    assert not turns.busy
+
+
+def test_one_address_with_many_sessions_does_not_crowd_out_another_address():
+    """Thirty sessions of one address wait; a visitor on its own address comes: it is next, and after passing its
+    turn it is second, behind one of the class's, every time (a flat order between sessions put it 30th)."""
+    turns = Turns()
+    students = [Job(i, f"student-{i}", "generate", address=SCHOOL) for i in range(CLASS)]
+    alone = Job(99, "at-home", "generate", address="198.51.100.7")
+    assert turns.hold(students[0], 1.0)
+    waits = {job: queued(turns, job) for job in students[1:]}
+    waits[alone] = queued(turns, alone)
+    assert turns.order()[0] is alone
+    turns.release(students[0])
+    assert took(waits[alone])
+    for n in range(1, 6):  # alone passes its turn each slice; the class takes one turn between two of its own
+        passing, box = in_thread(lambda: turns.pass_turn(alone, step_s=0.01))
+        wait_until(lambda: alone in turns.order())
+        order = turns.order()
+        assert order[:2] == [students[n], alone], [j.session for j in order[:3]]
+        assert took(waits[students[n]])
+        turns.release(students[n])
+        passing.join(5)
+        assert box["out"] is True
+    turns.release(alone)
+    for job in students[6:]:
+        waits[job].close()
+    assert turns.waiting == 0 and not turns.busy
+
+
+def test_a_student_who_leaves_gives_the_class_its_turn_not_away():
+    """A waiting student who leaves (a Stop, a closed tab): the class keeps its earliest turns (the visitor at home
+    sending two requests does not move ahead of the class for it)."""
+    turns = Turns()
+    a0, a1, a2 = (Job(i, f"student-{i}", "generate", address=SCHOOL) for i in range(3))
+    other, other2 = (Job(9 + i, "at-home", "generate", address="198.51.100.7") for i in range(2))
+    assert turns.hold(a0, 1.0)
+    waits = {job: queued(turns, job) for job in (a1, a2, other, other2)}
+    assert turns.order() == [other, a1, other2, a2]
+    waits[a1].close()  # a1 had the class's next turn: a2 takes it
+    assert turns.order() == [other, a2, other2]
+    late = Job(20, "student-late", "generate", address=SCHOOL)
+    waits[late] = queued(turns, late)
+    assert turns.order() == [other, a2, other2, late]
+    for waiting in waits.values():
+        waiting.close()
+    turns.release(a0)
+
+
+# ---- the server: a class of 30 on one address, with the default limits -----------------------------------
 def test_a_client_rotating_sessions_on_one_address_is_refused_at_the_address_figure():
     server = tiny_server(rate_per_minute=12, address_rate_per_minute=4)
     endings = [list(server.submit(Caller(f"rotated-{i}", "10.6.6.6"), GenerateRequest, gen("hi", 2)))[-1]
