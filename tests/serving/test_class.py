@@ -172,6 +172,43 @@ def test_a_student_who_leaves_gives_the_class_its_turn_not_away():
 
 
 # ---- the server: a class of 30 on one address, with the default limits -----------------------------------
+def class_server():
+    """The tiny model's server with this server's default limits on rates and the queue."""
+    defaults = Limits()
+    return tiny_server(rate_per_minute=defaults.rate_per_minute,
+                       address_rate_per_minute=defaults.address_rate_per_minute,
+                       global_rate_per_minute=defaults.global_rate_per_minute, queue_size=defaults.queue_size)
+
+
+def test_a_class_of_30_on_one_address_is_admitted_and_each_gets_its_solo_answer():
+    """All thirty wait for the model at once (another visitor holds it until they all queue), none is refused,
+    and each answer is the one its prompt gets alone."""
+    prompts = [f"student {i} asks" for i in range(CLASS)]
+    alone = tiny_server()
+    solo = [token_ids(alone.submit(Caller(f"solo-{i}", f"10.1.0.{i}"), GenerateRequest, gen(p)))
+            for i, p in enumerate(prompts)]
+    server = class_server()
+    turns = server.registry.turns("tiny")
+    holder = Job(0, "teacher", "generate", address="203.0.113.1")
+    assert turns.hold(holder, 1.0)
+    out: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i: out.setdefault(i, list(server.submit(
+        Caller(f"student-{i}", SCHOOL), GenerateRequest, gen(prompts[i])))), daemon=True) for i in range(CLASS)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: turns.waiting == CLASS or any(not t.is_alive() for t in threads))
+        assert turns.waiting == CLASS, [out[i][-1] for i in sorted(out)][:3]  # all thirty queued at once
+    finally:
+        turns.release(holder)
+        for thread in threads:
+            thread.join(60)
+    endings = [out[i][-1] for i in range(CLASS)]
+    assert endings == [Ended("done", "Done.")] * CLASS, [e for e in endings if not e.ok][:3]
+    assert [token_ids(out[i]) for i in range(CLASS)] == solo
+    assert not turns.busy and server.jobs.of() == []
+
+
 def test_a_client_rotating_sessions_on_one_address_is_refused_at_the_address_figure():
     server = tiny_server(rate_per_minute=12, address_rate_per_minute=4)
     endings = [list(server.submit(Caller(f"rotated-{i}", "10.6.6.6"), GenerateRequest, gen("hi", 2)))[-1]
@@ -179,3 +216,18 @@ def test_a_client_rotating_sessions_on_one_address_is_refused_at_the_address_fig
     assert [e.outcome for e in endings] == ["done"] * 4 + ["refused"]
     assert re.fullmatch(r"Rate limit: at most 4 requests per minute from one address, its visitors together; try "
                         r"again in \d+ s", endings[-1].message), endings[-1]
+
+
+def test_the_defaults_let_a_class_of_30_in(monkeypatch):
+    """Sized for a class of 30 behind one address making two runs each in a minute (and as much from everyone
+    else beside it), on a Space and off it."""
+    runs = 2
+    off_spaces = Limits.from_env({})
+    monkeypatch.setenv("SPACE_ID", "someone/hispec")
+    for limits in (Limits(), off_spaces, Limits.from_env({})):
+        assert limits.rate_per_minute >= runs  # each student
+        assert limits.address_rate_per_minute >= CLASS * runs  # the class together
+        assert limits.global_rate_per_minute >= 2 * limits.address_rate_per_minute  # its fair share beside others
+        assert limits.queue_size >= CLASS + 1  # every student's run waiting at once, and the teacher's
+        assert limits.join_rate_per_minute >= CLASS * runs * PAGE_JOINS_PER_RUN  # the edge's count, per address
+        assert limits.stop_rate_per_minute >= CLASS * runs  # every student stopping each run
