@@ -114,7 +114,8 @@ def tiny_server(registry=None, name: str = "tiny", **limits):
     from hispec.serving.session import Server
 
     registry = registry or tiny_registry(name)
-    limits = {"rate_per_minute": 0, "global_rate_per_minute": 0, "allowed_models": (name,), **limits}
+    limits = {"rate_per_minute": 0, "address_rate_per_minute": 0, "global_rate_per_minute": 0,
+              "allowed_models": (name,), **limits}
     return Server(registry, Limits(**limits), default_model=name, throttle_s=0.0)
 
 

@@ -14,7 +14,10 @@ One ASGI middleware (`Edge`, installed by the app) sees every HTTP request befor
   `/call/<api>/<event_id>`) and tells serving.presence, so that a client is judged gone only when
   no stream has been open for it for a while;
 - it counts the requests that join Gradio's queue (`/queue/join`, `/call/<api>`) per client address
-  and refuses those over `Limits.join_rate_per_minute` with 429 before anything is queued, and
+  and refuses those over `Limits.join_rate_per_minute` with 429 before anything is queued (per address,
+  not per session as serving's own rate limit: the session hash is whatever a client writes in its join,
+  and a REST call has none, so a count per session would let one client rotate hashes past it; the
+  figure is sized for a class of 30 behind one address instead, serving.limits), and
   answers a join with the wrong number of inputs with 400 and the event's field list (Gradio would
   queue it and fail it with no message);
 - it keeps Gradio's queue-less routes (`/run/<api>`, `/api/<api>`) closed to the events that

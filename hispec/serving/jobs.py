@@ -47,7 +47,7 @@ class Job:
     stop: threading.Event = field(default_factory=threading.Event)
     reason: str | None = None  # the first reason it was told to end (None: it was not)
     overtaken_by: float | None = None  # stopped by a Stop that found nothing this many seconds before it arrived
-    visitor: str = ""  # whose turn this is when the model is shared out (the client address); "": the session
+    address: str = ""  # the client address (serving.caller); "": the session stands for its own address
     shares: bool = False  # may hold the model beside other sharing jobs, its passes shared (serving.turns)
 
     def end(self, reason: str) -> None:
@@ -57,8 +57,14 @@ class Job:
             self.stop.set()
 
     @property
-    def who(self) -> str:
-        return self.visitor or self.session
+    def who(self) -> tuple[str, str]:
+        """The visitor: a session within an address (a class behind one school network is many visitors)."""
+        return (self.origin, self.session)
+
+    @property
+    def origin(self) -> str:
+        """The address whose visitors share its turns (serving.turns): the client address, else the session."""
+        return self.address or self.session
 
 
 class Jobs:
@@ -75,12 +81,12 @@ class Jobs:
         # (session, kind) -> the time of a Stop that found nothing, for the request that may arrive just after it
         self._ahead: OrderedDict[tuple[str, str], float] = OrderedDict()
 
-    def open(self, session: str, kind: str, submitted: float | None = None, visitor: str = "") -> Job:
+    def open(self, session: str, kind: str, submitted: float | None = None, address: str = "") -> Job:
         """Register a job; `submitted`: when its request arrived (time.monotonic()). A Stop of its
         session and kind that arrived at or after that time ends it at once, and so does one that found
         nothing and arrived at most AHEAD_S before it (the first such request only)."""
         with self._lock:
-            job = Job(next(self._ids), session, kind, visitor=visitor)
+            job = Job(next(self._ids), session, kind, address=address)
             self._jobs[job.id] = job
             stops = [self._stops.get((session, k)) for k in (kind, ALL_KINDS)]
             stopped_at = max((at for at in stops if at is not None), default=None)

@@ -2,8 +2,10 @@
 (HISPEC_*), its default and the message a visitor sees when it applies (README, Hosting it in public).
 
 The checks that cost nothing come first (serving.session): the prompt's length in characters
-before any templating or tokenizing, the rate per client address (and a fair share of the overall
-figure when everyone together is over it), the model allow-list; the prompt's length in tokens
+before any templating or tokenizing, the rate per visitor (a session within a client address: a
+class behind one school network is many visitors) and per address, its visitors together (a client
+that opens a new session for every request is still one address), and a fair share of the overall
+figure per address when everyone together is over it, the model allow-list; the prompt's length in tokens
 once it is tokenized. The time limit counts a request's own time on the model, from when it gets
 its turn: waiting behind other visitors is not counted against it.
 
@@ -43,16 +45,27 @@ class Limits:
     max_prompt_tokens: int = 1024
     max_new_tokens: int = 512
     max_seconds: float = 120.0  # time of one request on the model, from its turn (the wait is not counted)
-    queue_size: int = 16  # requests waiting for a model (or its load) before new ones are refused
-    rate_per_minute: int = 12  # requests per client address per minute (0 = no limit)
+    # The defaults are sized for a class of 30 on one school network address (issue 60): every student's run waiting
+    # at once, two runs each in a minute, beside as much from everyone else. On a Space and off it alike.
+    # requests waiting for a model (or its load) before new ones are refused: a class's 30 and a few more. A waiting
+    # job holds its prompt's token ids, no model state (its caches are made when its turn comes)
+    queue_size: int = 40
+    rate_per_minute: int = 12  # requests per visitor (a session within a client address) per minute (0 = no limit)
     allowed_models: tuple[str, ...] = (DEFAULT_MODEL_NAME,)  # what visitors may choose; "*": any hub id
-    global_rate_per_minute: int = 60  # beyond this many a minute from everyone, each address its fair share (0: off)
+    # beyond this many a minute from everyone, each address its fair share (0: off): twice an address's own figure,
+    # so a class keeps its 60 beside another address as busy
+    global_rate_per_minute: int = 120
     trusted_proxies: tuple[str, ...] = ()  # proxies whose X-Forwarded-For is believed (serving.addresses.proxies)
     proxy_hops: int = 0  # or: exactly this many proxies stand in front of the server (0: read `trusted_proxies`)
     # requests per address per minute that may join the HTTP queue (the page sends 3 per run; 0 = no limit):
-    # counted at the edge, before anything is queued (serving.edge)
-    join_rate_per_minute: int = 120
-    stop_rate_per_minute: int = 60  # Stops per address per minute: /hispec/stop and the page's Stop (0 = no limit)
+    # counted at the edge, before anything is queued, per address (serving.edge says why not per session): a class's
+    # 30 students x 2 runs x 3 joins = 180, and room for the page's other buttons
+    join_rate_per_minute: int = 240
+    # Stops per address per minute: /hispec/stop and the page's Stop together (0 = no limit): a class stopping each run
+    stop_rate_per_minute: int = 120
+    # requests per client address per minute, its visitors (sessions) together (0 = no limit): a class of 30 behind
+    # one school network making two runs each; one client rotating session hashes gets no more
+    address_rate_per_minute: int = 60
 
     @classmethod
     def from_env(cls, env=None) -> Limits:
@@ -85,7 +98,8 @@ class Limits:
                    names("HISPEC_TRUSTED_PROXIES", (ANY, PRIVATE) if on_spaces() else ()),
                    number("HISPEC_PROXY_HOPS", cls.proxy_hops),
                    number("HISPEC_JOIN_RATE_LIMIT", cls.join_rate_per_minute),
-                   number("HISPEC_STOP_RATE_LIMIT", cls.stop_rate_per_minute))
+                   number("HISPEC_STOP_RATE_LIMIT", cls.stop_rate_per_minute),
+                   number("HISPEC_ADDRESS_RATE_LIMIT", cls.address_rate_per_minute))
 
     def __post_init__(self):
         try:
@@ -132,8 +146,10 @@ class Limits:
 
     def describe(self) -> str:
         models = ", ".join(m if m != ANY_HUB_MODEL else "any Hugging Face id" for m in self.allowed_models)
-        rate = (f"{self.rate_per_minute} requests per minute per address" if self.rate_per_minute
-                else "no rate limit per address")
+        rate = (f"{self.rate_per_minute} requests per minute per visitor" if self.rate_per_minute
+                else "no rate limit per visitor")
+        rate += (f", {self.address_rate_per_minute} per address" if self.address_rate_per_minute
+                 else ", none per address")
         overall = (f" (beyond {self.global_rate_per_minute} from everyone, each address its fair share)"
                    if self.global_rate_per_minute else "")
         joins = (f" · {self.join_rate_per_minute} calls per minute per address into the queue"

@@ -3,7 +3,8 @@
     submitted                                         when its request arrived: a later Stop ends it
     cheap checks (the request's own: sizes, types)   microseconds, before anything else
     registered as a job                               a Stop made since it was submitted ends it here
-    rate limit per client address, then a fair share when everyone together is over the overall figure
+    rate limits per visitor (a session within an address) and per address, then a fair share per address
+                                                      when everyone together is over the overall figure
     the model allow-list
     room in the queue
     the model, leased (loaded if needed, progress streamed)   kept loaded until the job ends (serving.hold)
@@ -61,7 +62,8 @@ class Server:
         self.registry, self.limits, self.throttle_s = registry, limits, throttle_s
         loaded = registry.loaded()
         self.default_model = default_model or (loaded[0] if loaded else "default")
-        self.rates = RateLimits(limits.rate_per_minute, limits.global_rate_per_minute)
+        self.rates = RateLimits(limits.rate_per_minute, limits.global_rate_per_minute,
+                                per_address=limits.address_rate_per_minute)
         self.jobs = Jobs()
         self.streams = Streams()  # the update streams open per session (the edge tells it)
         self.room = WaitingRoom(limits.queue_size)
@@ -97,7 +99,7 @@ class Server:
             log.exception("%s could not be read", kind)
             yield Ended("failed", f"Could not read this request ({type(exc).__name__}: {exc}).")
             return
-        job = self.jobs.open(caller.session, kind, submitted, visitor=caller.address)
+        job = self.jobs.open(caller.session, kind, submitted, address=caller.address)
         hold = Hold(self.registry, job)
         updates = self._serve(caller, request, job, hold)
         try:
@@ -127,7 +129,7 @@ class Server:
                 return
             try:
                 if not request.follow_up:  # a run's follow-up was counted with the run
-                    self.rates.admit(caller.address)
+                    self.rates.admit(caller.address, caller.session)  # per visitor, and per address
                 name = self.limits.check_model(request.model or self.default_model)
                 with self.room.entered():
                     lm = yield from hold.lease(name, deadline)

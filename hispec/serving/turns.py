@@ -8,12 +8,21 @@ would alone. Any other job (a comparison, a benchmark, a timing) holds it alone,
 seats is 1: its timings must be its own. Waiting jobs learn their place; a Stop or a client that left
 takes a job out of the queue at once.
 
-The order is fair between visitors (a visitor: the client address of the job, Job.who), not
-first come first served: each job gets a round when it arrives, the round of the job holding the
-model or the one after its visitor's latest job, whichever is later, and jobs run by round, then
-by arrival (start-time fair queuing, one turn a round per visitor). A turn is a slice of a job, not
+The order is fair between visitors, not first come first served, and fair between addresses first: a
+visitor is a session within a client address (Job.who: a browser tab or an API client), and a class of
+thirty behind one school network is thirty visitors of one address (Job.origin). Turns go to addresses
+by start-time fair queuing (one turn a round per address): each job gets a round when it arrives, the
+round of the job holding the model or the one after its address's latest job, whichever is later, and
+an address's turns come by round, then by arrival. Which of an address's waiting jobs takes each of its
+turns is decided the same way one level down, between the address's visitors (their rounds among that
+address's jobs alone). Hierarchical, not flat between visitors: one address's many sessions share one
+address's turns, so a client that opens a session per request (or a class) gets one turn a round beside
+every other address however many sessions it opens, and a visitor on an address of its own is never
+queued behind thirty of another's; a flat order would give that address thirty turns for its one.
+A turn is a slice of a job, not
 the whole job: a generation running on the model passes it (`pass_turn`, called by serving between
-the engine's rounds, engine.gate) when another visitor waits, and queues for its next turn. So a visitor's extra jobs
+the engine's rounds, engine.gate) when another visitor waits (another session of its own address too), and
+queues for its next turn. So a visitor's extra jobs
 queue behind the first job of every other visitor, one visitor sending many long requests
 delays a newcomer by one job at most, and a job already waiting is never overtaken by a later
 job of the same or a later round: nobody waits forever.
@@ -44,9 +53,14 @@ class Turns:
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()  # in arrival order
         self._holders: set[Job] = set()
-        self._round: dict[Job, int] = {}  # each waiting or holding job's round
-        self._latest: dict[str, int] = {}  # each visitor's latest round
+        self._round: dict[Job, int] = {}  # each waiting or holding job's round among the addresses
+        self._latest: dict[str, int] = {}  # each address's latest round
         self._now = 0  # the round of the job holding the model (or of the last one that did)
+        # one level down, within each address: each job's round among its address's visitors, each visitor's
+        # latest, and each address's own `now` (the round among its visitors of its job that last took the model)
+        self._sround: dict[Job, int] = {}
+        self._slatest: dict[tuple[str, str], int] = {}
+        self._snow: dict[str, int] = {}
 
     def wait(self, job: Job, deadline: float, step_s: float = STEP_S) -> Iterator[int]:
         """Wait for the model: yields the job's place (1 = next) at once when it cannot take the model, then
@@ -54,7 +68,9 @@ class Turns:
         end or the deadline passed first. A generator: `held = yield from turns.wait(job, deadline)`."""
         with self._cond:
             self._queue.append(job)
-            self._round[job] = self._latest[job.who] = max(self._now, self._latest.get(job.who, -1) + 1)
+            self._round[job] = self._latest[job.origin] = max(self._now, self._latest.get(job.origin, -1) + 1)
+            self._sround[job] = self._slatest[job.who] = max(self._snow.setdefault(job.origin, 0),
+                                                             self._slatest.get(job.who, -1) + 1)
         first = True
         try:
             while True:
@@ -95,13 +111,10 @@ class Turns:
             if job not in self._holders or not any(j.who != job.who for j in tuple(self._queue)):
                 return False
             self._holders.discard(job)
-            # its next turn is the next round; the visitor's own waiting jobs move one round back, so
-            # that a visitor's jobs keep their order among themselves while visitors take turns
-            for other in tuple(self._queue):
-                if other.who == job.who and other in self._round:
-                    self._round[other] += 1
-            self._round[job] = self._now + 1
-            self._latest[job.who] = max(r for j, r in dict(self._round).items() if j.who == job.who)
+            # its address's next turn is the next round, its address's waiting jobs each one round back (its turns
+            # keep their order); among its address's visitors, the same one level down: behind the others waiting
+            self._requeue(self._round, self._latest, job, lambda j: j.origin, self._now)
+            self._requeue(self._sround, self._slatest, job, lambda j: j.who, self._snow.get(job.origin, 0))
             self._queue.append(job)
             self._cond.notify_all()
             while not self._take(job):
@@ -113,11 +126,12 @@ class Turns:
             if job in self._holders:
                 self._holders.discard(job)
                 self._round.pop(job, None)
+                self._sround.pop(job, None)
                 self._forget_idle()
                 self._cond.notify_all()
 
     def others_waiting(self, job: Job) -> bool:
-        """Whether a job of another visitor than `job`'s waits for the model."""
+        """Whether a job of another visitor than `job`'s (another session, of its address too) waits for the model."""
         with self._cond:
             return any(j.who != job.who for j in tuple(self._queue))
 
@@ -133,11 +147,18 @@ class Turns:
 
     # ---- under the lock ---------------------------------------------------------------------------
     def _take(self, job: Job) -> bool:
-        if self._order()[0] is not job or not self._seat_for(job):
+        slots = self._slots()
+        if not slots or slots[0][2] is not job or not self._seat_for(job):
             return False
+        turn = slots[0][0]  # its address's next turn: the job whose round it was takes this job's round instead
+        owner = next((j for j in tuple(self._queue) if j.origin == job.origin and j is not job
+                      and self._round.get(j) == turn), None)
+        if owner is not None:
+            self._round[owner] = self._round[job]
+        self._round[job] = turn
         self._queue.remove(job)
         self._holders.add(job)
-        self._now = self._round[job]
+        self._now, self._snow[job.origin] = turn, self._sround[job]
         return True
 
     def _seat_for(self, job: Job) -> bool:
@@ -146,29 +167,67 @@ class Turns:
         return not holders or (job.shares and len(holders) < self.seats and all(j.shares for j in holders))
 
     def _order(self) -> list[Job]:
-        queue, rounds = list(self._queue), dict(self._round)
+        return [job for _, _, job in self._slots() if job in self._round]  # less any that left meanwhile
+
+    def _slots(self) -> list[tuple[int, int, Job]]:
+        """The waiting jobs in order, each with the turn it takes (round, arrival): an address's turns are its
+        jobs' (round, arrival) among the addresses, sorted; its jobs take them in their order among its visitors."""
+        queue, rounds, srounds = list(self._queue), dict(self._round), dict(self._sround)
         arrival = {job: n for n, job in enumerate(queue)}
-        order = sorted((job for job in queue if job in rounds), key=lambda job: (rounds[job], arrival[job]))
-        return [job for job in order if job in self._round]  # less any that left meanwhile
+        by_address: dict[str, list[Job]] = {}
+        for job in queue:
+            if job in rounds and job in srounds:
+                by_address.setdefault(job.origin, []).append(job)
+        slots = []
+        for jobs in by_address.values():
+            turns = sorted((rounds[j], arrival[j]) for j in jobs)
+            takers = sorted(jobs, key=lambda j: (srounds[j], arrival[j]))
+            slots += [(r, n, j) for (r, n), j in zip(turns, takers)]
+        return sorted(slots, key=lambda slot: slot[:2])
 
     def _place(self, job: Job) -> int:
         order = self._order()
         return order.index(job) + 1 if job in order else 0
 
     def _left(self, job: Job) -> None:
-        """A job left the queue before its turn: its round is free for its visitor's next job."""
+        """A job left the queue before its turn: its address keeps its earliest turns (the job's round goes to
+        the address's waiting job of the latest), and its round is free for its visitor's next job."""
         mine = self._round.pop(job)
-        if self._latest.get(job.who) == mine:
-            others = [r for j, r in dict(self._round).items() if j.who == job.who]
-            self._latest[job.who] = max(others, default=mine - 1)
+        last = max((j for j in tuple(self._queue) if j.origin == job.origin and j in self._round),
+                   key=lambda j: self._round[j], default=None)
+        if last is not None and self._round[last] > mine:
+            self._round[last], mine = mine, self._round[last]
+        self._free(self._round, self._latest, job.origin, mine, lambda j: j.origin)
+        self._free(self._sround, self._slatest, job.who, self._sround.pop(job), lambda j: j.who)
         self._forget_idle()
 
+    @staticmethod
+    def _free(rounds: dict, latest: dict, key, gone: int, key_of) -> None:
+        """Round `gone` of `key` (an address or a visitor) is no one's now: its latest is its jobs' latest."""
+        if latest.get(key) == gone:
+            latest[key] = max((r for j, r in dict(rounds).items() if key_of(j) == key), default=gone - 1)
+
+    def _requeue(self, rounds: dict, latest: dict, job: Job, key, now: int) -> None:
+        """`job` queues again at round now + 1 among its key's (address or visitor) jobs, those waiting one back."""
+        for other in tuple(self._queue):
+            if key(other) == key(job) and other in rounds:
+                rounds[other] += 1
+        rounds[job] = now + 1
+        latest[key(job)] = max(r for j, r in dict(rounds).items() if key(j) == key(job))
+
     def _forget_idle(self) -> None:
-        """Forget visitors with nothing here whose next job would start at the current round anyway."""
-        active = {j.who for j in list(self._round)}
+        """Forget addresses and visitors with nothing here whose next job would start at the current round anyway
+        (an address with nothing here starts afresh among its visitors)."""
+        jobs = list(self._round)
+        active, here = {j.origin for j in jobs}, {j.who for j in jobs}
         for who, r in dict(self._latest).items():  # in place: a finaliser's own changes meanwhile are kept
             if who not in active and r + 1 <= self._now:
                 self._latest.pop(who, None)
+        for address in [a for a in dict(self._snow) if a not in active]:
+            self._snow.pop(address, None)
+        for visitor, r in dict(self._slatest).items():
+            if visitor not in here and (visitor[0] not in active or r + 1 <= self._snow.get(visitor[0], 0)):
+                self._slatest.pop(visitor, None)
 
     @property
     def busy(self) -> bool:

@@ -38,6 +38,14 @@ session never finishes, the report says what serving still holds (its jobs, the 
 threads' stacks go to stderr.
 
     python scripts/measure/load_test.py --sessions 50 --requests 3 --model default --json assets/load/load_cpu_default.json
+
+A class (--class-size N): a teacher's class opening the app at once (issue 60). N sessions join within
+--join-seconds, all behind one school network address (--one-address) or each on its own, and each sends
+one greedy generation. The server runs with its default limits (rates, queue, joins): every request must
+be admitted and its answer must equal the engine's own greedy output for its prompt; the report gives each
+visitor's first-token latency (from its submit to its first update with a token).
+
+    python scripts/measure/load_test.py --class-size 30 --one-address --max-new-tokens 16
 """
 
 from __future__ import annotations
@@ -87,9 +95,10 @@ def machine() -> str:
 SERVED: dict = {}  # the serving.session.Server of the last serve(): what a stuck run reports
 
 
-def serve(model: str, max_new: int, sessions: int):
+def serve(model: str, max_new: int, sessions: int, default_limits: bool = False):
     """The app on loopback; returns (url, close, expected token ids by prompt: `max_new` of them).
-    Every visitor's address is the X-Forwarded-For its session sends (loopback is a trusted proxy)."""
+    Every visitor's address is the X-Forwarded-For its session sends (loopback is a trusted proxy).
+    `default_limits`: the server's own default rates, queue and joins (a class), else none that could refuse."""
     import torch
 
     import app
@@ -113,8 +122,10 @@ def serve(model: str, max_new: int, sessions: int):
         lm = load_model(model, device="cpu")
     registry = ModelRegistry(device="cpu")
     registry.add(model, lm)
-    limits = Limits(rate_per_minute=0, global_rate_per_minute=0, join_rate_per_minute=0, queue_size=4 * sessions,
-                    max_seconds=3600, allowed_models=(model,), trusted_proxies=("127.0.0.1",))
+    limits = Limits(rate_per_minute=0, address_rate_per_minute=0, global_rate_per_minute=0, join_rate_per_minute=0,
+                    queue_size=4 * sessions, max_seconds=3600, allowed_models=(model,), trusted_proxies=("127.0.0.1",))
+    if default_limits:
+        limits = Limits(allowed_models=(model,), trusted_proxies=("127.0.0.1",))
     config = preset("autoregressive", max_new_tokens=max_new, policy="fixed")
     expected = {p: run_loaded(lm, lm.encode(p), config).token_ids for p in PROMPTS}
     server = SERVED["server"] = app.serve(registry, model, limits)
@@ -302,6 +313,78 @@ def session(url, i, n_requests, lengths, long_share, rng, expected, deadline, ou
             out.append(record)
 
 
+SCHOOL = "192.0.2.10"  # --one-address: every student's address (a documentation range, RFC 5737)
+FIRST_TOKEN = re.compile(r"generating: [1-9]")  # /generate's progress once it has a token (serving.answer)
+
+
+def student(url, i, address_of, start_at, max_new, expected, out, lock):
+    """Student i of a class: connects at `start_at`, sends one greedy generation, and records its outcome,
+    its first-token latency (from its submit) and its whole latency."""
+    from gradio_client import Client
+
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    prompt = PROMPTS[i % len(PROMPTS)]
+    record = {"kind": "class", "prompt": prompt, "address": address_of(i)}
+    try:
+        client = Client(url, verbose=False, headers={"X-Forwarded-For": address_of(i)},
+                        httpx_kwargs={"timeout": CONNECT_TIMEOUT_S})
+        t0 = time.monotonic()
+        job = client.submit(prompt=prompt, max_new_tokens=max_new, temperature=0.0, api_name="/generate")
+        first = None
+        for update in job:
+            if first is None and isinstance(update, dict) and (FIRST_TOKEN.match(str(update.get("status", "")))
+                                                               or update.get("token_ids")):
+                first = time.monotonic() - t0
+        answer = job.result(timeout=3600)
+        outcome, message = judge("normal", prompt, answer.get("token_ids"), answer["stats"].get("finish_reason"),
+                                 expected)
+        record.update(outcome=outcome, message=message, first_token_s=None if first is None else round(first, 3),
+                      latency_s=round(time.monotonic() - t0, 3))
+    except Exception as exc:  # a refusal (a rate limit, a full queue, the edge's 429) is a failure too
+        record.update(outcome="failed", message=f"{type(exc).__name__}: {str(exc)[:200]}")
+    with lock:
+        out.append(record)
+
+
+def class_run(args) -> int:
+    """--class-size: N students join within --join-seconds, one request each, under the default limits."""
+    url, close, expected = serve(args.model, args.max_new_tokens, args.class_size, default_limits=True)
+    address_of = (lambda i: SCHOOL) if args.one_address else address
+    records, lock, t0 = [], threading.Lock(), time.monotonic()
+    threads = [threading.Thread(target=student, args=(url, i, address_of, t0 + args.join_seconds * i / args.class_size,
+                                                      args.max_new_tokens, expected, records, lock), daemon=True)
+               for i in range(args.class_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=args.max_seconds + args.grace_seconds)
+    seconds = time.monotonic() - t0
+    close()
+    firsts = [r["first_token_s"] for r in records if r.get("first_token_s") is not None]
+    from hispec.evaluation.record import code_version
+    from hispec.serving.limits import Limits
+
+    report = {"command": "python scripts/measure/load_test.py " + " ".join(sys.argv[1:]), "code": code_version(),
+              "machine": machine(), "host_note": args.host_note, "model": args.model, "mode": "class",
+              "class_size": args.class_size, "join_seconds": args.join_seconds, "max_new_tokens": args.max_new_tokens,
+              "visitors": "one client address for the class" if args.one_address else "one client address each",
+              "limits": {k: getattr(Limits(), k) for k in ("rate_per_minute", "address_rate_per_minute",
+                                                           "global_rate_per_minute", "queue_size",
+                                                           "join_rate_per_minute")},
+              "seconds": round(seconds, 1), "requests": len(records),
+              **{k: sum(r["outcome"] == k for r in records) for k in ("completed", "crossed", "failed")},
+              "refused": sum("rate limit" in r.get("message", "").lower() or "busy" in r.get("message", "")
+                             or "429" in r.get("message", "") for r in records),
+              "first_token_s": {"median": statistics.median(firsts) if firsts else None,
+                                "slowest": max(firsts, default=None), "each": sorted(firsts)},
+              "failures": [r for r in records if r["outcome"] != "completed"][:20]}
+    print(json.dumps(report, indent=1))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({**report, "records": records}, indent=1) + "\n")
+    return 0 if report["completed"] == args.class_size == len(records) else 1
+
+
 RSS_STEP_S = 0.5  # how often the resident memory is sampled during the load
 
 
@@ -364,7 +447,7 @@ def stuck() -> dict:
     server = SERVED.get("server")
     if server is None:
         return {}
-    jobs = [{"session": j.session, "kind": j.kind, "visitor": j.visitor, "reason": j.reason} for j in server.jobs.of()]
+    jobs = [{"session": j.session, "kind": j.kind, "address": j.address, "reason": j.reason} for j in server.jobs.of()]
     turns = {name: {"busy": server.registry.turns(name).busy, "waiting": server.registry.turns(name).waiting}
              for name in server.registry.loaded()}
     return {"jobs": jobs[:50], "open_jobs": len(jobs), "turns": turns}
@@ -445,7 +528,14 @@ def main(argv=None) -> int:
     parser.add_argument("--host-note", default="", help="what else ran on the host (timings are only read with it)")
     parser.add_argument("--max-rss-growth-mb", type=float, default=1024,
                         help="fail when the resident memory's peak is this far above its start of the load")
+    parser.add_argument("--class-size", type=int, default=0,
+                        help="a class instead: this many sessions, one request each, under the default limits")
+    parser.add_argument("--one-address", action="store_true", help="with --class-size: the class behind one address")
+    parser.add_argument("--join-seconds", type=float, default=3.0,
+                        help="with --class-size: the students join spread over this many seconds")
     args = parser.parse_args(argv)
+    if args.class_size:
+        return class_run(args)
     if args.long_tokens is None:
         args.long_tokens = 4 * args.max_new_tokens
     if not 0 <= args.long_share <= 1 or args.long_tokens < args.max_new_tokens:

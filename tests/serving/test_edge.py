@@ -41,8 +41,8 @@ def app_on_loopback(queue_max: int = 64, max_threads: int = 40, **limits):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     registry = tiny_registry()
-    limits = {"rate_per_minute": 0, "global_rate_per_minute": 0, "join_rate_per_minute": 0, "allowed_models": ("tiny",),
-              **limits}
+    limits = {"rate_per_minute": 0, "address_rate_per_minute": 0, "global_rate_per_minute": 0,
+              "join_rate_per_minute": 0, "allowed_models": ("tiny",), **limits}
     server = app.serve(registry, "tiny", Limits(**limits))
     demo = app.build(server, ["tiny"])
     port = free_port()
@@ -81,7 +81,7 @@ def outcome(client: Client, **fields) -> str:
 def test_a_forwarded_header_from_loopback_does_not_choose_the_address():
     """uvicorn believes X-Forwarded-For from loopback by default: each request with a new made-up
     address would pass the per-address limit. It must count the peer."""
-    with app_on_loopback(rate_per_minute=2) as (url, _):
+    with app_on_loopback(address_rate_per_minute=2) as (url, _):  # each Client is a new session: the address counts
         seen = [outcome(Client(url, verbose=False, headers={"X-Forwarded-For": f"203.0.113.{i}"})) for i in range(3)]
     assert seen[:2] == ["done", "done"], seen
     assert "at most 2 requests per minute from one address" in seen[2], seen
@@ -89,7 +89,7 @@ def test_a_forwarded_header_from_loopback_does_not_choose_the_address():
 
 def test_the_operators_proxy_names_the_address():
     """Control: from a proxy the operator trusts (HISPEC_TRUSTED_PROXIES), the forwarded address counts."""
-    with app_on_loopback(rate_per_minute=2, trusted_proxies=("127.0.0.1",)) as (url, _):
+    with app_on_loopback(address_rate_per_minute=2, trusted_proxies=("127.0.0.1",)) as (url, _):
         seen = [outcome(Client(url, verbose=False, headers={"X-Forwarded-For": f"203.0.113.{i}"})) for i in range(3)]
         repeated = [outcome(Client(url, verbose=False, headers={"X-Forwarded-For": "203.0.113.0"})) for _ in range(2)]
     assert seen == ["done"] * 3, seen

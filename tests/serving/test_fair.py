@@ -130,8 +130,8 @@ def test_remembered_stops_cost_bounded_memory(monkeypatch):
 # ---- the model's turns shared out between visitors ---------------------------------------------------
 def test_a_visitors_extra_jobs_queue_behind_other_visitors():
     turns = Turns()
-    a1, a2, a3 = (Job(i, f"tab-a{i}", "generate", visitor="10.0.0.1") for i in (1, 2, 3))  # one address, 3 tabs
-    b1, c1 = Job(4, "tab-b", "generate", visitor="10.0.0.2"), Job(5, "tab-c", "generate", visitor="10.0.0.3")
+    a1, a2, a3 = (Job(i, f"tab-a{i}", "generate", address="10.0.0.1") for i in (1, 2, 3))  # one address, 3 tabs
+    b1, c1 = Job(4, "tab-b", "generate", address="10.0.0.2"), Job(5, "tab-c", "generate", address="10.0.0.3")
     assert turns.hold(a1, 1.0)
     waits = {job: turns.wait(job, math.inf, step_s=0.01) for job in (a2, a3, b1, c1)}  # in this order
     for waiting in waits.values():
@@ -182,12 +182,12 @@ def test_one_visitors_long_jobs_beside_anothers_short_one():
 
 def test_a_turn_passes_to_another_visitor_only_and_comes_back():
     turns = Turns()
-    a1, a2 = Job(1, "tab-a1", "generate", visitor="10.0.0.1"), Job(2, "tab-a2", "generate", visitor="10.0.0.1")
-    b1 = Job(3, "tab-b", "generate", visitor="10.0.0.2")
+    a1, a2 = Job(1, "tab-a", "generate", address="10.0.0.1"), Job(2, "tab-a", "generate", address="10.0.0.1")
+    b1 = Job(3, "tab-b", "generate", address="10.0.0.2")
     assert turns.hold(a1, 1.0)
     wait_a2 = turns.wait(a2, math.inf, step_s=0.01)
     next(wait_a2)
-    assert not turns.pass_turn(a1)  # only the visitor's own job waits: a1 keeps the model
+    assert not turns.pass_turn(a1)  # only the visitor's own job (its session's) waits: a1 keeps the model
     wait_b1 = turns.wait(b1, math.inf, step_s=0.01)
     next(wait_b1)
     passing, box = in_thread(lambda: turns.pass_turn(a1, step_s=0.01))

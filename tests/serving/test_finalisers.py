@@ -61,9 +61,9 @@ def test_release_hands_the_model_on_when_a_stream_is_finalised_inside_it():
     """Seen in-process: "dictionary changed size during iteration" in Turns.release, after the model's turn
     was cleared but before the waiting jobs were told; the worker's release then never gave back the lease."""
     turns = Turns()
-    holder = Job(1, "tab-h", "generate", visitor="10.0.0.1")
-    gone = Job(2, "tab-g", "generate", visitor="10.0.0.2")
-    next_one = Collected(3, "tab-n", "generate", visitor="10.0.0.3")
+    holder = Job(1, "tab-h", "generate", address="10.0.0.1")
+    gone = Job(2, "tab-g", "generate", address="10.0.0.2")
+    next_one = Collected(3, "tab-n", "generate", address="10.0.0.3")
     assert turns.hold(holder, 1.0)
     abandoned, waiting = queued(turns, gone), queued(turns, next_one)
     next_one.at_next_read(abandoned.close)  # the collector closes the abandoned stream: it leaves the queue
@@ -78,9 +78,9 @@ def test_release_hands_the_model_on_when_a_stream_is_finalised_inside_it():
 def test_the_order_is_read_while_a_stream_is_finalised_inside_it():
     """Seen in-process: "deque mutated during iteration" in Turns._order (a request fails)."""
     turns = Turns()
-    holder = Job(1, "tab-h", "generate", visitor="10.0.0.1")
-    first = Collected(2, "tab-f", "generate", visitor="10.0.0.2")
-    gone, last = Job(3, "tab-g", "generate", visitor="10.0.0.3"), Job(4, "tab-l", "generate", visitor="10.0.0.4")
+    holder = Job(1, "tab-h", "generate", address="10.0.0.1")
+    first = Collected(2, "tab-f", "generate", address="10.0.0.2")
+    gone, last = Job(3, "tab-g", "generate", address="10.0.0.3"), Job(4, "tab-l", "generate", address="10.0.0.4")
     assert turns.hold(holder, 1.0)
     waits = [queued(turns, job) for job in (first, gone, last)]
     first.at_next_read(waits[1].close)
@@ -93,9 +93,9 @@ def test_the_order_is_read_while_a_stream_is_finalised_inside_it():
 def test_a_turn_passes_while_a_stream_is_finalised_inside_pass_turn():
     """Seen in-process: "deque mutated during iteration" in Turns.pass_turn (the generation fails)."""
     turns = Turns()
-    holder = Job(1, "tab-h", "generate", visitor="10.0.0.1")
-    mine = Collected(2, "tab-m", "generate", visitor="10.0.0.1")  # the holder's visitor's next job
-    gone, other = Job(3, "tab-g", "generate", visitor="10.0.0.2"), Job(4, "tab-o", "generate", visitor="10.0.0.3")
+    holder = Job(1, "tab-h", "generate", address="10.0.0.1")
+    mine = Collected(2, "tab-h", "generate", address="10.0.0.1")  # the holder's visitor's next job (its session's)
+    gone, other = Job(3, "tab-g", "generate", address="10.0.0.2"), Job(4, "tab-o", "generate", address="10.0.0.3")
     assert turns.hold(holder, 1.0)
     waits = {job: queued(turns, job) for job in (mine, gone, other)}
     mine.at_next_read(waits[gone].close)

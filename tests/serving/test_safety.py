@@ -98,13 +98,20 @@ def test_unpaired_surrogates_are_a_message(lm):
 
 
 # ---- rate limits -----------------------------------------------------------------------------------
-def test_the_rate_limit_counts_the_address_not_the_session(lm):
-    server = server_with(lm, rate_per_minute=2)
-    sessions = [Caller(f"fresh-client-{i}", "10.9.9.9") for i in range(4)]  # a new client per request
+def test_the_rate_limit_counts_each_visitor_and_the_address_bounds_a_client_that_rotates_sessions(lm):
+    """A visitor is a session within an address: its own figure. A client that opens a new session for every
+    request is still one address: the address's figure, its visitors together, bounds it."""
+    server = server_with(lm, rate_per_minute=2, address_rate_per_minute=3)
+    tab = Caller("one-tab", "10.8.8.8")
+    outcomes = [last(server, gen(max_new=2), tab).outcome for _ in range(3)]
+    assert outcomes == ["done", "done", "refused"]
+    assert re.fullmatch(r"Rate limit: at most 2 requests per minute from one visitor \(a browser tab or API "
+                        r"session\); try again in \d+ s", last(server, gen(max_new=2), tab).message)
+    sessions = [Caller(f"fresh-client-{i}", "10.9.9.9") for i in range(5)]  # a new client per request
     outcomes = [last(server, gen(max_new=2), caller).outcome for caller in sessions]
-    assert outcomes == ["done", "done", "refused", "refused"]
-    assert re.fullmatch(r"Rate limit: at most 2 requests per minute from one address; try again in \d+ s",
-                        last(server, gen(max_new=2), sessions[0]).message)
+    assert outcomes == ["done", "done", "done", "refused", "refused"]
+    assert re.fullmatch(r"Rate limit: at most 3 requests per minute from one address, its visitors together; try "
+                        r"again in \d+ s", last(server, gen(max_new=2), Caller("yet-another", "10.9.9.9")).message)
     assert last(server, gen(max_new=2), Caller("other", "10.1.1.1")).outcome == "done"  # others are unaffected
 
 
@@ -149,12 +156,13 @@ def test_limits_from_env_and_hosted_default(monkeypatch):
     env = {"HISPEC_MAX_PROMPT_TOKENS": "100", "HISPEC_MAX_NEW_TOKENS": "50", "HISPEC_MAX_SECONDS": "9.5",
            "HISPEC_QUEUE_SIZE": "3", "HISPEC_RATE_LIMIT": "4", "HISPEC_ALLOWED_MODELS": "default, a/b",
            "HISPEC_GLOBAL_RATE_LIMIT": "30", "HISPEC_TRUSTED_PROXIES": "10.0.0.1"}
-    limits = Limits.from_env(env)
-    assert limits == Limits(100, 50, 9.5, 3, 4, ("default", "a/b"), 30, ("10.0.0.1",))
+    limits = Limits.from_env({**env, "HISPEC_ADDRESS_RATE_LIMIT": "40"})
+    assert limits == Limits(100, 50, 9.5, 3, 4, ("default", "a/b"), 30, ("10.0.0.1",), address_rate_per_minute=40)
     text = limits.describe()
     for part in ("prompt ≤ 100 tokens (800 characters)", "≤ 50 new tokens",
                  "≤ 9.5 s on the model per request (waiting not counted)",
-                 "4 requests per minute per address (beyond 30 from everyone, each address its fair share)",
+                 "4 requests per minute per visitor, 40 per address (beyond 30 from everyone, each address its fair "
+                 "share)",
                  "3 requests may wait", "taken in turns by visitors",
                  "models: default, a/b"):
         assert part in text, text

@@ -31,7 +31,7 @@ REASON = q4_kernel.unavailable_reason()
 
 
 def _job(i, who, shares=True) -> Job:
-    return Job(i, f"s{i}", "generate" if shares else "compare", visitor=who, shares=shares)
+    return Job(i, f"s{i}", "generate" if shares else "compare", address=who, shares=shares)
 
 
 def _take(turns, job) -> bool:

@@ -354,7 +354,9 @@ def test_a_waiting_client_hears_its_place_only_when_it_changes():
     with slow(server.registry.get("tiny"), 0.05):
         running = server.submit(first, GenerateRequest, {"prompt": "Hey", "max_new_tokens": 100})
         next(running)  # it holds the model now (its first update comes from its turn)
-        waiting = server.submit(Caller("tab-2", "10.0.0.1"), GenerateRequest, {"prompt": "Hey", "max_new_tokens": 2})
+        # the same visitor's second request (its session's: another session is another visitor, and the running
+        # one would pass it the model after its slice), so that it waits the whole time
+        waiting = server.submit(Caller("tab-1", "10.0.0.1"), GenerateRequest, {"prompt": "Hey", "max_new_tokens": 2})
         seen, t0 = [], time.monotonic()
         while time.monotonic() - t0 < 2.5:
             seen.append(next(waiting))

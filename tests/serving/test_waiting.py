@@ -123,16 +123,23 @@ def test_with_nobody_waiting_every_timing_pair_runs():
 
 
 def test_a_waiting_job_of_the_same_visitor_does_not_take_the_pairs():
-    """The pairs give way to another visitor: a visitor's own second request waits its turn, as it always did."""
+    """The pairs give way to another visitor: a visitor's own second request (its session's) waits its turn, as it
+    always did; another session of the same address (a classmate behind one school network) is another visitor."""
     server = tiny_server()
     turns = server.registry.turns("tiny")
-    mine = Job(99, "tab-a2", "generate", visitor=A.address)
-    other = Job(98, "tab-b", "generate", visitor=B.address)
-    holder = Job(97, "tab-a", "generate", visitor=A.address)
+    mine = Job(99, "tab-a", "generate", address=A.address)
+    classmate = Job(96, "tab-a2", "generate", address=A.address)
+    other = Job(98, "tab-b", "generate", address=B.address)
+    holder = Job(97, "tab-a", "generate", address=A.address)
     assert turns.hold(holder, 1.0)
     try:
         waits = [turns.wait(mine, float("inf"))]
         next(waits[0])  # queued
+        assert not turns.others_waiting(holder)
+        waits.append(turns.wait(classmate, float("inf")))
+        next(waits[1])
+        assert turns.others_waiting(holder) and turns.others_waiting(mine)
+        waits.pop().close()
         assert not turns.others_waiting(holder)
         waits.append(turns.wait(other, float("inf")))
         next(waits[1])

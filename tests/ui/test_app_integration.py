@@ -70,8 +70,8 @@ def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None, 
     lm = lm or tiny_loaded_model()
     registry = ModelRegistry(device="cpu")
     registry.add(MODEL, lm)
-    limits = limits or Limits(rate_per_minute=0, global_rate_per_minute=0, join_rate_per_minute=0,
-                              allowed_models=(LAYERSKIP_CHECKPOINT,))
+    limits = limits or Limits(rate_per_minute=0, address_rate_per_minute=0, global_rate_per_minute=0,
+                              join_rate_per_minute=0, allowed_models=(LAYERSKIP_CHECKPOINT,))
     server = app.serve(registry, MODEL, limits)
     if servers is not None:
         servers.append(server)

@@ -164,7 +164,7 @@ def test_live_run_respects_the_server_limits(registry):
     tab = BenchTab(limited)
     tab.run_live("tiny", "examples", 1, ["autoregressive"], 4, progress=Recorder())
     status, *_ = tab.run_live("tiny", "examples", 1, ["autoregressive"], 4, progress=Recorder())
-    assert "Rate limit: at most 1 requests per minute from one address" in status
+    assert "Rate limit: at most 1 requests per minute from one visitor" in status
 
 
 def test_the_app_has_the_benchmark_tab(server):

@@ -1,9 +1,14 @@
-"""How often requests may come: per client address, and a fair share when everyone together is busy,
-in a sliding minute.
+"""How often requests may come: per visitor, per client address, and a fair share when everyone together
+is busy, in a sliding minute.
 
-The address is the client's (see serving/caller.py), not the Gradio session: a client can open a
-new session for every request, it cannot change its address. Keys that have been idle for a whole
-window are forgotten, so one-off visitors cost nothing after a minute.
+A visitor is a session within an address (Gradio's session hash: one per browser tab or API client;
+serving/caller.py): a class of thirty behind one school network is one address and thirty visitors, each
+with the per-visitor figure. A client can open a new session for every request, though, and it cannot
+change its address: so the address has its own, larger figure, counted over all its sessions together
+(`per_address`), and one client rotating sessions gets no more than that. Without a session (the edge's
+counts: it cannot tell a session it could trust) the visitor is the address. Keys that have been idle
+for a whole window are forgotten, so one-off visitors cost nothing after a minute; a refused request is
+not counted, so with an address figure the sessions remembered for an address are at most that figure.
 
 The overall figure is not a budget that refuses whoever comes last (a few addresses could spend
 it and lock everybody else out): once the minute holds that many requests from everyone, an
@@ -28,37 +33,48 @@ class RateLimited(ConfigError):
 
 
 class RateLimits:
-    """At most `per_client` requests per address in any window of `window_s` seconds; once the
-    window holds `overall` requests from everyone, an address that had its fair share of them is
-    refused (0 = no limit). A refused request is not counted."""
+    """At most `per_client` requests per visitor (a session within an address; the address itself when
+    no session is given) and `per_address` per address, its sessions together, in any window of
+    `window_s` seconds; once the window holds `overall` requests from everyone, an address that had its
+    fair share of them is refused (0 = no limit). A refused request is not counted."""
 
     def __init__(self, per_client: int, overall: int = 0, window_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic):
-        self.per_client, self.overall, self.window_s = per_client, overall, window_s
+                 clock: Callable[[], float] = time.monotonic, per_address: int = 0):
+        self.per_client, self.overall, self.window_s, self.per_address = per_client, overall, window_s, per_address
         self._clock = clock
-        self._seen: dict[str, deque] = {}
+        self._seen: dict[str | tuple[str, str], deque] = {}  # an address, (address, session), or EVERYONE
         self._lock = threading.Lock()
         self._swept: float | None = None  # when idle keys were last forgotten
 
-    def admit(self, address: str, now: float | None = None) -> None:
-        """Count one request from `address`, or raise RateLimited naming the limit and the wait."""
+    def admit(self, address: str, session: str | None = None, now: float | None = None) -> None:
+        """Count one request from `session` at `address` (None: the address is the visitor), or raise
+        RateLimited naming the limit and the wait."""
         now = self._clock() if now is None else now
         with self._lock:
             self._sweep(now)
-            mine = self._recent(address, now)
-            if self.per_client and len(mine) >= self.per_client:
-                raise RateLimited(f"rate limit: at most {self.per_client} requests per minute from one address; "
-                                  f"try again in {self._wait(mine, now)} s")
+            mine = self._recent(address, now)  # the address's, all its sessions together
+            visitor = (address, session) if session is not None else None
+            theirs = mine if visitor is None else self._recent(visitor, now)
+            if self.per_client and len(theirs) >= self.per_client:
+                who = "one address" if visitor is None else "one visitor (a browser tab or API session)"
+                raise RateLimited(f"rate limit: at most {self.per_client} requests per minute from {who}; "
+                                  f"try again in {self._wait(theirs, now)} s")
+            if self.per_address and visitor is not None and len(mine) >= self.per_address:
+                raise RateLimited(f"rate limit: at most {self.per_address} requests per minute from one address, its "
+                                  f"visitors together; try again in {self._wait(mine, now)} s")
             if self.overall:
                 everyone = self._recent(EVERYONE, now)
                 if len(everyone) >= self.overall:
                     self._fair_share(address, mine, len(everyone), now)
-            for key in ((address,) if self.per_client or self.overall else ()) + ((EVERYONE,) if self.overall else ()):
+            keys = (address,) if self.per_client or self.per_address or self.overall else ()
+            keys += (visitor,) if visitor is not None and self.per_client else ()
+            for key in keys + ((EVERYONE,) if self.overall else ()):
                 self._seen.setdefault(key, deque()).append(now)
 
     def _fair_share(self, address: str, mine: deque, total: int, now: float) -> None:
         """The server is busy: refuse the address if it had its share of the minute's requests."""
-        addresses = sum(1 for key in list(self._seen) if key != EVERYONE and self._recent(key, now))
+        addresses = sum(1 for key in list(self._seen) if isinstance(key, str) and key != EVERYONE  # not a session's
+                        and self._recent(key, now))
         addresses += 0 if mine else 1  # a new visitor counts itself
         share = self.overall / addresses
         if len(mine) >= share:
@@ -69,7 +85,7 @@ class RateLimits:
     def _wait(self, seen: deque, now: float) -> int:
         return max(1, round(self.window_s - (now - seen[0])))
 
-    def _recent(self, key: str, now: float) -> deque:
+    def _recent(self, key: str | tuple[str, str], now: float) -> deque:
         seen = self._seen.get(key) or deque()
         while seen and now - seen[0] >= self.window_s:
             seen.popleft()
