@@ -86,3 +86,48 @@ def test_a_generation_measures_the_engines_own_work(monkeypatch):
     top = decoder.costs.lanes[None]
     rounds = decoder.ledger.round
     assert rounds > 0 and top.step >= 0.005 / 4, (top.step, rounds)  # at most a few passes a round share it
+
+
+def test_a_kind_that_runs_below_its_estimates_is_scaled_down_and_then_left():
+    """The 4-bit copy drafts at a third of the exact model's cost, agreeing on 90%: expected well above a plain
+    step, it is chosen. Its rounds then commit a third of what their estimates promised in the time they took:
+    its estimates are scaled by what they held, a plain step wins, and the reason says why. A kind that holds
+    its estimates is not scaled (the check can fail: without the rounds it drafts)."""
+    from hispec.engine.planning.policy import HELD_NOTE
+
+    levels = build_levels(("full@a8",), L)
+    low = CostModel.given({n: 1e-3 / 3 for n in (1, 2, 4, 8, 16)}, {(L, n): 5e-4 / 3 for n in (1, 2, 4, 8, 16)})
+
+    def fresh():
+        return AutoPolicy(levels, {None: costs(), "a8": low}, {("draft", "target"): 0.9}, lookup_len=8)
+
+    policy = fresh()
+    first = policy.plan(room=100, pending=0, match=([], 0))
+    assert not first.round.plain and first.rate == pytest.approx(first.estimates[first.choice], rel=1e-2)
+    for _ in range(3):
+        policy.observe_round(first, committed=2, seconds=6 / first.rate)  # 2 tokens where 6 were promised
+    assert policy.held.share(first.round.kind) < HELD_NOTE
+    after = policy.plan(room=100, pending=0, match=([], 0))
+    assert after.round.plain and "full@a8's estimates scaled by 0.4" in after.reason, after
+    honest = fresh()
+    for _ in range(3):
+        honest.observe_round(first, committed=6, seconds=6 / first.rate)  # held what it promised
+    assert honest.held.share(first.round.kind) == pytest.approx(1.0)
+    kept = honest.plan(room=100, pending=0, match=([], 0))
+    assert not kept.round.plain and "scaled" not in kept.reason
+
+
+def test_when_every_round_runs_below_its_estimate_the_shares_keep_the_faster_kind():
+    """After a long prompt every round is slower than the cost model says, plain steps too (exit rounds 40
+    tokens/s, plain steps 10, the model saying ~111 for plain): each kind's share falls with its own rounds,
+    so the exit, faster here, keeps most rounds once plain steps have been measured."""
+    levels = build_levels((2,), 8)
+    flat = CostModel.given({n: 1e-3 for n in (1, 2, 4, 8, 16)}, {(8, n): 1e-3 for n in (1, 2, 4, 8, 16)})
+    auto = AutoPolicy(levels, flat, {("draft", "target"): 0.9}, lookup_len=8)
+    chosen = []
+    for _ in range(40):
+        plan = auto.plan(room=100, pending=0, match=([], 0))
+        chosen.append(plan.choice)
+        drafted = not plan.round.plain
+        auto.observe_round(plan, committed=2 if drafted else 1, seconds=0.05 if drafted else 0.1)
+    assert sum(c.startswith("exit 2") for c in chosen[10:]) >= 25, chosen
