@@ -25,6 +25,7 @@ class CostModel:
         self._layer: dict[int, float] = {}  # n tokens -> seconds per layer
         self._head: dict[tuple[int, int], float] = {}  # (exit layer, n rows) -> seconds
         self.step = 0.0  # the engine's own seconds per pass (module docstring); 0 until a generation measures it
+        self._memo: dict | None = None  # answers remembered: only in a frozen copy (`frozen`)
         self.calibrated = False
 
     @classmethod
@@ -74,13 +75,30 @@ class CostModel:
         return self.calibrated and all(any(k[0] == e for k in self._head) for e in exits)
 
     def layer(self, n: int) -> float:
+        if self._memo is not None and n in self._memo:
+            return self._memo[n]
         value = self._near(self._layer, n)
-        return value if value is not None else 1e-3 * (1 + 0.1 * n)
+        value = value if value is not None else 1e-3 * (1 + 0.1 * n)
+        if self._memo is not None:
+            self._memo[n] = value
+        return value
 
     def head(self, layer: int, n: int) -> float:
+        if self._memo is not None and (layer, n) in self._memo:
+            return self._memo[layer, n]
         rows = {k[1]: v for k, v in self._head.items() if k[0] == layer}
         value = self._near(rows, n)
-        return value if value is not None else 0.0
+        value = value if value is not None else 0.0
+        if self._memo is not None:
+            self._memo[layer, n] = value
+        return value
+
+    def frozen(self) -> CostModel:
+        """A copy of these figures that never changes and remembers every answer: what one plan reads (the
+        policy asks the same few sizes of it thousands of times a round; the live model changes with every pass)."""
+        copy = CostModel.given(self._layer, self._head, self.step)
+        copy.calibrated, copy._memo = self.calibrated, {}
+        return copy
 
     # ---- measurements ---------------------------------------------------------------------
     def observe_pass(self, layers: int, n: int, seconds: float, weight: float = 0.1) -> None:

@@ -49,6 +49,9 @@ MAX_DRAFT = 6  # most drafts per round a candidate considers: at the ~40% per-to
 #                heads a 7th draft adds 0.4^7 < 0.002 expected tokens while it costs a pass of [0, e) and a head
 MAX_LANE_DRAFT = 12  # ... for a level in a cheaper format of the same weights: at the ~99% per-token agreement
 #                     measured for the 4-bit copy (policy_priors), the 12th draft still adds ~0.9 expected tokens
+THEN = (0, 1, 2, 3, 4, 6, 8, 10, 12)  # how many more a judge of lookup's copy may draft on: every count up to 4, then
+#                                    a coarser step (every count to 12 made 13 candidates per copy length, and a plan
+#                                    of the default list took 1.2 ms a round, a tenth of a plain step)
 THRESHOLDS = (1, 2, 4, 6)  # tentative tokens before the full model runs, for the hierarchy's candidates: the
 #                            tuning sweep's best (1), the paper's 4 and their neighbours (docs/benchmarks.md, Results)
 # A plan that does worse than plain decoding on this machine, now, is dropped for a while, whatever its
@@ -314,16 +317,20 @@ class AutoPolicy(Policy):
     # ---- the candidates -----------------------------------------------------------------
     def _accept(self, n: int):
         """Acceptance per (holder, judge) as this policy estimates it now; a lookup copy by its n-gram length."""
+        known: dict[tuple[Level, Level], float] = {}  # one plan asks each pair for every candidate: once is enough
+
         def accept(low: Level, high: Level) -> float:
-            if low.kind == LOOKUP:
-                return self.acceptance.rate(f"lookup:{n}", high.name, lookup_prior(self.priors, n, high.name))
-            return self.acceptance.rate(low.name, high.name)
+            if (low, high) not in known:
+                known[low, high] = (self.acceptance.rate(f"lookup:{n}", high.name, lookup_prior(self.priors, n, high.name))
+                                    if low.kind == LOOKUP else self.acceptance.rate(low.name, high.name))
+            return known[low, high]
         return accept
 
     def _candidates(self, room: int, match: tuple[list[int], int]):
         """(tokens per second, round) for each candidate: the one formula of engine.planning.round, Round.rate."""
         top, tokens, n = self.top, *match
         accept = self._accept(n)
+        lanes = {fmt: None if c is None else c.frozen() for fmt, c in self.lane_costs.items()}
         rounds = [Round.plain_step(top)]
         lookup = self.levels[0] if tokens and self.levels[0].kind == LOOKUP else None
         if lookup is not None:
@@ -339,9 +346,12 @@ class AutoPolicy(Policy):
             d, v = middle
             rounds += [Round(d, top, k, (v,), T) for k in range(1, min(self.MAX_DRAFT, room) + 1)
                        for T in self.THRESHOLDS]
+        shares: dict[RoundKind, float] = {}
         for r in rounds:
-            rate = r.rate(self.lane_costs, accept)
-            yield (None if rate is None else rate * self.held.share(r.kind)), r
+            rate, kind = r.rate(lanes, accept), r.kind
+            if kind not in shares:
+                shares[kind] = self.held.share(kind)
+            yield (None if rate is None else rate * shares[kind]), r
 
     def _judged_lookup(self, lookup: Level, room: int, matched: int, middle) -> list[Round]:
         """Lookup's copy judged by a level in a cheaper format, then the exact model: the cheap level keeps
@@ -352,7 +362,7 @@ class AutoPolicy(Policy):
         return [Round(lookup, self.top, k, (lv,), 1, then)
                 for lv in middle if lv.precision is not None
                 for k in range(1, matched + 1)
-                for then in range(0, max(0, min(MAX_LANE_DRAFT, room - k)) + 1)]
+                for then in THEN if then <= min(MAX_LANE_DRAFT, room - k)]
 
     def _margin(self, r: Round) -> float:
         """How much better than a plain step a round must be expected to be (1 for the plain step itself)."""
