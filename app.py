@@ -91,8 +91,12 @@ def launch_kwargs(server: Server) -> dict:
     forwarded_headers_left_to_serving()
     from starlette.middleware import Middleware
 
+    # Gradio runs a page's handlers in a pool of max_threads (40 by default): a run's update stream holds a
+    # thread while it waits for its turn, so a class filling serving's queue (Limits.queue_size) and the seats
+    # beside it needs more, else the rest wait in Gradio's queue where serving's places and limits never reach
+    threads = max(40, 2 * server.limits.queue_size + 16)
     return dict(css=(ASSETS / "app.css").read_text(), theme=gr.themes.Soft(), head=token_story.EXPLAIN_JS,
-                app_kwargs={"middleware": [Middleware(Edge, server=lambda: server)]})
+                max_threads=threads, app_kwargs={"middleware": [Middleware(Edge, server=lambda: server)]})
 
 
 def serve(registry: ModelRegistry, model_name: str, limits: Limits) -> Server:

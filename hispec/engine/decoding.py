@@ -104,7 +104,6 @@ class Decoder:
         while not self._finished():
             led.round += 1
             t_round, committed = self._clock(), led.committed
-            self.costs.begin_round()
             plan = self._plan()
             rnd, at = plan.round, self._index  # the round's levels -> their place in the list
             # 1. The proposer proposes: lookup copies, an exit drafts, the full model takes a plain step.
@@ -132,9 +131,7 @@ class Decoder:
                     or any(t in self.eos for t in pending)):
                 self._verify_with_target()
             yield from self._end_round()
-            seconds = self._clock() - t_round
-            self.costs.on_round(seconds)
-            self.policy.observe_round(plan, led.committed - committed, seconds)
+            self.policy.observe_round(plan, led.committed - committed, self.costs.on_round(self._clock() - t_round))
 
     def _plan(self) -> Plan:
         """The policy's plan for this round, and its PolicyEvent (fixed rounds too: the round is a value)."""

@@ -768,6 +768,7 @@ HEADLINE_ROWS = (  # (method, what it runs), in the order shown; a row shows whe
     ("hispec/auto@fp32", "**the default**: lookup → the 4-bit model → the exact float32 model"),
     ("lookup+full@q4/auto@fp32", "the same with float32 activations in the 4-bit model (the default until 2026-12-05)"),
     ("full@q4/auto@fp32", "the 4-bit model drafting alone under the exact model (no lookup)"),
+    ("lookup/auto@fp32", "prompt lookup alone under the exact float32 model (no 4-bit level)"),
     ("autoregressive@q4", "plain decoding of the 4-bit model, float32 activations (exact to itself)"),
     ("autoregressive@a8", "plain decoding of the 4-bit model, int8 activations (its text depends on the kernel build)"),
     ("hispec/auto@a8", "hispec on that model: prompt lookup alone (equal to its plain decoding in the same build)"),

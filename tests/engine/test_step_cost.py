@@ -58,10 +58,9 @@ def test_a_round_learns_what_its_passes_did_not_take():
         def __init__(self, seconds):
             self.precision, self.start, self.end, self.serials, self.seconds = None, 0, L, (1,), seconds
 
-    learner.begin_round()
     learner.on_pass(Pass(0.010))
     learner.on_pass(Pass(0.006))
-    learner.on_round(0.020)  # 4 ms outside the two passes: 2 ms each
+    assert learner.on_round(0.020) == 0.020  # 4 ms outside the two passes: 2 ms each
     assert top.step == pytest.approx(2e-3)
     learner.on_pass(Pass(0.030))
     learner.on_round(0.020)  # a round faster than its passes (clock noise) counts as no work, never less

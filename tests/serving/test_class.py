@@ -231,3 +231,17 @@ def test_the_defaults_let_a_class_of_30_in(monkeypatch):
         assert limits.queue_size >= CLASS + 1  # every student's run waiting at once, and the teacher's
         assert limits.join_rate_per_minute >= CLASS * runs * PAGE_JOINS_PER_RUN  # the edge's count, per address
         assert limits.stop_rate_per_minute >= CLASS * runs  # every student stopping each run
+
+
+def test_gradio_has_threads_for_a_class_waiting_in_serving():
+    """Each waiting run's update stream holds one of Gradio's handler threads: with serving's queue full and
+    the seats taken, the pool must hold them all (Gradio's default of 40 held fewer than a full default queue
+    and its seats), else the rest wait in Gradio's queue where serving's places and limits never reach."""
+    import app
+    from hispec.serving.limits import Limits
+    from hispec.serving.turns import Turns
+
+    server = tiny_server()
+    threads = app.launch_kwargs(server)["max_threads"]
+    assert threads >= Limits().queue_size + 8 + 3 * 2  # queued, the seats, a class's follow-ups
+    assert threads >= server.limits.queue_size + Turns(8).seats

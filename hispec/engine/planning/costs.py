@@ -216,13 +216,13 @@ class CostLearner:
         if costs is not None:
             costs.observe_head(level.layer, rows, seconds + attend)
 
-    def begin_round(self) -> None:
-        self._timed, self._passes = 0.0, 0
-
-    def on_round(self, seconds: float) -> None:
+    def on_round(self, seconds: float) -> float:
         """A round took `seconds` of the generation's own time: what its passes and heads did not take is the
-        engine's own work, per pass, kept by the exact lane (one engine runs every lane's passes)."""
+        engine's own work, per pass, kept by the exact lane (one engine runs every lane's passes). Returns
+        `seconds`. (The first round also counts the prefill's head, which makes its figure smaller, never less
+        than 0.)"""
         costs = self.lanes.get(None)
         if costs is not None and self._passes:
             costs.observe_step(max(0.0, seconds - self._timed) / self._passes)
-        self.begin_round()
+        self._timed, self._passes = 0.0, 0
+        return seconds
