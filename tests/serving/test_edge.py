@@ -48,8 +48,8 @@ def app_on_loopback(queue_max: int = 64, max_threads: int = 40, **limits):
     port = free_port()
     try:
         demo.queue(max_size=queue_max, default_concurrency_limit=None).launch(
-            prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, max_threads=max_threads,
-            **app.launch_kwargs(server))
+            prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
+            **{**app.launch_kwargs(server), "max_threads": max_threads})  # this test's pool, not the app's
         yield f"http://127.0.0.1:{port}/", server
     finally:
         demo.close()
