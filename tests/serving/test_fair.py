@@ -147,7 +147,9 @@ def test_a_visitors_extra_jobs_queue_behind_other_visitors():
 def test_one_visitors_long_jobs_beside_anothers_short_one():
     """Three long requests from one address (three tabs), then a short one from another: the model is
     shared round by round, so the short one ends first, not after the first long one (let alone all
-    three); the long ones end in their own order; no time limit is spent waiting: the limit is twice
+    three); the three tabs are three visitors of one address now (serving.turns), taking that address's
+    turns round by round among themselves, so their equal long jobs may end in any order (CI once saw
+    heavy-2 before heavy-1); no time limit is spent waiting: the limit is twice
     a long request's own time, measured here first (so it holds on a slow or busy host), and the
     last long one waits about twice that before its last turn."""
     measure = tiny_server(max_seconds=600.0)
@@ -175,7 +177,7 @@ def test_one_visitors_long_jobs_beside_anothers_short_one():
         light.join(60)
         for thread, _ in heavy:
             thread.join(60)
-    assert finished == ["light", "heavy-0", "heavy-1", "heavy-2"], finished
+    assert finished[0] == "light" and sorted(finished[1:]) == ["heavy-0", "heavy-1", "heavy-2"], finished
     assert box["out"][-1] == Ended("done", "Done."), box["out"][-1]
     assert all(b["out"][-1] == Ended("done", "Done.") for _, b in heavy), [b["out"][-1] for _, b in heavy]
 
