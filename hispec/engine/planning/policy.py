@@ -195,15 +195,15 @@ class Held:
 
     def __init__(self, prior: float = HELD_PRIOR):
         self.prior = prior
-        self.tokens: dict[tuple, list[float]] = {}  # kind -> [committed, promised]
+        self.tokens: dict[RoundKind, list[float]] = {}  # kind -> [committed, promised]
 
-    def add(self, kind: tuple, committed: int, seconds: float, rate: float | None) -> None:
+    def add(self, kind: RoundKind, committed: int, seconds: float, rate: float | None) -> None:
         if rate and seconds > 0:
             row = self.tokens.setdefault(kind, [0.0, 0.0])
             row[0] += committed
             row[1] += rate * seconds
 
-    def share(self, kind: tuple) -> float:
+    def share(self, kind: RoundKind) -> float:
         committed, promised = self.tokens.get(kind, (0.0, 0.0))
         return (committed + self.prior) / (promised + self.prior)
 
