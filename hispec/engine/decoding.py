@@ -144,6 +144,8 @@ class Decoder:
             cut = next((i for i, t in enumerate(match[0]) if t in self.eos), None)  # never copy past an EOS
             if cut is not None:
                 match = (match[0][: cut + 1], match[1])
+        if isinstance(self.policy, Policy):
+            self.policy.lanes_behind(self.stack.behind())
         plan = self.policy.plan(led.room(), len(self.stack) - led.committed, match)
         if plan.tokens:
             self._lookup_ngram = match[1]

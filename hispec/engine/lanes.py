@@ -61,6 +61,11 @@ class Lanes:
         when it cannot); the lanes seeded."""
         return [p for p, stack in self.stacks.items() if p is not None and stack.seed_from(self.exact, n)]
 
+    def behind(self) -> dict[str, int]:
+        """Positions of the sequence each cheaper lane has not run yet (through its first stage): its next
+        pass runs them first (the policy counts them: engine.planning.round.Round.catch_up)."""
+        return {p: len(self.tokens) - stack.frontier[1] for p, stack in self.stacks.items() if p is not None}
+
     def truncate(self, length: int) -> None:
         for stack in self.stacks.values():
             stack.truncate(length)

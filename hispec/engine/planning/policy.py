@@ -50,8 +50,11 @@ MAX_DRAFT = 6  # most drafts per round a candidate considers: at the ~40% per-to
 MAX_LANE_DRAFT = 12  # ... for a level in a cheaper format of the same weights: at the ~99% per-token agreement
 #                     measured for the 4-bit copy (policy_priors), the 12th draft still adds ~0.9 expected tokens
 THEN = (0, 1, 2, 3, 4, 6, 8, 10, 12)  # how many more a judge of lookup's copy may draft on: every count up to 4, then
-#                                    a coarser step (every count to 12 made 13 candidates per copy length, and a plan
-#                                    of the default list took 1.2 ms a round, a tenth of a plain step)
+#                                    a coarser step. Searched in two stages (AutoPolicy._judged_lookup): every copy
+#                                    length without drafting on, then these counts after the best length and the
+#                                    whole copy. Every (length, count) pair made about 90 candidates per copy, and a
+#                                    plan of the default list took 1.1 ms a round with a match, an eighth of a plain
+#                                    step on an AVX-512 host; the two stages ask about 26.
 THRESHOLDS = (1, 2, 4, 6)  # tentative tokens before the full model runs, for the hierarchy's candidates: the
 #                            tuning sweep's best (1), the paper's 4 and their neighbours (docs/benchmarks.md, Results)
 # A plan that does worse than plain decoding on this machine, now, is dropped for a while, whatever its
@@ -136,6 +139,9 @@ class Policy(ABC):
 
     def observe_round(self, plan: Plan, committed: int, seconds: float) -> None:
         """A round of this plan ended: it committed this many tokens in this many seconds of compute."""
+
+    def lanes_behind(self, behind: dict[str, int]) -> None:
+        """Before a plan: the positions each cheaper lane has not run yet (engine.lanes.Lanes.behind)."""
 
 
 class FixedPolicy(Policy):
@@ -282,9 +288,13 @@ class AutoPolicy(Policy):
         self._notes: list[str] = []  # kinds dropped since the last plan, for its reason
         self._suspect: tuple[RoundKind, Plan] | None = None  # a kind below the cost model's plain rate, judged once plain is measured
         self._probes = 0  # plain rounds still to run to measure plain decoding for that judgement
+        self._behind: dict[str, int] = {}  # the cheaper lanes' positions still to run (lanes_behind)
 
     def observe(self, holder: str, judge: str, accepted: bool) -> None:
         self.acceptance.add(holder, judge, accepted)
+
+    def lanes_behind(self, behind: dict[str, int]) -> None:
+        self._behind = dict(behind)
 
     def observe_round(self, plan: Plan, committed: int, seconds: float) -> None:
         """Measured speed per kind of plan; a kind measured below plain decoding's is dropped for a while.
@@ -339,30 +349,42 @@ class AutoPolicy(Policy):
         for lv in middle:  # one level drafts, the full model verifies
             most = self.MAX_DRAFT if lv.precision is None else MAX_LANE_DRAFT
             rounds += [Round(lv, top, k) for k in range(1, min(most, room) + 1)]
-        if lookup is not None:
-            rounds += self._judged_lookup(lookup, room, len(tokens), middle)
         if len(middle) == 2 and middle[0].precision == middle[1].precision:
             # the hierarchy: draft at d, judge at v, full once T are tentative (d, v in one format)
             d, v = middle
             rounds += [Round(d, top, k, (v,), T) for k in range(1, min(self.MAX_DRAFT, room) + 1)
                        for T in self.THRESHOLDS]
         shares: dict[RoundKind, float] = {}
-        for r in rounds:
-            rate, kind = r.rate(lanes, accept), r.kind
+
+        def scored(r: Round) -> tuple[float | None, Round]:
+            rate, kind = r.rate(lanes, accept, self._behind), r.kind
             if kind not in shares:
                 shares[kind] = self.held.share(kind)
-            yield (None if rate is None else rate * shares[kind]), r
+            return (None if rate is None else rate * shares[kind]), r
 
-    def _judged_lookup(self, lookup: Level, room: int, matched: int, middle) -> list[Round]:
+        yield from map(scored, rounds)
+        if lookup is not None:
+            yield from self._judged_lookup(lookup, room, len(tokens), middle, scored)
+
+    def _judged_lookup(self, lookup: Level, room: int, matched: int, middle, scored) -> list:
         """Lookup's copy judged by a level in a cheaper format, then the exact model: the cheap level keeps
         the copy's agreeing prefix and writes its own token at the first mismatch, so a wrong copy still
         yields a token the exact model is likely to accept; it may then draft on (`then`) in the same round.
         (Only for levels in a cheaper format: with exact exits below the full model, the measured defaults
-        stay as they were tuned.)"""
-        return [Round(lookup, self.top, k, (lv,), 1, then)
-                for lv in middle if lv.precision is not None
-                for k in range(1, matched + 1)
-                for then in THEN if then <= min(MAX_LANE_DRAFT, room - k)]
+        stay as they were tuned.) Searched in two stages (THEN says why): every copy length judged alone,
+        then drafting on after the best of those lengths and after the whole copy; `scored(round)` is
+        (its value, the round)."""
+        out = []
+        for lv in middle:
+            if lv.precision is None:
+                continue
+            alone = [scored(Round(lookup, self.top, k, (lv,), 1)) for k in range(1, min(matched, room) + 1)]
+            valued = [x for x in alone if x[0] is not None]
+            best = max(valued, key=lambda x: x[0])[1].count if valued else min(matched, room)
+            out += alone
+            out += [scored(Round(lookup, self.top, k, (lv,), 1, then)) for k in sorted({best, min(matched, room)})
+                    for then in THEN[1:] if then <= min(MAX_LANE_DRAFT, room - k)]
+        return out
 
     def _margin(self, r: Round) -> float:
         """How much better than a plain step a round must be expected to be (1 for the plain step itself)."""

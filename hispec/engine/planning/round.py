@@ -65,7 +65,7 @@ def exit_rate(c: CostModel, L: int, e: int, k: int, a: float) -> float:
 
 
 def hierarchy_rate(c: CostModel, L: int, d: int, v: int, k: int, T: int, a_dv: float, a_vt: float,
-                   top: CostModel | None = None) -> float:
+                   top: CostModel | None = None, extra: float = 0.0) -> float:
     """The hierarchy: k drafts at d judged at v per round, the full model once T are tentative.
     `top`: the exact model's costs when d and v run in a cheaper format (their own lane, `c`): the full
     model then runs all L layers on the tentative tokens, not only [v, L)."""
@@ -76,32 +76,32 @@ def hierarchy_rate(c: CostModel, L: int, d: int, v: int, k: int, T: int, a_dv: f
     t = int(round(rounds * per_round))
     tc, top_layers = (c, L - v) if top is None else (top, L)
     seconds = rounds * round_s + top_layers * tc.layer(t + 1) + tc.head(L, t + 1)
-    seconds += (rounds * (k + 1) + 1) * tc.step  # per round k drafts and the judge, then the full model
+    seconds += (rounds * (k + 1) + 1) * tc.step + extra  # per round k drafts and the judge, then the full model
     return (1 + expected_run(a_vt, rounds * per_round)) / seconds
 
 
-def lane_draft_rate(low: CostModel, top: CostModel, L: int, e: int, k: int, a: float) -> float:
+def lane_draft_rate(low: CostModel, top: CostModel, L: int, e: int, k: int, a: float, extra: float = 0.0) -> float:
     """k drafts at depth e in a cheaper format (e = L: the whole model in that format), then the exact
-    model over k + 1 tokens."""
+    model over k + 1 tokens; `extra`: seconds of the lane catching up first (Round.catch_up)."""
     seconds = k * (e * low.layer(1) + low.head(e, 1)) + L * top.layer(k + 1) + top.head(L, k + 1)
-    return (1 + expected_run(a, k)) / (seconds + (k + 1) * top.step)  # k drafts, the verification
+    return (1 + expected_run(a, k)) / (seconds + (k + 1) * top.step + extra)  # k drafts, the verification
 
 
 def lookup_judged_rate(mid: CostModel, top: CostModel, L: int, e: int, k: int, a_lm: float, a_mt: float,
-                       then: int = 0, top_layers: int | None = None) -> float:
+                       then: int = 0, top_layers: int | None = None, extra: float = 0.0) -> float:
     """k copied tokens judged by a level of depth e (one pass over k + 1 tokens): it keeps the agreeing
     prefix and writes its own token at the first mismatch; then, with `then`, it drafts that many more tokens
     itself (lookup copies for free, the judge checks the copy and goes on where the copy ends); then the
     exact model over what survived: all L layers when the judge runs in a cheaper format (its own lane,
     the default), [e, L) when it is an exact exit (`top_layers` = L - e). Pending after the judge: the kept
-    run plus, unless all k were kept, the judge's token (and its drafts)."""
+    run plus, unless all k were kept, the judge's token (and its drafts). `extra`: Round.catch_up."""
     judged = e * mid.layer(k + 1) + mid.head(e, k + 1)
     drafted = then * (e * mid.layer(1) + mid.head(e, 1))
     m = expected_run(a_lm, k) + (1 - a_lm**k) + then
     n = int(round(m)) + 1
     layers = L if top_layers is None else top_layers
     steps = (then + 2) * top.step  # the judge's pass, its drafts, the full model's
-    return (1 + expected_run(a_mt, m)) / (judged + drafted + layers * top.layer(n) + top.head(L, n) + steps)
+    return (1 + expected_run(a_mt, m)) / (judged + drafted + layers * top.layer(n) + top.head(L, n) + steps + extra)
 
 
 # ---- the value --------------------------------------------------------------------------------
@@ -232,10 +232,26 @@ class Round:
         return ", ".join(parts)
 
     # ---- the expected rate ----------------------------------------------------------------
-    def rate(self, costs: Mapping[str | None, CostModel], accept: Acceptance) -> float | None:
+    def catch_up(self, costs: Mapping[str | None, CostModel], behind: Mapping[str, int] | None) -> float:
+        """Seconds the round's first pass in a cheaper lane spends on positions that lane has not run yet:
+        `behind` by lane (engine.lanes.Lanes.behind; 1 when it is up to date: the exact model's newest token,
+        a row every formula counts). A lane left behind by plain steps and copies checked by the exact model
+        runs them all in its next pass; its drafts then cost more than when it drafts round after round."""
+        level = next((lv for lv in (self.proposer, *self.judges) if lv.kind != LOOKUP and lv.precision is not None),
+                     None)
+        c = None if level is None or not behind else costs.get(level.precision)
+        extra = 0 if c is None else behind.get(level.precision, 1) - 1
+        if extra <= 0:
+            return 0.0
+        rows = 1 if level == self.proposer else self.count + 1  # its first pass: a draft, or the judge's
+        return level.layer * (c.layer(rows + extra) - c.layer(rows))
+
+    def rate(self, costs: Mapping[str | None, CostModel], accept: Acceptance,
+             behind: Mapping[str, int] | None = None) -> float | None:
         """Expected committed tokens per second: `costs` by lane (None: the exact format), `accept(holder,
-        judge)` per pair. None where no formula covers this shape (a copy judged by two levels, a copy
-        judged by an exact exit that waits for more than one round) or a pair's acceptance is unknown."""
+        judge)` per pair, `behind`: the cheaper lanes' positions still to run (catch_up; None: up to date).
+        None where no formula covers this shape (a copy judged by two levels, a copy judged by an exact exit
+        that waits for more than one round) or a pair's acceptance is unknown."""
         c, L, p, judges = costs.get(None), self.top.layer, self.proposer, self.judges
         if c is None:
             return None
@@ -253,7 +269,7 @@ class Round:
                 return lookup_rate(c, L, self.count, rates[0])
             if p.precision is None:
                 return exit_rate(c, L, p.layer, self.count, rates[0])
-            return lane_draft_rate(low, c, L, p.layer, self.count, rates[0])
+            return lane_draft_rate(low, c, L, p.layer, self.count, rates[0], self.catch_up(costs, behind))
         if len(judges) != 1:
             return None
         j = judges[0]
@@ -264,10 +280,11 @@ class Round:
             if j.precision is None and self.verify_at > 1:
                 return None
             top_layers = None if j.precision is not None else L - j.layer
-            return lookup_judged_rate(mid, c, L, j.layer, self.count, rates[0], rates[1], self.then, top_layers)
+            return lookup_judged_rate(mid, c, L, j.layer, self.count, rates[0], rates[1], self.then, top_layers,
+                                      self.catch_up(costs, behind))
         if p.precision == j.precision and not self.then:
             return hierarchy_rate(low, L, p.layer, j.layer, self.count, self.verify_at, rates[0], rates[1],
-                                  None if p.precision is None else c)
+                                  None if p.precision is None else c, self.catch_up(costs, behind))
         return None
 
     def speedup(self, costs: Mapping[str | None, CostModel], accept: Acceptance) -> float | None:
