@@ -144,8 +144,7 @@ class Decoder:
             cut = next((i for i, t in enumerate(match[0]) if t in self.eos), None)  # never copy past an EOS
             if cut is not None:
                 match = (match[0][: cut + 1], match[1])
-        if isinstance(self.policy, Policy):
-            self.policy.lanes_behind(self.stack.behind())
+        self.policy.lanes_behind(self.stack.behind())  # how far each cheaper lane is behind (Round.catch_up)
         plan = self.policy.plan(led.room(), len(self.stack) - led.committed, match)
         if plan.tokens:
             self._lookup_ngram = match[1]
@@ -232,10 +231,9 @@ class Decoder:
         yield from self._drain(stage="prefill")
 
     def _finished(self) -> bool:
-        led = self.ledger
-        if led.finish_reason is None and self._stop.is_set():
-            led.finish_reason = "stopped"
-        return led.finish_reason is not None
+        if self.ledger.finish_reason is None and self._stop.is_set():
+            self.ledger.finish_reason = "stopped"
+        return self.ledger.finish_reason is not None
 
     def _drain(self, stage: str | None = None) -> Iterator[Event]:
         for p in self.stack.passes:

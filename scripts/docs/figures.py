@@ -121,6 +121,7 @@ BLOCKS: dict[str, Block] = {
     "f32-exact-avx512": Block(("assets/bench/f32_blocks_exact_avx512.json",), bench_table),
     "f32-default-tune": Block(("assets/bench/f32_default_tune_cpu.json",), bench_table),
     "f32-default-tune-avx512": Block(("assets/bench/f32_default_tune_avx512.json",), bench_table),
+    "f32-default-tune-avx512-catchup": Block(("assets/bench/f32_default_tune_avx512_catchup.json",), bench_table),
     "exact-avx512-report": Block(("assets/bench/exact_avx512_report.json",), headline_table),
     "levels-report": Block(("assets/bench/levels_cpu_report.json",), levels_table),
     "levels": Block(("assets/bench/levels_cpu_default.json",), levels_table, LEVELS_COMMAND),

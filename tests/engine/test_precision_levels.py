@@ -12,7 +12,7 @@ from hispec.engine.decoding import Decoder
 from hispec.engine.events import DoneEvent, RoundEvent, TokenEvent, TokenState
 from hispec.engine.lanes import Lanes, lane_layout
 from hispec.engine.levels import build_levels, describe_spec, levels_by_role, parse_levels
-from hispec.engine.planning.policy import Plan
+from hispec.engine.planning.policy import Plan, Policy
 from hispec.engine.planning.round import Round
 from hispec.errors import ConfigError
 from hispec.runs.runner import run
@@ -176,7 +176,7 @@ def test_cheap_levels_write_and_judge_under_their_role_names(pair):
 
 
 # ---- the three levels in one round: lookup copies, the cheap lane judges and drafts on -----------
-class _DraftOn:
+class _DraftOn(Policy):
     """A policy that always takes the three-level round where it can: lookup's whole match judged by
     the 4-bit model, which then drafts `then` more tokens itself; the exact model verifies them all."""
 
