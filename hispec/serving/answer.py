@@ -2,7 +2,8 @@
 
 `Generation` folds a GenerateRequest's Output items (engine events into a LiveRun, the plain-baseline pairs,
 the prompt's ids, the level list); the page folds through it too. `api_answer` is /generate's stream:
-{"status": ...} while it runs, then the finished run's record (runs.record.RunRecord.to_json) with the
+{"status": ...} while it waits, {"status", "token_ids", "text"} (the tokens committed so far) while it
+runs, then the finished run's record (runs.record.RunRecord.to_json) with the
 coloured tokens drawn by the caller (`html_of`: the UI's renderer, the only part serving does not draw).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable, Iterator
 
-from hispec.engine.events import Event
+from hispec.engine.events import COMMITTED_STATES, Event
 from hispec.errors import HiSpecError
 from hispec.explain.why import plan_table
 from hispec.model.shared import Tally
@@ -43,6 +44,13 @@ class Generation:
             self.run.add(ev)
         return events
 
+    def progress(self) -> dict:
+        """/generate's update while the run goes on: the tokens committed so far, in order, and their text as
+        the engine wrote it (what a client streams; the answer at the end holds all of them)."""
+        committed = sorted((t for t in self.run.trace if t.state in COMMITTED_STATES), key=lambda t: t.index)
+        return {"status": f"generating: {len(committed)} tokens", "token_ids": [t.token_id for t in committed],
+                "text": "".join(t.text for t in committed)}
+
     def record(self, model: str = "", pairs_asked: int = 0) -> RunRecord:
         """The finished generation as one value (runs.record.RunRecord), what every view after it reads."""
         record = self.run.record(model=model, prompt_ids=self.prompt_ids or (), vs_plain=self.vs_plain,
@@ -70,5 +78,4 @@ def api_answer(updates: Iterable[object], html_of: Callable[[LiveRun], str], mod
             return
         if isinstance(update, Output):
             fold.add(update.items)
-        yield {"status": update.text if isinstance(update, Status) else
-               f"generating: {fold.run.stats.new_tokens} tokens"}
+        yield {"status": update.text} if isinstance(update, Status) else fold.progress()
