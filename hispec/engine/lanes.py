@@ -9,7 +9,10 @@ what plain exact decoding of the committed tokens holds (a test checks it).
 
 Every lane starts from the tokens (boundary 0 is the embedding), so a lane that has not seen a token yet
 runs it when one of its levels is next consulted: after the exact model writes a correction or a bonus
-token, the cheaper lane catches up on it in its next pass, never running a position twice.
+token, the cheaper lane catches up on it in its next pass, never running a position twice. Positions the
+exact model has already run (the prompt, committed tokens a lane missed while plain steps ran) a cheaper lane
+takes from the exact lane's keys and values instead (StageStack.seed_from, catch_up_from): copied into its
+own cache, never the other way.
 ``truncate`` cuts every lane; ``run_to((lane, i), end)`` runs one lane up to its boundary i.
 """
 
@@ -53,7 +56,10 @@ class Lanes:
 
     def run_to(self, stop: Stop, end: int) -> torch.Tensor | None:
         precision, i = stop
-        return self.stacks[precision].run_to(i, end)
+        stack = self.stacks[precision]
+        if precision is not None:  # a cheaper lane left behind takes the exact lane's keys and values first
+            stack.catch_up_from(self.exact, end)
+        return stack.run_to(i, end)
 
     def seed_cheap_lanes(self, n: int) -> list[str]:
         """After the prefill: each cheaper lane starts from the exact lane's keys and values of the
@@ -62,9 +68,11 @@ class Lanes:
         return [p for p, stack in self.stacks.items() if p is not None and stack.seed_from(self.exact, n)]
 
     def behind(self) -> dict[str, int]:
-        """Positions of the sequence each cheaper lane has not run yet (through its first stage): its next
-        pass runs them first (the policy counts them: engine.planning.round.Round.catch_up)."""
-        return {p: len(self.tokens) - stack.frontier[1] for p, stack in self.stacks.items() if p is not None}
+        """Positions of the sequence each cheaper lane would run in its next pass before what that pass is
+        for (through its first stage): those it has not run and cannot take from the exact lane
+        (StageStack.catch_up_from); the policy counts them (engine.planning.round.Round.catch_up)."""
+        return {p: len(self.tokens) - stack.copyable_from(self.exact) for p, stack in self.stacks.items()
+                if p is not None}
 
     def truncate(self, length: int) -> None:
         for stack in self.stacks.values():

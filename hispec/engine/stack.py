@@ -179,6 +179,29 @@ class StageStack:
         self.frontier = [n] * len(self.boundaries)
         return True
 
+    def copyable_from(self, other: StageStack) -> int:
+        """How far this stack can start from `other`'s keys and values (catch_up_from): the positions `other`
+        has run at every layer when this stack could take them, else this stack's own frontier."""
+        f = self.frontier[1]
+        if self._stateful or any(x != f for x in self.frontier[1:]) or any(n != f for n in self.cache.lengths):
+            return f
+        return max(f, min(other.frontier[1:]))
+
+    def catch_up_from(self, other: StageStack, end: int) -> int:
+        """Copy `other`'s keys and values of the positions this stack has not run, before `end - 1` (the newest
+        position asked for is always run here: its hidden state is what a caller reads) and as far as `other`
+        has run them; the positions copied. As seed_from, a deviation for lanes in a cheaper format: a lane left
+        behind by plain steps or by copies the exact model checked alone takes the exact model's keys and values
+        of those committed positions instead of running them all in its next pass (its drafts are proposals
+        only; the exact model decides every token)."""
+        f, upto = self.frontier[1], min(end - 1, self.copyable_from(other))
+        if upto <= f:
+            return 0
+        for layer in range(self.ee.num_layers):  # update() writes them into this cache's own buffers
+            self.cache.update(other.cache.keys[layer][..., f:upto, :], other.cache.values[layer][..., f:upto, :], layer)
+        self.frontier = [upto] * len(self.boundaries)
+        return upto - f
+
     def cache_lengths(self) -> list[int]:
         return list(self.cache.lengths)
 

@@ -3,10 +3,13 @@ missed in its next pass: the policy counts that pass (Round.catch_up, from Lanes
 lookup's judged copies asks every copy length, then drafting on after the best one and the whole copy."""
 
 import pytest
-from helpers import ee_of, tiny_model
+import torch
+from helpers import ee_of, hf_greedy, tiny_model
 
 from hispec.engine.config import DecodeConfig
 from hispec.engine.decoding import Decoder
+from hispec.engine.events import PassEvent
+from hispec.engine.stack import StageStack
 from hispec.engine.levels import build_levels
 from hispec.engine.planning.costs import CostModel
 from hispec.engine.planning.policy import THEN, AutoPolicy, Plan, Policy
@@ -101,11 +104,7 @@ class _Schedule(Policy):
         pass
 
 
-def test_the_decoder_tells_the_policy_how_far_each_lane_is_behind():
-    """A tiny model with a 4-bit copy of itself: before every plan the policy hears the lane's missed
-    positions; plain steps leave it one further behind each time, and a round that runs the lane brings it
-    back to the exact model's newest tokens at most. (A policy on a schedule: the adaptive one's choices
-    depend on this machine's timings.)"""
+def _decoder_with_a_q4_lane():
     q4 = pytest.importorskip("hispec.model.formats.q4")
     if q4.q4_kernel.unavailable_reason():
         pytest.skip(f"no 4-bit kernel here: {q4.q4_kernel.unavailable_reason()}")
@@ -116,6 +115,46 @@ def test_the_decoder_tells_the_policy_how_far_each_lane_is_behind():
     ee.add_format("q4", lambda: EarlyExitModel(q4.q4_copy(model)))
     decoder = Decoder(ee, [5, 17, 33, 5, 17, 33, 5, 9, 41], DecodeConfig(levels=("full@q4",), max_new_tokens=24))
     decoder.policy = decoder.judge.policy = schedule = _Schedule(decoder.levels[-2:])
+    return decoder, schedule
+
+
+def test_a_lane_left_behind_takes_the_exact_lanes_keys_and_values():
+    """Three plain steps, then the 4-bit lane drafts: it takes the keys and values of the positions it missed
+    from the exact lane (copies, bit for bit) and runs only the newest token, so the policy hears it one
+    position behind before every plan; the output is still the exact model's own."""
+    decoder, schedule = _decoder_with_a_q4_lane()
+    copied = []
+    catch_up = StageStack.catch_up_from
+
+    def spy(self, other, end):  # after each copy: the lane's keys and values of those positions are the exact lane's
+        n = catch_up(self, other, end)
+        if n:
+            f = self.frontier[1]
+            copied.append(n)
+            assert all(torch.equal(self.cache.keys[i][..., f - n:f, :], other.cache.keys[i][..., f - n:f, :])
+                       and torch.equal(self.cache.values[i][..., f - n:f, :], other.cache.values[i][..., f - n:f, :])
+                       for i in range(L))
+        return n
+
+    StageStack.catch_up_from = spy
+    try:
+        events = list(decoder.events())
+    finally:
+        StageStack.catch_up_from = catch_up
+    rows = [len(ev.serials) for ev in events if isinstance(ev, PassEvent) and ev.stage not in ("target", "prefill")]
+    assert schedule.heard and all(b == {"q4": 1} for b in schedule.heard), schedule.heard
+    assert rows and set(rows) == {1}, rows  # every pass of the lane ran one row: nothing twice, nothing missed
+    assert copied and max(copied) >= 3, copied  # three plain steps' positions, and the correction's
+    assert events[-1].token_ids == tuple(hf_greedy(decoder.ee.model, decoder.prompt_ids, 24))
+
+
+def test_the_decoder_tells_the_policy_how_far_each_lane_is_behind(monkeypatch):
+    """A lane that cannot take the exact lane's keys and values (here: told so) runs every position it missed:
+    before every plan the policy hears how many; plain steps leave it one further behind each time, and a round
+    that runs the lane brings it back to the exact model's newest tokens at most. (A policy on a schedule: the
+    adaptive one's choices depend on this machine's timings.)"""
+    monkeypatch.setattr(StageStack, "copyable_from", lambda self, other: self.frontier[1])
+    decoder, schedule = _decoder_with_a_q4_lane()
     list(decoder.events())
     heard, plans = schedule.heard, schedule.plans
     assert len(heard) == len(plans) >= 8 and heard[0] == {"q4": 1}  # seeded with the prompt: its first token is new
