@@ -67,7 +67,7 @@ class Decoder:
         # in that lane's stack). The lookup level runs none. Each format's copy of the model and costs.
         self._layout, self._stops = lane_layout(self.levels)
         self._models = {None: ee, **{p: ee.in_format(p) for p in self._layout if p is not None}}
-        self.costs = CostLearner({p: self._models[p] for p in self._layout}, self.levels, self._adapts)
+        self.costs = CostLearner({p: self._models[p] for p in self._layout}, self.levels, self._adapts, ee.sharing_with)
         self.policy: Policy = make_policy(cfg.policy, self.levels, cfg, self.costs.lanes,
                                           acceptance_priors(ee, self.levels))
         self.judge = Judge(self.selector, self.ledger, self.policy, judge)  # judge: timing-only decisions
@@ -144,7 +144,7 @@ class Decoder:
             cut = next((i for i, t in enumerate(match[0]) if t in self.eos), None)  # never copy past an EOS
             if cut is not None:
                 match = (match[0][: cut + 1], match[1])
-        self.policy.lanes_behind(self.stack.behind())  # how far each cheaper lane is behind (Round.catch_up)
+        self.policy.before_plan(self.stack.behind(), self.ee.sharing_with())  # lanes behind, visitors beside
         plan = self.policy.plan(led.room(), len(self.stack) - led.committed, match)
         if plan.tokens:
             self._lookup_ngram = match[1]

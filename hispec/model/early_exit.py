@@ -172,6 +172,11 @@ class EarlyExitModel:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=device)
         return mask.masked_fill(~allowed, torch.finfo(self.dtype).min)[None, None]
 
+    def sharing_with(self) -> int:
+        """How many other visitors' generations share this thread's passes of this model now (model.shared's
+        board); 0 outside the board, and where its passes run alone (no native route)."""
+        return BOARD.others() if self.lean is not None and self.lean.native is not None else 0
+
     @torch.inference_mode()
     def run_layers(self, hidden: torch.Tensor, start: int, end: int, cache: LayerKVCache) -> torch.Tensor:
         """Run layers [start, end) on `hidden` (new positions following each layer's cache)."""

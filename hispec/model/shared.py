@@ -111,6 +111,10 @@ class PassBoard:
     def is_member(self) -> bool:
         return getattr(self._local, "depth", 0) > 0
 
+    def others(self) -> int:
+        """How many other members hold the board beside this thread (0 for a thread that is no member)."""
+        return max(0, self._members - 1) if self.is_member else 0
+
     def run(self, key: Hashable, item: Any, run_many: Callable[[list], list]) -> Any:
         """`item`'s result of run_many([...items of the same key...]); a non-member runs run_many([item]) at once."""
         if not self.is_member:

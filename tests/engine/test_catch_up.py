@@ -61,7 +61,7 @@ def test_a_lane_far_behind_is_left_for_a_copy_the_exact_model_checks():
     chosen = {}
     for behind in (1, 60):
         policy = AutoPolicy(levels, {None: exact(), "a8": cheap()}, priors, lookup_len=8)
-        policy.lanes_behind({"a8": behind})
+        policy.before_plan({"a8": behind})
         chosen[behind] = policy.plan(room=50, pending=0, match=match).round
     assert any(j.precision == "a8" for j in chosen[1].judges) or chosen[1].proposer.precision == "a8", chosen[1]
     assert chosen[60].proposer.kind == "lookup" and not chosen[60].judges, chosen[60]
@@ -90,7 +90,7 @@ class _Schedule(Policy):
     def __init__(self, levels):
         self.levels, self.heard, self.plans = levels, [], []
 
-    def lanes_behind(self, behind):
+    def before_plan(self, behind, others=0):
         self.heard.append(dict(behind))
 
     def plan(self, room, pending, match):

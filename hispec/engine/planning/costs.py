@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Callable
 
 import torch
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
+BESIDE_FLOOR = 0.05  # the least share of its cost alone a pass pays beside other visitors' rows (CostModel.beside)
 
 
 class CostModel:
@@ -26,6 +28,7 @@ class CostModel:
         self._head: dict[tuple[int, int], float] = {}  # (exit layer, n rows) -> seconds
         self.step = 0.0  # the engine's own seconds per pass (module docstring); 0 until a generation measures it
         self._memo: dict | None = None  # answers remembered: only in a frozen copy (`frozen`)
+        self._beside = 0  # other rows in the same call (`beside`; 0: the pass runs alone)
         self.calibrated = False
 
     @classmethod
@@ -77,8 +80,7 @@ class CostModel:
     def layer(self, n: int) -> float:
         if self._memo is not None and n in self._memo:
             return self._memo[n]
-        value = self._near(self._layer, n)
-        value = value if value is not None else 1e-3 * (1 + 0.1 * n)
+        value = self._marginal(self._solo_layer, n)
         if self._memo is not None:
             self._memo[n] = value
         return value
@@ -86,12 +88,33 @@ class CostModel:
     def head(self, layer: int, n: int) -> float:
         if self._memo is not None and (layer, n) in self._memo:
             return self._memo[layer, n]
-        rows = {k[1]: v for k, v in self._head.items() if k[0] == layer}
-        value = self._near(rows, n)
-        value = value if value is not None else 0.0
+        value = self._marginal(lambda rows: self._solo_head(layer, rows), n)
         if self._memo is not None:
             self._memo[layer, n] = value
         return value
+
+    def _solo_layer(self, n: int) -> float:
+        value = self._near(self._layer, n)
+        return value if value is not None else 1e-3 * (1 + 0.1 * n)
+
+    def _solo_head(self, layer: int, n: int) -> float:
+        value = self._near({k[1]: v for k, v in self._head.items() if k[0] == layer}, n)
+        return value if value is not None else 0.0
+
+    def _marginal(self, solo, n: int) -> float:
+        """n rows alone, or beside `_beside` other rows: what they add to that call (at least BESIDE_FLOOR of
+        their cost alone: measured tables are noisy, and no row is free)."""
+        if not self._beside:
+            return solo(n)
+        return max(solo(self._beside + n) - solo(self._beside), BESIDE_FLOOR * solo(n))
+
+    def beside(self, rows: int) -> CostModel:
+        """A frozen copy (`frozen`) pricing a pass of n rows by what it adds to a call already carrying `rows`
+        rows of other visitors (engine.planning.policy: a pass shared on the pass board, model.shared); the
+        engine's own work per pass (`step`) is not shared and stays whole."""
+        copy = self.frozen()
+        copy._beside = max(0, int(rows))
+        return copy
 
     def frozen(self) -> CostModel:
         """A copy of these figures that never changes and remembers every answer: what one plan reads (the
@@ -182,8 +205,10 @@ class CostLearner:
     as an observer of the generation: every pass the stack reports and every exit head the decoder
     runs. None for a lane that needs none (the fixed policy, on a model never calibrated)."""
 
-    def __init__(self, models: dict, levels, adaptive: bool):
-        self.lanes = {}
+    def __init__(self, models: dict, levels, adaptive: bool, others: Callable[[], int] = lambda: 0):
+        """`others()`: how many other visitors' generations share this one's passes now (model.shared's board):
+        while any do, a pass's time holds their rows too, and nothing is learned from it."""
+        self.lanes, self.others = {}, others
         self._timed, self._passes = 0.0, 0  # this round's passes and heads: seconds, and how many passes
         for precision, model in models.items():
             exits = tuple(lv.layer for lv in levels if lv.kind == "exit" and lv.precision == precision)
@@ -203,7 +228,7 @@ class CostLearner:
         """A decode pass (engine.stack.StagePass); the prefill's passes are not handed in."""
         costs = self.lanes[p.precision]
         self._timed, self._passes = self._timed + p.seconds, self._passes + 1
-        if costs is not None and len(p.serials) <= 16:
+        if costs is not None and len(p.serials) <= 16 and not self.others():
             costs.observe_pass(p.end - p.start, len(p.serials), p.seconds)
 
     def on_head(self, level, rows: int, seconds: float, head_work: list) -> None:
@@ -213,7 +238,7 @@ class CostLearner:
         head_work.clear()
         self._timed += seconds + attend
         costs = self.lanes[level.precision]
-        if costs is not None:
+        if costs is not None and not self.others():
             costs.observe_head(level.layer, rows, seconds + attend)
 
     def on_round(self, seconds: float) -> float:
@@ -222,7 +247,7 @@ class CostLearner:
         `seconds`. (The first round also counts the prefill's head, which makes its figure smaller, never less
         than 0.)"""
         costs = self.lanes.get(None)
-        if costs is not None and self._passes:
+        if costs is not None and self._passes and not self.others():
             costs.observe_step(max(0.0, seconds - self._timed) / self._passes)
         self._timed, self._passes = 0.0, 0
         return seconds

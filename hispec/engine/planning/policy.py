@@ -74,6 +74,12 @@ MIN_GAIN = 1.15  # a plan is chosen over a plain step only when expected to beat
 HELD_NOTE = 0.9  # a plan's reason says when its kind's estimates were scaled down below this
 HELD_PRIOR = 4.0  # a kind's held share starts at 1 (its estimates believed) worth this many expected tokens: two or
 #                  three rounds of a kind that runs slower than estimated scale its estimates down (class Held)
+SHARED_ROWS = 1  # rows each other visitor is taken to put in a shared pass of the full model: a plain step's one (the
+#                 plans this policy makes beside others: their drafts, when they pay, add more; a guess, not measured)
+# Beside other visitors (model.shared's board), the policy plans for the whole shared pass's goodput: a pass of
+# the full model that carries their rows costs a plan only what its own rows add (CostModel.beside), while a draft
+# of a cheaper lane is a call of its own, which every visitor waits for; with others waiting a draft row displaces
+# a row that is certain to count. Nothing measured beside them (realized speed, held shares, costs) is learned.
 LOOKUP_MIN_GAIN = 1.05  # the margin for a lookup copy checked by the full model alone: its estimate held (realized
 #                        0.96-1.28 of it, above), and a copy costs no drafting, so the exits' margin turned away copies
 #                        that would have paid (hispec/auto@q4 then chose plain steps in three rounds of four)
@@ -104,6 +110,7 @@ class Plan:
     tokens: tuple[int, ...] = ()  # the lookup level's proposal, when it proposes
     expected_gain: float | None = None  # expected tokens/s over a plain step's at choice time (auto)
     rate: float | None = None  # its expected committed tokens per second as chosen (auto; the held share applied)
+    beside: int = 0  # other visitors whose rows shared the exact model's passes when it was planned (auto)
 
     @property
     def choice(self) -> str:
@@ -140,8 +147,9 @@ class Policy(ABC):
     def observe_round(self, plan: Plan, committed: int, seconds: float) -> None:
         """A round of this plan ended: it committed this many tokens in this many seconds of compute."""
 
-    def lanes_behind(self, behind: dict[str, int]) -> None:
-        """Before a plan: the positions each cheaper lane has not run yet (engine.lanes.Lanes.behind)."""
+    def before_plan(self, behind: dict[str, int], others: int = 0) -> None:
+        """Before a plan: the positions each cheaper lane would run first (engine.lanes.Lanes.behind), and how
+        many other visitors' generations share this one's passes now (model.shared's board)."""
 
 
 class FixedPolicy(Policy):
@@ -288,13 +296,14 @@ class AutoPolicy(Policy):
         self._notes: list[str] = []  # kinds dropped since the last plan, for its reason
         self._suspect: tuple[RoundKind, Plan] | None = None  # a kind below the cost model's plain rate, judged once plain is measured
         self._probes = 0  # plain rounds still to run to measure plain decoding for that judgement
-        self._behind: dict[str, int] = {}  # the cheaper lanes' positions still to run (lanes_behind)
+        self._behind: dict[str, int] = {}  # the cheaper lanes' positions still to run (before_plan)
+        self._others = 0  # other visitors sharing the passes now (before_plan)
 
     def observe(self, holder: str, judge: str, accepted: bool) -> None:
         self.acceptance.add(holder, judge, accepted)
 
-    def lanes_behind(self, behind: dict[str, int]) -> None:
-        self._behind = dict(behind)
+    def before_plan(self, behind: dict[str, int], others: int = 0) -> None:
+        self._behind, self._others = dict(behind), others
 
     def observe_round(self, plan: Plan, committed: int, seconds: float) -> None:
         """Measured speed per kind of plan; a kind measured below plain decoding's is dropped for a while.
@@ -302,6 +311,8 @@ class AutoPolicy(Policy):
         rate is a suspect, and plain steps run first (a probe) to measure plain decoding here, now. (The
         model's one-token cost is calibrated on a short context; after a long prompt every plan is slower
         than that figure, plain decoding too, and the plan would be dropped for what the context costs.)"""
+        if plan.beside:  # its time held other visitors' rows: no measure of what the plan does alone
+            return
         kind = plan_kind(plan)
         self.realized.add(kind, committed, seconds)
         self.held.add(kind, committed, seconds, plan.rate)
@@ -341,6 +352,8 @@ class AutoPolicy(Policy):
         top, tokens, n = self.top, *match
         accept = self._accept(n)
         lanes = {fmt: None if c is None else c.frozen() for fmt, c in self.lane_costs.items()}
+        if self._others:  # the exact model's passes carry other visitors' rows: a plan pays what its rows add (SHARED)
+            lanes[None] = self.costs.beside(self._others * SHARED_ROWS)
         rounds = [Round.plain_step(top)]
         lookup = self.levels[0] if tokens and self.levels[0].kind == LOOKUP else None
         if lookup is not None:
@@ -426,8 +439,12 @@ class AutoPolicy(Policy):
         if held < HELD_NOTE:  # the plan chosen, or the best one a plain step was chosen over, was scaled down
             reason += (f" ({named.kind.key}'s estimates scaled by {held:.2f}: the share of them its rounds held so "
                        "far)")
+        if self._others:
+            reason += (f"; priced for the whole shared pass: {self._others} other visitor"
+                       f"{'s' if self._others > 1 else ''}' rows ride in the full model's passes, so a row there costs "
+                       "only what it adds, while a draft of a cheaper lane runs a call of its own")
         tokens = tuple(match[0][: chosen.count]) if chosen.proposer.kind == LOOKUP else ()
-        plan = Plan(chosen, reason, shown, tokens, best_rate / plain_rate, best_rate)
+        plan = Plan(chosen, reason, shown, tokens, best_rate / plain_rate, best_rate, self._others)
         self._sticky = plan if chosen.verify_at > 1 else None
         return plan
 
