@@ -352,7 +352,7 @@ class AutoPolicy(Policy):
         top, tokens, n = self.top, *match
         accept = self._accept(n)
         lanes = {fmt: None if c is None else c.frozen() for fmt, c in self.lane_costs.items()}
-        if self._others:  # the exact model's passes carry other visitors' rows: a plan pays what its rows add (SHARED)
+        if self._others:  # the full model's passes carry others' rows: a plan pays what its rows add (SHARED_ROWS)
             lanes[None] = self.costs.beside(self._others * SHARED_ROWS)
         rounds = [Round.plain_step(top)]
         lookup = self.levels[0] if tokens and self.levels[0].kind == LOOKUP else None
