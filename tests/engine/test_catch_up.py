@@ -118,7 +118,7 @@ def _decoder_with_a_q4_lane():
     return decoder, schedule
 
 
-def test_a_lane_left_behind_takes_the_exact_lanes_keys_and_values():
+def test_a_lane_left_behind_takes_the_exact_lanes_keys_and_values(monkeypatch):
     """Three plain steps, then the 4-bit lane drafts: it takes the keys and values of the positions it missed
     from the exact lane (copies, bit for bit) and runs only the newest token, so the policy hears it one
     position behind before every plan; the output is still the exact model's own."""
@@ -136,11 +136,8 @@ def test_a_lane_left_behind_takes_the_exact_lanes_keys_and_values():
                        for i in range(L))
         return n
 
-    StageStack.catch_up_from = spy
-    try:
-        events = list(decoder.events())
-    finally:
-        StageStack.catch_up_from = catch_up
+    monkeypatch.setattr(StageStack, "catch_up_from", spy)
+    events = list(decoder.events())
     rows = [len(ev.serials) for ev in events if isinstance(ev, PassEvent) and ev.stage not in ("target", "prefill")]
     assert schedule.heard and all(b == {"q4": 1} for b in schedule.heard), schedule.heard
     assert rows and set(rows) == {1}, rows  # every pass of the lane ran one row: nothing twice, nothing missed

@@ -387,15 +387,15 @@ class AutoPolicy(Policy):
         stay as they were tuned.) Searched in two stages (THEN says why): every copy length judged alone,
         then drafting on after the best of those lengths and after the whole copy; `scored(round)` is
         (its value, the round)."""
-        out = []
+        out, whole = [], min(matched, room)
         for lv in middle:
             if lv.precision is None:
                 continue
-            alone = [scored(Round(lookup, self.top, k, (lv,), 1)) for k in range(1, min(matched, room) + 1)]
+            alone = [scored(Round(lookup, self.top, k, (lv,), 1)) for k in range(1, whole + 1)]
             valued = [x for x in alone if x[0] is not None]
-            best = max(valued, key=lambda x: x[0])[1].count if valued else min(matched, room)
+            best = max(valued, key=lambda x: x[0])[1].count if valued else whole
             out += alone
-            out += [scored(Round(lookup, self.top, k, (lv,), 1, then)) for k in sorted({best, min(matched, room)})
+            out += [scored(Round(lookup, self.top, k, (lv,), 1, then)) for k in sorted({best, whole})
                     for then in THEN[1:] if then <= min(MAX_LANE_DRAFT, room - k)]
         return out
 
