@@ -162,6 +162,7 @@ BLOCKS: dict[str, Block] = {
     "pool-q4": Block(("assets/bench/q4_ab_pool_q4.json",), q4_ab_table),
     "q4-prefetch": Block(("assets/bench/q4_ab_prefetch_avx512.json", "assets/bench/q4_ab_prefetch_avx2.json"), q4_ab_table),
     "a8-widths": Block(("assets/bench/q4_widths_cpu.json", "assets/bench/q4_widths_cpu_avx2.json"), widths_table),
+    "wide-fma": Block(("assets/bench/q4_ab_wide_fma_avx512.json",), q4_ab_table),
     "a8-stream": Block(("assets/bench/q4_ab_a8_stream_avx512.json", "assets/bench/q4_ab_a8_stream_avx2.json"), q4_ab_table),
     "q4-profile": Block(("assets/bench/q4_profile_avx512.json", "assets/bench/q4_profile_avx2.json"), q4_profile_table),
     "gpu": Block(("assets/gpu/gpu_check_h200.json",), gpu_table, "python scripts/gpu/gpu_check.py"),

@@ -427,8 +427,9 @@ def q4_ab_table(*reports: dict) -> str:
                          f"{row['new_over_base_median']:.2f}×", "yes" if row["same_bits"] else "**no**"])
     first = reports[0]
     base = first.get("base_commit") or (first["code"]["commit"] if first["base"] == "HEAD" else first["base"])
-    model = ("the a8 model (the 4-bit blocks with int8 activations, its LM head too)" if first.get("format") == "a8"
-             else "the 4-bit model")
+    model = {"a8": "the a8 model (the 4-bit blocks with int8 activations, its LM head too)",
+             "fp32": "the float32 model on the file's blocks (the wide arithmetic, its LM head too)"}.get(
+        first.get("format"), "the 4-bit model")
     return (_table(["kernel build", "new tokens", f"ms per step at {base[:7]}", "ms per step now",
                     "now / before", "logits the same bits"], rows)
             + f"\n\nSteps of {model}: medians of {first['steps']['1']['new']['steps']} steps per build, the builds "

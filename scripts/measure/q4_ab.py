@@ -10,7 +10,8 @@ arithmetic, such as prefetching; a change of the sums would show here first).
 
     python scripts/measure/q4_ab.py --base d41e436 --json assets/bench/q4_ab_prefetch_avx512.json
 
-`--format a8` times the a8 model instead (the same blocks with int8 activations, its LM head too), and
+`--format a8` times the a8 model instead (the same blocks with int8 activations, its LM head too), `--format
+fp32` the float32 model on the same blocks (the wide arithmetic, the exact lane's), and
 `--tokens` sets the token counts (default 1 4 8). `--in-thread` times the steps in a thread of their own, as the
 app runs every generation (a worker thread per job, beside the main thread that loaded the model): where a
 build's threads come from OpenMP, each such thread owns a team of its own (a past build's source that used
@@ -128,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default="HEAD", help="the commit whose kernel source is the baseline (default HEAD)")
     p.add_argument("--rounds", type=int, default=12, help="turns of each build (each: 3 steps per token count)")
     p.add_argument("--json", default=None, help="write the report here")
-    p.add_argument("--format", choices=("q4", "a8"), default="q4",
-                   help="the 4-bit model (float32 activations) or its a8 view (int8 activations)")
+    p.add_argument("--format", choices=("q4", "a8", "fp32"), default="q4",
+                   help="the 4-bit model (float32 activations), its a8 view (int8 activations), or the float32 "
+                        "model on the file's blocks (the wide arithmetic)")
     p.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="new tokens per step")
     p.add_argument("--in-thread", action="store_true",
                    help="time the steps in a thread of their own, as the app runs a generation")
