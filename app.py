@@ -99,6 +99,18 @@ def launch_kwargs(server: Server) -> dict:
                 max_threads=threads, app_kwargs={"middleware": [Middleware(Edge, server=lambda: server)]})
 
 
+def close(demo: gr.Blocks) -> None:
+    """demo.close() from a thread other than the server's. Gradio's close sets an asyncio.Event from the calling
+    thread; when the event loop touches that event's waiters at the same moment, set() raises "deque mutated
+    during iteration" after the app is already marked stopped, so close() would return early and leave the port
+    open (seen once in a load test's teardown). Here the server is closed all the same."""
+    try:
+        demo.close()
+    except RuntimeError:
+        if getattr(demo, "server", None) is not None:
+            demo.server.close()
+
+
 def serve(registry: ModelRegistry, model_name: str, limits: Limits) -> Server:
     """The server of a registry whose start model is loaded; the operator's model is allowed."""
     return Server(registry, limits.allowing(model_name), default_model=model_name)

@@ -132,7 +132,7 @@ def serve(model: str, max_new: int, sessions: int, default_limits: bool = False)
     demo = app.build(server, [model])
     demo.queue(max_size=8 * sessions, default_concurrency_limit=None).launch(
         prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **app.launch_kwargs(server))
-    return demo.local_url, demo.close, expected
+    return demo.local_url, lambda: app.close(demo), expected
 
 
 def judge(kind: str, prompt: str, ids: list[int] | None, finish: str | None, expected: dict,

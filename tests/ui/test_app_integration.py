@@ -82,7 +82,7 @@ def serve_tiny_app(lm: LoadedModel | None = None, limits: Limits | None = None, 
             prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.launch_kwargs(server))
         yield f"http://127.0.0.1:{port}/", lm
     finally:
-        demo.close()
+        app.close(demo)
         torch.set_num_threads(threads)
 
 

@@ -116,14 +116,20 @@ def test_why_this_speed_follows_the_run_and_the_sliders(page, tmp_path):
     assert "this run, measured against plain decoding" in why and "estimated from its plans" in why, why
     assert "at the sliders" in why and "Acceptance, everywhere on this page" in why
     page.wait_for_selector("#hs-why-plot .js-plotly-plot svg.main-svg")
+    # the table as drawn for the run (it is redrawn as the run's events settle: read it once it holds a row)
+    page.wait_for_function("() => /\\d×/.test(document.querySelector('#hs-why-table')?.innerText || '')")
     before = page.inner_text("#hs-why-table")
     # the slider's number box: type an acceptance the tiny model's raw exits never reach
     box = page.locator("#hs-a-vt input[type=number]")
     box.fill("0.97")
     box.press("Enter")
     page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').match(/97% exit \\d+ → full model/)")
+    # the estimate's table redrawn for the slider (waited for, not read mid-render; a table that never
+    # changes fails here after the page's timeout)
+    page.wait_for_function("(old) => { const t = document.querySelector('#hs-why-table')?.innerText || '';"
+                           " return /\\d×/.test(t) && t !== old; }", arg=before)
     after = page.inner_text("#hs-why-table")
-    assert after != before
+    assert after != before and "97%" in after, after
     shot = tmp_path / "why.png"
     page.locator("#hs-why-box").screenshot(path=str(shot))
     assert shot.stat().st_size > 10_000

@@ -61,7 +61,14 @@ def generate(browser, url: str, policy: str):  # noqa: F811
     page.get_by_role("button", name="Generate", exact=True).click()
     wait_for_status(page, "Done")
     page.wait_for_function("() => (document.querySelector('#hs-why')?.innerText || '').includes('against plain decoding')")
-    page.wait_for_selector("#hs-why-plan", state="visible")
+    try:  # the picker lists the run's plans other than plain steps: shown with the Why panel's redraw
+        page.wait_for_selector("#hs-why-plan", state="visible", timeout=WAIT_MS * 2)
+    except sync_api.TimeoutError:
+        # say what the run did instead of a bare timeout (a run of plain steps only has no plan to pick)
+        said = (f"no plan picker after a {policy} run; its plans: {plan_rows(page, 'hs-why-plans')}; "
+                f"its stats: {page.inner_text('#hs-stats')!r}")
+        context.close()
+        pytest.fail(said)
     return context, page
 
 
