@@ -180,6 +180,18 @@ LANES_CAPTION = ("Where the time went: one lane per level of this run, each bloc
 PREFILL_COLOR, PLAIN_COLOR = "#4a6d8c", "#9a9a9a"
 
 
+def lanes_caption(record) -> str:
+    """LANES_CAPTION, and for a run whose passes shared calls with other visitors', what the crossed blocks are."""
+    shared = timeline_of(record).shared
+    if not shared:
+        return LANES_CAPTION
+    passes = sum(b.beside for b in shared)
+    rows, own = sum(b.beside_rows for b in shared), sum(b.tokens for b in shared)
+    return (f"{LANES_CAPTION} Crossed blocks: {len(shared)} of this run's passes were carried by calls that held "
+            f"other visitors' passes too ({passes} of theirs, {rows} of their rows beside its {own}); a shared call "
+            "takes longer than this run's rows alone would, and serves everyone in it at once.")
+
+
 def _lane_color(lane: Lane) -> str:
     """A level's hue on the page (ui.render.COLORS: the tokens it writes, the steps' edges)."""
     level = lane.level
@@ -229,6 +241,15 @@ def lanes_figure(record) -> go.Figure:
             customdata=[[f"{b.layers[0]}–{b.layers[1]}", b.tokens, b.seconds * 1e3] for _, b in prefill],
             hovertemplate="prefill: layers %{customdata[0]} over %{customdata[1]} prompt tokens, "
                           "%{customdata[2]:.2f} ms<extra>%{y}</extra>"))
+    shared = [(lane, b) for lane in timeline.lanes if lane.level is not None for b in lane.blocks if b.beside]
+    if shared:  # drawn over their lanes' blocks: the passes other visitors' rows rode along with
+        fig.add_trace(go.Bar(
+            orientation="h", y=[lane.words for lane, _ in shared], x=[b.seconds for _, b in shared],
+            base=[b.start for _, b in shared], name="shared with other visitors' passes", marker=dict(
+                color="rgba(0,0,0,0)", line=dict(width=0), pattern=dict(shape="x", fgcolor="#333", solidity=0.25)),
+            customdata=[[b.beside, b.beside_rows, b.tokens] for _, b in shared],
+            hovertemplate="shared: %{customdata[0]} other visitor(s)' pass(es), %{customdata[1]} of their rows beside "
+                          "its %{customdata[2]}<extra>%{y}</extra>"))
     if not timeline.timed:
         _not_applicable(fig, "no timings: this run's events hold no timed pass")
     # the legend (two rows) at the figure's foot, under the axis title, not over it

@@ -104,7 +104,8 @@ class GenerateView:
         shown = {"status": render.message_html(status, "info"), "tokens": self.tokens(),
                  "legend": render.legend_html(self.run.trace.counts(), self._levels()), "final": self.run.done.text,
                  "stats": render.stats_html(stats, self.vs_plain, levels=self._levels(),
-                                            load=self.load or (loadavg(), "now"), shared=self.fold.shared)}
+                                            load=self.load or (loadavg(), "now"), shared=self.fold.shared,
+                                            machine=self.fold.machine)}
         # the run's last word stands alone: a Stop's "Stopping…" reply goes with it
         kept = self.kept()
         return shown | self._charts(stats, True) | lanes(kept) | {"last_run": kept, "stop_note": ""}
@@ -139,7 +140,7 @@ def lanes(record: RunRecord) -> dict:
     """The finished run's passes by level on its clock (charts.lanes_figure), with the sentence that says what
     it shows."""
     return {"lanes_plot": gr.Plot(charts.lanes_figure(record), visible=True),
-            "lanes_note": f"<p class='hs-hint' id='hs-lanes-words'>{charts.LANES_CAPTION}</p>"}
+            "lanes_note": f"<p class='hs-hint' id='hs-lanes-words'>{charts.lanes_caption(record)}</p>"}
 
 
 class WhatIfView:

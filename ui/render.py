@@ -173,13 +173,15 @@ def reason_words(reason: str | None) -> str:
 
 
 def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = None, levels=None,
-               load: tuple[list[float] | None, str] | None = None, shared=None) -> str:
+               load: tuple[list[float] | None, str] | None = None, shared=None, machine=None) -> str:
     """The run's stats as a table (the CLI prints the same rows on one line); `vs_plain`: the
     measured ratio to plain decoding on this prompt (evaluation.compare.vs_plain), when taken;
     `stopped_by`: what ended it when the engine only knows it was stopped (the time limit, a Stop);
     `levels`: the run's level list, once known (a level in a cheaper format is then named as such); `load`:
     (the machine's 1, 5, 15-minute load averages, whose: 'now' or 'when recorded'), shown beside tokens/s;
-    `shared`: the calls the run's passes shared with other visitors' (model.shared.Tally), when they did."""
+    `shared`: the calls the run's passes shared with other visitors' (model.shared.Tally), when they did;
+    `machine`: what every visitor's generations wrote while it ran (runs.record.MachinePace), shown when others
+    wrote too."""
     plans = sorted((s.get("policy_choices") or {}).items(), key=lambda kv: -kv[1])
     page_words = {"stopped by": stopped_by or reason_words(s.get("finish_reason")),  # the page's words for these
                   "adaptive plans (rounds)": ", ".join(f"{plan_words(k)}: {n}" for k, n in plans)}
@@ -190,6 +192,8 @@ def stats_html(s: dict, vs_plain: dict | None = None, stopped_by: str | None = N
         rows.insert(3, (f"machine load ({load[1]})", load_words(load[0])))
     if shared is not None and shared.shared_calls:
         rows.insert(3, ("shared with other visitors", shared_words(shared)))
+    if machine is not None and machine.others:
+        rows.insert(3, ("your speed / the machine's", machine_words(machine)))
     body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f'<table class="hs-stats">{body}</table>'
 
@@ -211,11 +215,24 @@ SHARED_WORDS = ("This machine is shared: visitors' generations run together, the
 
 
 def shared_words(tally) -> str:
-    """'12 of its 40 calls carried other visitors' passes too (31 of theirs; up to 3 visitors in one call): its
-    tokens/s is its speed beside them; alone it runs faster, and the machine serves more tokens in all.'"""
+    """'12 of its 40 calls carried other visitors' passes too (31 of theirs, 58 rows beside its 20; up to 3
+    visitors in one call): its tokens/s is its speed beside them; alone it runs faster, and the machine serves
+    more tokens in all.'"""
+    rows = (f", {tally.others_rows} rows beside its {tally.own_rows}" if tally.own_rows or tally.others_rows else "")
     return (f"{tally.shared_calls} of its {tally.calls} calls carried other visitors' passes too "
-            f"({tally.others_passes} of theirs; up to {tally.most_members} visitors in one call): its tokens/s is its "
-            "speed beside them; alone it runs faster, and the machine serves more tokens in all.")
+            f"({tally.others_passes} of theirs{rows}; up to {tally.most_members} visitors in one call): its tokens/s "
+            "is its speed beside them; alone it runs faster, and the machine serves more tokens in all.")
+
+
+def machine_words(pace) -> str:
+    """'14.2 / 38.5 tok/s over the 4.1 s from its first update to its end: this run's tokens, and every visitor's
+    generations' together (up to 3 at once, ...)'."""
+    mine, everyone = pace.own_tokens_per_s, pace.tokens_per_s
+    if mine is None or everyone is None:
+        return f"{pace.own_tokens} of the {pace.tokens} tokens the machine's generations wrote meanwhile"
+    return (f"{mine:.1f} / {everyone:.1f} tok/s over the {pace.seconds:.1f} s from its first update to its end: this "
+            f"run's tokens, and every visitor's generations' together (up to {pace.visitors} at once, this one "
+            "included); the tokens / s row counts from the request's start, its set-up and prompt included")
 
 
 def vs_plain_words(vs: dict) -> str:

@@ -194,9 +194,11 @@ def why_html(story: dict) -> str:
         calibration = (f" A plain step here: {plain['measured_decode_tokens_per_s']:.1f} tokens/s measured after the "
                        f"first token (the cost model alone: {plain['model_tokens_per_s']:.1f}); the estimates in "
                        "tokens/s are scaled to the measured one.")
+    sharing = (f"<p class='hs-sharing' id='hs-why-sharing'>{html.escape(story['sharing'])}</p>"
+               if story.get("sharing") else "")  # how sharing the machine changed the figures (explain.why)
     return (f"<div class='hs-why'>{_recorded_words(story)}<p class='hs-definition'>{html.escape(story['definition'])}</p>"
             f"<p class='hs-speed-source'>{html.escape(speed_source_words(story))}</p>{plain_step_flag(story['plain'])}"
-            f"<p><b>Plan by plan</b> ({html.escape(_policy_words(story))}):</p>{plans_table(story)}"
+            f"{sharing}<p><b>Plan by plan</b> ({html.escape(_policy_words(story))}):</p>{plans_table(story)}"
             f"<p><b>The run against plain decoding</b>:</p>{table}{notes}"
             f"<p class='hs-hint'>Estimates: the cost model of this machine (pass and head costs timed for this model"
             f"{_costs_words(story)}) at the acceptance shown, the same formulas the adaptive policy plans with; the range "

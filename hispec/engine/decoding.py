@@ -239,7 +239,7 @@ class Decoder:
         for p in self.stack.passes:
             if stage is None:
                 self.costs.on_pass(p)
-            yield PassEvent(stage or p.stage, p.start, p.end, p.serials, p.seconds, self.ledger.round)
+            yield PassEvent(stage or p.stage, p.start, p.end, p.serials, p.seconds, self.ledger.round, *p.beside)
         self.stack.passes.clear()
         yield from self.ledger.out
         self.ledger.out.clear()

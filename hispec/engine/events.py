@@ -58,6 +58,10 @@ class PassEvent:
     serials: tuple[int, ...]
     seconds: float
     round: int
+    # other visitors' generations in the call that carried it, and their rows (a pass shared on the model's pass
+    # board, hispec.model.shared); 0 and 0 for a pass that ran alone
+    beside: int = 0
+    beside_rows: int = 0
 
     @property
     def layer_tokens(self) -> int:

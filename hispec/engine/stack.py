@@ -40,6 +40,7 @@ class StagePass:
     serials: tuple[int, ...]
     seconds: float
     precision: str | None = None  # the number format the layers ran in (None: the model's exact format)
+    beside: tuple[int, int] = (0, 0)  # other visitors' passes and rows in the shared call that carried it
 
 
 class StageStack:
@@ -102,7 +103,8 @@ class StageStack:
             hidden = self.ee.run_layers(hidden, self.boundaries[i - 1], self.boundaries[i], self.cache)
             self.passes.append(
                 StagePass(self.names[i - 1], self.boundaries[i - 1], self.boundaries[i], (lo, end),
-                          tuple(self.serials[lo:end]), time.perf_counter() - t0, self.precision)
+                          tuple(self.serials[lo:end]), time.perf_counter() - t0, self.precision,
+                          self.ee.last_pass_beside())
             )
             self.frontier[i] = end
             if i < len(self.boundaries) - 1:

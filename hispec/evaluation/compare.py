@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 from hispec.engine.config import DecodeConfig, run_name
 from hispec.engine.levels import level_words
 from hispec.evaluation import pairs as timed_pairs
+from hispec.model.shared import BOARD
 from hispec.runs.record import acceptance_in_words
 from hispec.runs.runner import plain_config
 
@@ -104,12 +105,15 @@ def vs_plain(lm, ids: list[int], config: DecodeConfig, new_tokens: int, pairs: i
 
     `yield_to()`: whether someone else waits for the model (serving: another visitor); asked before
     every pair, and when it says so the pairs left are not run: the summary's "yielded" counts them
-    (0 when every pair ran or was cut), apart from "cut"."""
+    (0 when every pair ran or was cut), apart from "cut". In a member of the pass board (a served generation
+    sharing the model), "shared_calls": how many of the pairs' calls carried other visitors' passes too."""
     method = replace(config, max_new_tokens=new_tokens)
     plain = replace(plain_config(config), max_new_tokens=new_tokens).resolve_for(lm.ee)
     done: list[timed_pairs.Pair] = []
     yielded = 0
     items = timed_pairs.pairs(lm, ids, method, plain, pairs, new_tokens, stop, method_eos=lm.eos_ids)
+    tally = BOARD.tally()  # a served generation sharing the model: how many of the pairs' calls carried others' passes
+    before = tally.shared_calls if tally is not None else 0
     try:
         if yield_to is not None and yield_to():  # before the first pair: none runs
             yielded = pairs
@@ -132,7 +136,8 @@ def vs_plain(lm, ids: list[int], config: DecodeConfig, new_tokens: int, pairs: i
                             "new_tokens": new_tokens, "verdict": verdict}}
         return
     summary = dict(summary, cut=max(0, summary["cut"] - yielded), yielded=yielded)
-    yield {"vs_plain": {**summary, "new_tokens": new_tokens,
+    shared = {"shared_calls": tally.shared_calls - before} if tally is not None else {}
+    yield {"vs_plain": {**summary, **shared, "new_tokens": new_tokens,
                         "method_tokens_per_s": [p.method.stats["tokens_per_s"] for p in done],
                         "plain_tokens_per_s": [p.plain.stats["tokens_per_s"] for p in done],
                         "method_decode_tokens_per_s": [timed_pairs.decode_rate(p.method.stats) for p in done],

@@ -28,6 +28,8 @@ class Block:
     layers: tuple[int, int]  # [start, end)
     tokens: int
     prefill: bool = False  # the prompt's prefill (round 0)
+    beside: int = 0  # other visitors' passes in the call that carried it (a shared pass; 0: alone)
+    beside_rows: int = 0  # their rows in that call
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,11 @@ class Timeline:
     @property
     def timed(self) -> bool:
         return self.passes > 0
+
+    @property
+    def shared(self) -> tuple[Block, ...]:
+        """The run's passes that other visitors' passes shared a call with."""
+        return tuple(b for lane in self.lanes if lane.level is not None for b in lane.blocks if b.beside)
 
 
 def plain_pace(plain: Mapping | None) -> tuple[float, float] | None:
@@ -99,7 +106,7 @@ def timeline_of(record: RunRecord) -> Timeline:
         prefill = ev.stage == "prefill"
         where = exact_by_end.get((ev.start, ev.end)) if prefill else by_stage.get(ev.stage)
         blocks.setdefault(ev.stage if where is None else where, []).append(
-            Block(at, ev.seconds, ev.round, (ev.start, ev.end), len(ev.serials), prefill))
+            Block(at, ev.seconds, ev.round, (ev.start, ev.end), len(ev.serials), prefill, ev.beside, ev.beside_rows))
     copies: dict[int, list[float]] = {}
     for ev in record.events:
         if isinstance(ev, TokenEvent) and ev.state is TokenState.DRAFTED and ev.origin == LOOKUP:

@@ -148,7 +148,7 @@ def speed_story(record: RunRecord, lanes: Lanes, sliders: tuple[float, float], w
                        "model_tokens_per_s": plain_rate(lanes[None], L)},
              "differences": [], "slider_plan": None, "costs_frozen": frozen, "pairs_asked": record.pairs_asked,
              "run_acceptance": {p.words: p.rate for p in record.pairs},
-             "recorded_where": record.recorded_where}
+             "recorded_where": record.recorded_where, "sharing": sharing_words(record)}
     if (measured and measured["median"] and predicted is not None
             and not measured["low"] <= predicted <= measured["high"]):
         story["differences"] = _differences(measured, predicted, stats)
@@ -161,6 +161,33 @@ def speed_story(record: RunRecord, lanes: Lanes, sliders: tuple[float, float], w
             story["sliders"] = at
             story.update(_chart(model, row, sliders, plans, measured, predicted, at))
     return story
+
+
+def sharing_words(record: RunRecord) -> str | None:
+    """How sharing the machine changed this run's figures, in words; None for a run that had the machine alone
+    (no other visitor's pass in its calls, no other visitor's tokens while it ran) or that was not served."""
+    tally, pace = record.shared, record.machine
+    shared = tally is not None and tally.shared_calls > 0
+    if not shared and not (pace is not None and pace.others):
+        return None
+    parts = []
+    if pace is not None and pace.others and pace.own_tokens_per_s is not None:
+        parts.append(f"from its first update to its end, it wrote {pace.own_tokens_per_s:.1f} tokens/s and the machine "
+                     f"{pace.tokens_per_s:.1f} for every visitor's generations together (up to {pace.visitors} at once)")
+    if shared:
+        parts.append(f"{tally.shared_calls} of its {tally.calls} calls carried other visitors' passes too "
+                     f"({tally.others_rows} of their rows beside its {tally.own_rows})")
+    said = "This run shared the machine: " + "; ".join(parts) + (
+        ". Its own tokens/s is its share, slower than alone, while the machine serves more in all; its tokens are "
+        "the ones it writes alone (a row's result never depends on the rows beside it).")
+    pairs = (record.vs_plain or {}).get("shared_calls")
+    if pairs:
+        said += (f" Its timing pairs against plain decoding ran beside other visitors too ({pairs} of their calls "
+                 "shared): both sides of each pair timed under the same sharing, so their ratio moves less than either "
+                 "speed, but it is not the ratio alone.")
+    elif pairs == 0:
+        said += " Its timing pairs against plain decoding ran with no other visitor's pass in their calls."
+    return said
 
 
 def slider_choices(record: RunRecord | None) -> tuple[list[str], str | None]:

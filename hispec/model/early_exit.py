@@ -38,7 +38,8 @@ class FinalHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lean is not None:
             if BOARD.is_member:  # a shared pass's rows: one product over every member's rows (shared.py)
-                return BOARD.run(("head", id(self.lean)), hidden, self._logits_many)
+                return BOARD.run(("head", id(self.lean)), hidden, self._logits_many,
+                                 hidden.numel() // hidden.shape[-1], lane_pass=False)
             return self.lean.logits(hidden, self.norm)
         return self.lm_head(self.norm(hidden))
 
@@ -172,6 +173,10 @@ class EarlyExitModel:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=device)
         return mask.masked_fill(~allowed, torch.finfo(self.dtype).min)[None, None]
 
+    def last_pass_beside(self) -> tuple[int, int]:
+        """Other visitors' passes and rows in the call that carried this thread's last pass (the stage stack's)."""
+        return BOARD.last_beside() if BOARD.is_member else (0, 0)
+
     def sharing_with(self) -> int:
         """How many other visitors' generations share this thread's passes of this model now (model.shared's
         board); 0 outside the board, and where its passes run alone (no native route)."""
@@ -190,7 +195,7 @@ class EarlyExitModel:
             native = self.lean.native
             if native is not None and BOARD.is_member:  # several generations' rows in one call (shared.py)
                 return BOARD.run(("layers", id(native), start, end), (hidden, cache),
-                                 lambda parts: native.run_shared(parts, start, end))
+                                 lambda parts: native.run_shared(parts, start, end), hidden.shape[1])
             return self.lean.run_layers(hidden, start, end, cache)
         past = cache.lengths[start]
         q_len = hidden.shape[1]

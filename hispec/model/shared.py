@@ -44,6 +44,8 @@ class _Pass:
     run_many: Callable[[list], list]  # the same operation for every pass of a key
     since: float
     tally: Tally | None = None  # its member's
+    rows: int = 1  # the rows (new positions) it brings to the call
+    beside: tuple[int, int] = (0, 0)  # the other members' passes in the call that carried it, and their rows
     skipped: int = 0  # calls that ran while it waited
     done: bool = False
     result: Any = None
@@ -59,13 +61,17 @@ class Tally:
     shared_calls: int = 0
     others_passes: int = 0
     most_members: int = 1  # the most members' passes one of its calls carried
+    own_rows: int = 0  # the rows its passes brought to the shared calls
+    others_rows: int = 0  # the other members' rows in those calls
 
-    def add(self, width: int) -> None:
+    def add(self, width: int, own_rows: int = 1, others_rows: int = 0) -> None:
         self.calls += 1
         if width > 1:
             self.shared_calls += 1
             self.others_passes += width - 1
             self.most_members = max(self.most_members, width)
+            self.own_rows += own_rows
+            self.others_rows += others_rows
 
 
 @dataclass
@@ -115,11 +121,22 @@ class PassBoard:
         """How many other members hold the board beside this thread (0 for a thread that is no member)."""
         return max(0, self._members - 1) if self.is_member else 0
 
-    def run(self, key: Hashable, item: Any, run_many: Callable[[list], list]) -> Any:
-        """`item`'s result of run_many([...items of the same key...]); a non-member runs run_many([item]) at once."""
+    def tally(self) -> Tally | None:
+        return self._local.tally if self.is_member else None  # this thread's, while a member
+
+    def last_beside(self) -> tuple[int, int]:
+        """The other members' passes and rows in the calls of this thread's lane passes since it last asked."""
+        got, self._local.beside = getattr(self._local, "beside", (0, 0)), (0, 0)
+        return got
+
+    def run(self, key: Hashable, item: Any, run_many: Callable[[list], list], rows: int = 1,
+            lane_pass: bool = True) -> Any:
+        """`item`'s result of run_many([...items of the same key...]); a non-member runs run_many([item]) at once.
+        `rows`: the rows the item brings to a call (what the members' tallies count of a shared call);
+        `lane_pass`: whether last_beside reports the call (a lane's layer pass; a head's call is no lane's pass)."""
         if not self.is_member:
             return run_many([item])[0]
-        mine = _Pass(item, run_many, time.monotonic(), self._local.tally)
+        mine = _Pass(item, run_many, time.monotonic(), self._local.tally, rows)
         with self._cond:
             self._pending.setdefault(key, []).append(mine)
             self._waiting += 1
@@ -140,6 +157,9 @@ class PassBoard:
                     self._running = False
                     self._ended = time.monotonic()
                     self._cond.notify_all()
+        if lane_pass:
+            passes, rows = getattr(self._local, "beside", (0, 0))
+            self._local.beside = (passes + mine.beside[0], rows + mine.beside[1])
         if mine.error is not None:
             raise mine.error
         return mine.result
@@ -165,8 +185,10 @@ class PassBoard:
         self.counts.calls += 1
         self.counts.passes += len(group)
         self.counts.by_width[len(group)] += 1
+        rows = sum(p.rows for p in group)
         for p in group:
-            p.tally.add(len(group))
+            p.beside = (len(group) - 1, rows - p.rows) if len(group) > 1 else (0, 0)
+            p.tally.add(len(group), p.rows, rows - p.rows)
         return group
 
     def _until(self) -> float:

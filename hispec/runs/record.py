@@ -29,6 +29,31 @@ from hispec.runs.metrics import StatsCollector
 SCHEMA_VERSION = 1
 
 
+@dataclass(frozen=True)
+class MachinePace:
+    """What the machine wrote while a run ran (the process's meter, hispec.runs.meter, fed by serving): every visitor's committed
+    tokens over the same seconds, this run's own included, and the most generations that ran at once meanwhile.
+    A run's own tokens/s beside the machine's: on a shared machine a run's speed is its share."""
+
+    tokens: int
+    own_tokens: int
+    seconds: float
+    visitors: int = 1
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+    @property
+    def own_tokens_per_s(self) -> float | None:
+        return self.own_tokens / self.seconds if self.seconds > 0 else None
+
+    @property
+    def others(self) -> bool:
+        """Whether other visitors' generations wrote tokens while this one ran."""
+        return self.tokens > self.own_tokens
+
+
 def words(level: Level) -> str:
     """A level as a reader says it: 'lookup', 'exit 4', 'the 4-bit full model', 'the full model' (the exact top)."""
     return "the full model" if level.kind == FULL and level.precision is None else level_words(level)
@@ -118,6 +143,7 @@ class RunRecord:
     recorded_on: Mapping | None = None
     beliefs: Mapping | None = None
     shared: Tally | None = None  # the calls its passes shared with other visitors' (model.shared); None: ran alone
+    machine: MachinePace | None = None  # what every visitor's generations wrote meanwhile (serving); None: not served
 
     # ---- questions the views ask ---------------------------------------------------------------
     @property
@@ -185,6 +211,7 @@ class RunRecord:
                 "settings": dict(self.settings), "events": [event_to_dict(ev) for ev in self.events],
                 **({"recorded_on": dict(self.recorded_on)} if self.recorded_on else {}),
                 **({"shared": dataclasses.asdict(self.shared)} if self.shared else {}),
+                **({"machine": dataclasses.asdict(self.machine)} if self.machine else {}),
                 **({"beliefs": self.beliefs} if self.beliefs else {})}
 
 
@@ -324,7 +351,8 @@ def from_json(data: Mapping) -> RunRecord:
     record = build(events, stats, model=data.get("model") or "", prompt_ids=data.get("prompt_ids") or (),
                    vs_plain=data.get("vs_plain"), pairs_asked=data.get("pairs_asked") or 0,
                    costs_ms=data.get("costs_ms"), costs_whose="first")
-    if data.get("recorded_on") or data.get("beliefs") or data.get("shared"):
+    if data.get("recorded_on") or data.get("beliefs") or data.get("shared") or data.get("machine"):
         record = dataclasses.replace(record, recorded_on=data.get("recorded_on"), beliefs=data.get("beliefs"),
-                                     shared=Tally(**data["shared"]) if data.get("shared") else None)
+                                     shared=Tally(**data["shared"]) if data.get("shared") else None,
+                                     machine=MachinePace(**data["machine"]) if data.get("machine") else None)
     return record

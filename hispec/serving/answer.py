@@ -16,7 +16,7 @@ from hispec.engine.events import COMMITTED_STATES, Event
 from hispec.errors import HiSpecError
 from hispec.explain.why import plan_table
 from hispec.model.shared import Tally
-from hispec.runs.record import RunRecord
+from hispec.runs.record import MachinePace, RunRecord
 from hispec.runs.runner import LiveRun
 from hispec.serving.updates import Ended, Output, Status
 
@@ -27,13 +27,14 @@ class Generation:
         self.vs_plain: dict | None = None
         self.prompt_ids: list[int] | None = None
         self.shared: Tally | None = None  # the calls its passes shared with other visitors' (serving.worker)
+        self.machine: MachinePace | None = None  # what every visitor's generations wrote meanwhile (runs.meter)
 
     def add(self, items: Iterable[object]) -> list[Event]:
         """Fold one Output's items; the engine events among them, in order."""
         items = list(items)
         for item in items:
-            if isinstance(item, Tally):
-                self.shared = item
+            if isinstance(item, (Tally, MachinePace)):  # what sharing did (serving.worker), the machine's pace
+                setattr(self, "shared" if isinstance(item, Tally) else "machine", item)
             if isinstance(item, dict):
                 self.vs_plain = item.get("vs_plain", self.vs_plain)
                 self.prompt_ids = item.get("prompt_ids", self.prompt_ids)
@@ -55,7 +56,7 @@ class Generation:
         """The finished generation as one value (runs.record.RunRecord), what every view after it reads."""
         record = self.run.record(model=model, prompt_ids=self.prompt_ids or (), vs_plain=self.vs_plain,
                                  pairs_asked=pairs_asked)
-        return dataclasses.replace(record, shared=self.shared) if self.shared is not None else record
+        return dataclasses.replace(record, shared=self.shared, machine=self.machine)
 
     def response(self, html: str, model: str = "") -> dict:
         """What /generate returns: the run's record (RunRecord.to_json, with its schema version: its levels in

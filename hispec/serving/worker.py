@@ -18,6 +18,7 @@ import time
 from hispec.engine.events import DoneEvent
 from hispec.engine.gate import gated
 from hispec.model.shared import BOARD
+from hispec.runs.meter import metered
 from hispec.serving.hold import HEARTBEAT_S, Hold, out_of_time
 from hispec.serving.jobs import LEFT, STOPPED, TIME_LIMIT, Job
 from hispec.serving.protocol import Work
@@ -66,19 +67,25 @@ class Worker:
     def stream(self):
         """The work's updates (Status, Output); returns its Failure, or None when it ended (or the
         time limit passed and it did not notice within GRACE_S)."""
-        while True:
-            batch, done, failure = self._collect()
-            notes = [item for item in batch if isinstance(item, str)]  # progress text of the work
-            batch = [honest(item, self.job) for item in batch if not isinstance(item, str)]
-            if notes:
-                yield Status(notes[-1])
-            if batch or not (done or failure or notes):
-                yield Output(tuple(batch))  # an empty Output is a heartbeat
-            if failure is not None:
-                log.error("%s failed", self.job.kind, exc_info=failure.exc)
-                return failure
-            if done or time.monotonic() > self.share.deadline() + GRACE_S:
-                return None
+        watch = None  # a visitor's generation on the machine's meter (runs.meter: "your speed / the machine's")
+        try:
+            while True:
+                batch, done, failure = self._collect()
+                watch = metered(batch, watch) if self.job.kind == "generate" else None
+                notes = [item for item in batch if isinstance(item, str)]  # progress text of the work
+                batch = [honest(item, self.job) for item in batch if not isinstance(item, str)]
+                if notes:
+                    yield Status(notes[-1])
+                if batch or not (done or failure or notes):
+                    yield Output(tuple(batch))  # an empty Output is a heartbeat
+                if failure is not None:
+                    log.error("%s failed", self.job.kind, exc_info=failure.exc)
+                    return failure
+                if done or time.monotonic() > self.share.deadline() + GRACE_S:
+                    return None
+        finally:
+            if watch is not None:
+                watch.close()
 
     def _collect(self):
         """What the worker emitted over one throttle period (or a heartbeat's silence): (items, ended,

@@ -17,6 +17,7 @@ from hispec.model.formats import q4_kernel
 from hispec.model.formats.q4 import to_q4
 from hispec.model import shared
 from hispec.model.shared import BOARD, PassBoard
+from hispec.engine.events import PassEvent
 from hispec.runs.runner import run
 
 
@@ -89,6 +90,38 @@ def test_each_member_tallies_the_calls_it_shared():
     with board.member() as alone:
         board.run("k", 9, op)
     assert (alone.calls, alone.shared_calls, alone.others_passes) == (1, 0, 0)
+
+
+def test_a_shared_call_tells_each_member_the_others_rows_and_a_lane_pass_only_what_carried_it():
+    """Rows: each member's tally counts its rows and the others' in its shared calls; last_beside reports the
+    other passes and rows of the lane passes since the thread last asked (a head's call, lane_pass=False, is not
+    reported), then starts again from nothing."""
+    board, op = PassBoard(window_s=5.0), Recorder()
+    got, gate = {}, threading.Barrier(3)
+
+    def work(i):
+        with board.member() as tally:
+            gate.wait()
+            board.run("layers", i, op, rows=i + 1)  # 1, 2 and 3 rows
+            after_layers = board.last_beside()
+            gate.wait()
+            board.run("head", i, op, rows=i + 1, lane_pass=False)
+            got[i] = (tally.own_rows, tally.others_rows, after_layers, board.last_beside())
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(op.calls) == 2, op.calls  # the layers' call and the head's, each carrying all three
+    for i in range(3):
+        own, others, layers, head = got[i]
+        assert (own, others) == (2 * (i + 1), 2 * (6 - (i + 1))), got[i]  # two shared calls each
+        assert layers == (2, 6 - (i + 1)) and head == (0, 0), got[i]
+    with board.member():
+        board.run("layers", 1, op, rows=4)
+        assert board.last_beside() == (0, 0)  # alone: nothing beside it
+    assert board.last_beside() == (0, 0) and board.tally() is None  # outside the board
 
 
 def test_members_whose_passes_went_different_ways_fall_into_step():
@@ -168,6 +201,17 @@ def test_generations_sharing_passes_write_what_they_write_alone(weights):
     assert together == alone
     shared = Counter(BOARD.counts.by_width) - before
     assert any(width > 1 for width in shared), shared  # passes were shared
+    # the engine's pass events say which of a generation's passes shared a call, and with how many rows
+    passes = _members(BOARD, 2, lambda i: _passes(ee, PROMPTS[i], configs[0]))
+    beside = [ev for i in (0, 1) for ev in passes[i] if ev.beside]
+    assert beside and all(ev.beside == 1 and ev.beside_rows >= 1 for ev in beside), passes
+    assert not any(ev.beside for ev in _passes(ee, PROMPTS[0], configs[0]))  # alone: every pass its own call
+
+
+def _passes(ee, prompt, config) -> list[PassEvent]:
+    seen = []
+    run(ee, prompt, config, on_event=seen.append)
+    return [ev for ev in seen if isinstance(ev, PassEvent)]
 
 
 def test_a_member_alone_on_its_key_is_not_starved_by_a_crowd_on_another():

@@ -6,6 +6,7 @@ model (their figures must be the method's alone)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 
@@ -13,6 +14,7 @@ import pytest
 from helpers import EOS, char_tokenizer, slow, tiny_model, tiny_server, wait_until
 
 from hispec.engine.events import DoneEvent
+from hispec.explain.why import sharing_words
 from hispec.model.early_exit import EarlyExitModel
 from hispec.model.formats import q4_kernel
 from hispec.model.formats.q4 import to_q4
@@ -146,5 +148,17 @@ def test_visitors_at_once_share_passes_and_each_gets_its_solo_answer():
         records.append(fold.record())
     told = [r.shared for r in records if r.shared is not None]
     assert told and all(t.shared_calls >= 1 and t.others_passes >= t.shared_calls and t.most_members >= 2 for t in told)
+    assert all(t.own_rows >= t.shared_calls and t.others_rows >= t.others_passes for t in told)  # rows, not only passes
     back = from_json(records[[r.shared is not None for r in records].index(True)].to_json())
     assert back.shared == told[0]
+    # and what the machine wrote meanwhile: its own tokens among every visitor's, several at once for some
+    paces = [r.machine for r in records]
+    assert all(p is not None and p.own_tokens == len(r.token_ids) and p.tokens >= p.own_tokens
+               for p, r in zip(paces, records))
+    assert any(p.others and p.visitors >= 2 for p in paces), paces
+    assert back.machine == paces[[r.shared is not None for r in records].index(True)]
+    # the Why panel's sentence for it (tests/ui/test_sharing_views.py: the page's views of it)
+    shown = next(r for r in records if r.machine.others and r.shared is not None)
+    said = sharing_words(shown)
+    assert said.startswith("This run shared the machine") and f"{shown.shared.others_rows} of their rows" in said
+    assert sharing_words(dataclasses.replace(shown, shared=None, machine=None)) is None

@@ -13,6 +13,7 @@ import pytest
 from helpers import EOS, char_tokenizer, slow, tiny_model, tiny_server
 from helpers import wait_until as _wait_until
 
+from hispec.runs.meter import METER
 from hispec.engine.config import preset
 from hispec.engine.events import DoneEvent
 from hispec.errors import HiSpecError
@@ -222,6 +223,7 @@ def test_a_client_that_leaves_frees_the_model_within_a_second(server):
         return original(*args, **kwargs)
 
     lm.ee.run_layers = counted
+    open_before = METER.live  # (another test's stream may still hold one: the process has one meter)
     try:
         stream = server.submit(ME, GenerateRequest, gen(max_new=240))
         for update in stream:
@@ -235,6 +237,7 @@ def test_a_client_that_leaves_frees_the_model_within_a_second(server):
     assert time.monotonic() - left < 2
     assert not [t for t in passes if t > left + 1.0], "the model kept running after the client left"
     assert server.jobs.of() == [] and server.registry.in_use("tiny") == 0
+    wait_until(lambda: METER.live == open_before, timeout=3)  # its watch on the machine's meter closed too
 
 
 def test_a_failure_inside_a_generation_ends_only_that_request(server):
@@ -251,6 +254,22 @@ def test_a_failure_inside_a_generation_ends_only_that_request(server):
         lm.ee.exit_logits = original
     assert last.outcome == "failed" and "The generation failed (RuntimeError: simulated out of memory)" in last.message
     assert not server.registry.turns("tiny").busy
+    # failing midway, after tokens streamed out and with no DoneEvent: its watch on the machine's meter is closed
+    calls = []
+
+    def later(*a, **k):
+        calls.append(1)
+        if len(calls) > 6:
+            raise RuntimeError("simulated out of memory")
+        return original(*a, **k)
+
+    lm.ee.exit_logits = later
+    open_before = METER.live  # (another test's stream may still hold one: the process has one meter)
+    try:
+        updates = list(server.submit(ME, GenerateRequest, gen()))
+    finally:
+        lm.ee.exit_logits = original
+    assert events_of(updates) and updates[-1].outcome == "failed" and METER.live == open_before
     ok = list(server.submit(OTHER, GenerateRequest, gen(max_new=10)))
     assert ok[-1].outcome == "done" and list(done_of(ok).token_ids) == expected_ids(lm, "hi", 10)
 

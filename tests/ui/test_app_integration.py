@@ -201,7 +201,7 @@ def test_generate_colours_tokens_and_matches_the_engine(served, client):
     out = generate(client, PROMPT, max_new=40)
     assert set(out) == {"schema", "model", "method", "levels", "policy", "adapts", "lengths", "text", "token_ids",
                         "prompt_ids", "finish_reason", "acceptance", "stats", "vs_plain", "pairs_asked", "costs_ms",
-                        "costs_whose", "settings", "events", "html", "plans"}
+                        "costs_whose", "settings", "events", "html", "plans", "machine"}  # machine: serving's meter
     # levels and pairs named in words, beside their specs (issue 56): no engine role key in the stats
     assert all(level["words"] for level in out["levels"]) and out["levels"][-1]["words"] == "the full model"
     assert all("->" not in key for key in out["stats"]["acceptance"]), out["stats"]["acceptance"]

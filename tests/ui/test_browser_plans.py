@@ -178,3 +178,41 @@ def test_picking_another_plan_moves_the_sliders_and_the_estimate(fixed_run):
     page.wait_for_function("(old) => JSON.stringify(document.querySelector('#hs-why-plot .js-plotly-plot').data"
                            ".map(t => t.name)) !== old", arg=json.dumps(curves))
     shot(page, "#hs-why-box", "why_plan_picked.png")
+
+
+def test_two_visitors_at_once_each_see_the_machine_they_shared(browser, default_app):  # noqa: F811
+    """Issue 60, item 6: two visitors' default runs at once (two browser sessions) share the model's calls; the
+    page of one that did says so: "your speed / the machine's" in its stats, its shared passes crossed in the
+    lanes, and a sentence in "Why this speed"."""
+    pages = []
+    for prompt in ("Name three colours and say one thing about each.", "Count from one to twelve in words."):
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS * 8)
+        page.goto(default_app, wait_until="domcontentloaded")
+        page.wait_for_selector("#hs-tokens")
+        page.get_by_label("Prompt", exact=True).fill(prompt)
+        set_number(page, "hs-baseline", 0)  # no timing pairs: the two runs overlap from start to end
+        set_number(page, "hs-max-new", 64)
+        pages.append((context, page))
+    try:
+        for _, page in pages:
+            page.get_by_role("button", name="Generate", exact=True).click()
+        for _, page in pages:
+            wait_for_status(page, "Done")
+        stats = [page.inner_text("#hs-stats") for _, page in pages]
+        assert all("your speed / the machine's" in s for s in stats), stats  # each saw the other write meanwhile
+        assert any("shared with other visitors" in s for s in stats), stats  # and their passes shared calls
+        page = next(p for (_, p), s in zip(pages, stats) if "shared with other visitors" in s)
+        page.wait_for_selector("#hs-why-sharing")
+        assert page.inner_text("#hs-why-sharing").startswith("This run shared the machine")
+        page.wait_for_selector("#hs-lanes-plot .js-plotly-plot svg.main-svg")
+        names = page.evaluate("() => document.querySelector('#hs-lanes-plot .js-plotly-plot').data.map(t => t.name)")
+        assert "shared with other visitors' passes" in names, names
+        assert "Crossed blocks" in page.inner_text("#hs-lanes-note")
+        shot(page, "#hs-stats", "sharing_stats.png")
+        shot(page, "#hs-lanes-plot", "sharing_lanes.png")
+        shot(page, "#hs-why-sharing", "sharing_why.png")
+    finally:
+        for context, _ in pages:
+            context.close()
