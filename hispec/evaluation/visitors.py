@@ -7,7 +7,7 @@ layers run as one call of the batch-invariant native route. Recorded per series:
 first start to the last end, the tokens, the machine's tokens/s (both count prompt evaluation: each
 generation's wall clock starts before its prompt is read), and per visitor its tokens/s, first-token time
 and whether its token ids equal its solo run's. Plus the board's calls: how many members' passes each
-carried. The order alternates from N to N (alone first, then together first), so that a drift of the
+carried, and the rounds by plan that the visitors' policies chose (alone and beside each other). The order alternates from N to N (alone first, then together first), so that a drift of the
 machine does not favour one side.
 """
 
@@ -73,10 +73,12 @@ def _series(runs: list[Callable[[], dict]], together: bool) -> dict:
         raise HiSpecError(f"{len(failed)} of {len(runs)} visitors failed: {failed[0]!r}") from failed[0]
     tokens = sum(len(r["token_ids"]) for r in records)
     widths = Counter(BOARD.counts.by_width) - before
+    plans = sum((Counter(r.get("policy_choices") or {}) for r in records), Counter())  # what the policy chose
     return {"wall_s": round(wall, 4), "tokens": tokens, "machine_tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "visitors": [{"tokens": len(r["token_ids"]), "tokens_per_s": r["tokens_per_s"], "wall_s": r["wall_s"],
                           "ttft_s": r["ttft_s"], "token_ids": r["token_ids"]} for r in records],
-            "shared_calls": {str(k): v for k, v in sorted(widths.items())}}
+            "shared_calls": {str(k): v for k, v in sorted(widths.items())},
+            "plans": {str(k): v for k, v in plans.most_common()}}
 
 
 def visitors_bench(models: dict, prompts: list[list[int]], methods: list[BenchMethod], base, counts: list[int],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import statistics
 
+from hispec.engine.planning.round import PLAIN_KEY, kind_words
 from hispec.evaluation.method import BenchMethod
 
 # ---- formatting ----------------------------------------------------------------------------------
@@ -911,6 +912,13 @@ def f32_widths_table(report: dict) -> str:
 
 # ---- several visitors at once (bench --visitors) -------------------------------------------------------------
 
+def _plans_words(r: dict) -> str:
+    """'plain step (full model): 120 → 180; lookup → full model: 30 → 12': each plan's rounds, alone → at once."""
+    alone, together = r["alone"]["plans"], r["together"]["plans"]
+    keys = sorted(set(alone) | set(together), key=lambda k: -(alone.get(k, 0) + together.get(k, 0)))
+    return "; ".join(f"{kind_words(k)}: {alone.get(k, 0)} → {together.get(k, 0)}" for k in keys)
+
+
 def visitors_table(report: dict) -> str:
     """Per method and visitor count: the machine's tokens/s one after another and at once, their ratio, each
     visitor's speed against its solo run, and whether every visitor's token ids equal its solo run's."""
@@ -924,7 +932,14 @@ def visitors_table(report: dict) -> str:
                      f"{r['visitor_ratio_median']:.2f}×, {r['visitor_ratio_min']:.2f}×",
                      f"{ttft[len(ttft) // 2]:.2f} s, {ttft[-1]:.2f} s",
                      "yes" if r["all_equal_to_solo"] else f"NO ({len(r['differ'])} differ)"])
-    return (_table(head, rows) + f"\n\n{report['prompts']} prompts, {report['max_new_tokens']} new tokens each; N "
+    plans = [[r["method"], r["visitors"], _plans_words(r)] for r in report["results"]
+             if r["alone"].get("plans") and set(r["alone"]["plans"]) | set(r["together"]["plans"]) != {PLAIN_KEY}]
+    if plans:  # the adaptive policy's rounds by plan: what it chose alone, and beside the others
+        rows_words = _table(["method", "visitors", "rounds by plan: one after another → at once"], plans)
+    else:
+        rows_words = ""
+    return (_table(head, rows) + (f"\n\n{rows_words}" if rows_words else "")
+            + f"\n\n{report['prompts']} prompts, {report['max_new_tokens']} new tokens each; N "
             "visitors take the first N (repeated where fewer). Both series count prompt evaluation (a visitor's "
             "clock starts before its prompt is read); the machine's tokens/s is every visitor's tokens over the wall "
             "clock from the first start to the last end. At once, each visitor runs in its own thread and its passes "
