@@ -138,3 +138,38 @@ def test_the_decoder_tells_the_policy_who_shares_its_passes():
     assert beside and set(beside) == {1}, beside
     assert alone and set(alone) == {0}, alone
     assert set(generate()) == {0}
+
+
+def test_a_plain_step_beside_others_is_chosen_again_without_a_search_until_something_changes(monkeypatch):
+    """Beside other visitors, once the policy chose a plain step with no copy to check, the next rounds take it
+    without searching the candidates (the search ran in Python between shared calls; nothing it reads changes
+    beside others) until the count of visitors changes or lookup finds a copy; every shortcut choice is the one
+    a full search makes. The check can fail: without the shortcut every round searches."""
+    levels = build_levels(("lookup", "full@a8"), L)
+    priors = {("verify", "target"): 0.9, ("lookup:2", "verify"): 0.5, ("lookup:2", "target"): 0.5}
+    policy = AutoPolicy(levels, {None: exact(), "a8": cheap()}, priors, lookup_len=8)
+    searched = []
+    original = AutoPolicy._candidates
+    monkeypatch.setattr(AutoPolicy, "_candidates",
+                        lambda self, *a: (searched.append(1) if self is policy else None) or original(self, *a))
+
+    def plan(others, match=([], 0), behind=1):
+        policy.before_plan({"a8": behind}, others)
+        return policy.plan(room=50, pending=0, match=match)
+
+    first = plan(3)
+    assert first.round.plain and len(searched) == 1
+    for behind in range(2, 8):  # the 4-bit lane falls further behind at each plain step
+        again = plan(3, behind=behind)
+        assert again is first and len(searched) == 1
+        fresh = AutoPolicy(levels, {None: exact(), "a8": cheap()}, priors, lookup_len=8)
+        fresh.before_plan({"a8": behind}, 3)
+        assert fresh.plan(room=50, pending=0, match=([], 0)).round == again.round  # what a full search chooses
+    plan(2)  # fewer visitors beside it: searched again
+    assert len(searched) == 2
+    plan(2, match=([11, 12, 13], 2))  # a copy to check: searched again
+    assert len(searched) == 3
+    alone = plan(0)
+    assert len(searched) == 4 and not alone.round.plain  # alone, it drafts again
+    plan(0)
+    assert len(searched) == 5  # alone, every round searches (costs and acceptance are learned between rounds)
