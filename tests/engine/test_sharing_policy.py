@@ -141,10 +141,10 @@ def test_the_decoder_tells_the_policy_who_shares_its_passes():
 
 
 def test_a_plain_step_beside_others_is_chosen_again_without_a_search_until_something_changes(monkeypatch):
-    """Beside other visitors, once the policy chose a plain step with no copy to check, the next rounds take it
-    without searching the candidates (the search ran in Python between shared calls; nothing it reads changes
-    beside others) until the count of visitors changes or lookup finds a copy; every shortcut choice is the one
-    a full search makes. The check can fail: without the shortcut every round searches."""
+    """Beside other visitors, once the policy chose a plain step, the next rounds take it without searching the
+    candidates (the search ran in Python between shared calls; nothing it reads changes beside others) until the
+    count of visitors or the shape of lookup's match changes; every shortcut choice is the one a full search
+    makes. The check can fail: without the shortcut every round searches."""
     levels = build_levels(("lookup", "full@a8"), L)
     priors = {("verify", "target"): 0.9, ("lookup:2", "verify"): 0.5, ("lookup:2", "target"): 0.5}
     policy = AutoPolicy(levels, {None: exact(), "a8": cheap()}, priors, lookup_len=8)
@@ -167,9 +167,14 @@ def test_a_plain_step_beside_others_is_chosen_again_without_a_search_until_somet
         assert fresh.plan(room=50, pending=0, match=([], 0)).round == again.round  # what a full search chooses
     plan(2)  # fewer visitors beside it: searched again
     assert len(searched) == 2
-    plan(2, match=([11, 12, 13], 2))  # a copy to check: searched again
+    copy = plan(2, match=([11, 12, 13], 2))  # a copy of another shape: searched again
     assert len(searched) == 3
+    if copy.round.plain:  # the same shape of copy again: the same choice, not searched; another shape: searched
+        assert plan(2, match=([21, 22, 23], 2)) is copy and len(searched) == 3
+        plan(2, match=([21, 22], 2))
+        assert len(searched) == 4
+    n = len(searched)
     alone = plan(0)
-    assert len(searched) == 4 and not alone.round.plain  # alone, it drafts again
+    assert len(searched) == n + 1 and not alone.round.plain  # alone, it drafts again
     plan(0)
-    assert len(searched) == 5  # alone, every round searches (costs and acceptance are learned between rounds)
+    assert len(searched) == n + 2  # alone, every round searches (costs and acceptance are learned between rounds)

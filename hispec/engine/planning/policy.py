@@ -298,7 +298,7 @@ class AutoPolicy(Policy):
         self._probes = 0  # plain rounds still to run to measure plain decoding for that judgement
         self._behind: dict[str, int] = {}  # the cheaper lanes' positions still to run (before_plan)
         self._others = 0  # other visitors sharing the passes now (before_plan)
-        self._quiet: Plan | None = None  # a plain step chosen beside others with no copy to check (plan says why)
+        self._quiet: tuple[tuple, Plan] | None = None  # a plain step chosen beside others, and for what (plan)
 
     def observe(self, holder: str, judge: str, accepted: bool) -> None:
         self.acceptance.add(holder, judge, accepted)
@@ -418,13 +418,14 @@ class AutoPolicy(Policy):
             return Plan(Round.plain_step(self.top),
                         f"measuring plain decoding here before judging {named}, which ran below the cost model's "
                         "plain rate")
-        # Beside other visitors, a plain step chosen with no copy to check is chosen again at once while as many
-        # visitors share and no copy appears: nothing is learned beside them (observe_round), plain rounds judge no
-        # draft, and the cheaper lanes only fall further behind, so the search would rank the same (each round's
-        # search cost about a tenth of a shared step, in Python the visitors' threads take turns to run)
-        quiet = self._quiet
-        if quiet is not None and quiet.beside == self._others and not match[0]:
-            return quiet
+        # Beside other visitors, a plain step is chosen again at once while as many visitors share and lookup's
+        # match has the same shape (its length and the n-gram it matched): nothing is learned beside them
+        # (observe_round), plain rounds judge no draft, the cheaper lanes only fall further behind and the room
+        # only shrinks, so the search would rank the same (a search cost about a tenth of a shared step, in Python
+        # the visitors' threads take turns to run)
+        shape = (self._others, len(match[0]), match[1])
+        if self._quiet is not None and self._quiet[0] == shape:
+            return self._quiet[1]
         scored = sorted(self._candidates(room, match), key=lambda x: -x[0])
         plain_rate = next(rate for rate, r in scored if r.plain)
         scored = [x for x in scored if x[1].plain or not self.realized.is_dropped(x[1].kind)]
@@ -454,7 +455,7 @@ class AutoPolicy(Policy):
         tokens = tuple(match[0][: chosen.count]) if chosen.proposer.kind == LOOKUP else ()
         plan = Plan(chosen, reason, shown, tokens, best_rate / plain_rate, best_rate, self._others)
         self._sticky = plan if chosen.verify_at > 1 else None
-        self._quiet = plan if self._others and chosen.plain and not match[0] else None
+        self._quiet = (shape, plan) if self._others and chosen.plain else None
         return plan
 
 
