@@ -436,6 +436,8 @@ UNTIED = (
     Untied("so a plan expected at 1.05x loses", "an example of a plan the margin turns down, not a measurement"),
     Untied("run the same code up to about 5x apart", "hosts seen during development; no artifact records two hosts"),
     Untied("(goal 1.5×)", GOAL), Untied("(the issue's goals were 2.5× for four visitors on the default and 4× for eight on plain a8)", GOAL), Untied("(goal 1.3×)", GOAL),
+    Untied("0.71× and 0.87×, at commits 8317dc2 and 4480782",
+           "the same command's two previous runs on this host: assets/bench/visitors_cpu.json at those commits"),
     Untied("measured 4-bit plain decoding at 1.20× and 1.27× llama.cpp",
            "the same command's two previous runs on this host: assets/bench/q4_cpu_default.json at commits 48c58cd "
            "and d5b3a92"), Untied("(goal 1.15×)", GOAL),
