@@ -158,8 +158,8 @@ class PassBoard:
                     self._ended = time.monotonic()
                     self._cond.notify_all()
         if lane_pass:
-            passes, rows = getattr(self._local, "beside", (0, 0))
-            self._local.beside = (passes + mine.beside[0], rows + mine.beside[1])
+            told_passes, told_rows = getattr(self._local, "beside", (0, 0))
+            self._local.beside = (told_passes + mine.beside[0], told_rows + mine.beside[1])
         if mine.error is not None:
             raise mine.error
         return mine.result
@@ -187,7 +187,7 @@ class PassBoard:
         self.counts.by_width[len(group)] += 1
         rows = sum(p.rows for p in group)
         for p in group:
-            p.beside = (len(group) - 1, rows - p.rows) if len(group) > 1 else (0, 0)
+            p.beside = (len(group) - 1, rows - p.rows)
             p.tally.add(len(group), p.rows, rows - p.rows)
         return group
 

@@ -24,7 +24,7 @@ class Watch:
     """One generation's view of the meter, from its first event on."""
 
     meter: Meter
-    tokens_at_start: float
+    tokens_at_start: int
     since: float
     own: int = 0
     visitors: int = 1

@@ -31,9 +31,9 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class MachinePace:
-    """What the machine wrote while a run ran (the process's meter, hispec.runs.meter, fed by serving): every visitor's committed
-    tokens over the same seconds, this run's own included, and the most generations that ran at once meanwhile.
-    A run's own tokens/s beside the machine's: on a shared machine a run's speed is its share."""
+    """What the machine wrote while a run ran (the process's meter, hispec.runs.meter, fed by serving): every
+    visitor's committed tokens over the same seconds, this run's own included, and the most generations that ran
+    at once meanwhile. A run's own tokens/s beside the machine's: on a shared machine a run's speed is its share."""
 
     tokens: int
     own_tokens: int

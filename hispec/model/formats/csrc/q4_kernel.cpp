@@ -198,8 +198,8 @@ inline __attribute__((always_inline)) void widen(const W &w, int64_t n, int64_t 
 // first, t = q_0 x_0 + q_1 x_1 (...), then acc = fma(d_b, t, acc). The wide arithmetic on the AVX-512 build
 // (two vectors a block) chains the block's FMAs into the accumulator, acc = fma(w_1, x_1, fma(w_0, x_0, acc)):
 // two operations a vector pair where a block sum and an add took three, and a k-row pass is bound by these
-// operations (one 512-bit FMA a cycle a core on this project's Xeons: 8 rows 22.7 -> 21.1 ms, 16 rows
-// 41.9 -> 38.1 ms for the default model's float32 pass, /tmp measurement in the issue-59 note). On the
+// operations (about one 512-bit FMA a cycle a core on this project's Xeons; the default model's float32
+// pass: assets/bench/q4_ab_wide_fma_avx512.json, docs/precision.md's block "wide-fma"). On the
 // AVX2 build (four vectors a block) the chain would be twice as long per lane, and its rounding drifted past
 // the wide product's test tolerance, so there the block is summed first as before. The order stays fixed by
 // the block and lane layout alone: still batch-invariant.
