@@ -192,8 +192,9 @@ def test_two_visitors_at_once_each_see_the_machine_they_shared(browser, default_
         page.goto(default_app, wait_until="domcontentloaded")
         page.wait_for_selector("#hs-tokens")
         page.get_by_label("Prompt", exact=True).fill(prompt)
-        set_number(page, "hs-baseline", 0)  # no timing pairs: the two runs overlap from start to end
-        set_number(page, "hs-max-new", 64)
+        set_number(page, "hs-baseline", 0)  # no timing pairs
+        # long enough that the second run starts while the first runs, however late a busy host delivers its click
+        set_number(page, "hs-max-new", 160)
         pages.append((context, page))
     try:
         for _, page in pages:
@@ -201,9 +202,11 @@ def test_two_visitors_at_once_each_see_the_machine_they_shared(browser, default_
         for _, page in pages:
             wait_for_status(page, "Done")
         stats = [page.inner_text("#hs-stats") for _, page in pages]
-        assert all("your speed / the machine's" in s for s in stats), stats  # each saw the other write meanwhile
-        assert any("shared with other visitors" in s for s in stats), stats  # and their passes shared calls
-        page = next(p for (_, p), s in zip(pages, stats) if "shared with other visitors" in s)
+        # the run that saw the other write meanwhile and share its calls says so (the first always overlaps the
+        # second's start; whether the second ends before the first is the host's timing)
+        both = [s for s in stats if "your speed / the machine's" in s and "shared with other visitors" in s]
+        assert both, stats
+        page = next(p for (_, p), s in zip(pages, stats) if s == both[0])
         page.wait_for_selector("#hs-why-sharing")
         assert page.inner_text("#hs-why-sharing").startswith("This run shared the machine")
         page.wait_for_selector("#hs-lanes-plot .js-plotly-plot svg.main-svg")
