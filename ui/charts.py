@@ -182,7 +182,7 @@ PREFILL_COLOR, PLAIN_COLOR = "#4a6d8c", "#9a9a9a"
 
 def lanes_caption(record) -> str:
     """LANES_CAPTION, and for a run whose passes shared calls with other visitors', what the crossed blocks are."""
-    shared = timeline_of(record).shared
+    shared = [b for _, b in timeline_of(record).shared]
     if not shared:
         return LANES_CAPTION
     passes = sum(b.beside for b in shared)
@@ -241,7 +241,7 @@ def lanes_figure(record) -> go.Figure:
             customdata=[[f"{b.layers[0]}–{b.layers[1]}", b.tokens, b.seconds * 1e3] for _, b in prefill],
             hovertemplate="prefill: layers %{customdata[0]} over %{customdata[1]} prompt tokens, "
                           "%{customdata[2]:.2f} ms<extra>%{y}</extra>"))
-    shared = [(lane, b) for lane in timeline.lanes if lane.level is not None for b in lane.blocks if b.beside]
+    shared = timeline.shared
     if shared:  # drawn over their lanes' blocks: the passes other visitors' rows rode along with
         fig.add_trace(go.Bar(
             orientation="h", y=[lane.words for lane, _ in shared], x=[b.seconds for _, b in shared],

@@ -50,9 +50,9 @@ class Timeline:
         return self.passes > 0
 
     @property
-    def shared(self) -> tuple[Block, ...]:
-        """The run's passes that other visitors' passes shared a call with."""
-        return tuple(b for lane in self.lanes if lane.level is not None for b in lane.blocks if b.beside)
+    def shared(self) -> tuple[tuple[Lane, Block], ...]:
+        """The run's passes that other visitors' passes shared a call with, each with its lane."""
+        return tuple((lane, b) for lane in self.lanes if lane.level is not None for b in lane.blocks if b.beside)
 
 
 def plain_pace(plain: Mapping | None) -> tuple[float, float] | None:
